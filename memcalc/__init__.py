@@ -1,0 +1,71 @@
+"""memcalc: does this model fit, with which strategy, and what will it cost per GPU?
+
+    >>> import memcalc
+    >>> r = memcalc.estimate(params=175e9, stage=3, gpus=128)
+    >>> r.memory.per_gpu.total, r.communication.sent_bytes_per_gpu   # integer bytes
+    >>> memcalc.compare(params=7e9, gpus=64)                          # every strategy side by side
+
+Names are imported lazily so that ``import memcalc`` stays cheap.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "estimate": "memcalc.api",
+    "compare": "memcalc.api",
+    "build_input": "memcalc.api",
+    "parse_strategy": "memcalc.api",
+    "DEFAULT_COMPARE": "memcalc.api",
+    "EstimateInput": "memcalc.inputs",
+    "Model": "memcalc.inputs",
+    "Precision": "memcalc.inputs",
+    "Optimizer": "memcalc.inputs",
+    "GPU": "memcalc.inputs",
+    "Cluster": "memcalc.inputs",
+    "Strategy": "memcalc.inputs",
+    "Overheads": "memcalc.inputs",
+    "PRECISIONS": "memcalc.inputs",
+    "OPTIMIZERS": "memcalc.inputs",
+    "Estimate": "memcalc.results",
+    "Comparison": "memcalc.results",
+    "STRATEGIES": "memcalc.strategies",
+    "load_gpu": "memcalc.presets",
+    "gpu_names": "memcalc.presets",
+    "InputError": "memcalc.errors",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+if TYPE_CHECKING:
+    from memcalc.api import DEFAULT_COMPARE, build_input, compare, estimate, parse_strategy
+    from memcalc.errors import InputError
+    from memcalc.inputs import (
+        GPU,
+        OPTIMIZERS,
+        PRECISIONS,
+        Cluster,
+        EstimateInput,
+        Model,
+        Optimizer,
+        Overheads,
+        Precision,
+        Strategy,
+    )
+    from memcalc.presets import gpu_names, load_gpu
+    from memcalc.results import Comparison, Estimate
+    from memcalc.strategies import STRATEGIES
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'memcalc' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,170 @@
+"""Per-step communication of data-parallel strategies: which collectives, on which group, how big.
+
+Source: ZeRO (arXiv 1910.02054) §7.2: DDP all-reduces gradients (reduce-scatter Ψ + all-gather Ψ =
+2Ψ); P_os and P_os+g reduce-scatter gradients (Ψ) and all-gather updated parameters (Ψ) = 2Ψ;
+P_os+g+p all-gathers parameters in forward (Ψ) and again in backward (Ψ) and reduce-scatters
+gradients (Ψ) = 3Ψ. FSDP (arXiv 2304.11277) §3.2-3.3: FULL_SHARD = 3Ψ, SHARD_GRAD_OP = all-gather in
+forward + reduce-scatter; hybrid sharding reduce-scatters inside the shard group and all-reduces
+each GPU's 1/F gradient shard across the R = W/F replicas.
+"""
+
+from __future__ import annotations
+
+from memcalc.collectives import CollectiveOp, sent_bytes_per_rank
+from memcalc.memory import shard_numel
+from memcalc.results import Collective, HostTransfer
+from memcalc.strategies import StrategySpec
+
+
+def _group_crosses_nodes(span: int, gpus_per_node: int) -> bool:
+    """A group whose ranks spread over more GPUs than one node holds must use the network."""
+    return span > gpus_per_node
+
+
+def collective(
+    op: CollectiveOp,
+    phase: str,
+    tensor: str,
+    group: str,
+    n: int,
+    crosses_nodes: bool,
+    intra_link: str,
+    dtype: str,
+    payload_bytes_per_call: int,
+    calls: int,
+) -> Collective:
+    per_call_sent = sent_bytes_per_rank(op, payload_bytes_per_call, n)
+    return Collective(
+        op=op,
+        phase=phase,  # type: ignore[arg-type]
+        tensor=tensor,
+        group=group,  # type: ignore[arg-type]
+        group_size=n,
+        crosses_nodes=crosses_nodes,
+        link="network" if crosses_nodes else intra_link,
+        dtype=dtype,
+        calls_per_step=calls,
+        payload_bytes_per_call=payload_bytes_per_call,
+        payload_bytes=payload_bytes_per_call * calls,
+        sent_bytes_per_gpu=per_call_sent * calls,
+    )
+
+
+def data_parallel_collectives(
+    psi: int,
+    spec: StrategySpec,
+    n: int,
+    replicas: int,
+    world: int,
+    gpus_per_node: int,
+    param_bytes: int,
+    grad_bytes: int,
+    dtype: str,
+    grad_accum: int,
+    intra_link: str,
+) -> list[Collective]:
+    """Collectives one GPU takes part in per optimizer step.
+
+    ``n`` is the shard group (ZeRO's N; 1 when nothing is sharded), ``replicas`` the copies across
+    which hybrid strategies all-reduce. Gathered/scattered tensors are padded to ⌈Ψ/n⌉·n elements,
+    as the flat buffers the frameworks shard are. Groups of one rank send nothing and are left out.
+    """
+    rows: list[Collective] = []
+    sharded = spec.shards_params or spec.shards_grads or spec.shards_optimizer
+    micro = grad_accum if spec.reduce_each_micro_batch else 1
+
+    if not sharded:
+        # DDP / ZeRO-0 / NO_SHARD: one all-reduce of all gradients per step (accumulated under no_sync).
+        if world > 1:
+            rows.append(
+                collective("all-reduce", "backward", "gradients", "data-parallel", world,
+                           _group_crosses_nodes(world, gpus_per_node), intra_link, dtype, psi * grad_bytes, micro)
+            )  # fmt: skip
+        return rows
+
+    group = "shard group" if spec.hybrid else "data-parallel"
+    padded = shard_numel(psi, n) * n
+    crosses = _group_crosses_nodes(n, gpus_per_node)
+    if n > 1:
+        gathers = {
+            "none": [],
+            "after_step": [("optimizer step", 1)],
+            "forward": [("forward", grad_accum)],
+            "forward_and_backward": [("forward", grad_accum), ("backward", grad_accum)],
+        }[spec.param_gather]
+        for phase, calls in gathers:
+            rows.append(
+                collective("all-gather", phase, "parameters", group, n, crosses, intra_link, dtype,
+                           padded * param_bytes, calls)
+            )  # fmt: skip
+        rows.append(
+            collective("reduce-scatter", "backward", "gradients", group, n, crosses, intra_link, dtype,
+                       padded * grad_bytes, micro)
+        )  # fmt: skip
+    if spec.hybrid and replicas > 1:
+        # Each GPU all-reduces its 1/n gradient shard with the same shard on the other replicas; the
+        # replica group's members stand n ranks apart, so it spans the whole world.
+        rows.append(
+            collective("all-reduce", "backward", "gradients", "replica group", replicas,
+                       _group_crosses_nodes(world, gpus_per_node), intra_link, dtype,
+                       shard_numel(psi, n) * grad_bytes, micro)
+        )  # fmt: skip
+    return _in_step_order(rows)
+
+
+def _in_step_order(rows: list[Collective]) -> list[Collective]:
+    """Forward, backward, optimizer step; stable inside a phase (gather before reduce)."""
+    phases = {"forward": 0, "backward": 1, "optimizer step": 2}
+    return sorted(rows, key=lambda r: phases[r.phase])
+
+
+def host_transfers(
+    psi: int,
+    spec: StrategySpec,
+    n: int,
+    param_bytes: int,
+    grad_bytes: int,
+    optimizer_state_bytes: int,
+    optimizer_device: str,
+    param_device: str,
+    grad_accum: int,
+) -> list[HostTransfer]:
+    """Copies between GPU and host (PCIe) and host and NVMe that offload adds, per GPU per step.
+
+    ZeRO-Offload (arXiv 2101.06840) §4.1: per step each rank sends its fp16 gradient partition to
+    the CPU and receives its updated fp16 parameter partition: 2Ψ/N + 2Ψ/N bytes (4Ψ on one GPU).
+    ZeRO-Infinity (arXiv 2104.07857) §5: offloaded parameters are fetched for every gather, and
+    optimizer states on NVMe are read and written back once per step.
+    """
+    rows: list[HostTransfer] = []
+
+    def add(op: str, phase: str, tensor: str, per_call: int, calls: int) -> None:
+        link = "nvme" if op.startswith("nvme") else "pcie"
+        rows.append(
+            HostTransfer(op=op, phase=phase, tensor=tensor, link=link, calls_per_step=calls,  # type: ignore[arg-type]
+                         bytes_per_call=per_call, bytes=per_call * calls)
+        )  # fmt: skip
+
+    grad_shard = shard_numel(psi, n) * grad_bytes if spec.shards_optimizer else psi * grad_bytes
+    param_shard = shard_numel(psi, n) * param_bytes if spec.shards_params or spec.shards_optimizer else psi * param_bytes
+    resident_params = shard_numel(psi, n) * param_bytes if spec.shards_params else psi * param_bytes
+    reduces = grad_accum if spec.reduce_each_micro_batch else 1
+
+    if param_device != "none":
+        # Fetched for every gather: forward, and backward too where they were freed after forward.
+        phases = ["forward", "backward"] if spec.param_gather == "forward_and_backward" else ["forward"]
+        for phase in phases:
+            if param_device == "nvme":
+                add("nvme-read", phase, "parameters", resident_params, grad_accum)
+            add("host-to-device", phase, "parameters", resident_params, grad_accum)
+    if optimizer_device != "none":
+        add("device-to-host", "backward", "gradients", grad_shard, reduces)
+        if param_device == "none":
+            # The updated low-precision partition comes back to the GPU after the CPU step.
+            add("host-to-device", "optimizer step", "parameters", param_shard, 1)
+        if optimizer_device == "nvme":
+            add("nvme-read", "optimizer step", "optimizer states", optimizer_state_bytes, 1)
+            add("nvme-write", "optimizer step", "optimizer states", optimizer_state_bytes, 1)
+        if param_device == "nvme":
+            add("nvme-write", "optimizer step", "parameters", resident_params, 1)
+    return rows

@@ -1,0 +1,382 @@
+"""Inputs are data: frozen pydantic models, validated once, never mutated.
+
+Every size inside is an ``int`` of bytes; preset and CLI values that carry another unit say so in
+their name (``memory_gib``, ``hbm_gbps``) and are converted by properties through ``memcalc.units``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from memcalc.errors import InputError, did_you_mean
+from memcalc.strategies import STRATEGIES, OffloadDevice, StrategyName, StrategySpec
+from memcalc.units import GB, gib, parse_count
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class Frozen(BaseModel):
+    model_config = _FROZEN
+
+
+# --------------------------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------------------------
+
+
+class Model(Frozen):
+    """The model being trained. Today a parameter count; an architecture can derive it later."""
+
+    parameters: int = Field(gt=0)
+    """Ψ, the number of trainable parameters."""
+    name: str | None = None
+    """Where the count came from (a preset name), for display only."""
+
+    @field_validator("parameters", mode="before")
+    @classmethod
+    def _parse(cls, v: object) -> int:
+        if isinstance(v, (str, int, float)) and not isinstance(v, bool):
+            return parse_count(v, "parameters")
+        raise InputError(f"parameters {v!r} is not a number; give a positive count such as 7e9 or 7B")
+
+
+# --------------------------------------------------------------------------------------------
+# Precision: what each tensor is stored in.
+# --------------------------------------------------------------------------------------------
+
+PrecisionName = Literal["fp32", "fp16-mixed", "bf16-mixed", "bf16"]
+
+
+class Precision(Frozen):
+    """Bytes per element of each model-state tensor under one training precision."""
+
+    name: PrecisionName
+    param_bytes: int
+    """Working parameters, the copy forward and backward read (2 for fp16/bf16, 4 for fp32)."""
+    grad_bytes: int
+    """Gradients as backward produces and reduces them."""
+    master_bytes: int
+    """fp32 master copy of the parameters the optimizer updates; 0 where there is none."""
+    description: str
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of an optimizer moment kept in the optimizer's working dtype.
+
+        With a master copy (or fp32 params) moments are fp32 (ZeRO §3.1: "fp32 ... momentum and
+        variance"); pure bf16 training keeps them in bf16 (torch.optim.AdamW: zeros_like(param)).
+        """
+        return 4 if self.master_bytes or self.param_bytes == 4 else self.param_bytes
+
+    @property
+    def low_dtype(self) -> str:
+        """dtype of working parameters and gradients, as collectives carry them."""
+        if self.param_bytes == 4:
+            return "fp32"
+        return "fp16" if self.name.startswith("fp16") else "bf16"
+
+
+PRECISIONS: dict[str, Precision] = {
+    p.name: p
+    for p in (
+        # Pure fp32 training: params 4 + grads 4, no master copy (DOMAIN §1).
+        Precision(name="fp32", param_bytes=4, grad_bytes=4, master_bytes=0, description="fp32 params and grads"),
+        # ZeRO §3.1 (Micikevicius et al. 2018 mixed precision): fp16 params and grads + fp32 master.
+        Precision(
+            name="fp16-mixed", param_bytes=2, grad_bytes=2, master_bytes=4, description="fp16 params/grads + fp32 master"
+        ),
+        Precision(
+            name="bf16-mixed", param_bytes=2, grad_bytes=2, master_bytes=4, description="bf16 params/grads + fp32 master"
+        ),
+        Precision(name="bf16", param_bytes=2, grad_bytes=2, master_bytes=0, description="pure bf16, no master copy"),
+    )
+}
+_PRECISION_ALIASES = {
+    "fp32": "fp32", "32": "fp32", "32-true": "fp32", "float32": "fp32",
+    "fp16-mixed": "fp16-mixed", "16-mixed": "fp16-mixed", "mixed-fp16": "fp16-mixed", "amp": "fp16-mixed",
+    "bf16-mixed": "bf16-mixed", "mixed-bf16": "bf16-mixed",
+    "bf16": "bf16", "bf16-true": "bf16", "bfloat16": "bf16", "pure-bf16": "bf16",
+}  # fmt: skip
+
+
+def resolve_precision(text: str) -> Precision:
+    key = str(text).strip().lower().replace("_", "-")
+    if key in _PRECISION_ALIASES:
+        return PRECISIONS[_PRECISION_ALIASES[key]]
+    names = list(PRECISIONS)
+    raise InputError(f"unknown precision {text!r}{did_you_mean(key, names)}; accepted: {', '.join(names)}")
+
+
+# --------------------------------------------------------------------------------------------
+# Optimizer: state bytes per parameter.
+# --------------------------------------------------------------------------------------------
+
+OptimizerName = Literal["adamw", "sgd", "sgd-momentum", "adam-8bit", "adafactor", "lion"]
+
+
+class Optimizer(Frozen):
+    """The optimizer's per-parameter state, apart from the master copy (which belongs to the precision)."""
+
+    name: OptimizerName
+    moments: int
+    """Full-size state tensors per parameter (Adam: m and v = 2; momentum SGD and Lion: 1)."""
+    moment_bytes: int | None
+    """Fixed bytes per moment element (8-bit Adam: 1); None = the precision's state dtype."""
+    source: str
+    note: str | None = None
+
+    def moment_bytes_for(self, precision: Precision) -> int:
+        return self.moment_bytes if self.moment_bytes is not None else precision.state_bytes
+
+    def state_bytes_per_param(self, precision: Precision) -> int:
+        """K in the ZeRO paper (§3.1): master copy + moments, bytes per parameter. AdamW, bf16-mixed: 4 + 4 + 4 = 12."""
+        return precision.master_bytes + self.moments * self.moment_bytes_for(precision)
+
+
+OPTIMIZERS: dict[str, Optimizer] = {
+    o.name: o
+    for o in (
+        Optimizer(name="adamw", moments=2, moment_bytes=None, source="ZeRO §3.1: momentum + variance"),
+        Optimizer(name="sgd", moments=0, moment_bytes=None, source="torch.optim.SGD, momentum=0: no state (master only)"),
+        Optimizer(name="sgd-momentum", moments=1, moment_bytes=None, source="torch.optim.SGD: momentum_buffer"),
+        Optimizer(
+            name="adam-8bit",
+            moments=2,
+            moment_bytes=1,
+            source="Dettmers et al. 2022 (arXiv 2110.02861): 8-bit m and v, 1 byte each",
+            note="8-bit Adam's block-wise quantization statistics (one fp32 per 2048 values) are not counted",
+        ),
+        Optimizer(
+            name="adafactor",
+            moments=0,
+            moment_bytes=None,
+            source="Shazeer & Stern 2018 (arXiv 1804.04235): factored second moment, no first moment by default",
+            note="Adafactor's factored second moment (rows + columns of each matrix) is not counted for a bare parameter count",
+        ),
+        Optimizer(name="lion", moments=1, moment_bytes=None, source="Chen et al. 2023 (arXiv 2302.06675): one momentum"),
+    )
+}
+_OPTIMIZER_ALIASES = {"adam": "adamw", "adamw": "adamw", "sgd": "sgd", "sgd-momentum": "sgd-momentum",
+                      "momentum": "sgd-momentum", "adam-8bit": "adam-8bit", "adamw-8bit": "adam-8bit",
+                      "adam8bit": "adam-8bit", "8bit-adam": "adam-8bit", "adafactor": "adafactor", "lion": "lion"}  # fmt: skip
+
+
+def resolve_optimizer(text: str) -> Optimizer:
+    key = str(text).strip().lower().replace("_", "-")
+    if key in _OPTIMIZER_ALIASES:
+        return OPTIMIZERS[_OPTIMIZER_ALIASES[key]]
+    names = list(OPTIMIZERS)
+    raise InputError(f"unknown optimizer {text!r}{did_you_mean(key, names)}; accepted: {', '.join(names)} (adam = adamw)")
+
+
+# --------------------------------------------------------------------------------------------
+# GPU: a datasheet, loaded from presets/gpus/*.toml.
+# --------------------------------------------------------------------------------------------
+
+
+class GPU(Frozen):
+    """One accelerator, as its datasheet describes it. Preset keys equal these field names."""
+
+    key: str
+    """The preset name (file stem), e.g. ``a100-sxm-80gb``."""
+    name: str
+    """The marketing name."""
+    aliases: tuple[str, ...] = ()
+    """Other names users type (``a100-80g``)."""
+    memory_gb: float = Field(gt=0)
+    """Memory as sold, decimal GB (the datasheet's figure)."""
+    usable_memory_gib: float = Field(gt=0)
+    """Memory the framework can allocate, GiB: the total capacity PyTorch reports for the device."""
+    hbm_gbps: float = Field(gt=0)
+    """Peak memory bandwidth, GB/s."""
+    bf16_tflops: float = Field(ge=0)
+    """Peak dense BF16 tensor throughput, TFLOPS (0 = not supported)."""
+    fp16_tflops: float = Field(ge=0)
+    """Peak dense FP16 tensor throughput, TFLOPS."""
+    fp32_tflops: float = Field(ge=0)
+    """Peak FP32 throughput (non-tensor), TFLOPS."""
+    intra_node_link: str
+    """The GPU-to-GPU link inside a node (``nvlink4``, ``pcie4``, ``infinity-fabric``)."""
+    intra_node_gbps: float = Field(gt=0)
+    """GPU-to-GPU bandwidth inside a node, GB/s, both directions summed as datasheets quote it."""
+    pcie_gbps: float = Field(gt=0)
+    """Host link bandwidth each way, GB/s (PCIe Gen4 x16 about 32, Gen5 x16 about 64)."""
+    network_gbps: float = Field(gt=0)
+    """Typical inter-node network bandwidth per GPU each way, GB/s (200 Gb/s HDR = 25)."""
+    source: str
+    """Where the figures come from."""
+
+    @property
+    def usable_memory_bytes(self) -> int:
+        return gib(self.usable_memory_gib)
+
+    @property
+    def memory_bytes(self) -> int:
+        return round(self.memory_gb * GB)
+
+
+# --------------------------------------------------------------------------------------------
+# Cluster, strategy, overheads
+# --------------------------------------------------------------------------------------------
+
+
+class Cluster(Frozen):
+    """How many GPUs, and how they sit in nodes."""
+
+    gpus: int = Field(gt=0)
+    """World size W."""
+    gpus_per_node: int = Field(default=8, gt=0)
+    """G: GPUs in one node, behind one NVLink/PCIe domain and one host's RAM."""
+
+    @model_validator(mode="after")
+    def _whole_nodes(self) -> Cluster:
+        if self.gpus > self.gpus_per_node and self.gpus % self.gpus_per_node:
+            raise InputError(
+                f"--gpus {self.gpus} is not a multiple of --gpus-per-node {self.gpus_per_node}; "
+                f"use a world size up to one node or a multiple of {self.gpus_per_node}"
+            )
+        return self
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.gpus // self.gpus_per_node)
+
+    @property
+    def ranks_per_node(self) -> int:
+        """GPUs actually used in each node: G, or W when the job is smaller than a node."""
+        return min(self.gpus, self.gpus_per_node)
+
+
+class Strategy(Frozen):
+    """A data-parallel strategy (a row of the strategy table) and where it offloads."""
+
+    name: StrategyName = "zero-0"
+    offload_optimizer: OffloadDevice = "none"
+    """Where optimizer states (master copy, moments) and the reduced gradient shard live."""
+    offload_params: OffloadDevice = "none"
+    """Where the parameter shard lives between uses."""
+    shard_group: int | None = Field(default=None, gt=0)
+    """Hybrid strategies: GPUs in one shard group (default: one node)."""
+
+    @property
+    def spec(self) -> StrategySpec:
+        return STRATEGIES[self.name]
+
+    @property
+    def label(self) -> str:
+        parts = [self.spec.label]
+        if self.spec.offload_together and self.offload_params != "none":
+            parts.append(f"offload {self.offload_params}")
+        else:
+            if self.offload_optimizer != "none":
+                parts.append(f"opt→{self.offload_optimizer}")
+            if self.offload_params != "none":
+                parts.append(f"param→{self.offload_params}")
+        return " + ".join(parts)
+
+    @model_validator(mode="after")
+    def _framework_rules(self) -> Strategy:
+        spec = self.spec
+        if spec.offload_together:
+            # torch.distributed.fsdp.CPUOffload(offload_params=True) moves params, grads and the optimizer
+            # step to the CPU together; there is no optimizer-only offload and no NVMe.
+            if self.offload_optimizer not in ("none", self.offload_params):
+                raise InputError(
+                    f"FSDP offloads the optimizer only together with the parameters (CPUOffload(offload_params=True)); "
+                    f"use --offload-params cpu instead of --offload-optimizer {self.offload_optimizer}"
+                )
+            if self.offload_params not in spec.param_offload:
+                raise InputError(
+                    f"--offload-params {self.offload_params} is not available with FSDP; accepted: none, cpu"
+                )
+            return self
+        if self.offload_optimizer not in spec.optimizer_offload:
+            if spec.name in ("zero-1", "zero-2"):
+                why = "DeepSpeed ZeRO-1/2 keep offloaded optimizer states in host memory; NVMe needs --stage 3"
+            elif spec.framework == "deepspeed":
+                why = "DeepSpeed offloads the optimizer from ZeRO stage 1 up"
+            else:
+                why = "DDP has no offload; use --stage 1-3 or --fsdp"
+            accepted = ", ".join(spec.optimizer_offload)
+            raise InputError(f"--offload-optimizer {self.offload_optimizer} with {spec.label}: {why}; accepted: {accepted}")
+        if self.offload_params not in spec.param_offload:
+            why = "parameter offload is ZeRO-3 only" if spec.framework == "deepspeed" else "DDP has no offload"
+            raise InputError(f"--offload-params {self.offload_params} with {spec.label}: {why}; accepted: none")
+        return self
+
+    @property
+    def optimizer_device(self) -> OffloadDevice:
+        """Where optimizer states live (FSDP's CPUOffload takes them along with the params)."""
+        if self.spec.offload_together:
+            return self.offload_params
+        return self.offload_optimizer
+
+
+class Overheads(Frozen):
+    """GPU memory that is not model state; each becomes its own row of the breakdown."""
+
+    cuda_context_bytes: int = Field(default=gib(0.5), ge=0)
+    """CUDA context and kernels loaded by the framework (about 0.3-0.5 GiB on A100/H100 with lazy loading)."""
+    allocator_reserve_bytes: int = Field(default=0, ge=0)
+    """Headroom kept for the caching allocator's fragmentation; 0 unless you set it."""
+
+
+Accounting = Literal["paper"]
+
+
+class EstimateInput(Frozen):
+    """Everything one estimate needs."""
+
+    model: Model
+    precision: Precision = PRECISIONS["bf16-mixed"]
+    optimizer: Optimizer = OPTIMIZERS["adamw"]
+    gpu: GPU
+    cluster: Cluster
+    strategy: Strategy = Strategy()
+    overheads: Overheads = Overheads()
+    grad_accum: int = Field(default=1, gt=0)
+    """Micro-batches per optimizer step (gradient accumulation)."""
+    accounting: Accounting = "paper"
+    """Which accounting: ``paper`` is the ZeRO paper's (§5)."""
+
+    @model_validator(mode="after")
+    def _groups(self) -> EstimateInput:
+        spec = self.strategy.spec
+        if self.strategy.shard_group is not None and not spec.hybrid:
+            raise InputError(
+                f"--shard-group applies to HYBRID_SHARD and _HYBRID_SHARD_ZERO2 only, not {spec.label}"
+            )
+        if spec.hybrid:
+            f, w, g = self.shard_group_size, self.cluster.gpus, self.cluster.gpus_per_node
+            if f > w or w % f:
+                raise InputError(f"--shard-group {f} must divide --gpus {w}")
+            if f > g and f % g:
+                raise InputError(f"--shard-group {f} spans nodes, so it must be a multiple of --gpus-per-node {g}")
+            if f < g and g % f:
+                raise InputError(f"--shard-group {f} must divide --gpus-per-node {g}")
+        return self
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: every GPU (no tensor or pipeline parallelism yet)."""
+        return self.cluster.gpus
+
+    @property
+    def shard_group_size(self) -> int:
+        """N in the ZeRO formulas: the ranks one copy of the model states is sharded over."""
+        spec = self.strategy.spec
+        if not (spec.shards_params or spec.shards_grads or spec.shards_optimizer):
+            return 1
+        if spec.hybrid:
+            return self.strategy.shard_group or min(self.cluster.gpus_per_node, self.dp)
+        return self.dp
+
+    @property
+    def replicas(self) -> int:
+        """Copies of the sharded model states: dp / shard group for hybrids, 1 for plain sharding."""
+        spec = self.strategy.spec
+        if spec.hybrid:
+            return self.dp // self.shard_group_size
+        return self.dp if self.shard_group_size == 1 else 1

@@ -1,0 +1,186 @@
+"""Results: frozen pydantic models, the public contract of ``--json`` and of the Python API.
+
+Every size is an integer number of bytes. ``model_dump()`` gives plain Python, ``model_dump_json()``
+the JSON the CLI prints; in Jupyter and IPython a result displays as memcalc's rich tables.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from memcalc.inputs import EstimateInput
+
+Location = Literal["gpu", "cpu", "nvme"]
+Category = Literal["model_state", "overhead"]
+
+
+class _Result(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # Display: rich consoles call __rich__, Jupyter/IPython call _repr_mimebundle_.
+    def __rich__(self) -> Any:
+        from memcalc.render import render
+
+        return render(self)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        from memcalc.render import to_text_and_html
+
+        text, html = to_text_and_html(self)
+        return {"text/plain": text, "text/html": html}
+
+
+class MemoryRow(_Result):
+    """One line of the memory breakdown."""
+
+    key: str
+    """Stable identifier: ``parameters``, ``gradients``, ``master_weights``, ``optimizer_moments``,
+    ``cuda_context``, ``allocator_reserve``."""
+    label: str
+    bytes: int
+    location: Location
+    category: Category
+    detail: str
+    """The formula and its source."""
+
+
+class PerGPU(_Result):
+    """Memory one GPU holds at peak, in bytes. ``total`` is the sum of every row."""
+
+    parameters: int
+    gradients: int
+    optimizer_states: int
+    """master_weights + optimizer_moments."""
+    master_weights: int
+    optimizer_moments: int
+    cuda_context: int
+    allocator_reserve: int
+    total: int
+    rows: list[MemoryRow]
+
+
+class PerNode(_Result):
+    """Offloaded model states one node holds: the sum over its ranks."""
+
+    ranks: int
+    """GPUs per node actually used (G, or the world size below one node)."""
+    cpu: int
+    """Host RAM for offloaded states, bytes per node."""
+    nvme: int
+    """NVMe for offloaded states, bytes per node."""
+    rows: list[MemoryRow]
+
+
+class Fit(_Result):
+    """Does the per-GPU total fit the GPU?"""
+
+    fits: bool
+    usable_bytes: int
+    """What the framework can allocate on this GPU."""
+    headroom_bytes: int
+    """usable_bytes - total; negative when it does not fit."""
+
+
+class Memory(_Result):
+    per_gpu: PerGPU
+    per_node: PerNode
+    fit: Fit
+
+
+class Collective(_Result):
+    """One collective issued every optimizer step, as one GPU sees it. Byte counts are per step."""
+
+    op: str
+    """all-reduce, reduce-scatter, all-gather, ..."""
+    phase: Literal["forward", "backward", "optimizer step"]
+    tensor: str
+    """What it moves: ``gradients`` or ``parameters``."""
+    group: Literal["data-parallel", "shard group", "replica group"]
+    group_size: int
+    crosses_nodes: bool
+    link: str
+    """The link it runs on: the GPU's intra-node link, or ``network``."""
+    dtype: str
+    calls_per_step: int
+    """How often it is issued per optimizer step (micro-batches with gradient accumulation)."""
+    payload_bytes_per_call: int
+    """nccl-tests' S for one call: the gathered output (all-gather), the unreduced input
+    (reduce-scatter), the tensor (all-reduce)."""
+    payload_bytes: int
+    """payload_bytes_per_call x calls_per_step."""
+    sent_bytes_per_gpu: int
+    """Bytes each GPU sends per step under a ring: payload x the nccl-tests bus factor."""
+
+
+class HostTransfer(_Result):
+    """A copy between GPU memory and host RAM (over PCIe) or between host RAM and NVMe, per step."""
+
+    op: Literal["host-to-device", "device-to-host", "nvme-read", "nvme-write"]
+    phase: Literal["forward", "backward", "optimizer step"]
+    tensor: str
+    link: Literal["pcie", "nvme"]
+    calls_per_step: int
+    bytes_per_call: int
+    bytes: int
+    """bytes_per_call x calls_per_step, per GPU."""
+
+
+class Communication(_Result):
+    """What crosses links per optimizer step, per GPU."""
+
+    collectives: list[Collective]
+    host_transfers: list[HostTransfer]
+    payload_bytes: int
+    """Σ payload_bytes over the collectives."""
+    sent_bytes_per_gpu: int
+    """Σ sent_bytes_per_gpu over the collectives."""
+    intra_node_sent_bytes_per_gpu: int
+    inter_node_sent_bytes_per_gpu: int
+    host_transfer_bytes: int
+    """Σ bytes over host_transfers (PCIe and NVMe), per GPU."""
+
+
+class StrategyInfo(_Result):
+    name: str
+    label: str
+    framework: str
+    shards_params: bool
+    shards_grads: bool
+    shards_optimizer: bool
+    shard_group_size: int
+    """N in the ZeRO formulas: ranks one copy of the model states is sharded over."""
+    replicas: int
+    """Copies of the (sharded) model states across the data-parallel group."""
+    offload_optimizer: str
+    offload_params: str
+
+
+class ModelInfo(_Result):
+    parameters: int
+    name: str | None = None
+
+
+class Estimate(_Result):
+    """One strategy's per-GPU memory and per-step communication."""
+
+    schema_version: int = 1
+    accounting: str
+    """``paper``: the ZeRO paper's accounting (§5, §7)."""
+    units_note: str = "all sizes are bytes"
+    model: ModelInfo
+    strategy: StrategyInfo
+    memory: Memory
+    communication: Communication
+    notes: list[str] = Field(default_factory=list)
+    """What the numbers leave out, and assumptions worth knowing."""
+    input: EstimateInput
+    """Everything the estimate was computed from."""
+
+
+class Comparison(_Result):
+    """Several strategies for one model and cluster, side by side."""
+
+    schema_version: int = 1
+    estimates: list[Estimate]

@@ -1,0 +1,94 @@
+"""Units: the one module that converts between bytes and what people read.
+
+Inside memcalc every size is an ``int`` of bytes and every rate is bytes per second.
+Memory is shown in GiB (2**30, what CUDA and PyTorch report) by default, or in GB (10**9,
+what papers and datasheets print: the ZeRO paper's "120 GB" is 16 x 7.5e9 bytes).
+Bandwidth is always GB/s (10**9 bytes per second), as datasheets quote it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Literal
+
+from memcalc.errors import InputError
+
+KiB = 2**10
+MiB = 2**20
+GiB = 2**30
+GB = 10**9
+
+MemoryUnit = Literal["gib", "gb"]
+MEMORY_UNITS: dict[str, tuple[int, str]] = {"gib": (GiB, "GiB"), "gb": (GB, "GB")}
+
+
+def gib(x: float) -> int:
+    """Bytes in ``x`` GiB, rounded to the nearest byte."""
+    return round(x * GiB)
+
+
+def gbps(x: float) -> float:
+    """Bytes per second in ``x`` GB/s."""
+    return x * GB
+
+
+def memory_label(unit: MemoryUnit) -> str:
+    return MEMORY_UNITS[unit][1]
+
+
+def to_memory_unit(n_bytes: int, unit: MemoryUnit) -> float:
+    return n_bytes / MEMORY_UNITS[unit][0]
+
+
+def format_memory(n_bytes: int, unit: MemoryUnit = "gib", digits: int = 2) -> str:
+    """``format_memory(120 * 10**9, "gb") == "120.00 GB"``."""
+    return f"{to_memory_unit(n_bytes, unit):,.{digits}f} {memory_label(unit)}"
+
+
+def format_rate(bytes_per_s: float, digits: int = 1) -> str:
+    return f"{bytes_per_s / GB:,.{digits}f} GB/s"
+
+
+# Suffixes people write after a parameter count: 350M, 7b, 1.3B, 1T, 125k.
+_COUNT_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
+_COUNT_RE = re.compile(r"^\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?)\s*([kmbgt]?)\s*$", re.IGNORECASE)
+
+
+def parse_count(text: str | int | float, what: str = "--params") -> int:
+    """Parse a parameter count: ``175e9``, ``175B``, ``7b``, ``1.3e9``, ``350M``, ``1.5T``, ``125k``.
+
+    Returns a positive whole number; anything else raises ``InputError`` naming the value.
+    """
+    accepted = "a positive count such as 175e9, 175B, 7b, 1.3e9 or 350M"
+    if isinstance(text, bool):
+        raise InputError(f"{what} {text!r} is not a number; give {accepted}")
+    if isinstance(text, (int, float)):
+        value = float(text)
+        if isinstance(text, int) and text > 0:
+            return text
+    else:
+        m = _COUNT_RE.match(text)
+        if not m:
+            raise InputError(f"{what} {text!r} is not a number; give {accepted}")
+        value = float(m.group(1)) * _COUNT_SUFFIX[m.group(2).lower()]
+    if math.isnan(value) or math.isinf(value):
+        raise InputError(f"{what} {text!r} is not finite; give {accepted}")
+    if value <= 0:
+        raise InputError(f"{what} {text!r} must be positive; give {accepted}")
+    count = round(value)
+    if count < 1 or abs(value - count) > 1e-6 * max(1.0, value):
+        raise InputError(f"{what} {text!r} is not a whole number of parameters; give {accepted}")
+    return count
+
+
+def format_count(n: int) -> str:
+    """``format_count(175_000_000_000) == "175.0B"``."""
+    for div, suffix in ((10**12, "T"), (10**9, "B"), (10**6, "M"), (10**3, "k")):
+        if n >= div:
+            return f"{n / div:.1f}{suffix}"
+    return str(n)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
