@@ -26,7 +26,7 @@ from memcalc.inputs import (
 )
 from memcalc.results import Comparison, Estimate
 from memcalc.strategies import STRATEGIES, resolve_fsdp, resolve_stage, resolve_strategy
-from memcalc.units import gib
+from memcalc.units import gib, parse_count
 
 DEFAULT_GPU = "a100-sxm-80gb"
 
@@ -135,7 +135,7 @@ def build_input(
     """Turn loose arguments (strings, numbers, or the pydantic input objects) into an ``EstimateInput``."""
     if params is None:
         raise InputError("give the model size, e.g. params=7e9 (or --params 7B)")
-    model = params if isinstance(params, Model) else Model(parameters=params)  # type: ignore[arg-type]
+    model = params if isinstance(params, Model) else Model(parameters=parse_count(params, "--params"))  # type: ignore[arg-type]
     cluster = gpus if isinstance(gpus, Cluster) else Cluster(gpus=gpus, gpus_per_node=gpus_per_node)
     if overheads is None:
         o = Overheads()

@@ -1,0 +1,5 @@
+"""``python -m memcalc`` runs the CLI."""
+
+from memcalc.cli import main
+
+main()

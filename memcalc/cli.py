@@ -1,0 +1,239 @@
+"""The ``memcalc`` command: one more client of ``memcalc.api``.
+
+Commands declare their options and call one function. A user's mistake ends in one line on stderr
+and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Any
+
+import typer
+from typer.core import TyperGroup
+
+try:  # typer >= 0.29 vendors click
+    from typer._click.exceptions import ClickException
+except ImportError:  # pragma: no cover - older typer depends on click
+    from click.exceptions import ClickException  # type: ignore[no-redef]
+
+from memcalc.errors import InputError
+
+EXIT_USAGE = 2
+
+
+def fail(message: str) -> typer.Exit:
+    """Print one line to stderr; the caller raises the returned Exit(2)."""
+    sys.stderr.write(f"memcalc: error: {message}\n")
+    return typer.Exit(EXIT_USAGE)
+
+
+def _one_line(exc: BaseException) -> str:
+    """The user-facing message of an input error, on one line."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):  # pydantic.ValidationError
+        first = errors()[0]
+        msg = str(first.get("msg", exc)).removeprefix("Value error, ")
+        loc = ".".join(str(x) for x in first.get("loc", ()))
+        if not isinstance(first.get("ctx", {}).get("error"), InputError) and loc:
+            msg = f"{loc}: {msg} (got {first.get('input')!r})"
+        return " ".join(msg.split())
+    return " ".join(str(exc).split())
+
+
+class OneLineErrors(TyperGroup):
+    """Usage errors (unknown option, missing value) as one line and exit code 2."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        try:
+            rv = super().main(*args, standalone_mode=False, **kwargs)
+        except ClickException as e:
+            sys.stderr.write(f"memcalc: error: {' '.join(e.format_message().split())}\n")
+            if standalone_mode:
+                sys.exit(EXIT_USAGE)
+            raise
+        if standalone_mode:
+            sys.exit(rv if isinstance(rv, int) else 0)
+        return rv
+
+
+app = typer.Typer(
+    cls=OneLineErrors,
+    name="memcalc",
+    help="Per-GPU memory and per-step communication of DeepSpeed ZeRO, PyTorch FSDP and DDP training.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+# --- options shared by estimate and compare -------------------------------------------------------
+Params = Annotated[str, typer.Option("--params", "-p", help="Parameter count: 175e9, 175B, 7b, 1.3e9, 350M.")]
+Gpus = Annotated[int, typer.Option("--gpus", "-n", help="World size: GPUs in the job.")]
+GpusPerNode = Annotated[int, typer.Option("--gpus-per-node", help="GPUs per node.")]
+Gpu = Annotated[str, typer.Option("--gpu", help="GPU preset name or alias (a100-80g, h100), or a path to a .toml file.")]
+PrecisionOpt = Annotated[str, typer.Option("--precision", help="fp32, fp16-mixed, bf16-mixed, bf16 (pure).")]
+OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="adamw (adam), sgd, sgd-momentum, adam-8bit, adafactor, lion.")]
+ShardGroup = Annotated[int | None, typer.Option("--shard-group", help="Hybrid strategies: GPUs per shard group (default: one node).")]
+GradAccum = Annotated[int, typer.Option("--grad-accum", help="Micro-batches per optimizer step.")]
+CudaContext = Annotated[float | None, typer.Option("--cuda-context-gib", help="CUDA context per GPU, GiB (default 0.5).")]
+Reserve = Annotated[float | None, typer.Option("--reserve-gib", help="Allocator headroom per GPU, GiB (default 0).")]
+Units = Annotated[str, typer.Option("--units", help="Memory units: gib (2^30, as CUDA reports) or gb (10^9, as papers print).")]
+Json = Annotated[bool, typer.Option("--json", help="Print the whole result as JSON (integer bytes).")]
+
+
+def _positive(flag: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise InputError(f"{flag} {value} must be a whole number of 1 or more")
+
+
+def _units(units: str) -> str:
+    u = units.strip().lower()
+    if u not in ("gib", "gb"):
+        raise InputError(f"--units {units!r} is not a memory unit; accepted: gib, gb")
+    return u
+
+
+def _show(result: Any, as_json: bool, units: str) -> None:
+    if as_json:
+        sys.stdout.write(result.model_dump_json(indent=2) + "\n")
+        return
+    from rich.console import Console
+
+    from memcalc.render import render
+
+    Console().print(render(result, units))  # type: ignore[arg-type]
+
+
+def _run(fn: Any) -> None:
+    try:
+        fn()
+    except (InputError, ValueError) as e:  # pydantic.ValidationError is a ValueError
+        raise fail(_one_line(e)) from None
+
+
+@app.command(
+    epilog="Example: memcalc estimate --params 175e9 --stage 3 --gpus 128",
+)
+def estimate(
+    params: Params,
+    gpus: Gpus = 1,
+    stage: Annotated[str | None, typer.Option("--stage", "-s", help="DeepSpeed ZeRO stage 0-3 (0 is DDP).")] = None,
+    fsdp: Annotated[str | None, typer.Option("--fsdp", help="FSDP sharding strategy: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, _HYBRID_SHARD_ZERO2 (any case, or 1-5).")] = None,
+    ddp: Annotated[bool, typer.Option("--ddp", help="Plain PyTorch DDP (the default when no strategy is given).")] = False,
+    strategy: Annotated[str | None, typer.Option("--strategy", help="A strategy by name with modifiers, e.g. zero-3+opt-cpu+param-nvme.")] = None,
+    offload_optimizer: Annotated[str, typer.Option("--offload-optimizer", help="none, cpu or nvme (DeepSpeed; nvme needs stage 3).")] = "none",
+    offload_params: Annotated[str, typer.Option("--offload-params", help="none, cpu or nvme (ZeRO-3; FSDP: cpu).")] = "none",
+    shard_group: ShardGroup = None,
+    gpus_per_node: GpusPerNode = 8,
+    gpu: Gpu = "a100-sxm-80gb",
+    precision: PrecisionOpt = "bf16-mixed",
+    optimizer: OptimizerOpt = "adamw",
+    grad_accum: GradAccum = 1,
+    cuda_context_gib: CudaContext = None,
+    reserve_gib: Reserve = None,
+    units: Units = "gib",
+    json: Json = False,
+) -> None:
+    """Memory per GPU and communication per step for one strategy."""
+
+    def go() -> None:
+        from memcalc.api import estimate as run
+
+        for flag, value in (("--gpus", gpus), ("--gpus-per-node", gpus_per_node), ("--shard-group", shard_group),
+                            ("--grad-accum", grad_accum)):  # fmt: skip
+            _positive(flag, value)
+        u = _units(units)
+        result = run(
+            params=params, gpus=gpus, gpus_per_node=gpus_per_node, stage=stage, fsdp=fsdp, ddp=ddp,
+            strategy=strategy, offload_optimizer=offload_optimizer.strip().lower(),
+            offload_params=offload_params.strip().lower(), shard_group=shard_group, gpu=gpu, precision=precision,
+            optimizer=optimizer, grad_accum=grad_accum, cuda_context_gib=cuda_context_gib, reserve_gib=reserve_gib,
+        )  # fmt: skip
+        _show(result, json, u)
+
+    _run(go)
+
+
+@app.command(
+    epilog="Example: memcalc compare --params 7e9 --gpus 64 --strategies zero-2,zero-3,FULL_SHARD+param-cpu",
+)
+def compare(
+    params: Params,
+    gpus: Gpus = 1,
+    strategies: Annotated[str | None, typer.Option("--strategies", help="Comma-separated strategies (default: all); modifiers +opt-cpu, +param-nvme, +offload.")] = None,
+    shard_group: ShardGroup = None,
+    gpus_per_node: GpusPerNode = 8,
+    gpu: Gpu = "a100-sxm-80gb",
+    precision: PrecisionOpt = "bf16-mixed",
+    optimizer: OptimizerOpt = "adamw",
+    grad_accum: GradAccum = 1,
+    cuda_context_gib: CudaContext = None,
+    reserve_gib: Reserve = None,
+    units: Units = "gib",
+    json: Json = False,
+) -> None:
+    """Every strategy side by side: memory parts, total, fit, host RAM and communication."""
+
+    def go() -> None:
+        from memcalc.api import compare as run
+
+        for flag, value in (("--gpus", gpus), ("--gpus-per-node", gpus_per_node), ("--shard-group", shard_group),
+                            ("--grad-accum", grad_accum)):  # fmt: skip
+            _positive(flag, value)
+        u = _units(units)
+        chosen = None if strategies is None else [s for s in strategies.split(",") if s.strip()]
+        result = run(
+            params=params, gpus=gpus, gpus_per_node=gpus_per_node, strategies=chosen, shard_group=shard_group,
+            gpu=gpu, precision=precision, optimizer=optimizer, grad_accum=grad_accum,
+            cuda_context_gib=cuda_context_gib, reserve_gib=reserve_gib,
+        )  # fmt: skip
+        _show(result, json, u)
+
+    _run(go)
+
+
+@app.command(epilog="Example: memcalc gpus")
+def gpus() -> None:
+    """List the GPU presets."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from memcalc.presets import gpu_names, load_gpu
+
+    t = Table(title="GPU presets (--gpu NAME or alias)", title_justify="left")
+    for col in ("name", "GPU", "memory GB", "usable GiB", "HBM GB/s", "BF16 TFLOPS", "link GB/s", "aliases"):
+        t.add_column(col)
+    for key in gpu_names():
+        g = load_gpu(key)
+        t.add_row(key, g.name, f"{g.memory_gb:g}", f"{g.usable_memory_gib:g}", f"{g.hbm_gbps:g}",
+                  f"{g.bf16_tflops:g}", f"{g.intra_node_link} {g.intra_node_gbps:g}", ", ".join(g.aliases))  # fmt: skip
+    Console().print(t)
+
+
+@app.command(epilog="Example: memcalc strategies")
+def strategies() -> None:
+    """List the strategies and what each shards."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from memcalc.strategies import STRATEGIES
+
+    t = Table(title="Strategies (--stage N, --fsdp NAME, --ddp, or --strategy NAME)", title_justify="left")
+    for col in ("name", "framework", "params", "grads", "optimizer", "group", "same as", "offload"):
+        t.add_column(col)
+    yes = lambda b: "sharded" if b else "replicated"  # noqa: E731
+    for s in STRATEGIES.values():
+        offload = "-" if s.optimizer_offload == ("none",) and s.param_offload == ("none",) else (
+            f"opt: {'/'.join(s.optimizer_offload[1:]) or '-'}, params: {'/'.join(s.param_offload[1:]) or '-'}")  # fmt: skip
+        t.add_row(s.name, s.framework, yes(s.shards_params), yes(s.shards_grads), yes(s.shards_optimizer),
+                  "shard group" if s.hybrid else "data-parallel", s.same_as, offload)  # fmt: skip
+    Console().print(t)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

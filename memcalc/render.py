@@ -1,0 +1,171 @@
+"""Rendering: results -> rich renderables. Returns Tables and Groups; never prints."""
+
+from __future__ import annotations
+
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from memcalc.results import Comparison, Estimate
+from memcalc.units import MemoryUnit, format_memory, format_rate, memory_label, to_memory_unit
+
+
+def _mem(n_bytes: int, unit: MemoryUnit) -> str:
+    return f"{to_memory_unit(n_bytes, unit):,.2f}"
+
+
+def _headline(r: Estimate, unit: MemoryUnit) -> Text:
+    inp = r.input
+    c = inp.cluster
+    head = Text()
+    head.append(f"{r.model.name} parameters", style="bold")
+    head.append(f" · {r.strategy.label} · {c.gpus} x {inp.gpu.name} ({c.nodes} node{'s' * (c.nodes > 1)} of "
+                f"{c.gpus_per_node})")  # fmt: skip
+    head.append(f" · {inp.precision.name} · {inp.optimizer.name}")
+    if r.strategy.shard_group_size > 1:
+        head.append(f" · sharded over N = {r.strategy.shard_group_size}")
+        if r.strategy.replicas > 1:
+            head.append(f", {r.strategy.replicas} replicas")
+    head.append(f" · accounting: {r.accounting}", style="dim")
+    return head
+
+
+def memory_table(r: Estimate, unit: MemoryUnit = "gib") -> Table:
+    label = memory_label(unit)
+    t = Table(title="Memory per GPU", title_justify="left", show_footer=False)
+    t.add_column("component")
+    t.add_column(label, justify="right")
+    t.add_column("formula · source", style="dim")
+    for row in r.memory.per_gpu.rows:
+        t.add_row(row.label, _mem(row.bytes, unit), row.detail)
+    t.add_section()
+    t.add_row(Text("total", style="bold"), Text(_mem(r.memory.per_gpu.total, unit), style="bold"), "sum of the rows")
+    return t
+
+
+def verdict(r: Estimate, unit: MemoryUnit = "gib") -> Text:
+    fit, gpu = r.memory.fit, r.input.gpu
+    total = r.memory.per_gpu.total
+    usable = format_memory(fit.usable_bytes, unit)
+    if fit.fits:
+        pct = 100 * total / fit.usable_bytes
+        return Text(
+            f"✓ fits: {format_memory(total, unit)} of {usable} usable on {gpu.name} ({pct:.0f}%), "
+            f"headroom {format_memory(fit.headroom_bytes, unit)}",
+            style="bold green",
+        )
+    return Text(
+        f"✗ does not fit: {format_memory(total, unit)} needed, {usable} usable on {gpu.name}, "
+        f"short by {format_memory(-fit.headroom_bytes, unit)}",
+        style="bold red",
+    )
+
+
+def host_table(r: Estimate, unit: MemoryUnit = "gib") -> Table | None:
+    node = r.memory.per_node
+    if not node.rows:
+        return None
+    t = Table(title=f"Offloaded per node ({node.ranks} GPUs)", title_justify="left")
+    t.add_column("component")
+    t.add_column("where")
+    t.add_column(memory_label(unit), justify="right")
+    for row in node.rows:
+        t.add_row(row.label, "host RAM" if row.location == "cpu" else "NVMe", _mem(row.bytes, unit))
+    t.add_section()
+    if node.cpu:
+        t.add_row(Text("host RAM", style="bold"), "", Text(_mem(node.cpu, unit), style="bold"))
+    if node.nvme:
+        t.add_row(Text("NVMe", style="bold"), "", Text(_mem(node.nvme, unit), style="bold"))
+    return t
+
+
+def communication_table(r: Estimate, unit: MemoryUnit = "gib") -> Table:
+    label = memory_label(unit)
+    com = r.communication
+    t = Table(title="Communication per optimizer step, per GPU", title_justify="left")
+    for name, justify in (("phase", "left"), ("operation", "left"), ("tensor", "left"), ("group (size)", "left"),
+                          ("link", "left"), ("dtype", "left"), ("calls", "right"),
+                          (f"payload {label}", "right"), (f"sent {label}", "right")):  # fmt: skip
+        t.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for c in com.collectives:
+        t.add_row(c.phase, c.op, c.tensor, f"{c.group} ({c.group_size})", c.link, c.dtype, str(c.calls_per_step),
+                  _mem(c.payload_bytes, unit), _mem(c.sent_bytes_per_gpu, unit))  # fmt: skip
+    if not com.collectives:
+        t.add_row("-", "none: one GPU holds everything", "", "", "", "", "", "0", "0")
+    t.add_section()
+    t.add_row(Text("total", style="bold"), "collectives", "", "", "", "", "",
+              Text(_mem(com.payload_bytes, unit), style="bold"), Text(_mem(com.sent_bytes_per_gpu, unit), style="bold"))  # fmt: skip
+    if com.inter_node_sent_bytes_per_gpu:
+        t.add_row("", "of which over the network", "", "", "", "", "", "", _mem(com.inter_node_sent_bytes_per_gpu, unit))
+    if com.host_transfers:
+        t.add_section()
+        for h in com.host_transfers:
+            t.add_row(h.phase, h.op, h.tensor, "this GPU", h.link, "", str(h.calls_per_step), _mem(h.bytes, unit),
+                      _mem(h.bytes, unit))  # fmt: skip
+    return t
+
+
+def links_line(r: Estimate) -> Text:
+    g = r.input.gpu
+    return Text(
+        f"links: {g.intra_node_link} {format_rate(g.intra_node_gbps * 1e9)} (both directions) inside a node · "
+        f"network {format_rate(g.network_gbps * 1e9)} per GPU · PCIe {format_rate(g.pcie_gbps * 1e9)} each way",
+        style="dim",
+    )
+
+
+def render_estimate(r: Estimate, unit: MemoryUnit = "gib") -> Group:
+    parts: list[RenderableType] = [_headline(r, unit), memory_table(r, unit), verdict(r, unit)]
+    host = host_table(r, unit)
+    if host is not None:
+        parts.append(host)
+    parts += [communication_table(r, unit), links_line(r)]
+    parts += [Text(f"note: {n}", style="dim") for n in r.notes]
+    return Group(*parts)
+
+
+def comparison_table(cmp: Comparison, unit: MemoryUnit = "gib") -> Table:
+    label = memory_label(unit)
+    first = cmp.estimates[0]
+    inp = first.input
+    t = Table(
+        title=f"{first.model.name} parameters on {inp.cluster.gpus} x {inp.gpu.name} · {inp.precision.name} · "
+        f"{inp.optimizer.name} · {label}",
+        title_justify="left",
+    )
+    for name in ("strategy", "params", "grads", "optimizer", "other", "total / GPU", "fits", "host RAM / node",
+                 "NVMe / node", "sent / GPU / step", "over network"):  # fmt: skip
+        t.add_column(name, justify="left" if name == "strategy" else "right")
+    for r in cmp.estimates:
+        g = r.memory.per_gpu
+        other = g.total - g.parameters - g.gradients - g.optimizer_states
+        fits = Text("yes", style="green") if r.memory.fit.fits else Text("no", style="red")
+        c = r.communication
+        t.add_row(r.strategy.label, _mem(g.parameters, unit), _mem(g.gradients, unit), _mem(g.optimizer_states, unit),
+                  _mem(other, unit), Text(_mem(g.total, unit), style="bold"), fits, _mem(r.memory.per_node.cpu, unit),
+                  _mem(r.memory.per_node.nvme, unit), _mem(c.sent_bytes_per_gpu, unit),
+                  _mem(c.inter_node_sent_bytes_per_gpu, unit))  # fmt: skip
+    return t
+
+
+def render(obj: Estimate | Comparison, unit: MemoryUnit = "gib") -> RenderableType:
+    if isinstance(obj, Comparison):
+        return comparison_table(obj, unit)
+    if isinstance(obj, Estimate):
+        return render_estimate(obj, unit)
+    raise TypeError(f"cannot render {type(obj).__name__}")
+
+
+def to_text_and_html(obj: Estimate | Comparison, width: int = 120) -> tuple[str, str]:
+    """Plain text and HTML of the rendering, for Jupyter/IPython display."""
+    console = Console(record=True, width=width, file=_Null(), force_jupyter=False)
+    console.print(render(obj))
+    return console.export_text(clear=False), console.export_html(inline_styles=True)
+
+
+class _Null:
+    def write(self, _: str) -> int:
+        return 0
+
+    def flush(self) -> None:
+        pass
