@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from memcalc.errors import InputError
-from memcalc.estimate import estimate_from_input
+from memcalc.compose import estimate_from_input
 from memcalc.inputs import (
     GPU,
     Cluster,

@@ -98,11 +98,19 @@ def _show(result: Any, as_json: bool, units: str) -> None:
     if as_json:
         sys.stdout.write(result.model_dump_json(indent=2) + "\n")
         return
-    from rich.console import Console
-
     from memcalc.render import render
 
-    Console().print(render(result, units))  # type: ignore[arg-type]
+    _console().print(render(result, units))  # type: ignore[arg-type]
+
+
+def _console() -> Any:
+    """A terminal gets its own width; piped output (files, CI logs) is not squeezed to 80 columns."""
+    import os
+
+    from rich.console import Console
+
+    wide = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+    return Console(width=160 if wide else None)
 
 
 def _run(fn: Any) -> None:
@@ -196,7 +204,6 @@ def compare(
 @app.command(epilog="Example: memcalc gpus")
 def gpus() -> None:
     """List the GPU presets."""
-    from rich.console import Console
     from rich.table import Table
 
     from memcalc.presets import gpu_names, load_gpu
@@ -208,13 +215,12 @@ def gpus() -> None:
         g = load_gpu(key)
         t.add_row(key, g.name, f"{g.memory_gb:g}", f"{g.usable_memory_gib:g}", f"{g.hbm_gbps:g}",
                   f"{g.bf16_tflops:g}", f"{g.intra_node_link} {g.intra_node_gbps:g}", ", ".join(g.aliases))  # fmt: skip
-    Console().print(t)
+    _console().print(t)
 
 
 @app.command(epilog="Example: memcalc strategies")
 def strategies() -> None:
     """List the strategies and what each shards."""
-    from rich.console import Console
     from rich.table import Table
 
     from memcalc.strategies import STRATEGIES
@@ -228,7 +234,7 @@ def strategies() -> None:
             f"opt: {'/'.join(s.optimizer_offload[1:]) or '-'}, params: {'/'.join(s.param_offload[1:]) or '-'}")  # fmt: skip
         t.add_row(s.name, s.framework, yes(s.shards_params), yes(s.shards_grads), yes(s.shards_optimizer),
                   "shard group" if s.hybrid else "data-parallel", s.same_as, offload)  # fmt: skip
-    Console().print(t)
+    _console().print(t)
 
 
 def main() -> None:

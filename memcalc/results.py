@@ -168,7 +168,6 @@ class Estimate(_Result):
     schema_version: int = 1
     accounting: str
     """``paper``: the ZeRO paper's accounting (§5, §7)."""
-    units_note: str = "all sizes are bytes"
     model: ModelInfo
     strategy: StrategyInfo
     memory: Memory

@@ -1,0 +1,62 @@
+"""The Python API: the same numbers from keyword arguments, from pydantic inputs, and in notebooks."""
+
+import pytest
+
+import memcalc
+from memcalc import Cluster, EstimateInput, Model, Strategy
+
+
+def test_keyword_and_pydantic_inputs_agree():
+    a = memcalc.estimate(params=175e9, stage=3, gpus=128)
+    inp = EstimateInput(
+        model=Model(parameters=175_000_000_000),
+        gpu=memcalc.load_gpu("a100-80g"),
+        cluster=Cluster(gpus=128),
+        strategy=Strategy(name="zero-3"),
+    )
+    b = memcalc.estimate(inp)
+    assert a == b
+    c = memcalc.estimate(params=Model(parameters="175B"), strategy=Strategy(name="zero-3"), gpus=Cluster(gpus=128))
+    assert c.memory == a.memory
+
+
+def test_inputs_are_frozen_and_strict():
+    m = Model(parameters=7e9)
+    with pytest.raises(ValueError):
+        m.parameters = 1  # type: ignore[misc]
+    with pytest.raises(ValueError):
+        Model(parameters=7e9, layers=32)  # extra fields are refused
+    with pytest.raises(ValueError, match="not a multiple"):
+        Cluster(gpus=12, gpus_per_node=8)
+
+
+def test_results_are_plain_python_too():
+    r = memcalc.estimate(params=7e9, fsdp="FULL_SHARD", gpus=16)
+    d = r.model_dump()
+    assert d["memory"]["per_gpu"]["total"] == r.memory.per_gpu.total
+    assert d["strategy"]["name"] == "FULL_SHARD" and d["strategy"]["shard_group_size"] == 16
+
+
+def test_notebook_display():
+    r = memcalc.estimate(params=7e9, stage=2, gpus=8)
+    bundle = r._repr_mimebundle_()
+    assert "Memory per GPU" in bundle["text/plain"] and "<" in bundle["text/html"]
+    cmp_bundle = memcalc.compare(params=7e9, gpus=8, strategies=["zero-2", "zero-3"])._repr_mimebundle_()
+    assert "ZeRO-3" in cmp_bundle["text/plain"]
+
+
+def test_compare_defaults_to_every_strategy():
+    c = memcalc.compare(params=7e9, gpus=64)
+    assert [e.strategy.label for e in c.estimates][:3] == ["DDP", "ZeRO-1", "ZeRO-2"]
+    assert len(c.estimates) == len(memcalc.DEFAULT_COMPARE)
+    assert {e.strategy.name for e in c.estimates} == set(memcalc.STRATEGIES) - {"zero-0"}
+
+
+def test_compare_rejects_a_single_strategy_argument():
+    with pytest.raises(ValueError, match="compare takes strategies"):
+        memcalc.compare(params=7e9, gpus=8, stage=3)
+
+
+def test_errors_are_input_errors():
+    with pytest.raises(memcalc.InputError, match="did you mean"):
+        memcalc.estimate(params=7e9, gpu="h10")

@@ -1,0 +1,181 @@
+"""The CLI through typer's CliRunner, and as a real process."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from memcalc.cli import app
+from memcalc.results import Comparison, Estimate
+from memcalc.units import GB
+
+runner = CliRunner()
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def run(*args):
+    return runner.invoke(app, list(args))
+
+
+def test_mission_command_prints_tables_and_verdict():
+    r = run("estimate", "--params", "175e9", "--stage", "3", "--gpus", "128")
+    assert r.exit_code == 0, r.output
+    out = r.stdout
+    for text in ("Memory per GPU", "master weights (fp32)", "fits", "Communication per optimizer step", "all-gather",
+                 "reduce-scatter", "GiB", "ZeRO-3"):  # fmt: skip
+        assert text in out
+    # 16 x 175e9 / 128 = 21.875e9 bytes = 20.37 GiB of model states + 0.50 GiB CUDA context.
+    assert "20.87" in out
+
+
+def test_json_has_the_documented_keys_and_parses_back():
+    r = run("estimate", "--params", "7.5B", "--stage", "2", "--gpus", "64", "--json")
+    assert r.exit_code == 0
+    data = json.loads(r.stdout)
+    per_gpu = data["memory"]["per_gpu"]
+    for key in ("parameters", "gradients", "optimizer_states", "total"):
+        assert isinstance(per_gpu[key], int)
+    assert isinstance(data["memory"]["per_node"]["cpu"], int) and isinstance(data["memory"]["per_node"]["nvme"], int)
+    assert per_gpu["parameters"] + per_gpu["gradients"] + per_gpu["optimizer_states"] == 2 * 7_500_000_000 + 14 * 117_187_500
+    comm = data["communication"]
+    assert {"op", "phase", "group_size", "payload_bytes", "sent_bytes_per_gpu"} <= set(comm["collectives"][0])
+    assert comm["payload_bytes"] == sum(c["payload_bytes"] for c in comm["collectives"])
+    assert comm["sent_bytes_per_gpu"] == sum(c["sent_bytes_per_gpu"] for c in comm["collectives"])
+    assert data["model"]["parameters"] == 7_500_000_000
+    assert Estimate.model_validate_json(r.stdout).memory.per_gpu.total == per_gpu["total"]
+
+
+def test_units_gb_reproduces_the_papers_figures():
+    r = run("estimate", "--params", "7.5e9", "--stage", "0", "--gpus", "64", "--units", "gb", "--cuda-context-gib", "0")
+    assert r.exit_code == 0
+    assert "120.00" in r.stdout and "GB" in r.stdout and "GiB" not in r.stdout.split("links:")[0]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--fsdp", "full_shard"], ["--fsdp", "1"], ["--fsdp", "HYBRID-SHARD"], ["--fsdp", "_hybrid_shard_zero2"],
+        ["--ddp"], ["--strategy", "zero-3+opt-cpu+param-cpu"], ["--stage", "3", "--offload-optimizer", "nvme"],
+        ["--stage", "2", "--offload-optimizer", "cpu", "--grad-accum", "4"], ["--gpu", "h100"], ["--gpu", "mi300x"],
+        ["--precision", "fp16-mixed", "--optimizer", "adam-8bit"], ["--fsdp", "4", "--shard-group", "16"],
+    ],
+)  # fmt: skip
+def test_estimate_accepts(args):
+    r = run("estimate", "--params", "13B", "--gpus", "64", *args)
+    assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--params", "0"], "--params '0' must be positive"),
+        (["--params", "-7e9"], "must be positive"),
+        (["--params", "nan"], "--params 'nan'"),
+        (["--params", "seven"], "--params 'seven' is not a number"),
+        (["--params", "7b", "--stage", "5"], "--stage '5' is not a DeepSpeed ZeRO stage; accepted: 0, 1, 2, 3"),
+        (["--params", "7b", "--fsdp", "FULL_SHRD"], "did you mean 'FULL_SHARD'"),
+        (["--params", "7b", "--gpu", "a100-81g"], "did you mean 'a100-80g'"),
+        (["--params", "7b", "--gpus", "12"], "--gpus 12 is not a multiple of --gpus-per-node 8"),
+        (["--params", "7b", "--gpus", "0"], "--gpus 0 must be a whole number of 1 or more"),
+        (["--params", "7b", "--stage", "2", "--offload-optimizer", "nvme"], "NVMe needs --stage 3"),
+        (["--params", "7b", "--stage", "1", "--offload-params", "cpu"], "parameter offload is ZeRO-3 only"),
+        (["--params", "7b", "--stage", "3", "--fsdp", "FULL_SHARD"], "--stage and --fsdp cannot be combined"),
+        (["--params", "7b", "--precision", "fp8"], "unknown precision 'fp8'"),
+        (["--params", "7b", "--optimizer", "adamm"], "did you mean 'adamw'"),
+        (["--params", "7b", "--units", "mb"], "accepted: gib, gb"),
+        (["--params", "7b", "--offload-optimizer", "disk", "--stage", "3"], "accepted: none, cpu, nvme"),
+        (["--params", "7b", "--bogus"], "No such option: --bogus"),
+        (["--params"], "requires an argument"),
+        (["--gpus", "8"], "Missing option '--params'"),
+        (["--params", "7b", "--gpus", "x"], "--gpus"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, expected):
+    r = run("estimate", *args)
+    assert r.exit_code == 2
+    assert r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("memcalc: error: ")
+    assert expected in lines[0]
+    assert "Traceback" not in r.output
+
+
+def test_compare_shows_every_strategy():
+    r = run("compare", "--params", "7e9", "--gpus", "64")
+    assert r.exit_code == 0, r.output
+    for label in ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-2 + opt→cpu", "ZeRO-3 + opt→cpu", "FSDP FULL_SHARD",
+                  "FSDP SHARD_GRAD_OP", "FSDP NO_SHARD", "FSDP HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):  # fmt: skip
+        assert label in r.stdout
+    assert "host RAM" in r.stdout and "sent / GPU / step" in r.stdout
+
+
+def test_compare_subset_and_json():
+    r = run("compare", "--params", "7e9", "--gpus", "64", "--strategies", "zero-2,zero-3,FULL_SHARD+offload", "--json")
+    assert r.exit_code == 0, r.output
+    c = Comparison.model_validate_json(r.stdout)
+    assert [e.strategy.name for e in c.estimates] == ["zero-2", "zero-3", "FULL_SHARD"]
+    assert c.estimates[2].strategy.offload_params == "cpu"
+    assert c.estimates[1].memory.per_gpu.total - c.estimates[1].memory.per_gpu.cuda_context == 16 * 7_000_000_000 // 64
+
+
+def test_compare_bad_strategy_is_one_line():
+    r = run("compare", "--params", "7e9", "--gpus", "64", "--strategies", "zero-2,zero4")
+    assert r.exit_code == 2 and "unknown strategy 'zero4'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_listing_commands():
+    g = run("gpus")
+    assert g.exit_code == 0 and "a100-sxm-80gb" in g.stdout and "mi300x" in g.stdout
+    s = run("strategies")
+    assert s.exit_code == 0 and "_HYBRID_SHARD_ZERO2" in s.stdout and "zero-3" in s.stdout
+
+
+def test_help_has_examples():
+    for cmd in ("estimate", "compare"):
+        r = run(cmd, "--help")
+        assert r.exit_code == 0 and f"memcalc {cmd} --params" in r.stdout
+
+
+def test_python_dash_m():
+    p = subprocess.run([sys.executable, "-m", "memcalc", "estimate", "--params", "7e9", "--stage", "3", "--gpus", "8",
+                        "--json"], capture_output=True, text=True)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["memory"]["per_gpu"]["parameters"] == 2 * 7_000_000_000 // 8
+    bad = subprocess.run([sys.executable, "-m", "memcalc", "estimate", "--params", "x"], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+
+
+def _readme_block(marker):
+    text = README.read_text()
+    block = text[text.index(f"<!-- {marker} -->"):]
+    return block.split("```bash\n", 1)[1].split("\n```", 1)[0].strip()
+
+
+def test_readme_main_command_runs():
+    main = _readme_block("main-command")
+    assert main.endswith("&& memcalc estimate --params 175e9 --stage 3 --gpus 128")
+    mission = main.rsplit("&& ", 1)[1].split()
+    r = run(*mission[1:], "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["memory"]["per_gpu"]["optimizer_states"] == 12 * 175_000_000_000 // 128
+    assert data["memory"]["per_gpu"]["total"] == 16 * 175_000_000_000 // 128 + 2**29  # + CUDA context row
+
+
+def test_every_readme_example_runs():
+    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S)
+    lines = [line for block in blocks for line in block.splitlines()]
+    examples = [line.split("  #")[0].strip() for line in lines if line.startswith("memcalc ")]
+    assert len(examples) >= 8
+    for command in examples:
+        r = run(*command.split()[1:])
+        assert r.exit_code == 0, (command, r.output)
+
+
+def test_readme_test_command_is_what_ci_runs():
+    ci = (README.parent / ".ci" / "run").read_text()
+    assert _readme_block("test-command") in ci or "test-command" in ci
