@@ -9,9 +9,16 @@ from __future__ import annotations
 import tomllib
 from functools import cache
 from pathlib import Path
+from typing import Any, TypeVar
 
+from pydantic import BaseModel, ValidationError
+
+from memcalc.architecture import Architecture
 from memcalc.errors import InputError, did_you_mean
 from memcalc.inputs import GPU
+
+T = TypeVar("T", bound=BaseModel)
+KINDS = {"gpus": "GPU", "models": "model"}
 
 
 def presets_dir() -> Path:
@@ -26,7 +33,7 @@ def _norm(name: str) -> str:
     return name.strip().lower().replace("_", "-").replace(" ", "-")
 
 
-def _read(path: Path) -> dict:
+def _read(path: Path) -> dict[str, Any]:
     try:
         with path.open("rb") as f:
             return tomllib.load(f)
@@ -47,39 +54,57 @@ def _alias_index(kind: str) -> dict[str, Path]:
     return index
 
 
-def gpu_names() -> list[str]:
-    return sorted(p.stem for p in (presets_dir() / "gpus").glob("*.toml"))
+def names(kind: str) -> list[str]:
+    return sorted(p.stem for p in (presets_dir() / kind).glob("*.toml"))
 
 
-def _gpu_from_file(path: Path) -> GPU:
+def _from_file(path: Path, cls: type[T], kind: str, key_field: str) -> T:
     data = _read(path)
-    data.setdefault("key", path.stem)
+    data.setdefault(key_field, path.stem)
     if "aliases" in data:
         data["aliases"] = tuple(data["aliases"])
     try:
-        return GPU(**data)
-    except ValueError as e:
-        first = e.errors()[0] if hasattr(e, "errors") else {"loc": (), "msg": str(e)}
+        return cls(**data)
+    except ValidationError as e:
+        first = e.errors()[0]
         where = ".".join(str(x) for x in first["loc"])
-        raise InputError(f"GPU preset {str(path)!r}: {where} {first['msg']}".replace("  ", " ")) from None
+        msg = str(first["msg"]).removeprefix("Value error, ")
+        raise InputError(f"{KINDS[kind]} preset {str(path)!r}: {where + ': ' if where else ''}{msg}") from None
 
 
-def load_gpu(name: str) -> GPU:
-    """A GPU by preset name (``a100-sxm-80gb``), alias (``a100-80g``) or path to a TOML file."""
+def _load(kind: str, name: str, cls: type[T], key_field: str, flag: str) -> T:
     text = str(name).strip()
     if text.endswith(".toml") or "/" in text:
         path = Path(text).expanduser()
         if not path.is_file():
-            raise InputError(f"GPU preset file {text!r} does not exist")
-        return _gpu_from_file(path)
-    direct = presets_dir() / "gpus" / f"{_norm(text)}.toml"
+            raise InputError(f"{KINDS[kind]} preset file {text!r} does not exist")
+        return _from_file(path, cls, kind, key_field)
+    direct = presets_dir() / kind / f"{_norm(text)}.toml"
     if direct.is_file():
-        return _gpu_from_file(direct)
-    index = _alias_index("gpus")
+        return _from_file(direct, cls, kind, key_field)
+    index = _alias_index(kind)
     path = index.get(_norm(text))
     if path is None:
         raise InputError(
-            f"unknown GPU {text!r}{did_you_mean(_norm(text), index)}; known: {', '.join(gpu_names())} "
-            "(or a path to a .toml file)"
+            f"unknown {KINDS[kind]} {text!r}{did_you_mean(_norm(text), index)} for {flag}; known: "
+            f"{', '.join(names(kind))} (or a path to a .toml file)"
         )
-    return _gpu_from_file(path)
+    return _from_file(path, cls, kind, key_field)
+
+
+def gpu_names() -> list[str]:
+    return names("gpus")
+
+
+def load_gpu(name: str) -> GPU:
+    """A GPU by preset name (``a100-sxm-80gb``), alias (``a100-80g``) or path to a TOML file."""
+    return _load("gpus", name, GPU, "key", "--gpu")
+
+
+def model_names() -> list[str]:
+    return names("models")
+
+
+def load_model(name: str) -> Architecture:
+    """A model architecture by preset name (``llama-2-7b``), alias (``llama2-7b``) or path to a TOML file."""
+    return _load("models", name, Architecture, "name", "--model")
