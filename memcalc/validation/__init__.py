@@ -1,0 +1,1 @@
+"""Ground truth from real PyTorch runs (needs the optional ``validate`` extra: torch)."""
