@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 
 from memcalc.errors import InputError
 from memcalc.compose import estimate_from_input
+from memcalc.architecture import Architecture
 from memcalc.inputs import (
     GPU,
     Cluster,
@@ -19,8 +20,10 @@ from memcalc.inputs import (
     Model,
     Optimizer,
     Overheads,
+    Parallelism,
     Precision,
     Strategy,
+    Workload,
     resolve_optimizer,
     resolve_precision,
 )
@@ -112,6 +115,47 @@ def _gpu(gpu: str | GPU) -> GPU:
     return load_gpu(gpu)
 
 
+SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
+
+
+def resolve_architecture(
+    model: str | Architecture | None = None, hf_config: str | None = None, **shape: int | None
+) -> Architecture | None:
+    """A preset (``--model``), a config.json (``--hf-config``) or explicit shape flags, flags overriding the first two."""
+    if model is not None and hf_config is not None:
+        raise InputError("--model and --hf-config cannot be combined; choose one")
+    given = {k: v for k, v in shape.items() if v is not None}
+    for k, v in given.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise InputError(f"--{k.replace('_', '-')} {v!r} must be a whole number of 1 or more")
+    if isinstance(model, Architecture):
+        base: Architecture | None = model
+    elif model is not None:
+        from memcalc.presets import load_model
+
+        base = load_model(model)
+    elif hf_config is not None:
+        from memcalc.hf_config import load_hf_config
+
+        base = load_hf_config(hf_config)
+    else:
+        base = None
+    if base is None:
+        if not given:
+            return None
+        missing = [f"--{k}" for k in ("layers", "hidden", "heads", "vocab") if k not in given]
+        if missing:
+            raise InputError(f"a model shape needs {', '.join(missing)} too (or start from --model NAME)")
+        return Architecture(name="custom", max_positions=0, position="rotary", **given)  # type: ignore[arg-type]
+    if not given:
+        return base
+    data = base.model_dump()
+    data.update(given)
+    if "hidden" in given or "heads" in given:
+        data["head_dim"] = base.head_dim if base.head_dim and "hidden" not in given and "heads" not in given else None
+    return Architecture.model_validate(data)
+
+
 def build_input(
     params: int | float | str | Model | None = None,
     *,
@@ -127,15 +171,47 @@ def build_input(
     gpu: str | GPU = DEFAULT_GPU,
     precision: str | Precision = "bf16-mixed",
     optimizer: str | Optimizer = "adamw",
-    grad_accum: int = 1,
+    grad_accum: int | None = None,
+    micro_batches: int | None = None,
     cuda_context_gib: float | None = None,
     reserve_gib: float | None = None,
     overheads: Overheads | None = None,
+    model: str | Architecture | None = None,
+    hf_config: str | None = None,
+    layers: int | None = None,
+    hidden: int | None = None,
+    heads: int | None = None,
+    kv_heads: int | None = None,
+    ffn: int | None = None,
+    vocab: int | None = None,
+    seq_len: int | None = None,
+    micro_batch: int | None = None,
+    recompute: str = "none",
+    attention: str = "eager",
+    dropout: float | None = None,
+    device: str = "cuda",
+    tp: int = 1,
+    pp: int = 1,
+    cp: int = 1,
+    ep: int = 1,
+    sequence_parallel: bool = False,
+    virtual_stages: int = 1,
+    parallelism: Parallelism | None = None,
+    workload: Workload | None = None,
 ) -> EstimateInput:
     """Turn loose arguments (strings, numbers, or the pydantic input objects) into an ``EstimateInput``."""
-    if params is None:
-        raise InputError("give the model size, e.g. params=7e9 (or --params 7B)")
-    model = params if isinstance(params, Model) else Model(parameters=parse_count(params, "--params"))  # type: ignore[arg-type]
+    arch = resolve_architecture(model, hf_config, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
+                                ffn=ffn, vocab=vocab)  # fmt: skip
+    if isinstance(params, Model):
+        the_model = params
+    elif arch is not None:
+        if params is not None:
+            raise InputError("give --params or a model shape (--model, --hf-config, --layers ...), not both")
+        the_model = Model(architecture=arch, name=arch.name)
+    elif params is None:
+        raise InputError("give the model size (--params 7B) or its shape (--model llama-2-7b, --hf-config config.json)")
+    else:
+        the_model = Model(parameters=parse_count(params, "--params"))  # type: ignore[arg-type]
     cluster = gpus if isinstance(gpus, Cluster) else Cluster(gpus=gpus, gpus_per_node=gpus_per_node)
     if overheads is None:
         o = Overheads()
@@ -143,16 +219,36 @@ def build_input(
             cuda_context_bytes=o.cuda_context_bytes if cuda_context_gib is None else _gib_arg("--cuda-context-gib", cuda_context_gib),
             allocator_reserve_bytes=0 if reserve_gib is None else _gib_arg("--reserve-gib", reserve_gib),
         )  # fmt: skip
+    if grad_accum is not None and micro_batches is not None and grad_accum != micro_batches:
+        raise InputError(f"--grad-accum {grad_accum} and --micro-batches {micro_batches} name the same thing; give one")
+    if workload is None and seq_len is not None:
+        _choice("--recompute", recompute, ("none", "selective", "full"))
+        _choice("--attention", attention, ("eager", "flash", "sdpa"))
+        _choice("--device", device, ("cuda", "cpu"))
+        workload = Workload(seq_len=seq_len, micro_batch=micro_batch or 1, recompute=recompute,  # type: ignore[arg-type]
+                            attention=attention, dropout=dropout, device=device)  # type: ignore[arg-type]  # fmt: skip
+    elif workload is None and (micro_batch is not None or dropout is not None):
+        raise InputError("--micro-batch and --dropout need --seq-len (activations are counted per sequence)")
+    if parallelism is None:
+        parallelism = Parallelism(tp=tp, pp=pp, cp=cp, ep=ep, sequence_parallel=sequence_parallel,
+                                  virtual_stages=virtual_stages)  # fmt: skip
     return EstimateInput(
-        model=model,
+        model=the_model,
         precision=precision if isinstance(precision, Precision) else resolve_precision(precision),
         optimizer=optimizer if isinstance(optimizer, Optimizer) else resolve_optimizer(optimizer),
         gpu=_gpu(gpu),
         cluster=cluster,
         strategy=_strategy(stage, fsdp, ddp, strategy, offload_optimizer, offload_params, shard_group),
+        parallelism=parallelism,
+        workload=workload,
         overheads=overheads,
-        grad_accum=grad_accum,
+        grad_accum=grad_accum or micro_batches or 1,
     )
+
+
+def _choice(flag: str, value: str, accepted: tuple[str, ...]) -> None:
+    if value not in accepted:
+        raise InputError(f"{flag} {value!r} is not accepted; accepted: {', '.join(accepted)}")
 
 
 def _gib_arg(flag: str, value: float) -> int:
@@ -165,13 +261,49 @@ def estimate(params: int | float | str | Model | EstimateInput | None = None, **
     """Per-GPU memory and per-step communication of one strategy.
 
     ``memcalc.estimate(params=175e9, stage=3, gpus=128)``; ``fsdp="FULL_SHARD"``, ``ddp=True`` or
-    ``strategy="zero-3+opt-cpu"`` pick other strategies. An ``EstimateInput`` is taken as it is.
+    ``strategy="zero-3+opt-cpu"`` pick other strategies; ``model="llama-2-7b", seq_len=4096`` adds
+    activations; ``micro_batch="auto"`` finds the largest micro-batch that fits. An ``EstimateInput`` is
+    taken as it is.
     """
     if isinstance(params, EstimateInput):
         if kwargs:
             raise InputError("pass either an EstimateInput or keyword arguments, not both")
         return estimate_from_input(params)
+    if kwargs.get("micro_batch") == "auto":
+        return largest_micro_batch(params, **{k: v for k, v in kwargs.items() if k != "micro_batch"})
     return estimate_from_input(build_input(params, **kwargs))  # type: ignore[arg-type]
+
+
+def largest_micro_batch(params: object = None, limit: int = 1 << 16, **kwargs: object) -> Estimate:
+    """The estimate at the largest micro-batch whose per-GPU total fits (``--micro-batch auto``).
+
+    Activations grow with the micro-batch and nothing else does, so the fitting sizes are 1..b*: double
+    until it no longer fits, then bisect. When even 1 does not fit, the estimate at 1 says so.
+    """
+    if kwargs.get("seq_len") is None:
+        raise InputError("--micro-batch auto needs --seq-len (and the model's shape)")
+
+    def at(b: int) -> Estimate:
+        return estimate_from_input(build_input(params, micro_batch=b, **kwargs), micro_batch_auto=True)  # type: ignore[arg-type]
+
+    best = at(1)
+    if not best.memory.fit.fits:
+        return best
+    lo, hi = 1, 2
+    while hi <= limit:
+        r = at(hi)
+        if not r.memory.fit.fits:
+            break
+        best, lo, hi = r, hi, hi * 2
+    hi = min(hi, limit + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        r = at(mid)
+        if r.memory.fit.fits:
+            best, lo = r, mid
+        else:
+            hi = mid
+    return best
 
 
 def compare(
@@ -182,7 +314,7 @@ def compare(
     **kwargs: object,
 ) -> Comparison:
     """Several strategies side by side for one model and cluster (default: ``DEFAULT_COMPARE``)."""
-    for key in ("stage", "fsdp", "ddp", "strategy", "offload_optimizer", "offload_params"):
+    for key in ("stage", "fsdp", "ddp", "strategy", "offload_optimizer", "offload_params"):  # one strategy's flags
         if kwargs.get(key) not in (None, False, "none"):
             raise InputError(f"compare takes strategies=[...], not {key}")
     chosen: Sequence[str | Strategy] = list(strategies) if strategies is not None else list(DEFAULT_COMPARE)

@@ -68,14 +68,35 @@ app = typer.Typer(
 )
 
 # --- options shared by estimate and compare -------------------------------------------------------
-Params = Annotated[str, typer.Option("--params", "-p", help="Parameter count: 175e9, 175B, 7b, 1.3e9, 350M.")]
+Params = Annotated[str | None, typer.Option("--params", "-p", help="Parameter count: 175e9, 175B, 7b, 1.3e9, 350M (or give --model).")]
+ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="Model preset (llama-2-7b, gpt3-175b; see `memcalc models`) or a .toml path.")]
+HfConfig = Annotated[str | None, typer.Option("--hf-config", help="A Hugging Face config.json (llama, mistral, mixtral, qwen2, gpt2, gpt_neox, bloom, opt, falcon).")]
+Layers = Annotated[int | None, typer.Option("--layers", help="Decoder layers (overrides the preset).")]
+Hidden = Annotated[int | None, typer.Option("--hidden", help="Hidden size.")]
+Heads = Annotated[int | None, typer.Option("--heads", help="Attention heads.")]
+KvHeads = Annotated[int | None, typer.Option("--kv-heads", help="Key/value heads (GQA).")]
+Ffn = Annotated[int | None, typer.Option("--ffn", help="MLP inner size.")]
+Vocab = Annotated[int | None, typer.Option("--vocab", help="Vocabulary size.")]
+SeqLen = Annotated[int | None, typer.Option("--seq-len", help="Sequence length: counts activations (needs the model's shape).")]
+MicroBatch = Annotated[str | None, typer.Option("--micro-batch", help="Sequences per micro-batch, or auto: the largest that fits.")]
+Recompute = Annotated[str, typer.Option("--recompute", help="Activation recomputation: none, selective, full.")]
+AttentionOpt = Annotated[str, typer.Option("--attention", help="eager (keeps a·s² scores, as the paper), flash, or sdpa.")]
+Dropout = Annotated[float | None, typer.Option("--dropout", help="Dropout probability (default: the preset's or config's, else 0).")]
+Device = Annotated[str, typer.Option("--device", help="cuda (1-byte dropout masks) or cpu (masks in the activation dtype).")]
+Tp = Annotated[int, typer.Option("--tp", help="Tensor-parallel degree.")]
+Pp = Annotated[int, typer.Option("--pp", help="Pipeline stages.")]
+Cp = Annotated[int, typer.Option("--cp", help="Context-parallel degree.")]
+Ep = Annotated[int, typer.Option("--ep", help="Expert-parallel degree (MoE).")]
+Sp = Annotated[bool, typer.Option("--sequence-parallel", help="Megatron sequence parallelism (with --tp).")]
+Vp = Annotated[int, typer.Option("--virtual-stages", help="Model chunks per pipeline rank (interleaved 1F1B).")]
+MicroBatches = Annotated[int | None, typer.Option("--micro-batches", help="Micro-batches per optimizer step (same as --grad-accum).")]
 Gpus = Annotated[int, typer.Option("--gpus", "-n", help="World size: GPUs in the job.")]
 GpusPerNode = Annotated[int, typer.Option("--gpus-per-node", help="GPUs per node.")]
 Gpu = Annotated[str, typer.Option("--gpu", help="GPU preset name or alias (a100-80g, h100), or a path to a .toml file.")]
 PrecisionOpt = Annotated[str, typer.Option("--precision", help="fp32, fp16-mixed, bf16-mixed, bf16 (pure).")]
 OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="adamw (adam), sgd, sgd-momentum, adam-8bit, adafactor, lion.")]
 ShardGroup = Annotated[int | None, typer.Option("--shard-group", help="Hybrid strategies: GPUs per shard group (default: one node).")]
-GradAccum = Annotated[int, typer.Option("--grad-accum", help="Micro-batches per optimizer step.")]
+GradAccum = Annotated[int | None, typer.Option("--grad-accum", help="Micro-batches per optimizer step (gradient accumulation).")]
 CudaContext = Annotated[float | None, typer.Option("--cuda-context-gib", help="CUDA context per GPU, GiB (default 0.5).")]
 Reserve = Annotated[float | None, typer.Option("--reserve-gib", help="Allocator headroom per GPU, GiB (default 0).")]
 Units = Annotated[str, typer.Option("--units", help="Memory units: gib (2^30, as CUDA reports) or gb (10^9, as papers print).")]
@@ -85,6 +106,17 @@ Json = Annotated[bool, typer.Option("--json", help="Print the whole result as JS
 def _positive(flag: str, value: int | None) -> None:
     if value is not None and value < 1:
         raise InputError(f"{flag} {value} must be a whole number of 1 or more")
+
+
+def _micro_batch(value: str | None) -> int | str | None:
+    if value is None or value.strip().lower() == "auto":
+        return None if value is None else "auto"
+    try:
+        b = int(value)
+    except ValueError:
+        raise InputError(f"--micro-batch {value!r} is not a whole number; give 1, 2, ... or auto") from None
+    _positive("--micro-batch", b)
+    return b
 
 
 def _units(units: str) -> str:
@@ -124,7 +156,7 @@ def _run(fn: Any) -> None:
     epilog="Example: memcalc estimate --params 175e9 --stage 3 --gpus 128",
 )
 def estimate(
-    params: Params,
+    params: Params = None,
     gpus: Gpus = 1,
     stage: Annotated[str | None, typer.Option("--stage", "-s", help="DeepSpeed ZeRO stage 0-3 (0 is DDP).")] = None,
     fsdp: Annotated[str | None, typer.Option("--fsdp", help="FSDP sharding strategy: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, _HYBRID_SHARD_ZERO2 (any case, or 1-5).")] = None,
@@ -137,9 +169,30 @@ def estimate(
     gpu: Gpu = "a100-sxm-80gb",
     precision: PrecisionOpt = "bf16-mixed",
     optimizer: OptimizerOpt = "adamw",
-    grad_accum: GradAccum = 1,
+    grad_accum: GradAccum = None,
     cuda_context_gib: CudaContext = None,
     reserve_gib: Reserve = None,
+    model: ModelOpt = None,
+    hf_config: HfConfig = None,
+    layers: Layers = None,
+    hidden: Hidden = None,
+    heads: Heads = None,
+    kv_heads: KvHeads = None,
+    ffn: Ffn = None,
+    vocab: Vocab = None,
+    seq_len: SeqLen = None,
+    micro_batch: MicroBatch = None,
+    micro_batches: MicroBatches = None,
+    recompute: Recompute = "none",
+    attention: AttentionOpt = "eager",
+    dropout: Dropout = None,
+    device: Device = "cuda",
+    tp: Tp = 1,
+    pp: Pp = 1,
+    cp: Cp = 1,
+    ep: Ep = 1,
+    sequence_parallel: Sp = False,
+    virtual_stages: Vp = 1,
     units: Units = "gib",
     json: Json = False,
 ) -> None:
@@ -149,14 +202,21 @@ def estimate(
         from memcalc.api import estimate as run
 
         for flag, value in (("--gpus", gpus), ("--gpus-per-node", gpus_per_node), ("--shard-group", shard_group),
-                            ("--grad-accum", grad_accum)):  # fmt: skip
+                            ("--grad-accum", grad_accum), ("--micro-batches", micro_batches), ("--seq-len", seq_len),
+                            ("--tp", tp), ("--pp", pp), ("--cp", cp), ("--ep", ep),
+                            ("--virtual-stages", virtual_stages)):  # fmt: skip
             _positive(flag, value)
         u = _units(units)
         result = run(
             params=params, gpus=gpus, gpus_per_node=gpus_per_node, stage=stage, fsdp=fsdp, ddp=ddp,
             strategy=strategy, offload_optimizer=offload_optimizer.strip().lower(),
             offload_params=offload_params.strip().lower(), shard_group=shard_group, gpu=gpu, precision=precision,
-            optimizer=optimizer, grad_accum=grad_accum, cuda_context_gib=cuda_context_gib, reserve_gib=reserve_gib,
+            optimizer=optimizer, grad_accum=grad_accum, micro_batches=micro_batches, cuda_context_gib=cuda_context_gib,
+            reserve_gib=reserve_gib, model=model, hf_config=hf_config, layers=layers, hidden=hidden, heads=heads,
+            kv_heads=kv_heads, ffn=ffn, vocab=vocab, seq_len=seq_len, micro_batch=_micro_batch(micro_batch),
+            recompute=recompute.strip().lower(), attention=attention.strip().lower(), dropout=dropout,
+            device=device.strip().lower(), tp=tp, pp=pp, cp=cp, ep=ep, sequence_parallel=sequence_parallel,
+            virtual_stages=virtual_stages,
         )  # fmt: skip
         _show(result, json, u)
 
@@ -167,7 +227,7 @@ def estimate(
     epilog="Example: memcalc compare --params 7e9 --gpus 64 --strategies zero-2,zero-3,FULL_SHARD+param-cpu",
 )
 def compare(
-    params: Params,
+    params: Params = None,
     gpus: Gpus = 1,
     strategies: Annotated[str | None, typer.Option("--strategies", help="Comma-separated strategies (default: all); modifiers +opt-cpu, +param-nvme, +offload.")] = None,
     shard_group: ShardGroup = None,
@@ -175,9 +235,18 @@ def compare(
     gpu: Gpu = "a100-sxm-80gb",
     precision: PrecisionOpt = "bf16-mixed",
     optimizer: OptimizerOpt = "adamw",
-    grad_accum: GradAccum = 1,
+    grad_accum: GradAccum = None,
     cuda_context_gib: CudaContext = None,
     reserve_gib: Reserve = None,
+    model: ModelOpt = None,
+    hf_config: HfConfig = None,
+    seq_len: SeqLen = None,
+    micro_batch: MicroBatch = None,
+    recompute: Recompute = "none",
+    attention: AttentionOpt = "eager",
+    tp: Tp = 1,
+    pp: Pp = 1,
+    sequence_parallel: Sp = False,
     units: Units = "gib",
     json: Json = False,
 ) -> None:
@@ -187,14 +256,19 @@ def compare(
         from memcalc.api import compare as run
 
         for flag, value in (("--gpus", gpus), ("--gpus-per-node", gpus_per_node), ("--shard-group", shard_group),
-                            ("--grad-accum", grad_accum)):  # fmt: skip
+                            ("--grad-accum", grad_accum), ("--seq-len", seq_len), ("--tp", tp), ("--pp", pp)):  # fmt: skip
             _positive(flag, value)
         u = _units(units)
+        mb = _micro_batch(micro_batch)
+        if mb == "auto":
+            raise InputError("compare takes a fixed --micro-batch; use estimate --micro-batch auto per strategy")
         chosen = None if strategies is None else [s for s in strategies.split(",") if s.strip()]
         result = run(
             params=params, gpus=gpus, gpus_per_node=gpus_per_node, strategies=chosen, shard_group=shard_group,
             gpu=gpu, precision=precision, optimizer=optimizer, grad_accum=grad_accum,
-            cuda_context_gib=cuda_context_gib, reserve_gib=reserve_gib,
+            cuda_context_gib=cuda_context_gib, reserve_gib=reserve_gib, model=model, hf_config=hf_config,
+            seq_len=seq_len, micro_batch=mb, recompute=recompute.strip().lower(), attention=attention.strip().lower(),
+            tp=tp, pp=pp, sequence_parallel=sequence_parallel,
         )  # fmt: skip
         _show(result, json, u)
 
@@ -215,6 +289,24 @@ def gpus() -> None:
         g = load_gpu(key)
         t.add_row(key, g.name, f"{g.memory_gb:g}", f"{g.usable_memory_gib:g}", f"{g.hbm_gbps:g}",
                   f"{g.bf16_tflops:g}", f"{g.intra_node_link} {g.intra_node_gbps:g}", ", ".join(g.aliases))  # fmt: skip
+    _console().print(t)
+
+
+@app.command(epilog="Example: memcalc models")
+def models() -> None:
+    """List the model presets with their exact parameter counts."""
+    from rich.table import Table
+
+    from memcalc.params import model_params
+    from memcalc.presets import load_model, model_names
+
+    t = Table(title="Model presets (--model NAME or alias)", title_justify="left")
+    for col in ("name", "parameters", "layers", "hidden", "heads", "kv", "ffn", "vocab", "aliases"):
+        t.add_column(col, justify="left" if col in ("name", "aliases") else "right")
+    for key in model_names():
+        a = load_model(key)
+        t.add_row(key, f"{model_params(a).total:,}", str(a.layers), str(a.hidden), str(a.heads), str(a.n_kv),
+                  str(a.ffn_size) + (f" x{a.experts}" if a.moe else ""), str(a.vocab), ", ".join(a.aliases))  # fmt: skip
     _console().print(t)
 
 

@@ -17,7 +17,11 @@ from memcalc.strategies import StrategySpec
 
 
 def _group_crosses_nodes(span: int, gpus_per_node: int) -> bool:
-    """A group whose ranks spread over more GPUs than one node holds must use the network."""
+    """A group whose ranks spread over more consecutive GPUs than one node holds must use the network.
+
+    Ranks are laid out as Megatron-LM does (tp fastest, then cp, then dp, then pp): a group of ``size``
+    members ``stride`` ranks apart spans size x stride ranks.
+    """
     return span > gpus_per_node
 
 
@@ -62,12 +66,14 @@ def data_parallel_collectives(
     dtype: str,
     grad_accum: int,
     intra_link: str,
+    stride: int = 1,
 ) -> list[Collective]:
     """Collectives one GPU takes part in per optimizer step.
 
     ``n`` is the shard group (ZeRO's N; 1 when nothing is sharded), ``replicas`` the copies across
     which hybrid strategies all-reduce. Gathered/scattered tensors are padded to ⌈Ψ/n⌉·n elements,
     as the flat buffers the frameworks shard are. Groups of one rank send nothing and are left out.
+    ``world`` is the data-parallel degree; its ranks stand ``stride`` = tp x cp apart.
     """
     rows: list[Collective] = []
     sharded = spec.shards_params or spec.shards_grads or spec.shards_optimizer
@@ -78,13 +84,13 @@ def data_parallel_collectives(
         if world > 1:
             rows.append(
                 collective("all-reduce", "backward", "gradients", "data-parallel", world,
-                           _group_crosses_nodes(world, gpus_per_node), intra_link, dtype, psi * grad_bytes, micro)
+                           _group_crosses_nodes(world * stride, gpus_per_node), intra_link, dtype, psi * grad_bytes, micro)
             )  # fmt: skip
         return rows
 
     group = "shard group" if spec.hybrid else "data-parallel"
     padded = shard_numel(psi, n) * n
-    crosses = _group_crosses_nodes(n, gpus_per_node)
+    crosses = _group_crosses_nodes(n * stride, gpus_per_node)
     if n > 1:
         gathers = {
             "none": [],
@@ -106,13 +112,95 @@ def data_parallel_collectives(
         # replica group's members stand n ranks apart, so it spans the whole world.
         rows.append(
             collective("all-reduce", "backward", "gradients", "replica group", replicas,
-                       _group_crosses_nodes(world, gpus_per_node), intra_link, dtype,
+                       _group_crosses_nodes(world * stride, gpus_per_node), intra_link, dtype,
                        shard_numel(psi, n) * grad_bytes, micro)
         )  # fmt: skip
-    return _in_step_order(rows)
+    return in_step_order(rows)
 
 
-def _in_step_order(rows: list[Collective]) -> list[Collective]:
+def model_parallel_collectives(
+    *,
+    tp: int,
+    pp: int,
+    cp: int,
+    ep: int,
+    dp: int,
+    sp: bool,
+    stage: int,
+    virtual: int,
+    layers: int,
+    moe_layers: int,
+    tokens: int,
+    hidden: int,
+    kv_width: int,
+    top_k: int,
+    act_bytes: int,
+    dtype: str,
+    micro_batches: int,
+    full_recompute: bool,
+    gpus_per_node: int,
+    intra_link: str,
+) -> list[Collective]:
+    """Tensor, pipeline, context and expert parallelism traffic of one GPU (of pipeline stage ``stage``) per step.
+
+    ``layers`` and ``moe_layers`` are this stage's; ``tokens`` = s/cp x b of one micro-batch.
+    - TP (Megatron-LM, arXiv 1909.08053 §3): per layer 2 all-reduces of s·b·h in forward (after attention and
+      MLP) and 2 in backward; with sequence parallelism (arXiv 2205.05198 §4.2.2) each becomes an all-gather
+      + reduce-scatter pair of the same volume. Full recompute runs the forward's collectives again.
+    - PP: one point-to-point send of the s·b·h activation per micro-batch and model chunk forward (not from
+      the last stage) and of its gradient backward (not from the first); s·b·h/t under sequence parallelism.
+    - CP: K and V all-gathered along the sequence in forward and again in backward, dK/dV reduce-scattered.
+    - EP (MoE): two all-to-alls (dispatch, combine) of top_k·s·b·h per MoE layer forward, two backward.
+    """
+    rows: list[Collective] = []
+    m = micro_batches
+    act = tokens * hidden * act_bytes
+    if tp > 1 and layers:
+        crosses = _group_crosses_nodes(tp, gpus_per_node)
+        fwd = 2 * layers * m * (2 if full_recompute else 1)
+        bwd = 2 * layers * m
+        if sp:
+            for phase, calls in (("forward", fwd), ("backward", bwd)):
+                rows.append(collective("all-gather", phase, "activations", "tensor-parallel", tp, crosses, intra_link,
+                                       dtype, act, calls))  # fmt: skip
+                rows.append(collective("reduce-scatter", phase, "activations", "tensor-parallel", tp, crosses,
+                                       intra_link, dtype, act, calls))  # fmt: skip
+        else:
+            rows.append(collective("all-reduce", "forward", "activations", "tensor-parallel", tp, crosses, intra_link,
+                                   dtype, act, fwd))  # fmt: skip
+            rows.append(collective("all-reduce", "backward", "activation grads", "tensor-parallel", tp, crosses,
+                                   intra_link, dtype, act, bwd))  # fmt: skip
+    if cp > 1 and layers:
+        crosses = _group_crosses_nodes(cp * tp, gpus_per_node)
+        kv = tokens * cp * kv_width // tp * act_bytes * 2  # K and V of the whole sequence, this TP rank's heads
+        rows.append(collective("all-gather", "forward", "K, V", "context-parallel", cp, crosses, intra_link, dtype,
+                               kv, layers * m))  # fmt: skip
+        rows.append(collective("all-gather", "backward", "K, V", "context-parallel", cp, crosses, intra_link, dtype,
+                               kv, layers * m))  # fmt: skip
+        rows.append(collective("reduce-scatter", "backward", "dK, dV", "context-parallel", cp, crosses, intra_link,
+                               dtype, kv, layers * m))  # fmt: skip
+    if ep > 1 and moe_layers:
+        crosses = _group_crosses_nodes(ep * tp * cp, gpus_per_node)
+        tokens_out = top_k * tokens * hidden * act_bytes
+        rows.append(collective("all-to-all", "forward", "tokens", "expert-parallel", ep, crosses, intra_link, dtype,
+                               tokens_out, 2 * moe_layers * m))  # fmt: skip
+        rows.append(collective("all-to-all", "backward", "token grads", "expert-parallel", ep, crosses, intra_link,
+                               dtype, tokens_out, 2 * moe_layers * m))  # fmt: skip
+    if pp > 1:
+        crosses = tp * cp * dp >= gpus_per_node  # neighbouring stages stand tp x cp x dp ranks apart
+        p2p = act // tp if sp else act
+        sends_fwd = m * virtual if (virtual > 1 or stage < pp - 1) else 0
+        sends_bwd = m * virtual if (virtual > 1 or stage > 0) else 0
+        for phase, what, calls in (("forward", "activations", sends_fwd), ("backward", "activation grads", sends_bwd)):
+            if calls:
+                rows.append(Collective(op="send", phase=phase, tensor=what, group="pipeline", group_size=2,  # type: ignore[arg-type]
+                                       crosses_nodes=crosses, link="network" if crosses else intra_link, dtype=dtype,
+                                       calls_per_step=calls, payload_bytes_per_call=p2p, payload_bytes=p2p * calls,
+                                       sent_bytes_per_gpu=p2p * calls))  # fmt: skip
+    return rows
+
+
+def in_step_order(rows: list[Collective]) -> list[Collective]:
     """Forward, backward, optimizer step; stable inside a phase (gather before reduce)."""
     phases = {"forward": 0, "backward": 1, "optimizer step": 2}
     return sorted(rows, key=lambda r: phases[r.phase])

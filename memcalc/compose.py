@@ -2,57 +2,142 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from memcalc import activations as act
 from memcalc import comms, memory
 from memcalc.inputs import EstimateInput
+from memcalc.params import Shard, active_params, largest_layer, largest_module, model_params, stage_params
 from memcalc.results import (
+    ActivationDetail,
     Communication,
     Estimate,
     Fit,
     Memory,
     MemoryRow,
     ModelInfo,
+    ParameterBreakdown,
     PerGPU,
     PerNode,
+    StageMemory,
     StrategyInfo,
+    TensorBytes,
+    Training,
 )
-from memcalc.units import format_count
+from memcalc.units import ceil_div, format_count
 
 _LOCATIONS = ("gpu", "cpu", "nvme")
+_STATE_KEYS = ("parameters", "gradients", "master_weights", "optimizer_moments")
 
 
-def _model_state_rows(inp: EstimateInput) -> list[MemoryRow]:
+@dataclass(frozen=True)
+class ParamGroup:
+    """Parameters one rank holds that are sharded over the same group (dense over dp; routed experts over dp/ep)."""
+
+    psi: int
+    n: int
+
+
+def _param_groups(inp: EstimateInput, stage: int) -> tuple[int, list[ParamGroup]]:
+    """(parameters on this rank, their sharding groups) for pipeline stage ``stage``."""
+    par, n = inp.parallelism, inp.shard_group_size
+    arch = inp.model.architecture
+    if arch is None:
+        # A bare count: the layer weights split evenly over tp x pp (DOMAIN §6: Ψ/(t·p)).
+        psi = ceil_div(inp.model.parameters or 0, par.tp * par.pp)
+        return psi, [ParamGroup(psi, n)]
+    held = stage_params(arch, stage, par.pp, Shard(par.tp, par.ep))
+    routed = sum(x.routed for x in held.layers)
+    groups = [ParamGroup(held.total - routed, n)]
+    if routed:
+        # Megatron-LM's expert-data-parallel group: routed experts are replicated over dp/ep ranks only.
+        groups.append(ParamGroup(routed, max(1, n // par.ep) if n % par.ep == 0 else n))
+    return held.total, groups
+
+
+def _model_state_rows(inp: EstimateInput, groups: list[ParamGroup]) -> list[MemoryRow]:
     """Every model-state tensor of one rank, one row per tensor per location it occupies."""
-    psi, p, opt, spec = inp.model.parameters, inp.precision, inp.optimizer, inp.strategy.spec
-    n = inp.shard_group_size
+    p, opt, spec = inp.precision, inp.optimizer, inp.strategy.spec
     opt_dev, param_dev = inp.strategy.optimizer_device, inp.strategy.offload_params
+    b_mom = opt.moment_bytes_for(p)
+    totals = {(k, loc): 0 for k in _STATE_KEYS for loc in _LOCATIONS}
+    for g in groups:
+        placed = {
+            "parameters": memory.parameter_bytes(g.psi, p.param_bytes, spec.shards_params, g.n, param_dev),
+            "gradients": memory.gradient_bytes(g.psi, p.grad_bytes, spec.shards_grads, spec.shards_optimizer, g.n, opt_dev),
+            "master_weights": memory.master_bytes(g.psi, p.master_bytes, spec.shards_optimizer, g.n, opt_dev),
+            "optimizer_moments": memory.moment_bytes(g.psi, opt.moments, b_mom, spec.shards_optimizer, g.n, opt_dev),
+        }
+        for key, sb in placed.items():
+            for loc in _LOCATIONS:
+                totals[(key, loc)] += getattr(sb, loc)
+    n = inp.shard_group_size
     div = f"/{n}" if n > 1 else ""
     shard = lambda sharded: div if sharded else ""  # noqa: E731
-    b_mom = opt.moment_bytes_for(p)
-
-    states = [
-        ("parameters", f"parameters ({p.low_dtype})",
-         memory.parameter_bytes(psi, p.param_bytes, spec.shards_params, n, param_dev),
-         f"{p.param_bytes}Ψ{shard(spec.shards_params)} (ZeRO §5.3)"),
-        ("gradients", f"gradients ({p.low_dtype})",
-         memory.gradient_bytes(psi, p.grad_bytes, spec.shards_grads, spec.shards_optimizer, n, opt_dev),
-         f"{p.grad_bytes}Ψ{shard(spec.shards_grads)} (ZeRO §5.2)"),
-        ("master_weights", "master weights (fp32)",
-         memory.master_bytes(psi, p.master_bytes, spec.shards_optimizer, n, opt_dev),
-         f"{p.master_bytes}Ψ{shard(spec.shards_optimizer)} (ZeRO §3.1, §5.1)"),
-        ("optimizer_moments", f"optimizer moments ({opt.name})",
-         memory.moment_bytes(psi, opt.moments, b_mom, spec.shards_optimizer, n, opt_dev),
-         f"{opt.moments}x{b_mom}Ψ{shard(spec.shards_optimizer)} ({opt.source})"),
-    ]  # fmt: skip
+    meta = {
+        "parameters": (f"parameters ({p.low_dtype})", f"{p.param_bytes}Ψ{shard(spec.shards_params)} (ZeRO §5.3)"),
+        "gradients": (f"gradients ({p.low_dtype})", f"{p.grad_bytes}Ψ{shard(spec.shards_grads)} (ZeRO §5.2)"),
+        "master_weights": ("master weights (fp32)", f"{p.master_bytes}Ψ{shard(spec.shards_optimizer)} (ZeRO §3.1, §5.1)"),
+        "optimizer_moments": (f"optimizer moments ({opt.name})",
+                              f"{opt.moments}x{b_mom}Ψ{shard(spec.shards_optimizer)} ({opt.source})"),
+    }  # fmt: skip
     rows: list[MemoryRow] = []
-    for key, label, placed, detail in states:
+    for key in _STATE_KEYS:
+        label, detail = meta[key]
+        on_gpu, off = totals[(key, "gpu")], totals[(key, "cpu")] + totals[(key, "nvme")]
         for loc in _LOCATIONS:
-            n_bytes = getattr(placed, loc)
+            n_bytes = totals[(key, loc)]
             if loc == "gpu" or n_bytes:
-                offloaded = loc == "gpu" and placed.gpu == 0 and (placed.cpu or placed.nvme)
-                where = "offloaded: " if offloaded else ("" if loc == "gpu" else f"on {loc}: ")
+                where = "offloaded: " if loc == "gpu" and on_gpu == 0 and off else ("" if loc == "gpu" else f"on {loc}: ")
                 rows.append(MemoryRow(key=key, label=label, bytes=n_bytes, location=loc, category="model_state",
                                       detail=where + detail))  # fmt: skip
     return rows
+
+
+def _setting(inp: EstimateInput) -> act.Setting | None:
+    wl = inp.workload
+    if wl is None:
+        return None
+    return act.Setting(s=wl.seq_len // inp.parallelism.cp, b=wl.micro_batch, dtype_bytes=inp.precision.param_bytes,
+                       dropout=inp.dropout > 0, device=wl.device, attention=wl.attention,
+                       paper=inp.accounting == "paper")  # fmt: skip
+
+
+def _activation_rows(inp: EstimateInput, stage: int, st: act.Setting) -> tuple[list[MemoryRow], float]:
+    """Activation rows of one pipeline stage's GPU, and the micro-batches it holds in flight."""
+    arch, par, wl = inp.model.architecture, inp.parallelism, inp.workload
+    assert arch is not None and wl is not None
+    tp, sp = par.tp, par.sequence_parallel
+    per = arch.layers // par.pp
+    indices = range(stage * per, (stage + 1) * per)
+    n_moe = sum(arch.is_moe_layer(i) for i in indices)
+    dense = act.layer_activations(arch, st, tp, sp, wl.recompute).total
+    moe = act.layer_activations(arch, st, tp, sp, wl.recompute, moe=True).total if n_moe else 0
+    flight = act.pipeline_in_flight(stage, par.pp, inp.grad_accum, par.virtual_stages)
+    layers_bytes = round(((per - n_moe) * dense + n_moe * moe) * flight)
+    src = "Korthikanti et al. 2022 Table 2, tensor by tensor"
+    rows = [MemoryRow(key="activations_layers", label=f"activations: {per} layers x {flight:g} micro-batch(es)",
+                      bytes=layers_bytes, location="gpu", category="activation",
+                      detail=f"{wl.recompute} recompute, {st.kernel} attention ({src}; in flight: Eq. 5)")]  # fmt: skip
+    first, last = stage == 0, stage == par.pp - 1
+    if first:
+        emb = sum(act.split_bytes(x, tp, sp) for x in act.embedding_saved(arch, st))
+        rows.append(MemoryRow(key="activations_embedding", label="activations: embedding", bytes=round(emb * flight),
+                              location="gpu", category="activation", detail="token ids, embedding dropout mask (§4.3)"))  # fmt: skip
+    if last:
+        out = act.output_saved(arch, st)
+        logits = sum(act.split_bytes(x, tp, sp) for x in out if "logits" in x.name)
+        head = sum(act.split_bytes(x, tp, sp) for x in out if "logits" not in x.name)
+        rows.append(MemoryRow(key="activations_output", label="activations: final norm, head input", bytes=head,
+                              location="gpu", category="activation", detail="final norm and output head input"))  # fmt: skip
+        rows.append(MemoryRow(key="activations_logits", label="activations: logits + fp32 loss copy", bytes=logits,
+                              location="gpu", category="activation",
+                              detail=f"s·b·v x {st.dtype_bytes} + 4·s·b·v (v = {arch.padded_vocab}{', /tp' if tp > 1 else ''})"))  # fmt: skip
+    rot = sum(x.bytes for x in act.rotary_saved(arch, st))
+    if rot:
+        rows.append(MemoryRow(key="activations_rotary", label="activations: rotary tables", bytes=rot, location="gpu",
+                              category="activation", detail="cos, sin shared by every layer"))  # fmt: skip
+    return rows, flight
 
 
 def _overhead_rows(inp: EstimateInput) -> list[MemoryRow]:
@@ -71,47 +156,97 @@ def _sum(rows: list[MemoryRow], key: str, location: str = "gpu") -> int:
 
 def _notes(inp: EstimateInput) -> list[str]:
     spec, notes = inp.strategy.spec, []
-    notes.append(
-        "accounting: paper (ZeRO §5: model states only, as the paper counts them); activations, "
-        "communication buckets and framework buffers are not included yet"
-    )
+    what = "model states" + (" and activations (Korthikanti et al. 2022)" if inp.workload else "")
+    notes.append(f"accounting: paper ({what}); communication buckets and framework buffers are not included yet")
+    if inp.workload is None:
+        notes.append("activations are not counted: give the model's shape (--model ...) and --seq-len")
     if spec.shards_params:
         notes.append(
-            "parameter sharding gathers one wrapped unit (a layer) at a time; its unsharded copy is "
-            "transient and not counted for a bare parameter count"
+            "parameter sharding gathers one wrapped unit (a layer) at a time; its unsharded copy is transient and "
+            "not counted"
         )
     if inp.strategy.offload_params != "none" and spec.shards_params:
         notes.append("offloaded parameters are fetched to the GPU layer by layer; that working copy is not counted")
     if inp.optimizer.note:
         notes.append(inp.optimizer.note)
+    if inp.model.architecture is None and inp.parallelism.model_parallel > 1:
+        notes.append("a bare parameter count is split evenly over tp x pp; give the shape for exact per-rank counts")
+    if inp.parallelism.sequence_parallel and inp.parallelism.tp == 1:
+        notes.append("sequence parallelism has no effect without tensor parallelism (tp = 1)")
     if inp.cluster.gpus < inp.cluster.gpus_per_node:
         notes.append(f"{inp.cluster.gpus} GPUs use part of one {inp.cluster.gpus_per_node}-GPU node")
     return notes
 
 
-def estimate_from_input(inp: EstimateInput) -> Estimate:
-    """Per-GPU memory and per-step communication for one fully specified input."""
-    spec, cluster, p, psi = inp.strategy.spec, inp.cluster, inp.precision, inp.model.parameters
-    n = inp.shard_group_size
+def _model_info(inp: EstimateInput) -> ModelInfo:
+    arch = inp.model.architecture
+    if arch is None:
+        psi = inp.model.parameters or 0
+        return ModelInfo(parameters=psi, name=inp.model.name or format_count(psi))
+    p = model_params(arch)
+    name, size = largest_module(arch)
+    first = p.layers[0]
+    return ModelInfo(
+        parameters=p.total,
+        name=inp.model.name or arch.name or format_count(p.total),
+        breakdown=ParameterBreakdown(
+            embeddings=p.embeddings, positions=p.positions, attention=sum(x.attention for x in p.layers),
+            mlp=sum(x.mlp for x in p.layers), router=sum(x.router for x in p.layers),
+            norms=sum(x.norms for x in p.layers) + p.embedding_norm + p.final_norm, head=p.head,
+            per_layer=first.total, largest_layer=largest_layer(arch), largest_module=name,
+            largest_module_parameters=size, active_per_token=active_params(arch),
+        ),  # fmt: skip
+    )
 
-    state_rows = _model_state_rows(inp)
-    gpu_rows = [r for r in state_rows if r.location == "gpu"] + _overhead_rows(inp)
-    host_rows = [r for r in state_rows if r.location != "gpu"]
+
+def _training(inp: EstimateInput, auto: bool) -> Training:
+    par, wl = inp.parallelism, inp.workload
+    global_batch = wl.micro_batch * inp.grad_accum * inp.dp if wl else None
+    return Training(
+        dp=inp.dp, tp=par.tp, pp=par.pp, cp=par.cp, ep=par.ep, sequence_parallel=par.sequence_parallel,
+        virtual_stages=par.virtual_stages, seq_len=wl.seq_len if wl else None, micro_batch=wl.micro_batch if wl else None,
+        micro_batch_auto=auto, micro_batches=inp.grad_accum, global_batch=global_batch,
+        tokens_per_step=global_batch * wl.seq_len if (wl and global_batch) else None,
+    )  # fmt: skip
+
+
+def estimate_from_input(inp: EstimateInput, micro_batch_auto: bool = False) -> Estimate:
+    """Per-GPU memory and per-step communication for one fully specified input."""
+    spec, cluster, p, par = inp.strategy.spec, inp.cluster, inp.precision, inp.parallelism
+    arch, st = inp.model.architecture, _setting(inp)
+    overheads = _overhead_rows(inp)
+
+    stages: list[StageMemory] = []
+    stage_rows: list[tuple[list[MemoryRow], list[MemoryRow], int]] = []
+    for k in range(par.pp):
+        psi_k, groups = _param_groups(inp, k)
+        states = _model_state_rows(inp, groups)
+        acts, flight = _activation_rows(inp, k, st) if st is not None else ([], 0.0)
+        gpu = [r for r in states if r.location == "gpu"] + acts + overheads
+        ms = sum(r.bytes for r in states if r.location == "gpu")
+        a = sum(r.bytes for r in acts)
+        stages.append(StageMemory(stage=k, parameters=psi_k, layers=arch.layers // par.pp if arch else 0,
+                                  micro_batches_in_flight=flight, model_states=ms, activations=a,
+                                  total=sum(r.bytes for r in gpu)))  # fmt: skip
+        stage_rows.append((gpu, [r for r in states if r.location != "gpu"], psi_k))
+    top = max(range(par.pp), key=lambda k: (stages[k].total, -k))
+    gpu_rows, host_rows, psi_top = stage_rows[top]
+
     master, moments = _sum(gpu_rows, "master_weights"), _sum(gpu_rows, "optimizer_moments")
-    total = sum(r.bytes for r in gpu_rows)
     per_gpu = PerGPU(
         parameters=_sum(gpu_rows, "parameters"),
         gradients=_sum(gpu_rows, "gradients"),
         optimizer_states=master + moments,
         master_weights=master,
         optimizer_moments=moments,
+        activations=sum(r.bytes for r in gpu_rows if r.category == "activation"),
         cuda_context=_sum(gpu_rows, "cuda_context"),
         allocator_reserve=_sum(gpu_rows, "allocator_reserve"),
-        total=total,
+        total=stages[top].total,
         rows=gpu_rows,
     )
     ranks = cluster.ranks_per_node
-    # Host RAM and NVMe are per node: the sum over the node's ranks (DOMAIN §3; DeepSpeed's estimator does the same).
+    # Host RAM and NVMe are per node: the sum over the node's ranks (DeepSpeed's estimator does the same).
     node_rows = [r.model_copy(update={"bytes": r.bytes * ranks}) for r in host_rows]
     per_node = PerNode(
         ranks=ranks,
@@ -120,15 +255,37 @@ def estimate_from_input(inp: EstimateInput) -> Estimate:
         rows=node_rows,
     )
     usable = inp.gpu.usable_memory_bytes
-    fit = Fit(fits=total <= usable, usable_bytes=usable, headroom_bytes=usable - total)
+    fit = Fit(fits=per_gpu.total <= usable, usable_bytes=usable, headroom_bytes=usable - per_gpu.total)
+    detail = None
+    if st is not None and arch is not None:
+        wl = inp.workload
+        assert wl is not None
+        layer = act.layer_activations(arch, st, par.tp, par.sequence_parallel, wl.recompute)
+        moe = act.layer_activations(arch, st, par.tp, par.sequence_parallel, wl.recompute, moe=True) if arch.moe else None
+        detail = ActivationDetail(kernel=st.kernel, recompute=wl.recompute, layer_bytes=layer.total,
+                                  moe_layer_bytes=moe.total if moe else None,
+                                  layer_tensors=[TensorBytes(name=n, bytes=b) for n, b in layer.tensors])  # fmt: skip
 
+    n = inp.shard_group_size
     collectives = comms.data_parallel_collectives(
-        psi, spec, n, inp.replicas, cluster.gpus, cluster.gpus_per_node,
-        p.param_bytes, p.grad_bytes, p.low_dtype, inp.grad_accum, inp.gpu.intra_node_link,
+        psi_top, spec, n, inp.replicas, inp.dp, cluster.gpus_per_node, p.param_bytes, p.grad_bytes, p.low_dtype,
+        inp.grad_accum, inp.gpu.intra_node_link, stride=par.tp * par.cp,
     )  # fmt: skip
+    if arch is not None and st is not None:
+        per = arch.layers // par.pp
+        collectives += comms.model_parallel_collectives(
+            tp=par.tp, pp=par.pp, cp=par.cp, ep=par.ep, dp=inp.dp, sp=par.sequence_parallel, stage=top,
+            virtual=par.virtual_stages, layers=per,
+            moe_layers=sum(arch.is_moe_layer(i) for i in range(top * per, (top + 1) * per)),
+            tokens=st.s * st.b, hidden=arch.hidden, kv_width=arch.kv_width, top_k=arch.top_k,
+            act_bytes=st.dtype_bytes, dtype=p.low_dtype, micro_batches=inp.grad_accum,
+            full_recompute=inp.workload is not None and inp.workload.recompute == "full",
+            gpus_per_node=cluster.gpus_per_node, intra_link=inp.gpu.intra_node_link,
+        )  # fmt: skip
+    collectives = comms.in_step_order(collectives)
     opt_state_bytes = sum(r.bytes for r in host_rows if r.key in ("master_weights", "optimizer_moments"))
     transfers = comms.host_transfers(
-        psi, spec, n, p.param_bytes, p.grad_bytes, opt_state_bytes,
+        psi_top, spec, n, p.param_bytes, p.grad_bytes, opt_state_bytes,
         inp.strategy.optimizer_device, inp.strategy.offload_params, inp.grad_accum,
     )  # fmt: skip
     communication = Communication(
@@ -142,20 +299,16 @@ def estimate_from_input(inp: EstimateInput) -> Estimate:
     )
     return Estimate(
         accounting=inp.accounting,
-        model=ModelInfo(parameters=psi, name=inp.model.name or format_count(psi)),
+        model=_model_info(inp),
         strategy=StrategyInfo(
-            name=spec.name,
-            label=inp.strategy.label,
-            framework=spec.framework,
-            shards_params=spec.shards_params,
-            shards_grads=spec.shards_grads,
-            shards_optimizer=spec.shards_optimizer,
-            shard_group_size=n,
-            replicas=inp.replicas,
-            offload_optimizer=inp.strategy.optimizer_device,
+            name=spec.name, label=inp.strategy.label, framework=spec.framework, shards_params=spec.shards_params,
+            shards_grads=spec.shards_grads, shards_optimizer=spec.shards_optimizer, shard_group_size=n,
+            replicas=inp.replicas, offload_optimizer=inp.strategy.optimizer_device,
             offload_params=inp.strategy.offload_params,
-        ),
-        memory=Memory(per_gpu=per_gpu, per_node=per_node, fit=fit),
+        ),  # fmt: skip
+        training=_training(inp, micro_batch_auto),
+        memory=Memory(per_gpu=per_gpu, per_node=per_node, fit=fit, stages=stages, most_loaded_stage=top,
+                      activations=detail),  # fmt: skip
         communication=communication,
         notes=_notes(inp),
         input=inp,

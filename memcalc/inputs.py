@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from memcalc.architecture import Architecture
 from memcalc.errors import InputError, did_you_mean
 from memcalc.strategies import STRATEGIES, OffloadDevice, StrategyName, StrategySpec
 from memcalc.units import GB, gib, parse_count
@@ -27,19 +28,31 @@ class Frozen(BaseModel):
 
 
 class Model(Frozen):
-    """The model being trained. Today a parameter count; an architecture can derive it later."""
+    """The model being trained: a parameter count, or an architecture the count is derived from."""
 
-    parameters: int = Field(gt=0)
-    """Ψ, the number of trainable parameters."""
+    parameters: int | None = Field(default=None, gt=0)
+    """Ψ, the number of trainable parameters (derived exactly from ``architecture`` when that is given)."""
+    architecture: Architecture | None = None
+    """The transformer's shape: needed for activations, tensor/pipeline splits and the largest module."""
     name: str | None = None
     """Where the count came from (a preset name), for display only."""
 
     @field_validator("parameters", mode="before")
     @classmethod
-    def _parse(cls, v: object) -> int:
+    def _parse(cls, v: object) -> int | None:
+        if v is None:
+            return None
         if isinstance(v, (str, int, float)) and not isinstance(v, bool):
             return parse_count(v, "parameters")
         raise InputError(f"parameters {v!r} is not a number; give a positive count such as 7e9 or 7B")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Model:
+        if self.parameters is None and self.architecture is None:
+            raise InputError("give the model size (--params 7B) or its shape (--model, --hf-config, --layers ...)")
+        if self.parameters is not None and self.architecture is not None:
+            raise InputError("give --params or a model shape (--model, --hf-config, --layers ...), not both")
+        return self
 
 
 # --------------------------------------------------------------------------------------------
@@ -323,6 +336,44 @@ class Overheads(Frozen):
     """Headroom kept for the caching allocator's fragmentation; 0 unless you set it."""
 
 
+class Parallelism(Frozen):
+    """Model parallelism. dp = gpus / (tp x pp x cp); ZeRO and FSDP shard over dp only."""
+
+    tp: int = Field(default=1, gt=0)
+    """Tensor-parallel degree (Megatron); 1 means disabled."""
+    pp: int = Field(default=1, gt=0)
+    """Pipeline stages; 1 means disabled."""
+    cp: int = Field(default=1, gt=0)
+    """Context-parallel degree: the sequence is split over cp ranks; 1 means disabled."""
+    ep: int = Field(default=1, gt=0)
+    """Expert-parallel degree: MoE experts are spread over ep data-parallel ranks; 1 means disabled."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism: norms and dropouts split over the tp ranks."""
+    virtual_stages: int = Field(default=1, gt=0)
+    """Model chunks per pipeline rank (interleaved 1F1B); 1 means the plain schedule."""
+
+    @property
+    def model_parallel(self) -> int:
+        return self.tp * self.pp * self.cp
+
+
+class Workload(Frozen):
+    """What one micro-batch looks like, for activation memory."""
+
+    seq_len: int = Field(gt=0)
+    """s: tokens per sequence."""
+    micro_batch: int = Field(default=1, gt=0)
+    """b: sequences per micro-batch on one data-parallel rank."""
+    recompute: Literal["none", "selective", "full"] = "none"
+    """Activation recomputation: none, selective (core attention, Korthikanti §5) or full (every layer)."""
+    attention: Literal["eager", "flash", "sdpa"] = "eager"
+    """eager keeps the a·s² score matrices (the paper's case); flash does not; sdpa is PyTorch's dispatcher."""
+    dropout: float | None = Field(default=None, ge=0, lt=1)
+    """Dropout probability; None takes the architecture's (0 when it has none)."""
+    device: Literal["cuda", "cpu"] = "cuda"
+    """Where it runs: CUDA keeps 1-byte dropout masks, CPU keeps them in the activation dtype."""
+
+
 Accounting = Literal["paper"]
 
 
@@ -335,33 +386,69 @@ class EstimateInput(Frozen):
     gpu: GPU
     cluster: Cluster
     strategy: Strategy = Strategy()
+    parallelism: Parallelism = Parallelism()
+    workload: Workload | None = None
+    """None: model states only (no activations)."""
     overheads: Overheads = Overheads()
     grad_accum: int = Field(default=1, gt=0)
-    """Micro-batches per optimizer step (gradient accumulation)."""
+    """Micro-batches per optimizer step (gradient accumulation; the pipeline's micro-batches)."""
     accounting: Accounting = "paper"
-    """Which accounting: ``paper`` is the ZeRO paper's (§5)."""
+    """Which accounting: ``paper`` is the ZeRO paper's (§5) and Korthikanti et al.'s."""
 
     @model_validator(mode="after")
-    def _groups(self) -> EstimateInput:
+    def _invariants(self) -> EstimateInput:
+        par, w, g = self.parallelism, self.cluster.gpus, self.cluster.gpus_per_node
+        mp = par.model_parallel
+        if w % mp:
+            raise InputError(
+                f"tp({par.tp}) * pp({par.pp}) * cp({par.cp}) = {mp} does not divide gpus({w}); "
+                f"dp = gpus / (tp * pp * cp) must be a whole number"
+            )
+        dp = w // mp
+        if par.ep > 1 and dp % par.ep:
+            raise InputError(f"ep({par.ep}) does not divide dp({dp}) = gpus({w}) / (tp({par.tp}) * pp({par.pp}) * cp({par.cp}))")
+        if par.virtual_stages > 1 and par.pp == 1:
+            raise InputError(f"--virtual-stages {par.virtual_stages} needs pipeline parallelism (--pp > 1)")
+        arch = self.model.architecture
+        needs_shape = [flag for flag, on in (("--seq-len", self.workload is not None), ("--cp", par.cp > 1),
+                                             ("--ep", par.ep > 1), ("--virtual-stages", par.virtual_stages > 1)) if on]  # fmt: skip
+        if arch is None and needs_shape:
+            raise InputError(f"{', '.join(needs_shape)} needs the model's shape: give --model, --hf-config or --layers/--hidden/--heads/--vocab")
+        if arch is not None:
+            from memcalc.params import check_tp
+
+            check_tp(arch, par.tp)
+            if arch.layers % (par.pp * par.virtual_stages):
+                raise InputError(
+                    f"layers({arch.layers}) is not divisible by pp({par.pp}) * virtual_stages({par.virtual_stages})"
+                )
+            if par.ep > 1 and (not arch.moe or arch.experts % par.ep):
+                raise InputError(f"ep({par.ep}) needs an MoE model whose experts ({arch.experts}) it divides")
+            if self.workload is not None and self.workload.seq_len % par.cp:
+                raise InputError(f"cp({par.cp}) does not divide seq_len({self.workload.seq_len})")
         spec = self.strategy.spec
         if self.strategy.shard_group is not None and not spec.hybrid:
             raise InputError(
                 f"--shard-group applies to HYBRID_SHARD and _HYBRID_SHARD_ZERO2 only, not {spec.label}"
             )
         if spec.hybrid:
-            f, w, g = self.shard_group_size, self.cluster.gpus, self.cluster.gpus_per_node
-            if f > w or w % f:
-                raise InputError(f"--shard-group {f} must divide --gpus {w}")
-            if f > g and f % g:
-                raise InputError(f"--shard-group {f} spans nodes, so it must be a multiple of --gpus-per-node {g}")
-            if f < g and g % f:
-                raise InputError(f"--shard-group {f} must divide --gpus-per-node {g}")
+            f = self.shard_group_size
+            if f > dp or dp % f:
+                raise InputError(f"--shard-group {f} must divide the data-parallel size {dp}")
+            span = f * par.tp * par.cp
+            if span > g and span % g:
+                raise InputError(f"--shard-group {f} spans nodes, so it must fill whole nodes of --gpus-per-node {g}")
         return self
 
     @property
     def dp(self) -> int:
-        """Data-parallel degree: every GPU (no tensor or pipeline parallelism yet)."""
-        return self.cluster.gpus
+        """Data-parallel degree: gpus / (tp x pp x cp)."""
+        return self.cluster.gpus // self.parallelism.model_parallel
+
+    @property
+    def dp_per_node(self) -> int:
+        """Data-parallel ranks inside one node (tensor and context parallelism fill a node first)."""
+        return max(1, min(self.dp, self.cluster.gpus_per_node // (self.parallelism.tp * self.parallelism.cp)))
 
     @property
     def shard_group_size(self) -> int:
@@ -370,7 +457,7 @@ class EstimateInput(Frozen):
         if not (spec.shards_params or spec.shards_grads or spec.shards_optimizer):
             return 1
         if spec.hybrid:
-            return self.strategy.shard_group or min(self.cluster.gpus_per_node, self.dp)
+            return self.strategy.shard_group or self.dp_per_node
         return self.dp
 
     @property
@@ -380,3 +467,10 @@ class EstimateInput(Frozen):
         if spec.hybrid:
             return self.dp // self.shard_group_size
         return self.dp if self.shard_group_size == 1 else 1
+
+    @property
+    def dropout(self) -> float:
+        wl, arch = self.workload, self.model.architecture
+        if wl is not None and wl.dropout is not None:
+            return wl.dropout
+        return arch.dropout if arch is not None else 0.0

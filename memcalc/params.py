@@ -74,6 +74,8 @@ class LayerParams:
     norms: int
     largest_mlp_module: int
     """The largest single MLP module (one expert in an MoE layer)."""
+    routed: int = 0
+    """Routed experts' parameters on this rank (in ``mlp``; sharded over the expert-data-parallel group)."""
 
     @property
     def total(self) -> int:
@@ -93,7 +95,8 @@ def layer_params(arch: Architecture, moe: bool, shard: Shard = Shard()) -> Layer
     one = mlp_params(h, arch.expert_ffn_size, arch.gated_mlp, arch.mlp_bias, tp)
     shared = arch.shared_experts * mlp_params(h, arch.ffn_size, arch.gated_mlp, arch.mlp_bias, tp)
     router = h * arch.experts + (arch.experts if arch.router_bias else 0)
-    return LayerParams(attn, one * (arch.experts // shard.ep) + shared, router, norms, one)
+    routed = one * (arch.experts // shard.ep)
+    return LayerParams(attn, routed + shared, router, norms, one, routed)
 
 
 @dataclass(frozen=True)

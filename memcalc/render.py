@@ -18,7 +18,8 @@ def _headline(r: Estimate, unit: MemoryUnit) -> Text:
     inp = r.input
     c = inp.cluster
     head = Text()
-    head.append(f"{r.model.name} parameters", style="bold")
+    exact = f" ({r.model.parameters:,})" if r.model.breakdown is not None else ""
+    head.append(f"{r.model.name}{exact} parameters", style="bold")
     head.append(f" · {r.strategy.label} · {c.gpus} x {inp.gpu.name} ({c.nodes} node{'s' * (c.nodes > 1)} of "
                 f"{c.gpus_per_node})")  # fmt: skip
     head.append(f" · {inp.precision.name} · {inp.optimizer.name}")
@@ -59,6 +60,55 @@ def verdict(r: Estimate, unit: MemoryUnit = "gib") -> Text:
         f"short by {format_memory(-fit.headroom_bytes, unit)}",
         style="bold red",
     )
+
+
+def training_line(r: Estimate) -> Text:
+    t = r.training
+    parts = [f"dp {t.dp}"] + [f"{k} {v}" for k, v in (("tp", t.tp), ("pp", t.pp), ("cp", t.cp), ("ep", t.ep)) if v > 1]
+    if t.sequence_parallel:
+        parts.append("sequence parallel")
+    if t.virtual_stages > 1:
+        parts.append(f"{t.virtual_stages} virtual stages")
+    if t.seq_len is not None:
+        auto = " (largest that fits)" if t.micro_batch_auto else ""
+        parts.append(f"seq {t.seq_len} x micro-batch {t.micro_batch}{auto} x {t.micro_batches} micro-batches")
+        parts.append(f"global batch {t.global_batch} = {t.tokens_per_step:,} tokens per step")
+    elif t.micro_batches > 1:
+        parts.append(f"{t.micro_batches} micro-batches per step")
+    return Text("layout: " + " · ".join(parts), style="dim")
+
+
+def stage_table(r: Estimate, unit: MemoryUnit = "gib") -> Table | None:
+    if len(r.memory.stages) < 2:
+        return None
+    label = memory_label(unit)
+    t = Table(title="Pipeline stages (one GPU each)", title_justify="left")
+    for col in ("stage", "parameters", "layers", "micro-batches in flight", f"model states {label}",
+                f"activations {label}", f"total {label}"):  # fmt: skip
+        t.add_column(col, justify="right")
+    for st in r.memory.stages:
+        mark = " ◀ most loaded" if st.stage == r.memory.most_loaded_stage else ""
+        t.add_row(f"{st.stage}{mark}", f"{st.parameters:,}", str(st.layers), f"{st.micro_batches_in_flight:g}",
+                  _mem(st.model_states, unit), _mem(st.activations, unit), _mem(st.total, unit))  # fmt: skip
+    return t
+
+
+def activation_table(r: Estimate, unit: MemoryUnit = "gib") -> Table | None:
+    a = r.memory.activations
+    if a is None:
+        return None
+    small, name = (2**20, "MiB") if unit == "gib" else (10**6, "MB")
+    t = Table(title=f"What one layer saves for backward, per micro-batch, this GPU ({a.kernel} attention, "
+                    f"{a.recompute} recompute)", title_justify="left")  # fmt: skip
+    t.add_column("tensor")
+    t.add_column(name, justify="right")
+    for x in a.layer_tensors:
+        t.add_row(x.name, f"{x.bytes / small:,.2f}")
+    t.add_section()
+    t.add_row(Text("one layer", style="bold"), Text(f"{a.layer_bytes / small:,.2f}", style="bold"))
+    if a.moe_layer_bytes is not None:
+        t.add_row("one MoE layer", f"{a.moe_layer_bytes / small:,.2f}")
+    return t
 
 
 def host_table(r: Estimate, unit: MemoryUnit = "gib") -> Table | None:
@@ -115,10 +165,10 @@ def links_line(r: Estimate) -> Text:
 
 
 def render_estimate(r: Estimate, unit: MemoryUnit = "gib") -> Group:
-    parts: list[RenderableType] = [_headline(r, unit), memory_table(r, unit), verdict(r, unit)]
-    host = host_table(r, unit)
-    if host is not None:
-        parts.append(host)
+    parts: list[RenderableType] = [_headline(r, unit), training_line(r), memory_table(r, unit), verdict(r, unit)]
+    for extra in (stage_table(r, unit), activation_table(r, unit), host_table(r, unit)):
+        if extra is not None:
+            parts.append(extra)
     parts += [communication_table(r, unit), links_line(r)]
     parts += [Text(f"note: {n}", style="dim") for n in r.notes]
     return Group(*parts)
@@ -133,18 +183,18 @@ def comparison_table(cmp: Comparison, unit: MemoryUnit = "gib") -> Table:
         f"{inp.optimizer.name} · {label}",
         title_justify="left",
     )
-    for name in ("strategy", "params", "grads", "optimizer", "other", "total / GPU", "fits", "host RAM / node",
-                 "NVMe / node", "sent / GPU / step", "over network"):  # fmt: skip
-        t.add_column(name, justify="left" if name == "strategy" else "right")
+    for name in ("strategy", "params", "grads", "optimizer", "activations", "other", "total / GPU", "fits",
+                 "host RAM / node", "NVMe / node", "sent / GPU / step", "over network"):  # fmt: skip
+        t.add_column(name, justify="left" if name == "strategy" else "right", no_wrap=name == "strategy")
     for r in cmp.estimates:
         g = r.memory.per_gpu
-        other = g.total - g.parameters - g.gradients - g.optimizer_states
+        other = g.total - g.parameters - g.gradients - g.optimizer_states - g.activations
         fits = Text("yes", style="green") if r.memory.fit.fits else Text("no", style="red")
         c = r.communication
         t.add_row(r.strategy.label, _mem(g.parameters, unit), _mem(g.gradients, unit), _mem(g.optimizer_states, unit),
-                  _mem(other, unit), Text(_mem(g.total, unit), style="bold"), fits, _mem(r.memory.per_node.cpu, unit),
-                  _mem(r.memory.per_node.nvme, unit), _mem(c.sent_bytes_per_gpu, unit),
-                  _mem(c.inter_node_sent_bytes_per_gpu, unit))  # fmt: skip
+                  _mem(g.activations, unit), _mem(other, unit), Text(_mem(g.total, unit), style="bold"), fits,
+                  _mem(r.memory.per_node.cpu, unit), _mem(r.memory.per_node.nvme, unit),
+                  _mem(c.sent_bytes_per_gpu, unit), _mem(c.inter_node_sent_bytes_per_gpu, unit))  # fmt: skip
     return t
 
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from memcalc.inputs import EstimateInput
 
 Location = Literal["gpu", "cpu", "nvme"]
-Category = Literal["model_state", "overhead"]
+Category = Literal["model_state", "activation", "overhead"]
 
 
 class _Result(BaseModel):
@@ -55,6 +55,8 @@ class PerGPU(_Result):
     """master_weights + optimizer_moments."""
     master_weights: int
     optimizer_moments: int
+    activations: int
+    """Every activation row: the stage's layers x micro-batches in flight, plus embedding and output tensors."""
     cuda_context: int
     allocator_reserve: int
     total: int
@@ -83,10 +85,46 @@ class Fit(_Result):
     """usable_bytes - total; negative when it does not fit."""
 
 
+class StageMemory(_Result):
+    """One pipeline stage's GPU (every stage, when pp = 1, is stage 0)."""
+
+    stage: int
+    parameters: int
+    """Parameters this rank holds (its layers, TP/EP-sharded, and embeddings or head on the ends)."""
+    layers: int
+    micro_batches_in_flight: float
+    """Micro-batches whose activations the stage holds at peak under 1F1B (Korthikanti Eq. 5)."""
+    model_states: int
+    activations: int
+    total: int
+    """model_states + activations + overheads on this stage's GPU."""
+
+
+class TensorBytes(_Result):
+    name: str
+    bytes: int
+
+
+class ActivationDetail(_Result):
+    """What one layer saves for backward on one GPU, per micro-batch."""
+
+    kernel: str
+    """The attention kernel that runs: eager (keeps a·s² scores) or flash."""
+    recompute: str
+    layer_bytes: int
+    """One dense layer, per micro-batch."""
+    moe_layer_bytes: int | None
+    layer_tensors: list[TensorBytes]
+
+
 class Memory(_Result):
     per_gpu: PerGPU
+    """The most loaded GPU (the most loaded pipeline stage)."""
     per_node: PerNode
     fit: Fit
+    stages: list[StageMemory]
+    most_loaded_stage: int
+    activations: ActivationDetail | None = None
 
 
 class Collective(_Result):
@@ -97,7 +135,8 @@ class Collective(_Result):
     phase: Literal["forward", "backward", "optimizer step"]
     tensor: str
     """What it moves: ``gradients`` or ``parameters``."""
-    group: Literal["data-parallel", "shard group", "replica group"]
+    group: Literal["data-parallel", "shard group", "replica group", "tensor-parallel", "pipeline",
+                   "context-parallel", "expert-parallel"]
     group_size: int
     crosses_nodes: bool
     link: str
@@ -157,9 +196,54 @@ class StrategyInfo(_Result):
     offload_params: str
 
 
+class ParameterBreakdown(_Result):
+    """Exact parameter counts by part (from the architecture)."""
+
+    embeddings: int
+    positions: int
+    attention: int
+    mlp: int
+    """Dense MLPs and every expert of MoE layers."""
+    router: int
+    norms: int
+    head: int
+    """0 when tied to the embeddings."""
+    per_layer: int
+    """One dense decoder layer (or the first layer)."""
+    largest_layer: int
+    """The largest decoder layer: what FSDP gathers at once when it wraps each block."""
+    largest_module: str
+    largest_module_parameters: int
+    active_per_token: int
+    """Parameters one token passes through (MoE: top_k experts)."""
+
+
 class ModelInfo(_Result):
     parameters: int
+    """Ψ: exact when derived from an architecture."""
     name: str | None = None
+    breakdown: ParameterBreakdown | None = None
+
+
+class Training(_Result):
+    """The parallel layout and batch that the estimate assumes."""
+
+    dp: int
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    sequence_parallel: bool
+    virtual_stages: int
+    seq_len: int | None
+    micro_batch: int | None
+    micro_batch_auto: bool = False
+    """The micro-batch is the largest that fits (``--micro-batch auto``)."""
+    micro_batches: int
+    """Micro-batches per optimizer step (gradient accumulation)."""
+    global_batch: int | None
+    """micro_batch x micro_batches x dp sequences."""
+    tokens_per_step: int | None
 
 
 class Estimate(_Result):
@@ -170,6 +254,7 @@ class Estimate(_Result):
     """``paper``: the ZeRO paper's accounting (§5, §7)."""
     model: ModelInfo
     strategy: StrategyInfo
+    training: Training
     memory: Memory
     communication: Communication
     notes: list[str] = Field(default_factory=list)

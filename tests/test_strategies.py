@@ -64,8 +64,8 @@ def test_table_says_what_each_shards():
         ({"stage": 3, "fsdp": "FULL_SHARD"}, "cannot be combined"),
         ({"ddp": True, "stage": 1}, "cannot be combined"),
         ({"stage": 3, "shard_group": 4}, "HYBRID_SHARD and _HYBRID_SHARD_ZERO2 only"),
-        ({"fsdp": "HYBRID_SHARD", "shard_group": 3}, "must divide --gpus 16"),
-        ({"fsdp": "HYBRID_SHARD", "shard_group": 12, "gpus": 48}, "multiple of --gpus-per-node 8"),
+        ({"fsdp": "HYBRID_SHARD", "shard_group": 3}, "must divide the data-parallel size 16"),
+        ({"fsdp": "HYBRID_SHARD", "shard_group": 12, "gpus": 48}, "whole nodes of --gpus-per-node 8"),
     ],
 )
 def test_framework_rules_are_enforced(kwargs, message):
