@@ -183,8 +183,9 @@ def comparison_table(cmp: Comparison, unit: MemoryUnit = "gib") -> Table:
         f"{inp.optimizer.name} · {label}",
         title_justify="left",
     )
-    for name in ("strategy", "params", "grads", "optimizer", "activations", "other", "total / GPU", "fits",
-                 "host RAM / node", "NVMe / node", "sent / GPU / step", "over network"):  # fmt: skip
+    # Per GPU unless said: host RAM and NVMe per node; communication sent per GPU per step, and its network part.
+    for name in ("strategy", "params", "grads", "optimizer", "activations", "other", "total", "fits",
+                 "host RAM/node", "NVMe/node", "sent/step", "network"):  # fmt: skip
         t.add_column(name, justify="left" if name == "strategy" else "right", no_wrap=name == "strategy")
     for r in cmp.estimates:
         g = r.memory.per_gpu
