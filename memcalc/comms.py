@@ -187,11 +187,16 @@ def model_parallel_collectives(
         rows.append(collective("all-to-all", "backward", "token grads", "expert-parallel", ep, crosses, intra_link,
                                dtype, tokens_out, 2 * moe_layers * m))  # fmt: skip
     if pp > 1:
-        crosses = tp * cp * dp >= gpus_per_node  # neighbouring stages stand tp x cp x dp ranks apart
+        # Neighbouring stages stand tp x cp x dp ranks apart; a send crosses nodes when the two stages' ranks sit in
+        # different nodes. Interleaved chunks also wrap around from the last stage to the first.
+        stride = tp * cp * dp
+        node = lambda k: (k % pp) * stride // gpus_per_node  # noqa: E731
         p2p = act // tp if sp else act
         sends_fwd = m * virtual if (virtual > 1 or stage < pp - 1) else 0
         sends_bwd = m * virtual if (virtual > 1 or stage > 0) else 0
-        for phase, what, calls in (("forward", "activations", sends_fwd), ("backward", "activation grads", sends_bwd)):
+        for phase, what, calls, peer in (("forward", "activations", sends_fwd, stage + 1),
+                                          ("backward", "activation grads", sends_bwd, stage - 1)):  # fmt: skip
+            crosses = node(stage) != node(peer)
             if calls:
                 rows.append(Collective(op="send", phase=phase, tensor=what, group="pipeline", group_size=2,  # type: ignore[arg-type]
                                        crosses_nodes=crosses, link="network" if crosses else intra_link, dtype=dtype,
