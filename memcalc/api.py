@@ -17,6 +17,7 @@ from memcalc.inputs import (
     GPU,
     Cluster,
     EstimateInput,
+    EstimatorOptions,
     Model,
     Optimizer,
     Overheads,
@@ -198,6 +199,10 @@ def build_input(
     virtual_stages: int = 1,
     parallelism: Parallelism | None = None,
     workload: Workload | None = None,
+    accounting: str = "paper",
+    zero_init: bool = True,
+    buffer_factor: float = 1.5,
+    largest_layer_params: int | float | str | None = None,
 ) -> EstimateInput:
     """Turn loose arguments (strings, numbers, or the pydantic input objects) into an ``EstimateInput``."""
     arch = resolve_architecture(model, hf_config, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
@@ -232,7 +237,16 @@ def build_input(
     if parallelism is None:
         parallelism = Parallelism(tp=tp, pp=pp, cp=cp, ep=ep, sequence_parallel=sequence_parallel,
                                   virtual_stages=virtual_stages)  # fmt: skip
+    _choice("--accounting", accounting, ("paper", "deepspeed-estimator"))
+    if not buffer_factor > 0:
+        raise InputError(f"--buffer-factor {buffer_factor!r} must be positive")
+    estimator = EstimatorOptions(
+        zero_init=zero_init, buffer_factor=buffer_factor,
+        largest_layer_params=None if largest_layer_params is None else parse_count(largest_layer_params, "--largest-layer-params"),
+    )  # fmt: skip
     return EstimateInput(
+        accounting=accounting,  # type: ignore[arg-type]
+        estimator=estimator,
         model=the_model,
         precision=precision if isinstance(precision, Precision) else resolve_precision(precision),
         optimizer=optimizer if isinstance(optimizer, Optimizer) else resolve_optimizer(optimizer),

@@ -89,6 +89,10 @@ Cp = Annotated[int, typer.Option("--cp", help="Context-parallel degree.")]
 Ep = Annotated[int, typer.Option("--ep", help="Expert-parallel degree (MoE).")]
 Sp = Annotated[bool, typer.Option("--sequence-parallel", help="Megatron sequence parallelism (with --tp).")]
 Vp = Annotated[int, typer.Option("--virtual-stages", help="Model chunks per pipeline rank (interleaved 1F1B).")]
+AccountingOpt = Annotated[str, typer.Option("--accounting", help="paper (ZeRO §5, Korthikanti) or deepspeed-estimator (DeepSpeed's own estimate_zero2/3 functions).")]
+ZeroInit = Annotated[bool, typer.Option("--zero-init/--no-zero-init", help="deepspeed-estimator, ZeRO-3: built under deepspeed.zero.Init.")]
+BufferFactor = Annotated[float, typer.Option("--buffer-factor", help="deepspeed-estimator: additional_buffer_factor on host RAM.")]
+LargestLayer = Annotated[str | None, typer.Option("--largest-layer-params", help="deepspeed-estimator, ZeRO-3 with --params: the largest module's parameters.")]
 MicroBatches = Annotated[int | None, typer.Option("--micro-batches", help="Micro-batches per optimizer step (same as --grad-accum).")]
 Gpus = Annotated[int, typer.Option("--gpus", "-n", help="World size: GPUs in the job.")]
 GpusPerNode = Annotated[int, typer.Option("--gpus-per-node", help="GPUs per node.")]
@@ -193,6 +197,10 @@ def estimate(
     ep: Ep = 1,
     sequence_parallel: Sp = False,
     virtual_stages: Vp = 1,
+    accounting: AccountingOpt = "paper",
+    zero_init: ZeroInit = True,
+    buffer_factor: BufferFactor = 1.5,
+    largest_layer_params: LargestLayer = None,
     units: Units = "gib",
     json: Json = False,
 ) -> None:
@@ -216,7 +224,8 @@ def estimate(
             kv_heads=kv_heads, ffn=ffn, vocab=vocab, seq_len=seq_len, micro_batch=_micro_batch(micro_batch),
             recompute=recompute.strip().lower(), attention=attention.strip().lower(), dropout=dropout,
             device=device.strip().lower(), tp=tp, pp=pp, cp=cp, ep=ep, sequence_parallel=sequence_parallel,
-            virtual_stages=virtual_stages,
+            virtual_stages=virtual_stages, accounting=accounting.strip().lower(), zero_init=zero_init,
+            buffer_factor=buffer_factor, largest_layer_params=largest_layer_params,
         )  # fmt: skip
         _show(result, json, u)
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from memcalc import activations as act
 from memcalc import comms, memory
+from memcalc import deepspeed_estimator as dse
 from memcalc.inputs import EstimateInput
 from memcalc.params import Shard, active_params, largest_layer, largest_module, model_params, stage_params
 from memcalc.results import (
@@ -140,6 +141,27 @@ def _activation_rows(inp: EstimateInput, stage: int, st: act.Setting) -> tuple[l
     return rows, flight
 
 
+def _deepspeed_estimator(inp: EstimateInput) -> tuple[list[MemoryRow], int]:
+    """GPU rows and host RAM per node as DeepSpeed's estimator gives them (its terms, its int() truncation)."""
+    psi = inp.model.parameters or 0
+    arch = inp.model.architecture
+    if arch is not None:
+        psi = model_params(arch).total
+    c, opt = inp.cluster, inp.strategy
+    nodes, per_node = c.nodes, c.ranks_per_node
+    if opt.spec.name == "zero-3":
+        largest = inp.estimator.largest_layer_params or (largest_module(arch)[1] if arch is not None else 0)
+        e = dse.zero3(psi, largest, per_node, nodes, opt.offload_optimizer != "none", opt.offload_params != "none",
+                      inp.estimator.zero_init, inp.estimator.buffer_factor)  # fmt: skip
+        src = "deepspeed/runtime/zero/stage3.py estimate_zero3_model_states_mem_needs"
+    else:
+        e = dse.zero2(psi, per_node, nodes, opt.offload_optimizer != "none", inp.estimator.buffer_factor)
+        src = "deepspeed/runtime/zero/stage_1_and_2.py estimate_zero2_model_states_mem_needs"
+    rows = [MemoryRow(key=k, label=label, bytes=b, location="gpu", category="model_state", detail=f"{formula} ({src})")
+            for k, label, formula, b in e.terms]  # fmt: skip
+    return rows, e.cpu
+
+
 def _overhead_rows(inp: EstimateInput) -> list[MemoryRow]:
     o = inp.overheads
     return [
@@ -156,6 +178,13 @@ def _sum(rows: list[MemoryRow], key: str, location: str = "gpu") -> int:
 
 def _notes(inp: EstimateInput) -> list[str]:
     spec, notes = inp.strategy.spec, []
+    if inp.accounting == "deepspeed-estimator":
+        return [
+            "accounting: deepspeed-estimator: exactly DeepSpeed's estimate_zero2/3_model_states_mem_needs (model "
+            "states only, no CUDA context, host RAM with its 1.5 buffer factor); DeepSpeed prints these in GiB "
+            "labelled 'GB'",
+            "communication is the paper's (DeepSpeed's estimator has none)",
+        ]
     what = "model states" + (" and activations (Korthikanti et al. 2022)" if inp.workload else "")
     notes.append(f"accounting: paper ({what}); communication buckets and framework buffers are not included yet")
     if inp.workload is None:
@@ -231,6 +260,12 @@ def estimate_from_input(inp: EstimateInput, micro_batch_auto: bool = False) -> E
         stage_rows.append((gpu, [r for r in states if r.location != "gpu"], psi_k))
     top = max(range(par.pp), key=lambda k: (stages[k].total, -k))
     gpu_rows, host_rows, psi_top = stage_rows[top]
+    ds_cpu = None
+    if inp.accounting == "deepspeed-estimator":
+        gpu_rows, ds_cpu = _deepspeed_estimator(inp)
+        host_rows = []  # the estimator gives one host figure per node, below
+        stages = [stages[0].model_copy(update={"model_states": sum(r.bytes for r in gpu_rows), "activations": 0,
+                                               "total": sum(r.bytes for r in gpu_rows)})]  # fmt: skip
 
     master, moments = _sum(gpu_rows, "master_weights"), _sum(gpu_rows, "optimizer_moments")
     per_gpu = PerGPU(
@@ -248,6 +283,9 @@ def estimate_from_input(inp: EstimateInput, micro_batch_auto: bool = False) -> E
     ranks = cluster.ranks_per_node
     # Host RAM and NVMe are per node: the sum over the node's ranks (DeepSpeed's estimator does the same).
     node_rows = [r.model_copy(update={"bytes": r.bytes * ranks}) for r in host_rows]
+    if ds_cpu is not None:
+        node_rows = [MemoryRow(key="host", label="host RAM (DeepSpeed's estimate)", bytes=ds_cpu, location="cpu",
+                               category="model_state", detail="per node, with the buffer factor")]  # fmt: skip
     per_node = PerNode(
         ranks=ranks,
         cpu=sum(r.bytes for r in node_rows if r.location == "cpu"),

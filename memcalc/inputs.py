@@ -374,7 +374,18 @@ class Workload(Frozen):
     """Where it runs: CUDA keeps 1-byte dropout masks, CPU keeps them in the activation dtype."""
 
 
-Accounting = Literal["paper"]
+Accounting = Literal["paper", "deepspeed-estimator"]
+
+
+class EstimatorOptions(Frozen):
+    """Arguments of DeepSpeed's estimate_zero{2,3}_model_states_mem_needs (``--accounting deepspeed-estimator``)."""
+
+    zero_init: bool = True
+    """ZeRO-3: the model was built under deepspeed.zero.Init (DeepSpeed's default)."""
+    buffer_factor: float = Field(default=1.5, gt=0)
+    """additional_buffer_factor on the CPU figure."""
+    largest_layer_params: int | None = Field(default=None, gt=0)
+    """ZeRO-3: the most parameters one module owns; taken from the architecture when there is one."""
 
 
 class EstimateInput(Frozen):
@@ -393,7 +404,9 @@ class EstimateInput(Frozen):
     grad_accum: int = Field(default=1, gt=0)
     """Micro-batches per optimizer step (gradient accumulation; the pipeline's micro-batches)."""
     accounting: Accounting = "paper"
-    """Which accounting: ``paper`` is the ZeRO paper's (§5) and Korthikanti et al.'s."""
+    """Which accounting: ``paper`` is the ZeRO paper's (§5) and Korthikanti et al.'s; ``deepspeed-estimator``
+    is DeepSpeed's own estimate_zero2/3_model_states_mem_needs."""
+    estimator: EstimatorOptions = EstimatorOptions()
 
     @model_validator(mode="after")
     def _invariants(self) -> EstimateInput:
@@ -427,6 +440,15 @@ class EstimateInput(Frozen):
             if self.workload is not None and self.workload.seq_len % par.cp:
                 raise InputError(f"cp({par.cp}) does not divide seq_len({self.workload.seq_len})")
         spec = self.strategy.spec
+        if self.accounting == "deepspeed-estimator":
+            if spec.name not in ("zero-1", "zero-2", "zero-3"):
+                raise InputError(f"--accounting deepspeed-estimator covers DeepSpeed ZeRO stages 1-3 (--stage 1|2|3), not {spec.label}")
+            if self.workload is not None or mp > 1:
+                raise InputError("--accounting deepspeed-estimator counts model states on plain data parallelism only, "
+                                 "as DeepSpeed's functions do; drop --seq-len, --tp, --pp and --cp")  # fmt: skip
+            if spec.name == "zero-3" and arch is None and self.estimator.largest_layer_params is None:
+                raise InputError("DeepSpeed's ZeRO-3 estimator needs the largest layer: give --model/--hf-config or "
+                                 "--largest-layer-params")  # fmt: skip
         if self.strategy.shard_group is not None and not spec.hybrid:
             raise InputError(
                 f"--shard-group applies to HYBRID_SHARD and _HYBRID_SHARD_ZERO2 only, not {spec.label}"

@@ -179,3 +179,45 @@ def test_every_readme_example_runs():
 def test_readme_test_command_is_what_ci_runs():
     ci = (README.parent / ".ci" / "run").read_text()
     assert _readme_block("test-command") in ci or "test-command" in ci
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--layers", "2", "--hidden", "100", "--heads", "3", "--vocab", "10"], "heads 3 does not divide hidden 100"),
+        (["--model", "gpt2", "--gpus", "8", "--tp", "8"], "tp 8 does not divide heads 12"),
+        (["--model", "llama-2-7b", "--kv-heads", "5"], "kv_heads 5 does not divide heads 32"),
+        (["--model", "llama-2-7b", "--gpus", "128", "--tp", "8", "--pp", "3"], "tp(8) * pp(3) * cp(1) = 24 does not divide gpus(128)"),
+        (["--model", "lama-2-7b"], "did you mean 'llama-2-7b'"),
+        (["--model", "llama-2-7b", "--params", "7b"], "not both"),
+        (["--layers", "32"], "a model shape needs --hidden, --heads, --vocab too"),
+        (["--params", "7b", "--seq-len", "2048"], "--seq-len needs the model's shape"),
+        (["--model", "llama-2-7b", "--seq-len", "2048", "--recompute", "some"], "accepted: none, selective, full"),
+        (["--model", "llama-2-7b", "--seq-len", "2048", "--micro-batch", "0"], "--micro-batch 0 must be a whole number"),
+        (["--hf-config", "/nonexistent/config.json"], "does not exist"),
+    ],
+)  # fmt: skip
+def test_bad_shapes_and_layouts_are_one_line_and_exit_2(args, expected):
+    r = run("estimate", *args)
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0] and "Traceback" not in r.output
+
+
+def test_model_flags_and_json_per_stage():
+    r = run("estimate", "--model", "llama-2-7b", "--gpus", "16", "--pp", "2", "--tp", "2", "--seq-len", "4096",
+            "--micro-batch", "2", "--grad-accum", "4", "--stage", "1", "--json")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["model"]["parameters"] == 6_738_415_616 and d["model"]["breakdown"]["per_layer"] == 202_383_360
+    assert isinstance(d["memory"]["per_gpu"]["activations"], int) and d["memory"]["per_gpu"]["activations"] > 0
+    assert [s["stage"] for s in d["memory"]["stages"]] == [0, 1]
+    t = d["training"]
+    assert (t["dp"], t["tp"], t["pp"], t["global_batch"], t["tokens_per_step"]) == (4, 2, 2, 32, 32 * 4096)
+    groups = {c["group"] for c in d["communication"]["collectives"]}
+    assert {"data-parallel", "tensor-parallel", "pipeline"} <= groups
+
+
+def test_models_command_lists_exact_counts():
+    r = run("models")
+    assert r.exit_code == 0 and "6,738,415,616" in r.stdout and "mixtral-8x7b" in r.stdout
