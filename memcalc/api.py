@@ -18,6 +18,7 @@ from memcalc.inputs import (
     Cluster,
     EstimateInput,
     EstimatorOptions,
+    FrameworkOptions,
     Model,
     Optimizer,
     Overheads,
@@ -203,6 +204,8 @@ def build_input(
     zero_init: bool = True,
     buffer_factor: float = 1.5,
     largest_layer_params: int | float | str | None = None,
+    fsdp_version: int = 1,
+    bucket_view: bool = False,
 ) -> EstimateInput:
     """Turn loose arguments (strings, numbers, or the pydantic input objects) into an ``EstimateInput``."""
     arch = resolve_architecture(model, hf_config, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
@@ -237,7 +240,9 @@ def build_input(
     if parallelism is None:
         parallelism = Parallelism(tp=tp, pp=pp, cp=cp, ep=ep, sequence_parallel=sequence_parallel,
                                   virtual_stages=virtual_stages)  # fmt: skip
-    _choice("--accounting", accounting, ("paper", "deepspeed-estimator"))
+    _choice("--accounting", accounting, ("paper", "implementation", "deepspeed-estimator"))
+    if fsdp_version not in (1, 2):
+        raise InputError(f"--fsdp-version {fsdp_version!r} is not accepted; accepted: 1, 2")
     if not buffer_factor > 0:
         raise InputError(f"--buffer-factor {buffer_factor!r} must be positive")
     estimator = EstimatorOptions(
@@ -247,6 +252,7 @@ def build_input(
     return EstimateInput(
         accounting=accounting,  # type: ignore[arg-type]
         estimator=estimator,
+        framework=FrameworkOptions(fsdp_version=fsdp_version, bucket_view=bucket_view),  # type: ignore[arg-type]
         model=the_model,
         precision=precision if isinstance(precision, Precision) else resolve_precision(precision),
         optimizer=optimizer if isinstance(optimizer, Optimizer) else resolve_optimizer(optimizer),

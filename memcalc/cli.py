@@ -89,7 +89,9 @@ Cp = Annotated[int, typer.Option("--cp", help="Context-parallel degree.")]
 Ep = Annotated[int, typer.Option("--ep", help="Expert-parallel degree (MoE).")]
 Sp = Annotated[bool, typer.Option("--sequence-parallel", help="Megatron sequence parallelism (with --tp).")]
 Vp = Annotated[int, typer.Option("--virtual-stages", help="Model chunks per pipeline rank (interleaved 1F1B).")]
-AccountingOpt = Annotated[str, typer.Option("--accounting", help="paper (ZeRO §5, Korthikanti) or deepspeed-estimator (DeepSpeed's own estimate_zero2/3 functions).")]
+AccountingOpt = Annotated[str, typer.Option("--accounting", help="paper (ZeRO §5, Korthikanti), implementation (what DDP/FSDP really allocate and send) or deepspeed-estimator (DeepSpeed's own functions).")]
+FsdpVersion = Annotated[int, typer.Option("--fsdp-version", help="implementation accounting: 1 (FullyShardedDataParallel) or 2 (fully_shard).")]
+BucketView = Annotated[bool, typer.Option("--bucket-view", help="implementation accounting, DDP: gradient_as_bucket_view=True.")]
 ZeroInit = Annotated[bool, typer.Option("--zero-init/--no-zero-init", help="deepspeed-estimator, ZeRO-3: built under deepspeed.zero.Init.")]
 BufferFactor = Annotated[float, typer.Option("--buffer-factor", help="deepspeed-estimator: additional_buffer_factor on host RAM.")]
 LargestLayer = Annotated[str | None, typer.Option("--largest-layer-params", help="deepspeed-estimator, ZeRO-3 with --params: the largest module's parameters.")]
@@ -201,6 +203,8 @@ def estimate(
     zero_init: ZeroInit = True,
     buffer_factor: BufferFactor = 1.5,
     largest_layer_params: LargestLayer = None,
+    fsdp_version: FsdpVersion = 1,
+    bucket_view: BucketView = False,
     units: Units = "gib",
     json: Json = False,
 ) -> None:
@@ -225,7 +229,8 @@ def estimate(
             recompute=recompute.strip().lower(), attention=attention.strip().lower(), dropout=dropout,
             device=device.strip().lower(), tp=tp, pp=pp, cp=cp, ep=ep, sequence_parallel=sequence_parallel,
             virtual_stages=virtual_stages, accounting=accounting.strip().lower(), zero_init=zero_init,
-            buffer_factor=buffer_factor, largest_layer_params=largest_layer_params,
+            buffer_factor=buffer_factor, largest_layer_params=largest_layer_params, fsdp_version=fsdp_version,
+            bucket_view=bucket_view,
         )  # fmt: skip
         _show(result, json, u)
 

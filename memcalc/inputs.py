@@ -139,6 +139,8 @@ class Optimizer(Frozen):
     """Fixed bytes per moment element (8-bit Adam: 1); None = the precision's state dtype."""
     source: str
     note: str | None = None
+    step_counter: bool = False
+    """torch.optim keeps a 4-byte ``step`` tensor per parameter tensor (Adam, AdamW, Adafactor)."""
 
     def moment_bytes_for(self, precision: Precision) -> int:
         return self.moment_bytes if self.moment_bytes is not None else precision.state_bytes
@@ -151,7 +153,7 @@ class Optimizer(Frozen):
 OPTIMIZERS: dict[str, Optimizer] = {
     o.name: o
     for o in (
-        Optimizer(name="adamw", moments=2, moment_bytes=None, source="ZeRO §3.1: momentum + variance"),
+        Optimizer(name="adamw", moments=2, moment_bytes=None, source="ZeRO §3.1: momentum + variance", step_counter=True),
         Optimizer(name="sgd", moments=0, moment_bytes=None, source="torch.optim.SGD, momentum=0: no state (master only)"),
         Optimizer(name="sgd-momentum", moments=1, moment_bytes=None, source="torch.optim.SGD: momentum_buffer"),
         Optimizer(
@@ -167,6 +169,7 @@ OPTIMIZERS: dict[str, Optimizer] = {
             moment_bytes=None,
             source="Shazeer & Stern 2018 (arXiv 1804.04235): factored second moment, no first moment by default",
             note="Adafactor's factored second moment (rows + columns of each matrix) is not counted for a bare parameter count",
+            step_counter=True,
         ),
         Optimizer(name="lion", moments=1, moment_bytes=None, source="Chen et al. 2023 (arXiv 2302.06675): one momentum"),
     )
@@ -374,7 +377,16 @@ class Workload(Frozen):
     """Where it runs: CUDA keeps 1-byte dropout masks, CPU keeps them in the activation dtype."""
 
 
-Accounting = Literal["paper", "deepspeed-estimator"]
+Accounting = Literal["paper", "implementation", "deepspeed-estimator"]
+
+
+class FrameworkOptions(Frozen):
+    """How the framework is configured (``--accounting implementation``)."""
+
+    fsdp_version: Literal[1, 2] = 1
+    """1: FullyShardedDataParallel (FlatParameter per unit); 2: fully_shard (per-parameter DTensor shards)."""
+    bucket_view: bool = False
+    """DDP: gradient_as_bucket_view (buckets are the gradients, no second copy)."""
 
 
 class EstimatorOptions(Frozen):
@@ -407,6 +419,7 @@ class EstimateInput(Frozen):
     """Which accounting: ``paper`` is the ZeRO paper's (§5) and Korthikanti et al.'s; ``deepspeed-estimator``
     is DeepSpeed's own estimate_zero2/3_model_states_mem_needs."""
     estimator: EstimatorOptions = EstimatorOptions()
+    framework: FrameworkOptions = FrameworkOptions()
 
     @model_validator(mode="after")
     def _invariants(self) -> EstimateInput:
@@ -449,6 +462,17 @@ class EstimateInput(Frozen):
             if spec.name == "zero-3" and arch is None and self.estimator.largest_layer_params is None:
                 raise InputError("DeepSpeed's ZeRO-3 estimator needs the largest layer: give --model/--hf-config or "
                                  "--largest-layer-params")  # fmt: skip
+        if self.accounting == "implementation":
+            if spec.framework == "deepspeed":
+                raise InputError("--accounting implementation models DDP (--ddp) and PyTorch FSDP (--fsdp) so far; "
+                                 "for DeepSpeed use paper or deepspeed-estimator")  # fmt: skip
+            if arch is None:
+                raise InputError("--accounting implementation follows the framework unit by unit: give the model's shape "
+                                 "(--model, --hf-config or --layers/--hidden/--heads/--vocab)")  # fmt: skip
+            if mp > 1 or par.ep > 1:
+                raise InputError("--accounting implementation covers data parallelism (DDP, FSDP) only so far; drop --tp, --pp, --cp, --ep")
+            if self.strategy.offload_params != "none" or self.strategy.offload_optimizer != "none":
+                raise InputError("--accounting implementation does not model CPU offload yet; use --accounting paper")
         if self.strategy.shard_group is not None and not spec.hybrid:
             raise InputError(
                 f"--shard-group applies to HYBRID_SHARD and _HYBRID_SHARD_ZERO2 only, not {spec.label}"

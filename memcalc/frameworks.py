@@ -1,0 +1,200 @@
+"""What DDP, FSDP1 and FSDP2 really hold and send (``--accounting implementation``), unit by unit.
+
+Measured on torch 2.13 (CPU, gloo; ``tests/validation``) and read from the code it follows:
+- DDP (torch/nn/parallel/distributed.py): the module's own parameters and gradients, plus gradient buckets
+  (a second copy of the gradients unless ``gradient_as_bucket_view=True``); one all-reduce per bucket.
+- FSDP1 (torch/distributed/fsdp/_flat_param.py): one FlatParameter per wrapped unit, padded to a multiple of
+  the shard group and sharded; the sharded fp32 FlatParameter is the master copy under MixedPrecision, its
+  gradient is kept sharded in the parameter dtype; forward all-gathers every unit, backward re-gathers every
+  unit but the root (which FSDP does not reshard after forward), then reduce-scatters every unit in the
+  reduce dtype (= param_dtype by default).
+- FSDP2 (torch/distributed/fsdp/_fully_shard): every parameter sharded on dim 0, padded to a multiple of the
+  shard group; the root module keeps its parameters gathered from forward to backward by default.
+- torch.optim.Adam/AdamW keep exp_avg and exp_avg_sq like the parameter and a 4-byte ``step`` tensor per
+  parameter tensor (not fused, not capturable).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+from memcalc.architecture import Architecture
+from memcalc.params import embedding_params, position_params
+from memcalc.units import ceil_div
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One FSDP unit: a decoder layer, or the root (everything outside the layers)."""
+
+    name: str
+    shapes: tuple[Shape, ...]
+    """Its parameter tensors, as ``nn.Linear`` ([out, in]) and ``nn.Embedding`` ([rows, width]) lay them out."""
+    root: bool = False
+
+    @property
+    def numel(self) -> int:
+        return sum(prod(s) for s in self.shapes)
+
+
+def _norm(arch: Architecture) -> list[Shape]:
+    return [(arch.hidden,), (arch.hidden,)] if arch.norm == "layernorm" and arch.norm_bias else [(arch.hidden,)]
+
+
+def _linear(out: int, inp: int, bias: bool) -> list[Shape]:
+    return [(out, inp)] + ([(out,)] if bias else [])
+
+
+def _mlp(arch: Architecture, width: int) -> list[Shape]:
+    h, b = arch.hidden, arch.mlp_bias
+    if arch.gated_mlp:
+        return _linear(width, h, b) + _linear(width, h, b) + _linear(h, width, b)
+    return _linear(width, h, b) + _linear(h, width, b)
+
+
+def layer_shapes(arch: Architecture, moe: bool) -> list[Shape]:
+    """One decoder layer's parameter tensors (norms, attention, MLP or experts + router)."""
+    h, q, kv = arch.hidden, arch.q_width, arch.kv_width
+    shapes = _norm(arch) * arch.norms_per_layer
+    if arch.fused_qkv:
+        shapes += _linear(q + 2 * kv, h, arch.qkv_bias)
+    else:
+        shapes += _linear(q, h, arch.qkv_bias) + _linear(kv, h, arch.qkv_bias) + _linear(kv, h, arch.qkv_bias)
+    shapes += _linear(h, q, arch.out_bias)
+    if not moe:
+        return shapes + _mlp(arch, arch.ffn_size)
+    shapes += _linear(arch.experts, h, arch.router_bias)
+    for _ in range(arch.experts):
+        shapes += _mlp(arch, arch.expert_ffn_size)
+    for _ in range(arch.shared_experts):
+        shapes += _mlp(arch, arch.ffn_size)
+    return shapes
+
+
+def units(arch: Architecture) -> list[Unit]:
+    """FSDP units under a transformer-block wrap policy: the root first, then one per decoder layer."""
+    width = arch.embedding_dim or arch.hidden
+    root: list[Shape] = [(embedding_params(arch) // width, width)]
+    if position_params(arch):
+        root.append((arch.max_positions + arch.position_offset, arch.hidden))
+    if arch.embedding_dim and arch.embedding_dim != arch.hidden:
+        root += [(arch.hidden, width), (width, arch.hidden)]
+    if arch.embedding_norm:
+        root += _norm(arch)
+    if arch.final_norm:
+        root += _norm(arch)
+    if not arch.tied_embeddings:
+        root.append((embedding_params(arch) // width, width))
+    layers = [Unit(f"layer {i}", tuple(layer_shapes(arch, arch.is_moe_layer(i)))) for i in range(arch.layers)]
+    return [Unit("root", tuple(root), root=True), *layers]
+
+
+def fsdp1_shard(unit: Unit, n: int) -> int:
+    """Elements of a unit's FlatParameter one rank holds: ⌈numel / n⌉ (the flat buffer is padded to n x that)."""
+    return ceil_div(unit.numel, n)
+
+
+def fsdp2_shard(unit: Unit, n: int) -> int:
+    """Elements one rank holds of a unit under fully_shard: each parameter's dim 0 padded to a multiple of n."""
+    return sum(ceil_div(s[0], n) * prod(s[1:]) for s in unit.shapes)
+
+
+def fsdp2_local(unit: Unit, n: int, rank: int) -> int:
+    """Unpadded elements rank ``rank`` owns of a unit under fully_shard: the rows of each dim-0 chunk that hold data.
+
+    The parameter and gradient storages are padded (every rank the same, ``fsdp2_shard``); the optimizer's
+    moments are made like the unpadded local tensor, so the last ranks can hold fewer.
+    """
+    total = 0
+    for s in unit.shapes:
+        chunk = ceil_div(s[0], n)
+        rows = max(0, min(chunk, s[0] - rank * chunk))
+        total += rows * prod(s[1:])
+    return total
+
+
+@dataclass(frozen=True)
+class Held:
+    """Bytes one rank holds after an optimizer step."""
+
+    parameters: int
+    gradients: int
+    optimizer_moments: int
+    optimizer_steps: int
+    """torch.optim Adam/AdamW: one 4-byte ``step`` tensor per parameter tensor (or FlatParameter)."""
+    buckets: int = 0
+    """DDP gradient buckets."""
+
+
+@dataclass(frozen=True)
+class Issued:
+    """One collective as the framework issues it, summed over calls in one step."""
+
+    op: str
+    phase: str
+    tensor: str
+    group: str
+    group_size: int
+    dtype_bytes: int
+    calls: int
+    payload_bytes: int
+
+
+def ddp(arch: Architecture, dp: int, param_bytes: int, moments: int, moment_bytes: int, step_counter: bool,
+        bucket_view: bool) -> tuple[Held, list[Issued]]:  # fmt: skip
+    """DDP: everything replicated; buckets hold a copy of the gradients unless they are views of them."""
+    us = units(arch)
+    numel = sum(u.numel for u in us)
+    tensors = sum(len(u.shapes) for u in us)
+    held = Held(numel * param_bytes, numel * param_bytes, numel * moments * moment_bytes,
+                4 * tensors if step_counter else 0, 0 if bucket_view else numel * param_bytes)  # fmt: skip
+    return held, [Issued("all-reduce", "backward", "gradients", "data-parallel", dp, param_bytes, 1, numel * param_bytes)]
+
+
+def fsdp(
+    arch: Architecture,
+    version: int,
+    dp: int,
+    n: int,
+    replicas: int,
+    reshard_after_forward: bool,
+    shards: bool,
+    store_bytes: int,
+    comm_bytes: int,
+    moments: int,
+    moment_bytes: int,
+    step_counter: bool,
+) -> tuple[Held, list[Issued]]:
+    """FSDP1 (flat parameters) or FSDP2 (per-parameter dim-0 shards) under a transformer-block wrap policy.
+
+    ``n``: the shard group; ``replicas``: copies across which hybrid strategies all-reduce the shard;
+    ``store_bytes``: the sharded parameters' dtype (fp32 under mixed precision); ``comm_bytes``: the dtype
+    collectives run in (param_dtype / reduce_dtype under mixed precision).
+    """
+    us = units(arch)
+    if not shards:
+        numel = sum(u.numel for u in us)
+        tensors = len(us) if version == 1 else sum(len(u.shapes) for u in us)
+        held = Held(numel * store_bytes, numel * store_bytes, numel * moments * moment_bytes,
+                    4 * tensors if step_counter else 0)  # fmt: skip
+        ar = [Issued("all-reduce", "backward", "gradients", "data-parallel", dp, comm_bytes, len(us), numel * comm_bytes)]
+        return held, ar
+    local = [fsdp1_shard(u, n) if version == 1 else fsdp2_shard(u, n) for u in us]
+    per_rank = sum(local)
+    tensors = len(us) if version == 1 else sum(len(u.shapes) for u in us)
+    held = Held(per_rank * store_bytes, per_rank * store_bytes, per_rank * moments * moment_bytes,
+                4 * tensors if step_counter else 0)  # fmt: skip
+    gathered = sum(n * x for x in local)
+    regathered = sum(n * x for u, x in zip(us, local, strict=True) if not u.root) if reshard_after_forward else 0
+    group = "shard group" if replicas > 1 else "data-parallel"
+    rows = [Issued("all-gather", "forward", "parameters", group, n, comm_bytes, len(us), gathered * comm_bytes)]
+    if regathered:
+        rows.append(Issued("all-gather", "backward", "parameters", group, n, comm_bytes, len(us) - 1, regathered * comm_bytes))
+    rows.append(Issued("reduce-scatter", "backward", "gradients", group, n, comm_bytes, len(us), gathered * comm_bytes))
+    if replicas > 1:
+        rows.append(Issued("all-reduce", "backward", "gradients", "replica group", replicas, comm_bytes, len(us),
+                           per_rank * comm_bytes))  # fmt: skip
+    return held, rows

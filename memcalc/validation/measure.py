@@ -1,0 +1,274 @@
+"""Measure what a real data-parallel training step holds and sends, per rank, with torch.distributed on CPU.
+
+One configuration runs as ``world`` spawned processes with the gloo backend. Each rank builds the same small
+GPT-like model (``TinyGPT``), wraps it (DDP, FSDP1, FSDP2 or DeepSpeed), runs forward, backward and one
+optimizer step, and records:
+- parameter, gradient and optimizer-state bytes it holds after the step (one count per storage);
+- every collective it issued, by phase, with the payload the way nccl-tests counts it (a
+  ``TorchDispatchMode`` sees every ``c10d`` op, DDP's own bucketed all-reduces included).
+Results go to one JSON file per rank. gloo can abort in ``destroy_process_group``, so each rank writes,
+meets the others at a barrier, and leaves with ``os._exit(0)``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from memcalc.validation.blocks import GPTBlock
+
+
+@dataclass(frozen=True)
+class Config:
+    """One measured configuration."""
+
+    framework: str
+    """ddp | fsdp1 | fsdp2 | deepspeed"""
+    strategy: str
+    """ddp; FSDP1 ShardingStrategy name; fsdp2: default | no-reshard | hsdp; deepspeed: zero-0..3"""
+    world: int = 2
+    layers: int = 2
+    hidden: int = 64
+    heads: int = 4
+    vocab: int = 100
+    seq: int = 16
+    batch: int = 2
+    mixed_precision: bool = False
+    """FSDP: MixedPrecision(param_dtype=bf16) / MixedPrecisionPolicy(param_dtype=bf16); DeepSpeed: bf16."""
+    bucket_view: bool = False
+    """DDP: gradient_as_bucket_view."""
+
+    @property
+    def name(self) -> str:
+        mp_ = "-bf16" if self.mixed_precision else ""
+        view = "-bucketview" if self.bucket_view else ""
+        return f"{self.framework}-{self.strategy}{mp_}{view}-w{self.world}-L{self.layers}-h{self.hidden}-v{self.vocab}"
+
+
+class TinyGPT(nn.Module):
+    """GPT-2 layout (memcalc family ``gpt2``): token + learned position embeddings, pre-norm blocks, final
+    LayerNorm, head tied to the token embedding."""
+
+    def __init__(self, c: Config):
+        super().__init__()
+        self.wte = nn.Embedding(c.vocab, c.hidden)
+        self.wpe = nn.Embedding(c.seq, c.hidden)
+        self.blocks = nn.ModuleList(GPTBlock(c.hidden, c.heads) for _ in range(c.layers))
+        self.ln_f = nn.LayerNorm(c.hidden)
+        self.head = nn.Linear(c.hidden, c.vocab, bias=False)
+        self.head.weight = self.wte.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.wte(ids) + self.wpe(torch.arange(ids.shape[1], device=ids.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+@dataclass
+class Collective:
+    op: str
+    phase: str
+    dtype: str
+    payload_bytes: int
+    group_size: int
+
+
+@dataclass
+class RankResult:
+    rank: int
+    parameter_bytes: int
+    gradient_bytes: int
+    optimizer_bytes: int
+    bucket_bytes: int = 0
+    """DDP: gradient bucket buffers (a copy of the gradients unless gradient_as_bucket_view)."""
+    collectives: list[Collective] = field(default_factory=list)
+
+
+_PAYLOAD_ARG = {
+    # op name (c10d namespace) -> how its nccl-tests S is computed from the arguments
+    "allreduce_": "first",
+    "allgather_": "output",
+    "_allgather_base_": "output",
+    "allgather_into_tensor_coalesced_": "output",
+    "reduce_scatter_": "input",
+    "_reduce_scatter_base_": "input",
+    "reduce_scatter_tensor_coalesced_": "input",
+    "broadcast_": "first",
+}
+
+
+def _tensors(x: Any) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for y in x for t in _tensors(y)]
+    return []
+
+
+class CollectiveRecorder(TorchDispatchMode):
+    """Records every c10d op issued inside it, tagged with the current phase."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.phase = "setup"
+        self.calls: list[Collective] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if func.namespace == "c10d":
+            name = func._schema.name.split("::")[-1]
+            kind = _PAYLOAD_ARG.get(name)
+            if kind is not None:
+                first = _tensors(args[0])
+                if kind == "first":
+                    payload = sum(t.numel() * t.element_size() for t in first)
+                elif kind == "output":  # the gathered output (allgather_ takes a list of lists of outputs)
+                    payload = sum(t.numel() * t.element_size() for t in first)
+                else:  # reduce-scatter: the unreduced input is the second argument
+                    payload = sum(t.numel() * t.element_size() for t in _tensors(args[1]))
+                dtype = str(first[0].dtype).replace("torch.", "") if first else "?"
+                self.calls.append(Collective(name.strip("_"), self.phase, dtype, payload, _group_size(args)))
+        return func(*args, **kwargs)
+
+
+def _group_size(args: Any) -> int:
+    """Size of the process group a c10d op runs on (its ProcessGroup argument)."""
+    for a in args:
+        if isinstance(a, torch.ScriptObject):
+            try:
+                return int(dist.ProcessGroup.unbox(a).size())
+            except RuntimeError:  # another script object (a ReduceOp)
+                continue
+    return dist.get_world_size()
+
+
+def _storage_bytes(tensors: list[torch.Tensor]) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        local = t.to_local() if hasattr(t, "to_local") else t
+        st = local.untyped_storage()
+        seen.setdefault(st.data_ptr(), st.nbytes())
+    return sum(v for k, v in seen.items() if k)
+
+
+def _wrap(model: nn.Module, c: Config, rank: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+    if c.framework == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        wrapped = DDP(model, gradient_as_bucket_view=c.bucket_view)
+        return wrapped, torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
+    if c.framework == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        kw: dict[str, Any] = {}
+        if c.strategy in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):
+            # Shard groups of world/2 consecutive ranks, replicated across the two halves.
+            half = c.world // 2
+            shard = [dist.new_group(list(range(i, i + half))) for i in range(0, c.world, half)]
+            repl = [dist.new_group(list(range(i, c.world, half))) for i in range(half)]
+            kw["process_group"] = (shard[rank // half], repl[rank % half])
+        mp_ = MixedPrecision(param_dtype=torch.bfloat16) if c.mixed_precision else None
+        wrapped = FSDP(model, sharding_strategy=ShardingStrategy[c.strategy], auto_wrap_policy=ModuleWrapPolicy({GPTBlock}),
+                       mixed_precision=mp_, device_id=torch.device("cpu"), **kw)  # fmt: skip
+        return wrapped, torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
+    if c.framework == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        if c.strategy == "hsdp":  # 2 replicas x world/2 shards
+            mesh = init_device_mesh("cpu", (2, c.world // 2), mesh_dim_names=("replicate", "shard"))
+        else:
+            mesh = init_device_mesh("cpu", (c.world,))
+        kw: dict[str, Any] = {"mesh": mesh}
+        if c.strategy == "no-reshard":
+            kw["reshard_after_forward"] = False
+        if c.mixed_precision:
+            kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+        for block in model.blocks:
+            fully_shard(block, **kw)
+        fully_shard(model, **kw)  # the root: FSDP2 keeps its parameters gathered from forward to backward
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+    raise ValueError(f"unknown framework {c.framework!r}")
+
+
+def _rank_main(rank: int, c: Config, init_file: str, out_dir: str) -> None:
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=c.world)
+        torch.manual_seed(0)
+        model = TinyGPT(c)
+        rec = CollectiveRecorder()
+        with rec:
+            wrapped, opt = _wrap(model, c, rank)
+            g = torch.Generator().manual_seed(rank)
+            ids = torch.randint(0, c.vocab, (c.batch, c.seq), generator=g)
+            rec.phase = "forward"
+            logits = wrapped(ids)
+            loss = nn.functional.cross_entropy(logits.float().flatten(0, 1), ids.flatten())
+            rec.phase = "backward"
+            loss.backward()
+            rec.phase = "optimizer step"
+            opt.step()
+            rec.phase = "after"
+        params = list(wrapped.parameters())
+        grads = [p.grad for p in params if p.grad is not None]
+        states = [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+        buckets = 0
+        if c.framework == "ddp":
+            # DDP's reducer reports its buckets' sizes in bytes; with gradient_as_bucket_view the grads are views of them.
+            data = wrapped._get_ddp_logging_data()
+            sizes = [int(x) for x in str(data.get("bucket_sizes", "")).split(",") if x.strip()]
+            grad_ptrs = {g.untyped_storage().data_ptr() for g in grads}
+            buckets = 0 if c.bucket_view and len(grad_ptrs) <= len(sizes) else sum(sizes)
+        result = RankResult(rank, _storage_bytes(params), _storage_bytes(grads), _storage_bytes(states), buckets,
+                            [x for x in rec.calls if x.phase in ("forward", "backward", "optimizer step")])  # fmt: skip
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(asdict(result)))
+    except BaseException:  # noqa: BLE001 - reported to the parent through the file system
+        Path(out_dir, f"rank{rank}.error").write_text(traceback.format_exc())
+    finally:
+        try:
+            dist.barrier()
+        except Exception:  # noqa: BLE001
+            pass
+        sys.stdout.flush()
+        os._exit(0)
+
+
+def run(c: Config, timeout: float = 120) -> list[RankResult]:
+    """Run one configuration on ``c.world`` CPU processes and return each rank's measurement."""
+    with tempfile.TemporaryDirectory() as out:
+        init_file = os.path.join(out, "init")
+        ctx = mp.get_context("spawn")
+        procs = [ctx.Process(target=_rank_main, args=(r, c, init_file, out)) for r in range(c.world)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout)
+            if p.is_alive():
+                p.kill()
+        errors = sorted(Path(out).glob("*.error"))
+        if errors:
+            raise RuntimeError(f"{c.name}: {errors[0].read_text()}")
+        results = []
+        for r in range(c.world):
+            path = Path(out, f"rank{r}.json")
+            if not path.exists():
+                raise RuntimeError(f"{c.name}: rank {r} wrote no result (timed out or crashed)")
+            d = json.loads(path.read_text())
+            d["collectives"] = [Collective(**x) for x in d["collectives"]]
+            results.append(RankResult(**d))
+        return results
