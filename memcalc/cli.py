@@ -306,6 +306,53 @@ def gpus() -> None:
     _console().print(t)
 
 
+@app.command(epilog="Example: memcalc validate --suite quick")
+def validate(
+    suite: Annotated[str, typer.Option("--suite", help="quick (3 configurations) or full (every framework and strategy).")] = "quick",
+) -> None:
+    """Measure real DDP/FSDP training steps on this machine and print them beside memcalc's estimate."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise fail("memcalc validate needs torch: pip install torch==2.13.0 'memcalc[validate]'") from None
+    if suite not in ("quick", "full"):
+        raise fail(f"--suite {suite!r} is not accepted; accepted: quick, full")
+    from rich.progress import Progress
+    from rich.table import Table
+    from rich.text import Text
+
+    from memcalc.validation.suite import FULL, QUICK, compare
+
+    configs = QUICK if suite == "quick" else FULL
+    rows = []
+    console = _console()
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("measuring", total=len(configs))
+        for c in configs:
+            progress.update(task, description=f"measuring {c.name} ({c.world} processes, gloo)")
+            rows += compare(c)
+            progress.advance(task)
+    t = Table(title="Predicted (--accounting implementation) vs measured, rank 0, bytes", title_justify="left")
+    for col in ("configuration", "quantity", "predicted", "measured", ""):
+        t.add_column(col, justify="right" if col in ("predicted", "measured") else "left")
+    for r in rows:
+        t.add_row(r.config, r.quantity, f"{r.predicted:,}", f"{r.measured:,}",
+                  Text("=", style="green") if r.match else Text("≠", style="red"))  # fmt: skip
+    console.print(t)
+    import torch
+
+    if torch.cuda.is_available():
+        from memcalc.validation.cuda import peak_vs_estimate
+
+        measured, est = peak_vs_estimate()
+        console.print(f"CUDA peak (torch.cuda.max_memory_allocated, one GPU): measured {measured:,} bytes, "
+                      f"estimated {est:,} bytes ({(est - measured) / measured:+.1%})")  # fmt: skip
+    bad = sum(not r.match for r in rows)
+    console.print(f"{len(rows) - bad} of {len(rows)} figures match exactly")
+    if bad:
+        raise typer.Exit(1)
+
+
 @app.command(epilog="Example: memcalc models")
 def models() -> None:
     """List the model presets with their exact parameter counts."""

@@ -221,3 +221,12 @@ def test_model_flags_and_json_per_stage():
 def test_models_command_lists_exact_counts():
     r = run("models")
     assert r.exit_code == 0 and "6,738,415,616" in r.stdout and "mixtral-8x7b" in r.stdout
+
+
+def test_validate_without_torch_says_how_to_install(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch now raises ImportError
+    r = run("validate")
+    assert r.exit_code == 2
+    assert r.stderr.strip() == "memcalc: error: memcalc validate needs torch: pip install torch==2.13.0 'memcalc[validate]'"

@@ -207,6 +207,9 @@ def _wrap(model: nn.Module, c: Config, rank: int) -> tuple[nn.Module, torch.opti
 
 
 def _rank_main(rank: int, c: Config, init_file: str, out_dir: str) -> None:
+    import warnings
+
+    warnings.filterwarnings("ignore")  # FSDP1's deprecation notice, once per rank
     try:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=c.world)
         torch.manual_seed(0)

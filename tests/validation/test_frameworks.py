@@ -13,41 +13,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import memcalc  # noqa: E402
-from memcalc.architecture import Architecture  # noqa: E402
-from memcalc.validation.measure import Config, run  # noqa: E402
+from memcalc.validation.measure import run  # noqa: E402
 
 pytestmark = pytest.mark.validation
 
-FSDP1 = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
-ODD = dict(vocab=101, hidden=60, heads=4, seq=15)  # sizes that force padding at world 4
-CONFIGS = (
-    [Config("ddp", "ddp"), Config("ddp", "ddp", world=4, **ODD), Config("ddp", "ddp", bucket_view=True)]
-    + [Config("fsdp1", s, world=4, **ODD) for s in FSDP1]
-    + [Config("fsdp1", "FULL_SHARD"), Config("fsdp1", "FULL_SHARD", mixed_precision=True, vocab=103, hidden=44, seq=13),
-       Config("fsdp1", "SHARD_GRAD_OP", mixed_precision=True, world=4, **ODD)]
-    + [Config("fsdp2", s, world=4, **ODD) for s in ("default", "no-reshard", "hsdp")]
-    + [Config("fsdp2", "default", mixed_precision=True, vocab=103, hidden=44, seq=13), Config("fsdp2", "default", layers=3)]
-)  # fmt: skip
-OPS = {"allreduce": "all-reduce", "allgather": "all-gather", "allgather_base": "all-gather",
-       "allgather_into_tensor_coalesced": "all-gather", "reduce_scatter_base": "reduce-scatter",
-       "reduce_scatter_tensor_coalesced": "reduce-scatter"}  # fmt: skip
-
-
-def architecture(c: Config) -> Architecture:
-    """memcalc's description of memcalc.validation.measure.TinyGPT."""
-    return Architecture(family="gpt2", layers=c.layers, hidden=c.hidden, heads=c.heads, vocab=c.vocab,
-                        max_positions=c.seq, tied_embeddings=True, fused_qkv=True)  # fmt: skip
-
-
-def estimate(c: Config, accounting: str = "implementation") -> memcalc.Estimate:
-    kw = dict(model=architecture(c), gpus=c.world, gpus_per_node=c.world, cuda_context_gib=0, accounting=accounting,
-              precision="bf16-mixed" if c.mixed_precision else "fp32", bucket_view=c.bucket_view)  # fmt: skip
-    if c.framework == "ddp":
-        return memcalc.estimate(ddp=True, **kw)
-    name = {"default": "FULL_SHARD", "no-reshard": "SHARD_GRAD_OP", "hsdp": "HYBRID_SHARD"}.get(c.strategy, c.strategy)
-    hybrid = name in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
-    return memcalc.estimate(fsdp=name, fsdp_version=1 if c.framework == "fsdp1" else 2,
-                            shard_group=c.world // 2 if hybrid else None, **kw)  # fmt: skip
+from memcalc.validation.suite import FULL as CONFIGS  # noqa: E402
+from memcalc.validation.suite import architecture, collective_key, estimate, measured_payloads, payloads  # noqa: E402
 
 
 def held(r: memcalc.Estimate) -> tuple[int, int, int, int]:
@@ -84,21 +55,13 @@ def test_memory_equals_the_measurement_exactly(measured):
 def test_collective_payloads_equal_the_measurement_exactly(measured):
     c, ranks = measured
     r = estimate(c)
-    want = Counter()
     calls = Counter()
     for x in r.communication.collectives:
-        want[(x.op, x.phase, x.group_size, x.dtype)] += x.payload_bytes
         calls[(x.op, x.phase, x.group_size, x.dtype)] += x.calls_per_step
-    dtypes = {"float32": "fp32", "bfloat16": "bf16"}
     for m in ranks:
-        got, n = Counter(), Counter()
-        for x in m.collectives:
-            key = (OPS[x.op], x.phase, x.group_size, dtypes[x.dtype])
-            got[key] += x.payload_bytes
-            n[key] += 1
-        assert got == want, m.rank
+        assert measured_payloads(m) == payloads(r), m.rank
         if c.framework != "ddp":  # DDP's bucket count depends on its 25 MiB cap, not modelled per bucket
-            assert n == calls, m.rank
+            assert Counter(collective_key(x) for x in m.collectives) == calls, m.rank
 
 
 def test_paper_differs_only_by_the_documented_terms(measured):

@@ -1,0 +1,103 @@
+"""Predicted (``--accounting implementation``) against measured, for one configuration or a list of them.
+
+Used by ``memcalc validate``, ``tests/validation`` and ``docs/generate_validation.py``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import memcalc
+from memcalc.architecture import Architecture
+from memcalc.validation.measure import Collective, Config, RankResult, run
+
+FSDP1 = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
+ODD = dict(vocab=101, hidden=60, heads=4, seq=15)  # sizes that force padding at world 4
+QUICK = (Config("ddp", "ddp"), Config("fsdp1", "FULL_SHARD", mixed_precision=True), Config("fsdp2", "default"))
+FULL = (
+    [Config("ddp", "ddp"), Config("ddp", "ddp", world=4, **ODD), Config("ddp", "ddp", bucket_view=True)]
+    + [Config("fsdp1", s, world=4, **ODD) for s in FSDP1]
+    + [Config("fsdp1", "FULL_SHARD"), Config("fsdp1", "FULL_SHARD", mixed_precision=True, vocab=103, hidden=44, seq=13),
+       Config("fsdp1", "SHARD_GRAD_OP", mixed_precision=True, world=4, **ODD)]
+    + [Config("fsdp2", s, world=4, **ODD) for s in ("default", "no-reshard", "hsdp")]
+    + [Config("fsdp2", "default", mixed_precision=True, vocab=103, hidden=44, seq=13), Config("fsdp2", "default", layers=3)]
+)  # fmt: skip
+OPS = {"allreduce": "all-reduce", "allgather": "all-gather", "allgather_base": "all-gather",
+       "allgather_into_tensor_coalesced": "all-gather", "reduce_scatter_base": "reduce-scatter",
+       "reduce_scatter_tensor_coalesced": "reduce-scatter"}  # fmt: skip
+DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
+
+
+def architecture(c: Config) -> Architecture:
+    """memcalc's description of memcalc.validation.measure.TinyGPT."""
+    return Architecture(family="gpt2", layers=c.layers, hidden=c.hidden, heads=c.heads, vocab=c.vocab,
+                        max_positions=c.seq, tied_embeddings=True, fused_qkv=True)  # fmt: skip
+
+
+def estimate(c: Config, accounting: str = "implementation") -> memcalc.Estimate:
+    """memcalc's estimate for the same model, framework and layout."""
+    kw = dict(model=architecture(c), gpus=c.world, gpus_per_node=c.world, cuda_context_gib=0, accounting=accounting,
+              precision="bf16-mixed" if c.mixed_precision else "fp32", bucket_view=c.bucket_view)  # fmt: skip
+    if c.framework == "ddp":
+        return memcalc.estimate(ddp=True, **kw)
+    name = {"default": "FULL_SHARD", "no-reshard": "SHARD_GRAD_OP", "hsdp": "HYBRID_SHARD"}.get(c.strategy, c.strategy)
+    hybrid = name in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
+    return memcalc.estimate(fsdp=name, fsdp_version=1 if c.framework == "fsdp1" else 2,
+                            shard_group=c.world // 2 if hybrid else None, **kw)  # fmt: skip
+
+
+def held(r: memcalc.Estimate) -> dict[str, int]:
+    rows = {x.key: x.bytes for x in r.memory.per_gpu.rows}
+    return {"parameters": rows["parameters"], "gradients": rows["gradients"],
+            "optimizer states": rows["optimizer_moments"] + rows["optimizer_steps"],
+            "DDP buckets": rows.get("gradient_buckets", 0)}  # fmt: skip
+
+
+def measured_held(m: RankResult) -> dict[str, int]:
+    return {"parameters": m.parameter_bytes, "gradients": m.gradient_bytes, "optimizer states": m.optimizer_bytes,
+            "DDP buckets": m.bucket_bytes}  # fmt: skip
+
+
+def payloads(r: memcalc.Estimate) -> Counter[tuple[str, str, int, str]]:
+    out: Counter[tuple[str, str, int, str]] = Counter()
+    for x in r.communication.collectives:
+        out[(x.op, x.phase, x.group_size, x.dtype)] += x.payload_bytes
+    return out
+
+
+def collective_key(x: Collective) -> tuple[str, str, int, str]:
+    """(op, phase, group size, dtype) of a measured collective, in memcalc's words."""
+    return (OPS[x.op], x.phase, x.group_size, DTYPES.get(x.dtype, x.dtype))
+
+
+def measured_payloads(m: RankResult) -> Counter[tuple[str, str, int, str]]:
+    out: Counter[tuple[str, str, int, str]] = Counter()
+    for x in m.collectives:
+        out[collective_key(x)] += x.payload_bytes
+    return out
+
+
+@dataclass(frozen=True)
+class Row:
+    config: str
+    quantity: str
+    predicted: int
+    measured: int
+
+    @property
+    def match(self) -> bool:
+        return self.predicted == self.measured
+
+
+def compare(c: Config, ranks: list[RankResult] | None = None) -> list[Row]:
+    """Predicted against measured on rank 0 (the most loaded rank, which memcalc reports)."""
+    ranks = ranks if ranks is not None else run(c)
+    r = estimate(c)
+    m = ranks[0]
+    rows = [Row(c.name, k, v, measured_held(m)[k]) for k, v in held(r).items() if v or measured_held(m)[k]]
+    want, got = payloads(r), measured_payloads(m)
+    for key in sorted(set(want) | set(got)):
+        op, phase, n, dtype = key
+        rows.append(Row(c.name, f"{op} {phase} ({dtype}, group {n})", want.get(key, 0), got.get(key, 0)))
+    return rows
