@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 from memcalc import activations as act
 from memcalc import comms, memory
-from memcalc.collectives import sent_bytes_per_rank
 from memcalc import deepspeed_estimator as dse
 from memcalc import frameworks as fw
+from memcalc.collectives import sent_bytes_per_rank
 from memcalc.inputs import EstimateInput
 from memcalc.params import Shard, active_params, largest_layer, largest_module, model_params, stage_params
 from memcalc.results import (
@@ -47,7 +47,7 @@ def _param_groups(inp: EstimateInput, stage: int) -> tuple[int, list[ParamGroup]
     par, n = inp.parallelism, inp.shard_group_size
     arch = inp.model.architecture
     if arch is None:
-        # A bare count: the layer weights split evenly over tp x pp (DOMAIN §6: Ψ/(t·p)).
+        # A bare count: the weights split evenly over tp x pp, Ψ/(t·p) (Megatron-LM, arXiv 2104.04473 §2).
         psi = ceil_div(inp.model.parameters or 0, par.tp * par.pp)
         return psi, [ParamGroup(psi, n)]
     held = stage_params(arch, stage, par.pp, Shard(par.tp, par.ep))

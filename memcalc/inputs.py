@@ -6,7 +6,7 @@ their name (``memory_gib``, ``hbm_gbps``) and are converted by properties throug
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -16,6 +16,7 @@ from memcalc.strategies import STRATEGIES, OffloadDevice, StrategyName, Strategy
 from memcalc.units import GB, gib, parse_count
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+T = TypeVar("T")
 
 
 class Frozen(BaseModel):
@@ -94,7 +95,7 @@ class Precision(Frozen):
 PRECISIONS: dict[str, Precision] = {
     p.name: p
     for p in (
-        # Pure fp32 training: params 4 + grads 4, no master copy (DOMAIN §1).
+        # Pure fp32 training: params 4 + grads 4, no master copy (the fp32 weights are what the optimizer updates).
         Precision(name="fp32", param_bytes=4, grad_bytes=4, master_bytes=0, description="fp32 params and grads"),
         # ZeRO §3.1 (Micikevicius et al. 2018 mixed precision): fp16 params and grads + fp32 master.
         Precision(
@@ -114,12 +115,17 @@ _PRECISION_ALIASES = {
 }  # fmt: skip
 
 
-def resolve_precision(text: str) -> Precision:
+def _resolve(what: str, text: str, aliases: dict[str, str], table: dict[str, T], hint: str = "") -> T:
+    """A table entry by any of its names (case-insensitive, ``-`` and ``_`` alike), or a one-line error."""
     key = str(text).strip().lower().replace("_", "-")
-    if key in _PRECISION_ALIASES:
-        return PRECISIONS[_PRECISION_ALIASES[key]]
-    names = list(PRECISIONS)
-    raise InputError(f"unknown precision {text!r}{did_you_mean(key, names)}; accepted: {', '.join(names)}")
+    if key in aliases:
+        return table[aliases[key]]
+    names = list(table)
+    raise InputError(f"unknown {what} {text!r}{did_you_mean(key, names)}; accepted: {', '.join(names)}{hint}")
+
+
+def resolve_precision(text: str) -> Precision:
+    return _resolve("precision", text, _PRECISION_ALIASES, PRECISIONS)
 
 
 # --------------------------------------------------------------------------------------------
@@ -180,11 +186,7 @@ _OPTIMIZER_ALIASES = {"adam": "adamw", "adamw": "adamw", "sgd": "sgd", "sgd-mome
 
 
 def resolve_optimizer(text: str) -> Optimizer:
-    key = str(text).strip().lower().replace("_", "-")
-    if key in _OPTIMIZER_ALIASES:
-        return OPTIMIZERS[_OPTIMIZER_ALIASES[key]]
-    names = list(OPTIMIZERS)
-    raise InputError(f"unknown optimizer {text!r}{did_you_mean(key, names)}; accepted: {', '.join(names)} (adam = adamw)")
+    return _resolve("optimizer", text, _OPTIMIZER_ALIASES, OPTIMIZERS, " (adam = adamw)")
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ from typer.testing import CliRunner
 
 from memcalc.cli import app
 from memcalc.results import Comparison, Estimate
-from memcalc.units import GB
 
 runner = CliRunner()
 README = Path(__file__).resolve().parent.parent / "README.md"

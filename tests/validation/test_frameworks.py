@@ -17,14 +17,14 @@ from memcalc.validation.measure import run  # noqa: E402
 
 pytestmark = pytest.mark.validation
 
+from memcalc.validation import suite  # noqa: E402
 from memcalc.validation.suite import FULL as CONFIGS  # noqa: E402
 from memcalc.validation.suite import architecture, collective_key, estimate, measured_payloads, payloads  # noqa: E402
 
 
-def held(r: memcalc.Estimate) -> tuple[int, int, int, int]:
-    rows = {x.key: x.bytes for x in r.memory.per_gpu.rows}
-    return (rows["parameters"], rows["gradients"], rows["optimizer_moments"] + rows["optimizer_steps"],
-            rows.get("gradient_buckets", 0))  # fmt: skip
+def held(r: memcalc.Estimate) -> tuple[int, ...]:
+    """(parameters, gradients, optimizer states, DDP buckets) bytes of the estimate."""
+    return tuple(suite.held(r).values())
 
 
 @pytest.fixture(scope="module", params=CONFIGS, ids=lambda c: c.name)
