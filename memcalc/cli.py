@@ -308,7 +308,7 @@ def gpus() -> None:
 
 @app.command(epilog="Example: memcalc validate --suite quick")
 def validate(
-    suite: Annotated[str, typer.Option("--suite", help="quick (3 configurations) or full (every framework and strategy).")] = "quick",
+    suite: Annotated[str, typer.Option("--suite", help="quick (3 configurations) or full (every framework and strategy; DeepSpeed when installed).")] = "quick",
 ) -> None:
     """Measure real DDP/FSDP training steps on this machine and print them beside memcalc's estimate."""
     try:
@@ -321,9 +321,9 @@ def validate(
     from rich.table import Table
     from rich.text import Text
 
-    from memcalc.validation.suite import FULL, QUICK, compare
+    from memcalc.validation.suite import QUICK, compare, full
 
-    configs = QUICK if suite == "quick" else FULL
+    configs = QUICK if suite == "quick" else full()
     rows = []
     console = _console()
     with Progress(console=console, transient=True) as progress:
@@ -332,7 +332,8 @@ def validate(
             progress.update(task, description=f"measuring {c.name} ({c.world} processes, gloo)")
             rows += compare(c)
             progress.advance(task)
-    t = Table(title="Predicted (--accounting implementation) vs measured, rank 0, bytes", title_justify="left")
+    t = Table(title="Predicted (--accounting implementation) vs measured after one step, rank 0, bytes",
+              title_justify="left")  # fmt: skip
     for col in ("configuration", "quantity", "predicted", "measured", ""):
         t.add_column(col, justify="right" if col in ("predicted", "measured") else "left")
     for r in rows:

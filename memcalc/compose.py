@@ -174,7 +174,12 @@ def _implementation(inp: EstimateInput) -> tuple[list[MemoryRow], list[fw.Issued
     store = p.param_bytes if p.master_bytes == 0 else p.master_bytes
     comm = p.param_bytes
     mom = opt.moment_bytes_for(p) if opt.moment_bytes is not None else store
-    if spec.framework == "ddp" or spec.name == "zero-0":
+    if spec.framework == "deepspeed":
+        stage = int(spec.name.split("-")[1])
+        held, issued = fw.deepspeed(arch, stage, inp.dp, p.param_bytes, opt.moments, opt.step_counter)
+        store = p.param_bytes
+        what = f"DeepSpeed ZeRO-{stage} ({'flat buffer padded to 2 x dp' if stage in (1, 2) else 'per-parameter partitions' if stage == 3 else 'replicated'})"
+    elif spec.framework == "ddp":
         held, issued = fw.ddp(arch, inp.dp, store, opt.moments, mom, opt.step_counter, inp.framework.bucket_view)
         what = "DDP (replicated, autocast keeps fp32 parameters)" if p.master_bytes else "DDP"
     else:
@@ -183,10 +188,13 @@ def _implementation(inp: EstimateInput) -> tuple[list[MemoryRow], list[fw.Issued
                                reshard_after_forward=spec.shards_params, shards=spec.shards_grads, store_bytes=store,
                                comm_bytes=comm, moments=opt.moments, moment_bytes=mom, step_counter=opt.step_counter)  # fmt: skip
         what = f"FSDP{v} {'FlatParameter per unit, padded to' if v == 1 else 'dim-0 shards padded to'} x{inp.shard_group_size}"
-    src = "torch 2.13, measured in tests/validation"
+    src = "torch 2.13, DeepSpeed 0.19; measured in tests/validation"
+    master_label = "" if held.master else ", the master copy"
     rows = [
-        MemoryRow(key="parameters", label=f"parameters ({'fp32' if store == 4 else p.low_dtype}, the master copy)",
+        MemoryRow(key="parameters", label=f"parameters ({'fp32' if store == 4 else p.low_dtype}{master_label})",
                   bytes=held.parameters, location="gpu", category="model_state", detail=f"{what} ({src})"),
+        MemoryRow(key="master_weights", label="master weights (fp32)", bytes=held.master, location="gpu",
+                  category="model_state", detail="DeepSpeed's fp32 partition the optimizer updates"),
         MemoryRow(key="gradients", label=f"gradients ({'fp32' if store == 4 else p.low_dtype})", bytes=held.gradients,
                   location="gpu", category="model_state", detail=f"kept like the parameters ({src})"),
         MemoryRow(key="optimizer_moments", label=f"optimizer moments ({opt.name})", bytes=held.optimizer_moments,
@@ -194,6 +202,15 @@ def _implementation(inp: EstimateInput) -> tuple[list[MemoryRow], list[fw.Issued
         MemoryRow(key="optimizer_steps", label="optimizer step counters", bytes=held.optimizer_steps, location="gpu",
                   category="model_state", detail="4-byte step tensor per parameter tensor (torch.optim)"),
     ]  # fmt: skip
+    if held.backward_gradients:
+        rows.append(MemoryRow(key="gradients_backward", label=f"gradients during backward ({p.low_dtype})",
+                              bytes=held.backward_gradients, location="gpu", category="model_state",
+                              detail="ZeRO-0/1: every gradient until the boundary; ZeRO-2: the averaged partition "
+                                     "(DeepSpeed's code; freed by the end of the step, so not in the after-step proof)"))  # fmt: skip
+    if held.step_gradients:
+        rows.append(MemoryRow(key="gradients_step", label="fp32 gradients (during the step)", bytes=held.step_gradients,
+                              location="gpu", category="model_state",
+                              detail="the reduced gradients upcast for the optimizer; freed after the step"))  # fmt: skip
     if held.buckets:
         rows.append(MemoryRow(key="gradient_buckets", label="DDP gradient buckets", bytes=held.buckets, location="gpu",
                               category="model_state", detail="a copy of the gradients (gradient_as_bucket_view=False)"))  # fmt: skip
@@ -253,16 +270,23 @@ def _notes(inp: EstimateInput) -> list[str]:
     if inp.accounting == "implementation":
         arch = inp.model.architecture
         assert arch is not None
-        name = "DDP" if spec.framework == "ddp" else f"FSDP{inp.framework.fsdp_version} {spec.name}"
+        name = {"ddp": "DDP", "deepspeed": f"DeepSpeed {spec.label}"}.get(spec.framework,
+                                                                         f"FSDP{inp.framework.fsdp_version} {spec.name}")  # fmt: skip
         notes.append(
-            f"accounting: implementation: what {name} allocates and issues (torch 2.13; per-unit padding, step "
-            "counters, buckets), proven against real runs on CPU in tests/validation"
+            f"accounting: implementation: what {name} allocates and issues (padding, step counters, buckets), "
+            "proven against real runs on CPU in tests/validation"
         )
-        if spec.shards_params:
+        if spec.framework == "fsdp" and spec.shards_params:
             root = fw.units(arch)[0].numel * inp.precision.param_bytes
             notes.append(f"the root unit is not resharded after forward: backward all-gathers {root:,} bytes less than "
                          "forward (3Ψ becomes 3Ψ minus the root unit)")  # fmt: skip
-        notes.append("wrapping: one unit per decoder layer plus the root (embeddings, final norm, head)")
+        if spec.framework == "fsdp":
+            notes.append("wrapping: one unit per decoder layer plus the root (embeddings, final norm, head)")
+        if spec.name == "zero-3" and arch.tied_embeddings:
+            notes.append("ZeRO-3 gathers a tied embedding twice in forward and in backward (as embedding and as head)")
+        if spec.framework == "deepspeed":
+            notes.append("DeepSpeed: small scalar collectives (gradient norm, overflow flags) are left out; ZeRO-3 with "
+                         "stage3_param_persistence_threshold 0 (by default it keeps parameters under 1e5 whole)")  # fmt: skip
         if inp.workload is None:
             notes.append("activations are not counted: give --seq-len")
         return notes
@@ -356,7 +380,7 @@ def estimate_from_input(inp: EstimateInput, micro_batch_auto: bool = False) -> E
     moments = _sum(gpu_rows, "optimizer_moments") + _sum(gpu_rows, "optimizer_steps")
     per_gpu = PerGPU(
         parameters=_sum(gpu_rows, "parameters"),
-        gradients=_sum(gpu_rows, "gradients") + _sum(gpu_rows, "gradient_buckets"),
+        gradients=sum(_sum(gpu_rows, k) for k in ("gradients", "gradient_buckets", "gradients_backward", "gradients_step")),
         optimizer_states=master + moments,
         master_weights=master,
         optimizer_moments=moments,

@@ -10,8 +10,15 @@ Measured on torch 2.13 (CPU, gloo; ``tests/validation``) and read from the code 
   reduce dtype (= param_dtype by default).
 - FSDP2 (torch/distributed/fsdp/_fully_shard): every parameter sharded on dim 0, padded to a multiple of the
   shard group; the root module keeps its parameters gathered from forward to backward by default.
+- DeepSpeed 0.19 (runtime/zero/stage_1_and_2.py, stage3.py; measured with a torch.optim.AdamW client optimizer):
+  ZeRO-0 keeps the module in the training dtype, plus a full fp32 master copy under bf16/fp16; ZeRO-1/2 keep one
+  flat buffer in the training dtype padded to a multiple of 2 x dp (nccl_start_alignment_factor), an fp32 master
+  partition of it, all-reduce the gradients in backward and all-gather the updated flat buffer after the step;
+  ZeRO-3 partitions every parameter on its own (⌈numel/dp⌉ each), keeps a low-precision partition, an fp32 master
+  partition and a gradient partition, all-gathers each module's parameters when it runs (a tied embedding twice:
+  as embedding and as head) in forward and again in backward, and reduce-scatters the padded gradients.
 - torch.optim.Adam/AdamW keep exp_avg and exp_avg_sq like the parameter and a 4-byte ``step`` tensor per
-  parameter tensor (not fused, not capturable).
+  parameter tensor (not fused, not capturable); DeepSpeed's ZeRO-1/2/3 hand it one flat tensor per group.
 """
 
 from __future__ import annotations
@@ -127,6 +134,12 @@ class Held:
     """torch.optim Adam/AdamW: one 4-byte ``step`` tensor per parameter tensor (or FlatParameter)."""
     buckets: int = 0
     """DDP gradient buckets."""
+    master: int = 0
+    """DeepSpeed's fp32 copy of the parameters (DDP and FSDP update the parameters themselves)."""
+    backward_gradients: int = 0
+    """DeepSpeed: gradients alive during backward and freed by the end of the step (not in ``gradients``)."""
+    step_gradients: int = 0
+    """DeepSpeed: the fp32 gradients the optimizer reads during the step, freed after it."""
 
 
 @dataclass(frozen=True)
@@ -198,3 +211,39 @@ def fsdp(
         rows.append(Issued("all-reduce", "backward", "gradients", "replica group", replicas, comm_bytes, len(us),
                            per_rank * comm_bytes))  # fmt: skip
     return held, rows
+
+
+def deepspeed(
+    arch: Architecture, stage: int, dp: int, lp_bytes: int, moments: int, step_counter: bool
+) -> tuple[Held, list[Issued]]:
+    """DeepSpeed ZeRO-0..3 with a torch.optim client optimizer (fp32 moments), ``lp_bytes`` the training dtype."""
+    us = units(arch)
+    shapes = [s for u in us for s in u.shapes]
+    psi = sum(prod(s) for s in shapes)
+    steps = 4 if step_counter else 0
+    mom = 4 * moments
+    if stage == 0:
+        master = 4 * psi if lp_bytes < 4 else 0  # BF16/FP16 optimizer wrapper: fp32 copies of every parameter
+        held = Held(psi * lp_bytes, 0, psi * mom, steps * len(shapes), master=master,
+                    backward_gradients=psi * lp_bytes, step_gradients=4 * psi if lp_bytes < 4 else 0)  # fmt: skip
+        return held, [Issued("all-reduce", "backward", "gradients", "data-parallel", dp, lp_bytes, 1, psi * lp_bytes)]
+    if stage in (1, 2):
+        padded = ceil_div(psi, 2 * dp) * 2 * dp  # nccl_start_alignment_factor (2) x dp
+        part = padded // dp
+        # ZeRO-1 accumulates full gradients until the boundary; ZeRO-2 keeps only its averaged partition.
+        during = psi * lp_bytes if stage == 1 else part * lp_bytes
+        held = Held(padded * lp_bytes, 0, part * mom, steps, master=4 * part, backward_gradients=during,
+                    step_gradients=4 * part)  # fmt: skip
+        return held, [
+            Issued("all-reduce", "backward", "gradients", "data-parallel", dp, lp_bytes, 1, psi * lp_bytes),
+            Issued("all-gather", "optimizer step", "parameters", "data-parallel", dp, lp_bytes, 1, padded * lp_bytes),
+        ]
+    part = sum(ceil_div(s[0] * prod(s[1:]), dp) for s in shapes)
+    embedding = ceil_div(prod(us[0].shapes[0]), dp) if arch.tied_embeddings else 0
+    gathered = dp * (part + embedding) * lp_bytes
+    held = Held(part * lp_bytes, part * lp_bytes, part * mom, steps, master=4 * part, step_gradients=4 * part)
+    return held, [
+        Issued("all-gather", "forward", "parameters", "data-parallel", dp, lp_bytes, 1, gathered),
+        Issued("all-gather", "backward", "parameters", "data-parallel", dp, lp_bytes, 1, gathered),
+        Issued("reduce-scatter", "backward", "gradients", "data-parallel", dp, lp_bytes, 1, dp * part * lp_bytes),
+    ]

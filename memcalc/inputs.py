@@ -465,9 +465,9 @@ class EstimateInput(Frozen):
                 raise InputError("DeepSpeed's ZeRO-3 estimator needs the largest layer: give --model/--hf-config or "
                                  "--largest-layer-params")  # fmt: skip
         if self.accounting == "implementation":
-            if spec.framework == "deepspeed":
-                raise InputError("--accounting implementation models DDP (--ddp) and PyTorch FSDP (--fsdp) so far; "
-                                 "for DeepSpeed use paper or deepspeed-estimator")  # fmt: skip
+            if spec.framework == "deepspeed" and self.optimizer.name not in ("adamw", "sgd", "sgd-momentum"):
+                raise InputError(f"--accounting implementation models DeepSpeed with a torch.optim client optimizer; "
+                                 f"{self.optimizer.name} is not one")  # fmt: skip
             if arch is None:
                 raise InputError("--accounting implementation follows the framework unit by unit: give the model's shape "
                                  "(--model, --hf-config or --layers/--hidden/--heads/--vocab)")  # fmt: skip

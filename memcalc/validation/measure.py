@@ -94,6 +94,8 @@ class RankResult:
     optimizer_bytes: int
     bucket_bytes: int = 0
     """DDP: gradient bucket buffers (a copy of the gradients unless gradient_as_bucket_view)."""
+    master_bytes: int = 0
+    """DeepSpeed: its fp32 copy of the parameters (the frameworks above use the parameters themselves)."""
     collectives: list[Collective] = field(default_factory=list)
 
 
@@ -203,7 +205,48 @@ def _wrap(model: nn.Module, c: Config, rank: int) -> tuple[nn.Module, torch.opti
             fully_shard(block, **kw)
         fully_shard(model, **kw)  # the root: FSDP2 keeps its parameters gathered from forward to backward
         return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if c.framework == "deepspeed":
+        import logging
+
+        import deepspeed
+
+        logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+        deepspeed.init_distributed(dist_backend="gloo")
+        stage = int(c.strategy.split("-")[1])
+        # Persistence threshold 0: ZeRO-3 partitions every parameter (by default it keeps those under 1e5 whole).
+        cfg: dict[str, Any] = {"train_micro_batch_size_per_gpu": c.batch, "zero_allow_untested_optimizer": True,
+                               "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}  # fmt: skip
+        if c.mixed_precision:
+            cfg["bf16"] = {"enabled": True}
+        engine, zero_opt, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3),
+                                                      config=cfg)  # fmt: skip
+        return engine, zero_opt
     raise ValueError(f"unknown framework {c.framework!r}")
+
+
+def _deepspeed_held(engine: Any, zero_opt: Any) -> tuple[int, int, int, int]:
+    """(parameters, fp32 master, gradients, optimizer states) bytes a DeepSpeed rank holds after a step."""
+
+    def tensors(*names: str) -> list[torch.Tensor]:
+        out: list[torch.Tensor] = []
+        for name in names:
+            v = getattr(zero_opt, name, None)
+            stack = [v]
+            while stack:
+                x = stack.pop()
+                if isinstance(x, torch.Tensor):
+                    out.append(x)
+                elif isinstance(x, (list, tuple)):
+                    stack.extend(x)
+        return out
+
+    module = list(engine.module.parameters())
+    params = _storage_bytes(module + tensors("bit16_groups_flat", "fp16_partitioned_groups_flat", "fp16_groups"))
+    master = _storage_bytes(tensors("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups"))
+    grads = _storage_bytes([p.grad for p in module if p.grad is not None] + tensors("grad_partitions_flat_buffer"))
+    inner = getattr(zero_opt, "optimizer", zero_opt)
+    states = _storage_bytes([v for s in inner.state.values() for v in s.values() if isinstance(v, torch.Tensor)])
+    return params, master, grads, states
 
 
 def _rank_main(rank: int, c: Config, init_file: str, out_dir: str) -> None:
@@ -211,6 +254,7 @@ def _rank_main(rank: int, c: Config, init_file: str, out_dir: str) -> None:
 
     warnings.filterwarnings("ignore")  # FSDP1's deprecation notice, once per rank
     try:
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(c.world))  # DeepSpeed asks for them
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=c.world)
         torch.manual_seed(0)
         model = TinyGPT(c)
@@ -223,13 +267,18 @@ def _rank_main(rank: int, c: Config, init_file: str, out_dir: str) -> None:
             logits = wrapped(ids)
             loss = nn.functional.cross_entropy(logits.float().flatten(0, 1), ids.flatten())
             rec.phase = "backward"
-            loss.backward()
-            rec.phase = "optimizer step"
-            opt.step()
+            if c.framework == "deepspeed":
+                wrapped.backward(loss)
+                rec.phase = "optimizer step"
+                wrapped.step()
+            else:
+                loss.backward()
+                rec.phase = "optimizer step"
+                opt.step()
             rec.phase = "after"
         params = list(wrapped.parameters())
         grads = [p.grad for p in params if p.grad is not None]
-        states = [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+        states = [v for s in getattr(opt, "state", {}).values() for v in s.values() if isinstance(v, torch.Tensor)]
         buckets = 0
         if c.framework == "ddp":
             # DDP's reducer reports its buckets' sizes in bytes; with gradient_as_bucket_view the grads are views of them.
@@ -237,8 +286,13 @@ def _rank_main(rank: int, c: Config, init_file: str, out_dir: str) -> None:
             sizes = [int(x) for x in str(data.get("bucket_sizes", "")).split(",") if x.strip()]
             grad_ptrs = {g.untyped_storage().data_ptr() for g in grads}
             buckets = 0 if c.bucket_view and len(grad_ptrs) <= len(sizes) else sum(sizes)
-        result = RankResult(rank, _storage_bytes(params), _storage_bytes(grads), _storage_bytes(states), buckets,
-                            [x for x in rec.calls if x.phase in ("forward", "backward", "optimizer step")])  # fmt: skip
+        calls = [x for x in rec.calls if x.phase in ("forward", "backward", "optimizer step")]
+        if c.framework == "deepspeed":
+            p_, m_, g_, s_ = _deepspeed_held(wrapped, opt)
+            result = RankResult(rank, p_, g_, s_, 0, m_, calls)
+        else:
+            result = RankResult(rank, _storage_bytes(params), _storage_bytes(grads), _storage_bytes(states), buckets, 0,
+                                calls)  # fmt: skip
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(asdict(result)))
     except BaseException:  # noqa: BLE001 - reported to the parent through the file system
         Path(out_dir, f"rank{rank}.error").write_text(traceback.format_exc())

@@ -23,10 +23,27 @@ FULL = (
     + [Config("fsdp2", s, world=4, **ODD) for s in ("default", "no-reshard", "hsdp")]
     + [Config("fsdp2", "default", mixed_precision=True, vocab=103, hidden=44, seq=13), Config("fsdp2", "default", layers=3)]
 )  # fmt: skip
+# DeepSpeed (when installed): every stage, bf16 and fp32, sizes that force its padding (Ψ = 25,980 on 4 ranks).
+DS_ODD = dict(vocab=103, hidden=30, heads=3, seq=15)
+DEEPSPEED = tuple(Config("deepspeed", f"zero-{s}", world=w, mixed_precision=m, **DS_ODD)
+                  for s in range(4) for m in (True, False) for w in ((2, 4) if s in (1, 3) and m else (4,)))  # fmt: skip
 OPS = {"allreduce": "all-reduce", "allgather": "all-gather", "allgather_base": "all-gather",
        "allgather_into_tensor_coalesced": "all-gather", "reduce_scatter_base": "reduce-scatter",
        "reduce_scatter_tensor_coalesced": "reduce-scatter"}  # fmt: skip
-DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
+DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def deepspeed_available() -> bool:
+    try:
+        import deepspeed  # noqa: F401
+    except Exception:  # noqa: BLE001 - a broken install counts as absent
+        return False
+    return True
+
+
+def full() -> tuple[Config, ...]:
+    """Every configuration: the PyTorch ones, and DeepSpeed's when it is installed."""
+    return FULL + (DEEPSPEED if deepspeed_available() else ())
 
 
 def architecture(c: Config) -> Architecture:
@@ -41,6 +58,9 @@ def estimate(c: Config, accounting: str = "implementation") -> memcalc.Estimate:
               precision="bf16-mixed" if c.mixed_precision else "fp32", bucket_view=c.bucket_view)  # fmt: skip
     if c.framework == "ddp":
         return memcalc.estimate(ddp=True, **kw)
+    if c.framework == "deepspeed":
+        kw.pop("bucket_view")
+        return memcalc.estimate(stage=int(c.strategy.split("-")[1]), **kw)
     name = {"default": "FULL_SHARD", "no-reshard": "SHARD_GRAD_OP", "hsdp": "HYBRID_SHARD"}.get(c.strategy, c.strategy)
     hybrid = name in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
     return memcalc.estimate(fsdp=name, fsdp_version=1 if c.framework == "fsdp1" else 2,
@@ -51,12 +71,12 @@ def held(r: memcalc.Estimate) -> dict[str, int]:
     rows = {x.key: x.bytes for x in r.memory.per_gpu.rows}
     return {"parameters": rows["parameters"], "gradients": rows["gradients"],
             "optimizer states": rows["optimizer_moments"] + rows["optimizer_steps"],
-            "DDP buckets": rows.get("gradient_buckets", 0)}  # fmt: skip
+            "DDP buckets": rows.get("gradient_buckets", 0), "fp32 master": rows.get("master_weights", 0)}  # fmt: skip
 
 
 def measured_held(m: RankResult) -> dict[str, int]:
     return {"parameters": m.parameter_bytes, "gradients": m.gradient_bytes, "optimizer states": m.optimizer_bytes,
-            "DDP buckets": m.bucket_bytes}  # fmt: skip
+            "DDP buckets": m.bucket_bytes, "fp32 master": m.master_bytes}  # fmt: skip
 
 
 def payloads(r: memcalc.Estimate) -> Counter[tuple[str, str, int, str]]:
@@ -71,10 +91,15 @@ def collective_key(x: Collective) -> tuple[str, str, int, str]:
     return (OPS[x.op], x.phase, x.group_size, DTYPES.get(x.dtype, x.dtype))
 
 
+SCALAR = 8
+"""Bytes at or under which a collective is bookkeeping (DeepSpeed's gradient norm, overflow flag): not modelled."""
+
+
 def measured_payloads(m: RankResult) -> Counter[tuple[str, str, int, str]]:
     out: Counter[tuple[str, str, int, str]] = Counter()
     for x in m.collectives:
-        out[collective_key(x)] += x.payload_bytes
+        if x.payload_bytes > SCALAR:
+            out[collective_key(x)] += x.payload_bytes
     return out
 
 
