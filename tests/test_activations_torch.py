@@ -54,3 +54,11 @@ def test_layer_activations_match_pytorch_within_2_percent(shape, attention, drop
     if recompute == "none":
         predicted += sum(x.bytes for x in rotary_saved(arch, st))  # this block builds its own cos/sin tables
     assert predicted == pytest.approx(measured, rel=0.02), (predicted, measured)
+
+
+def test_the_full_validation_suite_lists_every_framework():
+    from memcalc.validation.suite import DEEPSPEED, FULL, deepspeed_available, full
+
+    assert {c.framework for c in FULL} == {"ddp", "fsdp1", "fsdp2"}
+    assert {c.strategy for c in DEEPSPEED} == {"zero-0", "zero-1", "zero-2", "zero-3"}
+    assert full() == FULL + (DEEPSPEED if deepspeed_available() else ())

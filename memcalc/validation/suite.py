@@ -15,7 +15,7 @@ from memcalc.validation.measure import Collective, Config, RankResult, run
 FSDP1 = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
 ODD = dict(vocab=101, hidden=60, heads=4, seq=15)  # sizes that force padding at world 4
 QUICK = (Config("ddp", "ddp"), Config("fsdp1", "FULL_SHARD", mixed_precision=True), Config("fsdp2", "default"))
-FULL = (
+FULL = tuple(
     [Config("ddp", "ddp"), Config("ddp", "ddp", world=4, **ODD), Config("ddp", "ddp", bucket_view=True)]
     + [Config("fsdp1", s, world=4, **ODD) for s in FSDP1]
     + [Config("fsdp1", "FULL_SHARD"), Config("fsdp1", "FULL_SHARD", mixed_precision=True, vocab=103, hidden=44, seq=13),
