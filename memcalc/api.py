@@ -206,6 +206,7 @@ def build_input(
     largest_layer_params: int | float | str | None = None,
     fsdp_version: int = 1,
     bucket_view: bool = False,
+    min_num_params: int | float | str | None = None,
 ) -> EstimateInput:
     """Turn loose arguments (strings, numbers, or the pydantic input objects) into an ``EstimateInput``."""
     arch = resolve_architecture(model, hf_config, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
@@ -252,7 +253,11 @@ def build_input(
     return EstimateInput(
         accounting=accounting,  # type: ignore[arg-type]
         estimator=estimator,
-        framework=FrameworkOptions(fsdp_version=fsdp_version, bucket_view=bucket_view),  # type: ignore[arg-type]
+        framework=FrameworkOptions(
+            fsdp_version=fsdp_version,  # type: ignore[arg-type]
+            bucket_view=bucket_view,
+            min_num_params=None if min_num_params is None else parse_count(min_num_params, "--min-num-params"),
+        ),
         model=the_model,
         precision=precision if isinstance(precision, Precision) else resolve_precision(precision),
         optimizer=optimizer if isinstance(optimizer, Optimizer) else resolve_optimizer(optimizer),

@@ -91,6 +91,7 @@ Sp = Annotated[bool, typer.Option("--sequence-parallel", help="Megatron sequence
 Vp = Annotated[int, typer.Option("--virtual-stages", help="Model chunks per pipeline rank (interleaved 1F1B).")]
 AccountingOpt = Annotated[str, typer.Option("--accounting", help="paper (ZeRO §5, Korthikanti), implementation (what DDP/FSDP really allocate and send) or deepspeed-estimator (DeepSpeed's own functions).")]
 FsdpVersion = Annotated[int, typer.Option("--fsdp-version", help="implementation accounting: 1 (FullyShardedDataParallel) or 2 (fully_shard).")]
+MinNumParams = Annotated[str | None, typer.Option("--min-num-params", help="implementation accounting, FSDP: size_based_auto_wrap_policy threshold (default: one unit per decoder layer).")]
 BucketView = Annotated[bool, typer.Option("--bucket-view", help="implementation accounting, DDP: gradient_as_bucket_view=True.")]
 ZeroInit = Annotated[bool, typer.Option("--zero-init/--no-zero-init", help="deepspeed-estimator, ZeRO-3: built under deepspeed.zero.Init.")]
 BufferFactor = Annotated[float, typer.Option("--buffer-factor", help="deepspeed-estimator: additional_buffer_factor on host RAM.")]
@@ -205,6 +206,7 @@ def estimate(
     largest_layer_params: LargestLayer = None,
     fsdp_version: FsdpVersion = 1,
     bucket_view: BucketView = False,
+    min_num_params: MinNumParams = None,
     units: Units = "gib",
     json: Json = False,
 ) -> None:
@@ -230,7 +232,7 @@ def estimate(
             device=device.strip().lower(), tp=tp, pp=pp, cp=cp, ep=ep, sequence_parallel=sequence_parallel,
             virtual_stages=virtual_stages, accounting=accounting.strip().lower(), zero_init=zero_init,
             buffer_factor=buffer_factor, largest_layer_params=largest_layer_params, fsdp_version=fsdp_version,
-            bucket_view=bucket_view,
+            bucket_view=bucket_view, min_num_params=min_num_params,
         )  # fmt: skip
         _show(result, json, u)
 

@@ -186,7 +186,8 @@ def _implementation(inp: EstimateInput) -> tuple[list[MemoryRow], list[fw.Issued
         v = inp.framework.fsdp_version
         held, issued = fw.fsdp(arch, v, inp.dp, inp.shard_group_size, inp.replicas,
                                reshard_after_forward=spec.shards_params, shards=spec.shards_grads, store_bytes=store,
-                               comm_bytes=comm, moments=opt.moments, moment_bytes=mom, step_counter=opt.step_counter)  # fmt: skip
+                               comm_bytes=comm, moments=opt.moments, moment_bytes=mom, step_counter=opt.step_counter,
+                               min_num_params=inp.framework.min_num_params)  # fmt: skip
         what = f"FSDP{v} {'FlatParameter per unit, padded to' if v == 1 else 'dim-0 shards padded to'} x{inp.shard_group_size}"
     src = "torch 2.13, DeepSpeed 0.19; measured in tests/validation"
     master_label = "" if held.master else ", the master copy"
@@ -215,7 +216,7 @@ def _implementation(inp: EstimateInput) -> tuple[list[MemoryRow], list[fw.Issued
         rows.append(MemoryRow(key="gradient_buckets", label="DDP gradient buckets", bytes=held.buckets, location="gpu",
                               category="model_state", detail="a copy of the gradients (gradient_as_bucket_view=False)"))  # fmt: skip
     if spec.framework == "fsdp":
-        us = fw.units(arch)
+        us = fw.units(arch, inp.framework.min_num_params)
         if spec.shards_params:
             # The root stays gathered from forward to backward; one layer is gathered while the next is prefetched.
             gathered = (us[0].numel + 2 * max(u.numel for u in us[1:])) * comm
@@ -277,11 +278,14 @@ def _notes(inp: EstimateInput) -> list[str]:
             "proven against real runs on CPU in tests/validation"
         )
         if spec.framework == "fsdp" and spec.shards_params:
-            root = fw.units(arch)[0].numel * inp.precision.param_bytes
+            root = fw.units(arch, inp.framework.min_num_params)[0].numel * inp.precision.param_bytes
             notes.append(f"the root unit is not resharded after forward: backward all-gathers {root:,} bytes less than "
                          "forward (3Ψ becomes 3Ψ minus the root unit)")  # fmt: skip
         if spec.framework == "fsdp":
-            notes.append("wrapping: one unit per decoder layer plus the root (embeddings, final norm, head)")
+            mnp = inp.framework.min_num_params
+            notes.append("wrapping: one unit per decoder layer plus the root (embeddings, final norm, head)" if mnp is None
+                         else f"wrapping: size_based_auto_wrap_policy(min_num_params={mnp:,}): "
+                              f"{len(fw.units(arch, mnp))} units including the root")  # fmt: skip
         if spec.name == "zero-3" and arch.tied_embeddings:
             notes.append("ZeRO-3 gathers a tied embedding twice in forward and in backward (as embedding and as head)")
         if spec.framework == "deepspeed":

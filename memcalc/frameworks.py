@@ -81,22 +81,117 @@ def layer_shapes(arch: Architecture, moe: bool) -> list[Shape]:
     return shapes
 
 
-def units(arch: Architecture) -> list[Unit]:
-    """FSDP units under a transformer-block wrap policy: the root first, then one per decoder layer."""
+@dataclass(frozen=True)
+class Node:
+    """A module of the model: the parameters it registers itself, and its children, in registration order."""
+
+    name: str
+    params: tuple[tuple[str, Shape], ...] = ()
+    """(identity, shape); a tied head names the embedding's weight."""
+    children: tuple[Node, ...] = ()
+    container: bool = False
+    """A ModuleList: size_based_auto_wrap_policy never wraps one (EXCLUDE_WRAP_MODULES)."""
+    layer: bool = False
+    """A decoder layer: what the transformer auto-wrap policy wraps."""
+
+
+def _leaf(name: str, shapes: list[Shape]) -> Node:
+    return Node(name, tuple((f"{name}.{i}", s) for i, s in enumerate(shapes)))
+
+
+def _layer_node(arch: Architecture, i: int) -> Node:
+    """One decoder layer in Hugging Face's layout: norm, attention (QKV, output), norm, MLP (or router + experts)."""
+    h, q, kv, p = arch.hidden, arch.q_width, arch.kv_width, f"layer{i}"
+    if arch.fused_qkv:
+        attn = [_leaf(f"{p}.qkv", _linear(q + 2 * kv, h, arch.qkv_bias))]
+    else:
+        attn = [_leaf(f"{p}.{x}", _linear(w, h, arch.qkv_bias)) for x, w in (("q", q), ("k", kv), ("v", kv))]
+    attn.append(_leaf(f"{p}.o", _linear(h, q, arch.out_bias)))
+
+    def mlp(name: str, width: int) -> Node:
+        b = arch.mlp_bias
+        if arch.gated_mlp:
+            parts = [("gate", _linear(width, h, b)), ("up", _linear(width, h, b)), ("down", _linear(h, width, b))]
+        else:
+            parts = [("fc1", _linear(width, h, b)), ("fc2", _linear(h, width, b))]
+        return Node(name, children=tuple(_leaf(f"{name}.{x}", sh) for x, sh in parts))
+
+    if arch.is_moe_layer(i):
+        experts = Node(f"{p}.experts", children=tuple(mlp(f"{p}.expert{e}", arch.expert_ffn_size) for e in range(arch.experts)),
+                       container=True)  # fmt: skip
+        shared = [mlp(f"{p}.shared{e}", arch.ffn_size) for e in range(arch.shared_experts)]
+        ffn = Node(f"{p}.moe", children=(_leaf(f"{p}.router", _linear(arch.experts, h, arch.router_bias)), experts, *shared))
+    else:
+        ffn = mlp(f"{p}.mlp", arch.ffn_size)
+    norms = [_leaf(f"{p}.norm{k + 1}", _norm(arch)) for k in range(arch.norms_per_layer)]
+    children = [norms[0], Node(f"{p}.attn", children=tuple(attn))] + norms[1:] + [ffn]
+    return Node(p, children=tuple(children), layer=True)
+
+
+def module_tree(arch: Architecture) -> Node:
+    """The model as modules: embeddings, the layers (a ModuleList), the final norm and the head."""
     width = arch.embedding_dim or arch.hidden
-    root: list[Shape] = [(embedding_params(arch) // width, width)]
+    rows = embedding_params(arch) // width
+    children = [_leaf("embed", [(rows, width)])]
     if position_params(arch):
-        root.append((arch.max_positions + arch.position_offset, arch.hidden))
+        children.append(_leaf("pos", [(arch.max_positions + arch.position_offset, arch.hidden)]))
     if arch.embedding_dim and arch.embedding_dim != arch.hidden:
-        root += [(arch.hidden, width), (width, arch.hidden)]
+        children += [_leaf("project_in", [(arch.hidden, width)]), _leaf("project_out", [(width, arch.hidden)])]
     if arch.embedding_norm:
-        root += _norm(arch)
+        children.append(_leaf("embed_norm", _norm(arch)))
+    children.append(Node("layers", children=tuple(_layer_node(arch, i) for i in range(arch.layers)), container=True))
     if arch.final_norm:
-        root += _norm(arch)
-    if not arch.tied_embeddings:
-        root.append((embedding_params(arch) // width, width))
-    layers = [Unit(f"layer {i}", tuple(layer_shapes(arch, arch.is_moe_layer(i)))) for i in range(arch.layers)]
-    return [Unit("root", tuple(root), root=True), *layers]
+        children.append(_leaf("final_norm", _norm(arch)))
+    head = Node("head", (("embed.0", (rows, width)),)) if arch.tied_embeddings else _leaf("head", [(rows, width)])
+    return Node("root", children=(*children, head))
+
+
+def _params(node: Node) -> dict[str, Shape]:
+    """module.parameters(): every parameter under the node, each once."""
+    out = dict(node.params)
+    for c in node.children:
+        for k, v in _params(c).items():
+            out.setdefault(k, v)
+    return out
+
+
+def units(arch: Architecture, min_num_params: int | None = None) -> list[Unit]:
+    """FSDP units, the root first: one per decoder layer (transformer auto-wrap policy, the default), or as
+    torch.distributed.fsdp.wrap.size_based_auto_wrap_policy decides with ``min_num_params``.
+
+    Follows torch's ``_recursive_wrap``: recurse into a module whose parameters reach the threshold; after its
+    children, wrap it if what its wrapped children left still reaches it (never a ModuleList). A unit holds the
+    parameters of its module not already in a unit below; the root takes the rest.
+    """
+    taken: set[str] = set()
+    found: list[Unit] = []
+
+    def make_unit(node: Node) -> None:
+        own = {k: v for k, v in _params(node).items() if k not in taken}
+        taken.update(own)
+        if own:  # a module whose parameters all sit in other units gets no FlatParameter (a tied head)
+            found.append(Unit(node.name, tuple(own.values())))
+
+    def walk(node: Node) -> int:
+        total = sum(prod(s) for s in _params(node).values())
+        if min_num_params is None:  # ModuleWrapPolicy({decoder layer})
+            for c in node.children:
+                walk(c)
+            if node.layer:
+                make_unit(node)
+            return 0
+        if total < min_num_params:
+            return 0
+        wrapped = sum(walk(c) for c in node.children)
+        if total - wrapped >= min_num_params and not node.container and node.name != "root":
+            make_unit(node)
+            return total
+        return wrapped
+
+    root = module_tree(arch)
+    walk(root)
+    rest = {k: v for k, v in _params(root).items() if k not in taken}
+    return [Unit("root", tuple(rest.values()), root=True), *found]
 
 
 def fsdp1_shard(unit: Unit, n: int) -> int:
@@ -180,14 +275,16 @@ def fsdp(
     moments: int,
     moment_bytes: int,
     step_counter: bool,
+    min_num_params: int | None = None,
 ) -> tuple[Held, list[Issued]]:
-    """FSDP1 (flat parameters) or FSDP2 (per-parameter dim-0 shards) under a transformer-block wrap policy.
+    """FSDP1 (flat parameters) or FSDP2 (per-parameter dim-0 shards), one unit per decoder layer or as the
+    size-based policy wraps (``min_num_params``).
 
     ``n``: the shard group; ``replicas``: copies across which hybrid strategies all-reduce the shard;
     ``store_bytes``: the sharded parameters' dtype (fp32 under mixed precision); ``comm_bytes``: the dtype
     collectives run in (param_dtype / reduce_dtype under mixed precision).
     """
-    us = units(arch)
+    us = units(arch, min_num_params)
     if not shards:
         numel = sum(u.numel for u in us)
         tensors = len(us) if version == 1 else sum(len(u.shapes) for u in us)

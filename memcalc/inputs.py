@@ -389,6 +389,8 @@ class FrameworkOptions(Frozen):
     """1: FullyShardedDataParallel (FlatParameter per unit); 2: fully_shard (per-parameter DTensor shards)."""
     bucket_view: bool = False
     """DDP: gradient_as_bucket_view (buckets are the gradients, no second copy)."""
+    min_num_params: int | None = Field(default=None, gt=0)
+    """FSDP: size_based_auto_wrap_policy's threshold; None wraps one unit per decoder layer."""
 
 
 class EstimatorOptions(Frozen):

@@ -16,18 +16,26 @@ import torch.nn.functional as F
 from torch import nn
 
 
+class _Sub(nn.Module):
+    """A plain submodule holding named children (an attention or MLP module, as in Hugging Face models)."""
+
+    def __init__(self, **children: nn.Module):
+        super().__init__()
+        for name, child in children.items():
+            self.add_module(name, child)
+
+
 class GPTBlock(nn.Module):
     """GPT-2 / Megatron block: LayerNorm, fused QKV, GELU MLP of 4h, dropout on probabilities and residuals."""
 
     def __init__(self, hidden: int, heads: int, ffn: int | None = None, dropout: float = 0.0, attention: str = "eager"):
         super().__init__()
         self.h, self.a, self.p, self.attention = hidden, heads, dropout, attention
+        # Hugging Face GPT-2's layout: ln_1, attn (c_attn, c_proj), ln_2, mlp (c_fc, c_proj).
         self.ln1 = nn.LayerNorm(hidden)
-        self.qkv = nn.Linear(hidden, 3 * hidden)
-        self.proj = nn.Linear(hidden, hidden)
+        self.attn = _Sub(qkv=nn.Linear(hidden, 3 * hidden), proj=nn.Linear(hidden, hidden))
         self.ln2 = nn.LayerNorm(hidden)
-        self.fc1 = nn.Linear(hidden, ffn or 4 * hidden)
-        self.fc2 = nn.Linear(ffn or 4 * hidden, hidden)
+        self.mlp = _Sub(fc1=nn.Linear(hidden, ffn or 4 * hidden), fc2=nn.Linear(ffn or 4 * hidden, hidden))
 
     def core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.attention == "sdpa":
@@ -39,11 +47,11 @@ class GPTBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(h, dim=-1)
+        q, k, v = self.attn.qkv(self.ln1(x)).split(h, dim=-1)
         q, k, v = (t.view(b, s, self.a, h // self.a).transpose(1, 2) for t in (q, k, v))
         y = self.core_attention(q, k, v).transpose(1, 2).reshape(b, s, h)
-        x = x + F.dropout(self.proj(y), self.p, self.training)
-        return x + F.dropout(self.fc2(F.gelu(self.fc1(self.ln2(x)))), self.p, self.training)
+        x = x + F.dropout(self.attn.proj(y), self.p, self.training)
+        return x + F.dropout(self.mlp.fc2(F.gelu(self.mlp.fc1(self.ln2(x)))), self.p, self.training)
 
 
 def causal_bias(s: int, like: torch.Tensor) -> torch.Tensor:

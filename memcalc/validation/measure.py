@@ -49,12 +49,15 @@ class Config:
     """FSDP: MixedPrecision(param_dtype=bf16) / MixedPrecisionPolicy(param_dtype=bf16); DeepSpeed: bf16."""
     bucket_view: bool = False
     """DDP: gradient_as_bucket_view."""
+    min_num_params: int = 0
+    """FSDP1: size_based_auto_wrap_policy(min_num_params); 0 wraps one unit per block."""
 
     @property
     def name(self) -> str:
         mp_ = "-bf16" if self.mixed_precision else ""
         view = "-bucketview" if self.bucket_view else ""
-        return f"{self.framework}-{self.strategy}{mp_}{view}-w{self.world}-L{self.layers}-h{self.hidden}-v{self.vocab}"
+        wrap = f"-min{self.min_num_params}" if self.min_num_params else ""
+        return f"{self.framework}-{self.strategy}{mp_}{view}{wrap}-w{self.world}-L{self.layers}-h{self.hidden}-v{self.vocab}"
 
 
 class TinyGPT(nn.Module):
@@ -175,7 +178,7 @@ def _wrap(model: nn.Module, c: Config, rank: int) -> tuple[nn.Module, torch.opti
     if c.framework == "fsdp1":
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
         from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
-        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
 
         kw: dict[str, Any] = {}
         if c.strategy in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):
@@ -185,7 +188,12 @@ def _wrap(model: nn.Module, c: Config, rank: int) -> tuple[nn.Module, torch.opti
             repl = [dist.new_group(list(range(i, c.world, half))) for i in range(half)]
             kw["process_group"] = (shard[rank // half], repl[rank % half])
         mp_ = MixedPrecision(param_dtype=torch.bfloat16) if c.mixed_precision else None
-        wrapped = FSDP(model, sharding_strategy=ShardingStrategy[c.strategy], auto_wrap_policy=ModuleWrapPolicy({GPTBlock}),
+        policy: Any = ModuleWrapPolicy({GPTBlock})
+        if c.min_num_params:
+            import functools
+
+            policy = functools.partial(size_based_auto_wrap_policy, min_num_params=c.min_num_params)
+        wrapped = FSDP(model, sharding_strategy=ShardingStrategy[c.strategy], auto_wrap_policy=policy,
                        mixed_precision=mp_, device_id=torch.device("cpu"), **kw)  # fmt: skip
         return wrapped, torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
     if c.framework == "fsdp2":

@@ -22,6 +22,9 @@ FULL = tuple(
        Config("fsdp1", "SHARD_GRAD_OP", mixed_precision=True, world=4, **ODD)]
     + [Config("fsdp2", s, world=4, **ODD) for s in ("default", "no-reshard", "hsdp")]
     + [Config("fsdp2", "default", mixed_precision=True, vocab=103, hidden=44, seq=13), Config("fsdp2", "default", layers=3)]
+    # size_based_auto_wrap_policy: QKV, fc1, fc2 become units, the rest of each block falls to the root
+    + [Config("fsdp1", "FULL_SHARD", world=4, min_num_params=10_000, **ODD),
+       Config("fsdp1", "FULL_SHARD", min_num_params=12_000, mixed_precision=True)]
 )  # fmt: skip
 # DeepSpeed (when installed): every stage, bf16 and fp32, sizes that force its padding (Ψ = 25,980 on 4 ranks).
 DS_ODD = dict(vocab=103, hidden=30, heads=3, seq=15)
@@ -55,11 +58,13 @@ def architecture(c: Config) -> Architecture:
 def estimate(c: Config, accounting: str = "implementation") -> memcalc.Estimate:
     """memcalc's estimate for the same model, framework and layout."""
     kw = dict(model=architecture(c), gpus=c.world, gpus_per_node=c.world, cuda_context_gib=0, accounting=accounting,
-              precision="bf16-mixed" if c.mixed_precision else "fp32", bucket_view=c.bucket_view)  # fmt: skip
+              precision="bf16-mixed" if c.mixed_precision else "fp32", bucket_view=c.bucket_view,
+              min_num_params=c.min_num_params or None)  # fmt: skip
     if c.framework == "ddp":
         return memcalc.estimate(ddp=True, **kw)
     if c.framework == "deepspeed":
         kw.pop("bucket_view")
+        kw.pop("min_num_params")
         return memcalc.estimate(stage=int(c.strategy.split("-")[1]), **kw)
     name = {"default": "FULL_SHARD", "no-reshard": "SHARD_GRAD_OP", "hsdp": "HYBRID_SHARD"}.get(c.strategy, c.strategy)
     hybrid = name in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
