@@ -286,8 +286,14 @@ def _notes(inp: EstimateInput) -> list[str]:
             notes.append("wrapping: one unit per decoder layer plus the root (embeddings, final norm, head)" if mnp is None
                          else f"wrapping: size_based_auto_wrap_policy(min_num_params={mnp:,}): "
                               f"{len(fw.units(arch, mnp))} units including the root")  # fmt: skip
-        if spec.name == "zero-3" and arch.tied_embeddings:
-            notes.append("ZeRO-3 gathers a tied embedding twice in forward and in backward (as embedding and as head)")
+        if spec.name == "zero-3":
+            notes.append(
+                "ZeRO-3 traffic is the first step's (DeepSpeed records its module trace then): every parameter is "
+                "gathered in forward and again in backward" + (", a tied embedding twice" if arch.tied_embeddings else "")
+                + ". From the second step DeepSpeed keeps parameters whose next use lies within "
+                "stage3_max_reuse_distance (or the prefetch window) gathered, so backward all-gathers shrink (for a "
+                "small model with the defaults they vanish); that steady state is not modelled yet"
+            )
         if spec.framework == "deepspeed":
             notes.append("DeepSpeed: small scalar collectives (gradient norm, overflow flags) are left out; ZeRO-3 with "
                          "stage3_param_persistence_threshold 0 (by default it keeps parameters under 1e5 whole)")  # fmt: skip
