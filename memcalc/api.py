@@ -154,7 +154,7 @@ def resolve_architecture(
     data = base.model_dump()
     data.update(given)
     if "hidden" in given or "heads" in given:
-        data["head_dim"] = base.head_dim if base.head_dim and "hidden" not in given and "heads" not in given else None
+        data["head_dim"] = None  # a new width or head count re-derives head_dim = hidden / heads
     return Architecture.model_validate(data)
 
 
