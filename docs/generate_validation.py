@@ -2,7 +2,8 @@
 
     python docs/generate_validation.py        (needs torch: pip install torch==2.13.0 'memcalc[validate]')
 
-Runs the full framework suite (DDP, FSDP1's five strategies, FSDP2; torch.distributed with gloo on CPU) and the
+Runs the full framework suite (DDP, FSDP1's five strategies, FSDP2; DeepSpeed and Hugging Face models when
+installed; torch.distributed with gloo on CPU) and the
 activation suite (what real PyTorch blocks save for backward), and records the commit and torch version.
 """
 
@@ -60,12 +61,17 @@ def main() -> None:
         "",
         "## Data-parallel frameworks (`--accounting implementation`)",
         "",
-        "Each configuration runs forward, backward and one AdamW step of a small GPT (`memcalc.validation.measure.TinyGPT`)",
-        "on `w` processes with torch.distributed (gloo): DDP, FSDP1, FSDP2 and DeepSpeed ZeRO-0..3 (DeepSpeed with",
-        "`stage3_param_persistence_threshold` 0). Measured on rank 0 (the most loaded rank, which memcalc reports):",
-        "bytes of parameters, gradients, optimizer states and DeepSpeed's fp32 master copy held after the step (one",
-        "count per storage), DDP's bucket buffers, and the payload (nccl-tests' S) of every collective by phase, group",
-        "size and dtype (DeepSpeed's scalar bookkeeping collectives of 8 bytes or less are left out).",
+        "Each configuration runs forward, backward and AdamW steps of a small GPT (`memcalc.validation.measure.TinyGPT`)",
+        "or of a real Hugging Face GPT2LMHeadModel / LlamaForCausalLM (names with `hf-`) on `w` processes with",
+        "torch.distributed (gloo): DDP, FSDP1, FSDP2 and DeepSpeed ZeRO-0..3. One step, except ZeRO-3 (`step3`: the",
+        "third step, after DeepSpeed has recorded its module trace); ZeRO-3's `stage3_*` settings are in the name",
+        "(`persist`: param_persistence_threshold, 0 unless named; `reuse`, `live`, `bucket`: max_reuse_distance,",
+        "max_live_parameters, prefetch_bucket_size, DeepSpeed's defaults unless named). Measured on rank 0 (the most",
+        "loaded rank, which memcalc reports): bytes of parameters, gradients, optimizer states and DeepSpeed's fp32",
+        "master copy held after the step (one count per storage), DDP's bucket buffers, ZeRO-3's most parameter",
+        "elements gathered at once (DeepSpeed's own live count, x the dtype size), and the payload (nccl-tests' S) of",
+        "every collective of the measured step by phase, group size and dtype (DeepSpeed's scalar bookkeeping",
+        "collectives of 8 bytes or less are left out).",
         "",
         "| configuration | quantity | predicted | measured | |",
         "|---|---|---:|---:|---|",

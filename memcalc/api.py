@@ -207,6 +207,10 @@ def build_input(
     fsdp_version: int = 1,
     bucket_view: bool = False,
     min_num_params: int | float | str | None = None,
+    max_reuse_distance: int | float | str | None = None,
+    max_live_parameters: int | float | str | None = None,
+    prefetch_bucket_size: int | float | str | None = None,
+    persistence_threshold: int | float | str | None = None,
 ) -> EstimateInput:
     """Turn loose arguments (strings, numbers, or the pydantic input objects) into an ``EstimateInput``."""
     arch = resolve_architecture(model, hf_config, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
@@ -257,6 +261,10 @@ def build_input(
             fsdp_version=fsdp_version,  # type: ignore[arg-type]
             bucket_view=bucket_view,
             min_num_params=None if min_num_params is None else parse_count(min_num_params, "--min-num-params"),
+            max_reuse_distance=_elements("--max-reuse-distance", max_reuse_distance),
+            max_live_parameters=_elements("--max-live-parameters", max_live_parameters),
+            prefetch_bucket_size=_elements("--prefetch-bucket-size", prefetch_bucket_size),
+            persistence_threshold=_elements("--persistence-threshold", persistence_threshold),
         ),
         model=the_model,
         precision=precision if isinstance(precision, Precision) else resolve_precision(precision),
@@ -274,6 +282,18 @@ def build_input(
 def _choice(flag: str, value: str, accepted: tuple[str, ...]) -> None:
     if value not in accepted:
         raise InputError(f"{flag} {value!r} is not accepted; accepted: {', '.join(accepted)}")
+
+
+def _elements(flag: str, value: int | float | str | None) -> int | None:
+    """A count of elements that may be 0 (DeepSpeed's ZeRO-3 knobs), or None for DeepSpeed's default."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float, str)) and not isinstance(value, bool) and str(value).strip() in ("0", "0.0", "0e0"):
+        return 0
+    try:
+        return parse_count(value, flag)
+    except InputError:
+        raise InputError(f"{flag} {value!r} is not accepted; give a count of elements, 0 or more, such as 0, 5e7 or 1e9") from None
 
 
 def _gib_arg(flag: str, value: float) -> int:

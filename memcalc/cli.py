@@ -92,6 +92,10 @@ Vp = Annotated[int, typer.Option("--virtual-stages", help="Model chunks per pipe
 AccountingOpt = Annotated[str, typer.Option("--accounting", help="paper (ZeRO §5, Korthikanti), implementation (what DDP/FSDP really allocate and send) or deepspeed-estimator (DeepSpeed's own functions).")]
 FsdpVersion = Annotated[int, typer.Option("--fsdp-version", help="implementation accounting: 1 (FullyShardedDataParallel) or 2 (fully_shard).")]
 MinNumParams = Annotated[str | None, typer.Option("--min-num-params", help="implementation accounting, FSDP: size_based_auto_wrap_policy threshold (default: one unit per decoder layer).")]
+ReuseDistance = Annotated[str | None, typer.Option("--max-reuse-distance", help="implementation accounting, ZeRO-3: stage3_max_reuse_distance in elements (default 1e9).")]
+MaxLive = Annotated[str | None, typer.Option("--max-live-parameters", help="implementation accounting, ZeRO-3: stage3_max_live_parameters in elements (default 1e9).")]
+PrefetchBucket = Annotated[str | None, typer.Option("--prefetch-bucket-size", help="implementation accounting, ZeRO-3: stage3_prefetch_bucket_size in elements (default 5e7).")]
+Persistence = Annotated[str | None, typer.Option("--persistence-threshold", help="implementation accounting, ZeRO-3: stage3_param_persistence_threshold in elements (default 1e5).")]
 BucketView = Annotated[bool, typer.Option("--bucket-view", help="implementation accounting, DDP: gradient_as_bucket_view=True.")]
 ZeroInit = Annotated[bool, typer.Option("--zero-init/--no-zero-init", help="deepspeed-estimator, ZeRO-3: built under deepspeed.zero.Init.")]
 BufferFactor = Annotated[float, typer.Option("--buffer-factor", help="deepspeed-estimator: additional_buffer_factor on host RAM.")]
@@ -207,6 +211,10 @@ def estimate(
     fsdp_version: FsdpVersion = 1,
     bucket_view: BucketView = False,
     min_num_params: MinNumParams = None,
+    max_reuse_distance: ReuseDistance = None,
+    max_live_parameters: MaxLive = None,
+    prefetch_bucket_size: PrefetchBucket = None,
+    persistence_threshold: Persistence = None,
     units: Units = "gib",
     json: Json = False,
 ) -> None:
@@ -232,7 +240,9 @@ def estimate(
             device=device.strip().lower(), tp=tp, pp=pp, cp=cp, ep=ep, sequence_parallel=sequence_parallel,
             virtual_stages=virtual_stages, accounting=accounting.strip().lower(), zero_init=zero_init,
             buffer_factor=buffer_factor, largest_layer_params=largest_layer_params, fsdp_version=fsdp_version,
-            bucket_view=bucket_view, min_num_params=min_num_params,
+            bucket_view=bucket_view, min_num_params=min_num_params, max_reuse_distance=max_reuse_distance,
+            max_live_parameters=max_live_parameters, prefetch_bucket_size=prefetch_bucket_size,
+            persistence_threshold=persistence_threshold,
         )  # fmt: skip
         _show(result, json, u)
 

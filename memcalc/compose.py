@@ -176,7 +176,8 @@ def _implementation(inp: EstimateInput) -> tuple[list[MemoryRow], list[fw.Issued
     mom = opt.moment_bytes_for(p) if opt.moment_bytes is not None else store
     if spec.framework == "deepspeed":
         stage = int(spec.name.split("-")[1])
-        held, issued = fw.deepspeed(arch, stage, inp.dp, p.param_bytes, opt.moments, opt.step_counter)
+        held, issued = fw.deepspeed(arch, stage, inp.dp, p.param_bytes, opt.moments, opt.step_counter,
+                                    inp.framework.zero3())  # fmt: skip
         store = p.param_bytes
         what = f"DeepSpeed ZeRO-{stage} ({'flat buffer padded to 2 x dp' if stage in (1, 2) else 'per-parameter partitions' if stage == 3 else 'replicated'})"
     elif spec.framework == "ddp":
@@ -215,11 +216,18 @@ def _implementation(inp: EstimateInput) -> tuple[list[MemoryRow], list[fw.Issued
     if held.buckets:
         rows.append(MemoryRow(key="gradient_buckets", label="DDP gradient buckets", bytes=held.buckets, location="gpu",
                               category="model_state", detail="a copy of the gradients (gradient_as_bucket_view=False)"))  # fmt: skip
+    if held.live:
+        z = inp.framework.zero3()
+        rows.append(MemoryRow(key="gathered_parameters", label=f"gathered parameters ({p.low_dtype})", bytes=held.live,
+                              location="gpu", category="model_state",
+                              detail="at peak: the most elements DeepSpeed's coordinator holds gathered in a steady-state "
+                                     f"step (max_live_parameters {z.max_live_parameters:,} bounds prefetching, not "
+                                     "fetching; memcalc.zero3)"))  # fmt: skip
     if spec.framework == "fsdp":
         us = fw.units(arch, inp.framework.min_num_params)
         if spec.shards_params:
             # The root stays gathered from forward to backward; one layer is gathered while the next is prefetched.
-            gathered = (us[0].numel + 2 * max(u.numel for u in us[1:])) * comm
+            gathered = (us[0].numel + 2 * max((u.numel for u in us[1:]), default=0)) * comm
             how = "root unit (not resharded after forward) + the largest layer twice (current + prefetched)"
         else:
             gathered = sum(u.numel for u in us) * comm if spec.shards_grads else 0
@@ -283,20 +291,31 @@ def _notes(inp: EstimateInput) -> list[str]:
                          "forward (3Ψ becomes 3Ψ minus the root unit)")  # fmt: skip
         if spec.framework == "fsdp":
             mnp = inp.framework.min_num_params
+            k = 0 if mnp is None else sum(1 for u in fw.units(arch, mnp) if u.shapes)
             notes.append("wrapping: one unit per decoder layer plus the root (embeddings, final norm, head)" if mnp is None
-                         else f"wrapping: size_based_auto_wrap_policy(min_num_params={mnp:,}): "
-                              f"{len(fw.units(arch, mnp))} units including the root")  # fmt: skip
+                         else f"wrapping: size_based_auto_wrap_policy(min_num_params={mnp:,}): {k} unit{'s' * (k != 1)} "
+                              "holding parameters (the root counted if it keeps any)")  # fmt: skip
         if spec.name == "zero-3":
+            from memcalc.zero3 import persistent, replay
+
+            z = inp.framework.zero3()
+            first, lp = replay(arch, inp.dp, z, first_step=True), inp.precision.param_bytes
+            whole = persistent(arch, z)
             notes.append(
-                "ZeRO-3 traffic is the first step's (DeepSpeed records its module trace then): every parameter is "
-                "gathered in forward and again in backward" + (", a tied embedding twice" if arch.tied_embeddings else "")
-                + ". From the second step DeepSpeed keeps parameters whose next use lies within "
-                "stage3_max_reuse_distance (or the prefetch window) gathered, so backward all-gathers shrink (for a "
-                "small model with the defaults they vanish); that steady state is not modelled yet"
+                f"ZeRO-3 traffic is a steady-state step's, replayed through DeepSpeed's parameter coordinator "
+                f"(max_reuse_distance {z.max_reuse_distance:,}, max_live_parameters {z.max_live_parameters:,}, "
+                f"prefetch_bucket_size {z.prefetch_bucket_size:,}). The first step records the module trace and "
+                f"gathers every parameter on each use instead: {first.forward * lp:,} bytes in forward and "
+                f"{first.backward * lp:,} in backward"
+            )
+            notes.append(
+                f"ZeRO-3 persistence_threshold {z.param_persistence_threshold:,}: {len(whole)} parameter tensors "
+                f"({sum(whole.values()):,} elements) stay whole on every rank, are never gathered in forward or "
+                "backward, and are all-gathered after each optimizer step"
+                if whole else f"ZeRO-3 persistence_threshold {z.param_persistence_threshold:,}: every parameter is partitioned"
             )
         if spec.framework == "deepspeed":
-            notes.append("DeepSpeed: small scalar collectives (gradient norm, overflow flags) are left out; ZeRO-3 with "
-                         "stage3_param_persistence_threshold 0 (by default it keeps parameters under 1e5 whole)")  # fmt: skip
+            notes.append("DeepSpeed: small scalar collectives (gradient norm, overflow flags) are left out")
         if inp.workload is None:
             notes.append("activations are not counted: give --seq-len")
         return notes

@@ -15,20 +15,24 @@ Measured on torch 2.13 (CPU, gloo; ``tests/validation``) and read from the code 
   flat buffer in the training dtype padded to a multiple of 2 x dp (nccl_start_alignment_factor), an fp32 master
   partition of it, all-reduce the gradients in backward and all-gather the updated flat buffer after the step;
   ZeRO-3 partitions every parameter on its own (⌈numel/dp⌉ each), keeps a low-precision partition, an fp32 master
-  partition and a gradient partition, all-gathers each module's parameters when it runs (a tied embedding twice:
-  as embedding and as head) in forward and again in backward, and reduce-scatters the padded gradients.
+  partition and a gradient partition, keeps "persistent" small parameters whole as well, all-gathers parameters as
+  its coordinator decides (memcalc.zero3) and reduce-scatters the padded gradients.
 - torch.optim.Adam/AdamW keep exp_avg and exp_avg_sq like the parameter and a 4-byte ``step`` tensor per
   parameter tensor (not fused, not capturable); DeepSpeed's ZeRO-1/2/3 hand it one flat tensor per group.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import prod
+from typing import TYPE_CHECKING
 
 from memcalc.architecture import Architecture
 from memcalc.params import embedding_params, position_params
 from memcalc.units import ceil_div
+
+if TYPE_CHECKING:
+    from memcalc.zero3 import Zero3Settings
 
 Shape = tuple[int, ...]
 
@@ -83,16 +87,28 @@ def layer_shapes(arch: Architecture, moe: bool) -> list[Shape]:
 
 @dataclass(frozen=True)
 class Node:
-    """A module of the model: the parameters it registers itself, and its children, in registration order."""
+    """A module of the model as it is called: the parameters it registers itself, and its children in call order."""
 
     name: str
     params: tuple[tuple[str, Shape], ...] = ()
     """(identity, shape); a tied head names the embedding's weight."""
     children: tuple[Node, ...] = ()
     container: bool = False
-    """A ModuleList: size_based_auto_wrap_policy never wraps one (EXCLUDE_WRAP_MODULES)."""
+    """A ModuleList: never called itself (its members are), and size_based_auto_wrap_policy never wraps one."""
     layer: bool = False
     """A decoder layer: what the transformer auto-wrap policy wraps."""
+    grad_input: bool = True
+    """Its input needs a gradient, so a hook on its input fires in backward (not so for the model itself, the
+    token and position embeddings)."""
+    grad_output: bool = True
+    """Its output needs a gradient, so it takes part in backward (not so for a rotary embedding's cos/sin)."""
+
+
+HF_GPT2 = ("gpt2",)
+HF_LLAMA = ("llama", "mistral", "qwen2")
+"""Families whose Hugging Face call layout the module tree follows exactly, parameter-less modules included
+(Dropout, activation and rotary-embedding modules, the inner ``transformer``/``model`` module): they run hooks
+too, which DeepSpeed ZeRO-3's prefetching counts (memcalc.zero3)."""
 
 
 def _leaf(name: str, shapes: list[Shape]) -> Node:
@@ -100,21 +116,31 @@ def _leaf(name: str, shapes: list[Shape]) -> Node:
 
 
 def _layer_node(arch: Architecture, i: int) -> Node:
-    """One decoder layer in Hugging Face's layout: norm, attention (QKV, output), norm, MLP (or router + experts)."""
+    """One decoder layer, in the order its modules are called: norm, attention (QKV, output), norm, MLP (or
+    router + experts); with the parameter-less modules Hugging Face calls for GPT-2 and LLaMA-like models."""
     h, q, kv, p = arch.hidden, arch.q_width, arch.kv_width, f"layer{i}"
+    gpt2, llama = arch.family in HF_GPT2, arch.family in HF_LLAMA
     if arch.fused_qkv:
         attn = [_leaf(f"{p}.qkv", _linear(q + 2 * kv, h, arch.qkv_bias))]
     else:
         attn = [_leaf(f"{p}.{x}", _linear(w, h, arch.qkv_bias)) for x, w in (("q", q), ("k", kv), ("v", kv))]
     attn.append(_leaf(f"{p}.o", _linear(h, q, arch.out_bias)))
+    if gpt2:
+        attn.append(Node(f"{p}.resid_dropout"))
 
     def mlp(name: str, width: int) -> Node:
         b = arch.mlp_bias
-        if arch.gated_mlp:
-            parts = [("gate", _linear(width, h, b)), ("up", _linear(width, h, b)), ("down", _linear(h, width, b))]
-        else:
-            parts = [("fc1", _linear(width, h, b)), ("fc2", _linear(h, width, b))]
-        return Node(name, children=tuple(_leaf(f"{name}.{x}", sh) for x, sh in parts))
+        if arch.gated_mlp:  # down(act(gate(x)) * up(x))
+            parts = [_leaf(f"{name}.gate", _linear(width, h, b)), _leaf(f"{name}.up", _linear(width, h, b)),
+                     _leaf(f"{name}.down", _linear(h, width, b))]  # fmt: skip
+            if llama:
+                parts.insert(1, Node(f"{name}.act"))
+        else:  # fc2(act(fc1(x)))
+            parts = [_leaf(f"{name}.fc1", _linear(width, h, b)), _leaf(f"{name}.fc2", _linear(h, width, b))]
+            if gpt2:
+                parts[1:1] = [Node(f"{name}.act")]
+                parts.append(Node(f"{name}.dropout"))
+        return Node(name, children=tuple(parts))
 
     if arch.is_moe_layer(i):
         experts = Node(f"{p}.experts", children=tuple(mlp(f"{p}.expert{e}", arch.expert_ffn_size) for e in range(arch.experts)),
@@ -129,12 +155,22 @@ def _layer_node(arch: Architecture, i: int) -> Node:
 
 
 def module_tree(arch: Architecture) -> Node:
-    """The model as modules: embeddings, the layers (a ModuleList), the final norm and the head."""
+    """The model as its modules are called: embeddings, the layers (a ModuleList), the final norm, the head.
+
+    GPT-2 and LLaMA-like families follow Hugging Face's GPT2LMHeadModel / LlamaForCausalLM exactly (an inner
+    ``transformer``/``model`` module holds all but the head; GPT-2 calls Dropout and activation modules, LLaMA
+    an activation and a rotary-embedding module); other families keep the parameter-holding modules only.
+    """
     width = arch.embedding_dim or arch.hidden
     rows = embedding_params(arch) // width
-    children = [_leaf("embed", [(rows, width)])]
+    gpt2, llama = arch.family in HF_GPT2, arch.family in HF_LLAMA
+    children = [replace(_leaf("embed", [(rows, width)]), grad_input=False)]
     if position_params(arch):
-        children.append(_leaf("pos", [(arch.max_positions + arch.position_offset, arch.hidden)]))
+        children.append(replace(_leaf("pos", [(arch.max_positions + arch.position_offset, arch.hidden)]), grad_input=False))
+    if gpt2:
+        children.append(Node("drop"))
+    if llama:
+        children.append(Node("rotary_emb", grad_input=False, grad_output=False))
     if arch.embedding_dim and arch.embedding_dim != arch.hidden:
         children += [_leaf("project_in", [(arch.hidden, width)]), _leaf("project_out", [(width, arch.hidden)])]
     if arch.embedding_norm:
@@ -143,7 +179,10 @@ def module_tree(arch: Architecture) -> Node:
     if arch.final_norm:
         children.append(_leaf("final_norm", _norm(arch)))
     head = Node("head", (("embed.0", (rows, width)),)) if arch.tied_embeddings else _leaf("head", [(rows, width)])
-    return Node("root", children=(*children, head))
+    if gpt2 or llama:
+        inner = Node("transformer" if gpt2 else "model", children=tuple(children), grad_input=False)
+        return Node("root", children=(inner, head), grad_input=False)
+    return Node("root", children=(*children, head), grad_input=False)
 
 
 def _params(node: Node) -> dict[str, Shape]:
@@ -161,15 +200,28 @@ def units(arch: Architecture, min_num_params: int | None = None) -> list[Unit]:
 
     Follows torch's ``_recursive_wrap``: recurse into a module whose parameters reach the threshold; after its
     children, wrap it if what its wrapped children left still reaches it (never a ModuleList). A unit holds the
-    parameters of its module not already in a unit below; the root takes the rest.
+    parameters of the modules under it that no unit below took, each once; the root takes the rest.
+
+    As FSDP1 flattens them: a tied weight whose modules land in different units (an embedding wrapped on its
+    own, the head left to the root) is flattened into each of them, so every such unit holds a copy.
     """
-    taken: set[str] = set()
+    wrapped_nodes: set[str] = set()
     found: list[Unit] = []
 
+    def free(node: Node) -> dict[str, Shape]:
+        """Parameters of the modules under ``node`` that are not inside a unit already made, each once."""
+        if node.name in wrapped_nodes:
+            return {}
+        out = dict(node.params)
+        for c in node.children:
+            for k, v in free(c).items():
+                out.setdefault(k, v)
+        return out
+
     def make_unit(node: Node) -> None:
-        own = {k: v for k, v in _params(node).items() if k not in taken}
-        taken.update(own)
-        if own:  # a module whose parameters all sit in other units gets no FlatParameter (a tied head)
+        own = free(node)
+        wrapped_nodes.add(node.name)
+        if own:  # a module whose parameters all sit in units below gets no FlatParameter
             found.append(Unit(node.name, tuple(own.values())))
 
     def walk(node: Node) -> int:
@@ -190,8 +242,7 @@ def units(arch: Architecture, min_num_params: int | None = None) -> list[Unit]:
 
     root = module_tree(arch)
     walk(root)
-    rest = {k: v for k, v in _params(root).items() if k not in taken}
-    return [Unit("root", tuple(rest.values()), root=True), *found]
+    return [Unit("root", tuple(free(root).values()), root=True), *found]
 
 
 def fsdp1_shard(unit: Unit, n: int) -> int:
@@ -235,6 +286,8 @@ class Held:
     """DeepSpeed: gradients alive during backward and freed by the end of the step (not in ``gradients``)."""
     step_gradients: int = 0
     """DeepSpeed: the fp32 gradients the optimizer reads during the step, freed after it."""
+    live: int = 0
+    """DeepSpeed ZeRO-3: the most gathered parameter bytes held at once (its coordinator's live count)."""
 
 
 @dataclass(frozen=True)
@@ -284,7 +337,9 @@ def fsdp(
     ``store_bytes``: the sharded parameters' dtype (fp32 under mixed precision); ``comm_bytes``: the dtype
     collectives run in (param_dtype / reduce_dtype under mixed precision).
     """
-    us = units(arch, min_num_params)
+    # A unit with no parameters of its own (the root, when the size policy wrapped an inner module holding the
+    # rest) has no FlatParameter / parameter group: it gathers nothing and issues no collective.
+    us = [u for u in units(arch, min_num_params) if u.shapes]
     if not shards:
         numel = sum(u.numel for u in us)
         tensors = len(us) if version == 1 else sum(len(u.shapes) for u in us)
@@ -302,7 +357,8 @@ def fsdp(
     group = "shard group" if replicas > 1 else "data-parallel"
     rows = [Issued("all-gather", "forward", "parameters", group, n, comm_bytes, len(us), gathered * comm_bytes)]
     if regathered:
-        rows.append(Issued("all-gather", "backward", "parameters", group, n, comm_bytes, len(us) - 1, regathered * comm_bytes))
+        calls = sum(1 for u in us if not u.root)
+        rows.append(Issued("all-gather", "backward", "parameters", group, n, comm_bytes, calls, regathered * comm_bytes))
     rows.append(Issued("reduce-scatter", "backward", "gradients", group, n, comm_bytes, len(us), gathered * comm_bytes))
     if replicas > 1:
         rows.append(Issued("all-reduce", "backward", "gradients", "replica group", replicas, comm_bytes, len(us),
@@ -311,9 +367,13 @@ def fsdp(
 
 
 def deepspeed(
-    arch: Architecture, stage: int, dp: int, lp_bytes: int, moments: int, step_counter: bool
+    arch: Architecture, stage: int, dp: int, lp_bytes: int, moments: int, step_counter: bool,
+    z3: Zero3Settings | None = None,
 ) -> tuple[Held, list[Issued]]:
-    """DeepSpeed ZeRO-0..3 with a torch.optim client optimizer (fp32 moments), ``lp_bytes`` the training dtype."""
+    """DeepSpeed ZeRO-0..3 with a torch.optim client optimizer (fp32 moments), ``lp_bytes`` the training dtype.
+
+    ZeRO-3's gathers are those of a steady-state step (``memcalc.zero3.replay`` with ``z3``, DeepSpeed's
+    defaults when None)."""
     us = units(arch)
     shapes = [s for u in us for s in u.shapes]
     psi = sum(prod(s) for s in shapes)
@@ -335,12 +395,19 @@ def deepspeed(
             Issued("all-reduce", "backward", "gradients", "data-parallel", dp, lp_bytes, 1, psi * lp_bytes),
             Issued("all-gather", "optimizer step", "parameters", "data-parallel", dp, lp_bytes, 1, padded * lp_bytes),
         ]
+    from memcalc.zero3 import Zero3Settings, persistent, replay
+
+    z3 = z3 or Zero3Settings()
     part = sum(ceil_div(s[0] * prod(s[1:]), dp) for s in shapes)
-    embedding = ceil_div(prod(us[0].shapes[0]), dp) if arch.tied_embeddings else 0
-    gathered = dp * (part + embedding) * lp_bytes
-    held = Held(part * lp_bytes, part * lp_bytes, part * mom, steps, master=4 * part, step_gradients=4 * part)
-    return held, [
-        Issued("all-gather", "forward", "parameters", "data-parallel", dp, lp_bytes, 1, gathered),
-        Issued("all-gather", "backward", "parameters", "data-parallel", dp, lp_bytes, 1, gathered),
-        Issued("reduce-scatter", "backward", "gradients", "data-parallel", dp, lp_bytes, 1, dp * part * lp_bytes),
-    ]
+    # Persistent parameters: every rank also keeps them whole, in the buffer they were all-gathered into (padded).
+    whole = sum(ceil_div(n, dp) * dp for n in persistent(arch, z3).values())
+    g = replay(arch, dp, z3)
+    held = Held((part + whole) * lp_bytes, part * lp_bytes, part * mom, steps, master=4 * part, step_gradients=4 * part,
+                live=g.peak_live * lp_bytes)  # fmt: skip
+    rows = [Issued("all-gather", "forward", "parameters", "data-parallel", dp, lp_bytes, g.forward_calls, g.forward * lp_bytes),
+            Issued("all-gather", "backward", "parameters", "data-parallel", dp, lp_bytes, g.backward_calls,
+                   g.backward * lp_bytes),
+            Issued("reduce-scatter", "backward", "gradients", "data-parallel", dp, lp_bytes, 1, dp * part * lp_bytes),
+            Issued("all-gather", "optimizer step", "parameters", "data-parallel", dp, lp_bytes, g.after_step_calls,
+                   g.after_step * lp_bytes)]  # fmt: skip
+    return held, [r for r in rows if r.calls]

@@ -14,6 +14,7 @@ from memcalc.architecture import Architecture
 from memcalc.errors import InputError, did_you_mean
 from memcalc.strategies import STRATEGIES, OffloadDevice, StrategyName, StrategySpec
 from memcalc.units import GB, gib, parse_count
+from memcalc.zero3 import Zero3Settings
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 T = TypeVar("T")
@@ -391,6 +392,33 @@ class FrameworkOptions(Frozen):
     """DDP: gradient_as_bucket_view (buckets are the gradients, no second copy)."""
     min_num_params: int | None = Field(default=None, gt=0)
     """FSDP: size_based_auto_wrap_policy's threshold; None wraps one unit per decoder layer."""
+    max_reuse_distance: int | None = Field(default=None, ge=0)
+    """DeepSpeed ZeRO-3: stage3_max_reuse_distance in elements (None: DeepSpeed's default, 1e9)."""
+    max_live_parameters: int | None = Field(default=None, ge=0)
+    """DeepSpeed ZeRO-3: stage3_max_live_parameters in elements (None: DeepSpeed's default, 1e9)."""
+    prefetch_bucket_size: int | None = Field(default=None, ge=0)
+    """DeepSpeed ZeRO-3: stage3_prefetch_bucket_size in elements (None: DeepSpeed's default, 5e7)."""
+    persistence_threshold: int | None = Field(default=None, ge=0)
+    """DeepSpeed ZeRO-3: stage3_param_persistence_threshold in elements (None: DeepSpeed's default, 1e5)."""
+
+    @property
+    def zero3_flags(self) -> list[str]:
+        """The ZeRO-3 knobs that were set, as CLI flags."""
+        return [flag for flag, v in (("--max-reuse-distance", self.max_reuse_distance),
+                                     ("--max-live-parameters", self.max_live_parameters),
+                                     ("--prefetch-bucket-size", self.prefetch_bucket_size),
+                                     ("--persistence-threshold", self.persistence_threshold)) if v is not None]  # fmt: skip
+
+    def zero3(self) -> Zero3Settings:
+        """The settings DeepSpeed's ZeRO-3 coordinator runs with: these, DeepSpeed's defaults where unset."""
+        d = Zero3Settings()
+        return Zero3Settings(
+            max_reuse_distance=d.max_reuse_distance if self.max_reuse_distance is None else self.max_reuse_distance,
+            max_live_parameters=d.max_live_parameters if self.max_live_parameters is None else self.max_live_parameters,
+            prefetch_bucket_size=d.prefetch_bucket_size if self.prefetch_bucket_size is None else self.prefetch_bucket_size,
+            param_persistence_threshold=(d.param_persistence_threshold if self.persistence_threshold is None
+                                         else self.persistence_threshold),
+        )  # fmt: skip
 
 
 class EstimatorOptions(Frozen):
@@ -477,6 +505,10 @@ class EstimateInput(Frozen):
                 raise InputError("--accounting implementation covers data parallelism (DDP, FSDP) only so far; drop --tp, --pp, --cp, --ep")
             if self.strategy.offload_params != "none" or self.strategy.offload_optimizer != "none":
                 raise InputError("--accounting implementation does not model CPU offload yet; use --accounting paper")
+        z3 = self.framework.zero3_flags
+        if z3 and (spec.name != "zero-3" or self.accounting != "implementation"):
+            raise InputError(f"{', '.join(z3)}: DeepSpeed ZeRO-3 coordinator settings, used only with --stage 3 "
+                             f"--accounting implementation (got {spec.label}, --accounting {self.accounting})")  # fmt: skip
         if self.strategy.shard_group is not None and not spec.hybrid:
             raise InputError(
                 f"--shard-group applies to HYBRID_SHARD and _HYBRID_SHARD_ZERO2 only, not {spec.label}"

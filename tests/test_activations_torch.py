@@ -57,8 +57,14 @@ def test_layer_activations_match_pytorch_within_2_percent(shape, attention, drop
 
 
 def test_the_full_validation_suite_lists_every_framework():
-    from memcalc.validation.suite import DEEPSPEED, FULL, deepspeed_available, full
+    from memcalc.validation.suite import DEEPSPEED, FULL, HF_FSDP, HF_ZERO3, ZERO3, deepspeed_available, full
+    from memcalc.validation.suite import transformers_available
 
     assert {c.framework for c in FULL} == {"ddp", "fsdp1", "fsdp2"}
     assert {c.strategy for c in DEEPSPEED} == {"zero-0", "zero-1", "zero-2", "zero-3"}
-    assert full() == FULL + (DEEPSPEED if deepspeed_available() else ())
+    assert {c.strategy for c in ZERO3} == {"zero-3"}
+    # ZeRO-3 is measured after the step that records its trace.
+    assert {c.steps for c in DEEPSPEED + ZERO3 if c.strategy == "zero-3"} == {3}
+    hf, ds = transformers_available(), deepspeed_available()
+    assert full() == FULL + (HF_FSDP if hf else ()) + (DEEPSPEED + ZERO3 if ds else ()) + (HF_ZERO3 if hf and ds else ())
+    assert {c.model for c in HF_FSDP + HF_ZERO3} == {"hf-gpt2", "hf-llama"}

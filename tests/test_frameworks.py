@@ -13,8 +13,22 @@ from memcalc.presets import load_model
 def test_units_hold_every_parameter_once(name, min_num_params):
     a = load_model(name)
     us = fw.units(a, min_num_params)
-    assert sum(u.numel for u in us) == model_params(a).total
+    extra = 0
+    if a.tied_embeddings:  # FSDP1 flattens a tied weight into every unit that reaches it: embedding's and head's
+        embed = fw.module_tree(a).children[0]
+        embed = embed.children[0] if embed.name == "transformer" else embed
+        shape = embed.params[0][1]
+        copies = sum(u.shapes.count(shape) for u in us)
+        assert copies == 1 or (min_num_params is not None and copies == 2)
+        extra = (copies - 1) * shape[0] * shape[1]
+    assert sum(u.numel for u in us) == model_params(a).total + extra
     assert us[0].root and all(not u.root for u in us[1:]) and all(u.numel for u in us[1:])
+
+
+def test_a_tied_embedding_split_across_units_is_held_twice():
+    # gpt2 at 1e6: the embedding (38.6M) is wrapped alone and the head, reaching the same weight, too.
+    us = fw.units(load_model("gpt2"), 10**6)
+    assert [u.name for u in us if u.shapes == ((50257, 768),)] == ["embed", "head"]
 
 
 def test_transformer_policy_wraps_each_layer():
@@ -26,26 +40,28 @@ def test_transformer_policy_wraps_each_layer():
 
 
 def test_size_policy_follows_torchs_recursive_wrap():
-    # gpt2 at min_num_params = 1e6: each layer (7.1M) is recursed into; its QKV (1.77M), fc1 (2.36M) and fc2 (2.36M)
-    # are wrapped, and what is left of the layer (ln, attention output 0.59M) is below 1e6, so the layer is not. The
-    # embedding (38.6M) is wrapped on its own; the tied head then has nothing left to wrap.
+    # gpt2 (GPT2LMHeadModel) at min_num_params = 1e6: each layer (7.1M) is recursed into; its QKV (1.77M), fc1 (2.36M)
+    # and fc2 (2.36M) are wrapped, and what is left of the layer (ln, attention output 0.59M) is below 1e6, so the
+    # layer is not. The embedding (38.6M) is wrapped on its own. What the inner `transformer` module has left
+    # (positions, the layers' leftovers, the final norm: 7.9M) reaches 1e6, so it is wrapped too; so is the head,
+    # whose tied weight (38.6M) FSDP1 flattens a second time. The root keeps nothing.
     a = load_model("gpt2")
     us = fw.units(a, 10**6)
     names = [u.name for u in us]
     assert names[:5] == ["root", "embed", "layer0.qkv", "layer0.mlp.fc1", "layer0.mlp.fc2"]
-    assert len(us) == 2 + 12 * 3
+    assert names[-2:] == ["transformer", "head"] and len(us) == 4 + 12 * 3
     h = 768
     per_layer_left = 4 * h + h * h + h  # two LayerNorms + attention output projection
-    assert us[0].numel == 1024 * h + 12 * per_layer_left + 2 * h  # positions, leftovers, final norm
+    assert us[0].numel == 0 and us[-2].numel == 1024 * h + 12 * per_layer_left + 2 * h
     # A threshold above the whole model leaves one unit: the root.
     assert [u.name for u in fw.units(a, 10**9)] == ["root"]
 
 
 def test_size_policy_in_the_estimate():
     r = memcalc.estimate(model="gpt2", fsdp="FULL_SHARD", gpus=8, accounting="implementation", min_num_params="1M")
-    assert any("size_based_auto_wrap_policy(min_num_params=1,000,000): 38 units" in n for n in r.notes)
+    assert any("size_based_auto_wrap_policy(min_num_params=1,000,000): 39 units" in n for n in r.notes), r.notes
     forward = next(c for c in r.communication.collectives if c.op == "all-gather" and c.phase == "forward")
-    assert forward.calls_per_step == 38
+    assert forward.calls_per_step == 39
 
 
 def test_fsdp_shards():
@@ -66,12 +82,23 @@ def test_deepspeed_padding_rules():
         ("all-reduce", "backward", 2 * psi),  # ZeRO-1/2 all-reduce the (unpadded) gradients
         ("all-gather", "optimizer step", 2 * padded),
     ]
-    held3, issued3 = fw.deepspeed(a, 3, 8, lp_bytes=2, moments=2, step_counter=True)
+    from memcalc.zero3 import Zero3Settings, replay
+
     shapes = [s for u in fw.units(a) for s in u.shapes]
     part = sum(-(-(s[0] * (s[1] if len(s) > 1 else 1)) // 8) for s in shapes)
+    held3, issued3 = fw.deepspeed(a, 3, 8, lp_bytes=2, moments=2, step_counter=True,
+                                  z3=Zero3Settings(param_persistence_threshold=0))  # fmt: skip
     assert held3.parameters == held3.gradients == 2 * part and held3.master == 4 * part
+    # The first step gathers every parameter on each use, the tied embedding twice, in forward and in backward.
+    first = replay(a, 8, Zero3Settings(param_persistence_threshold=0), first_step=True)
     embedding = -(-(50257 * 768) // 8)
-    assert issued3[0].payload_bytes == 8 * (part + embedding) * 2  # the tied embedding is gathered twice
+    assert first.forward == first.backward == 8 * (part + embedding)
+    # DeepSpeed's default threshold (1e5) keeps the norms and biases whole on every rank as well: 2 x 768 per
+    # LayerNorm (25 of them) and the biases of QKV (2304), the projections (768 x 2) and fc1 (3072) in 12 layers.
+    held_d, issued_d = fw.deepspeed(a, 3, 8, lp_bytes=2, moments=2, step_counter=True)
+    whole = 25 * 2 * 768 + 12 * (2304 + 768 + 3072 + 768)
+    assert held_d.parameters == 2 * (part + whole) and held_d.gradients == 2 * part
+    assert ("all-gather", "optimizer step", 2 * whole) in [(x.op, x.phase, x.payload_bytes) for x in issued_d]
 
 
 def test_implementation_refuses_what_it_does_not_model():
@@ -84,7 +111,7 @@ def test_implementation_refuses_what_it_does_not_model():
 
 
 def test_size_policy_matches_torch_on_a_real_module_tree():
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from torch.distributed.fsdp.wrap import _recursive_wrap, size_based_auto_wrap_policy
     import functools
 
@@ -109,3 +136,49 @@ def test_size_policy_matches_torch_on_a_real_module_tree():
         taken.update(id(p) for p in own)
         sizes.append(sum(p.numel() for p in own))
     assert sizes == [u.numel for u in ours]
+
+
+HF = {  # small Hugging Face models of the families whose call layout memcalc follows
+    "gpt2": dict(model_type="gpt2", n_layer=3, n_embd=64, n_head=4, vocab_size=101, n_positions=16),
+    "llama": dict(model_type="llama", num_hidden_layers=3, hidden_size=64, intermediate_size=96, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=101, max_position_embeddings=16, tie_word_embeddings=False),
+}
+
+
+@pytest.mark.parametrize("family", sorted(HF))
+@pytest.mark.parametrize("threshold", [3_000, 8_000, 12_000, 20_000, 60_000])
+def test_size_policy_matches_torch_on_hugging_face_models(family, threshold):
+    """torch's _recursive_wrap over a real GPT2LMHeadModel / LlamaForCausalLM against memcalc's units."""
+    pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import functools
+
+    from torch.distributed.fsdp.wrap import _recursive_wrap, size_based_auto_wrap_policy
+
+    from memcalc.hf_config import architecture_from_config
+
+    cfg = dict(HF[family])
+    model_type = cfg.pop("model_type")
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(model_type, **cfg))
+    wrapped: list = []
+
+    def wrapper(module, **kwargs):
+        wrapped.append(module)
+        return module
+
+    _recursive_wrap(model, functools.partial(size_based_auto_wrap_policy, min_num_params=threshold), wrapper,
+                    ignored_modules=set(), ignored_params=set(), only_wrap_children=True)  # fmt: skip
+    # FSDP1 flattens, for each wrapped module in turn, the parameters of the modules under it that an earlier
+    # (inner) unit did not already flatten, each once; a tied weight reached from two units is flattened twice.
+    done: set[int] = set()
+
+    def flatten(m) -> int:
+        under = [x for x in m.modules() if id(x) not in done]
+        done.update(id(x) for x in under)
+        return sum({id(p): p.numel() for x in under for p in x.parameters(recurse=False)}.values())
+
+    sizes = [n for n in (flatten(m) for m in wrapped) if n]
+    root = flatten(model)
+    ours = fw.units(architecture_from_config({"model_type": model_type, **cfg}), threshold)
+    assert [u.numel for u in ours[1:] if u.numel] == sizes
+    assert ours[0].numel == root

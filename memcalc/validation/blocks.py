@@ -16,28 +16,17 @@ import torch.nn.functional as F
 from torch import nn
 
 
-class _Sub(nn.Module):
-    """A plain submodule holding named children (an attention or MLP module, as in Hugging Face models)."""
+class GPTAttention(nn.Module):
+    """Hugging Face GPT-2's attention module: fused QKV, core attention, output projection (called as a module,
+    so hooks on it fire as they do in Hugging Face models)."""
 
-    def __init__(self, **children: nn.Module):
+    def __init__(self, hidden: int, heads: int, dropout: float, attention: str):
         super().__init__()
-        for name, child in children.items():
-            self.add_module(name, child)
+        self.a, self.p, self.attention = heads, dropout, attention
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
 
-
-class GPTBlock(nn.Module):
-    """GPT-2 / Megatron block: LayerNorm, fused QKV, GELU MLP of 4h, dropout on probabilities and residuals."""
-
-    def __init__(self, hidden: int, heads: int, ffn: int | None = None, dropout: float = 0.0, attention: str = "eager"):
-        super().__init__()
-        self.h, self.a, self.p, self.attention = hidden, heads, dropout, attention
-        # Hugging Face GPT-2's layout: ln_1, attn (c_attn, c_proj), ln_2, mlp (c_fc, c_proj).
-        self.ln1 = nn.LayerNorm(hidden)
-        self.attn = _Sub(qkv=nn.Linear(hidden, 3 * hidden), proj=nn.Linear(hidden, hidden))
-        self.ln2 = nn.LayerNorm(hidden)
-        self.mlp = _Sub(fc1=nn.Linear(hidden, ffn or 4 * hidden), fc2=nn.Linear(ffn or 4 * hidden, hidden))
-
-    def core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.attention == "sdpa":
             return F.scaled_dot_product_attention(q, k, v, dropout_p=self.p if self.training else 0.0, is_causal=True)
         scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
@@ -47,11 +36,38 @@ class GPTBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
-        q, k, v = self.attn.qkv(self.ln1(x)).split(h, dim=-1)
+        q, k, v = self.qkv(x).split(h, dim=-1)
         q, k, v = (t.view(b, s, self.a, h // self.a).transpose(1, 2) for t in (q, k, v))
-        y = self.core_attention(q, k, v).transpose(1, 2).reshape(b, s, h)
-        x = x + F.dropout(self.attn.proj(y), self.p, self.training)
-        return x + F.dropout(self.mlp.fc2(F.gelu(self.mlp.fc1(self.ln2(x)))), self.p, self.training)
+        return self.proj(self.core(q, k, v).transpose(1, 2).reshape(b, s, h))
+
+
+class GPTMLP(nn.Module):
+    """Hugging Face GPT-2's MLP module: up projection, GELU, down projection."""
+
+    def __init__(self, hidden: int, ffn: int):
+        super().__init__()
+        self.fc1 = nn.Linear(hidden, ffn)
+        self.fc2 = nn.Linear(ffn, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class GPTBlock(nn.Module):
+    """GPT-2 / Megatron block: LayerNorm, fused QKV, GELU MLP of 4h, dropout on probabilities and residuals."""
+
+    def __init__(self, hidden: int, heads: int, ffn: int | None = None, dropout: float = 0.0, attention: str = "eager"):
+        super().__init__()
+        self.h, self.p = hidden, dropout
+        # Hugging Face GPT-2's layout and call order: ln_1, attn (c_attn, c_proj), ln_2, mlp (c_fc, c_proj).
+        self.ln1 = nn.LayerNorm(hidden)
+        self.attn = GPTAttention(hidden, heads, dropout, attention)
+        self.ln2 = nn.LayerNorm(hidden)
+        self.mlp = GPTMLP(hidden, ffn or 4 * hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + F.dropout(self.attn(self.ln1(x)), self.p, self.training)
+        return x + F.dropout(self.mlp(self.ln2(x)), self.p, self.training)
 
 
 def causal_bias(s: int, like: torch.Tensor) -> torch.Tensor:

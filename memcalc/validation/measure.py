@@ -51,13 +51,56 @@ class Config:
     """DDP: gradient_as_bucket_view."""
     min_num_params: int = 0
     """FSDP1: size_based_auto_wrap_policy(min_num_params); 0 wraps one unit per block."""
+    steps: int = 1
+    """Training steps run; the last one is measured (ZeRO-3 records its module trace in the first)."""
+    persistence_threshold: int = 0
+    """DeepSpeed ZeRO-3: stage3_param_persistence_threshold (0 partitions every parameter)."""
+    max_reuse_distance: int | None = None
+    """DeepSpeed ZeRO-3: stage3_max_reuse_distance (None: DeepSpeed's default)."""
+    max_live_parameters: int | None = None
+    """DeepSpeed ZeRO-3: stage3_max_live_parameters (None: DeepSpeed's default)."""
+    prefetch_bucket_size: int | None = None
+    """DeepSpeed ZeRO-3: stage3_prefetch_bucket_size (None: DeepSpeed's default)."""
+    model: str = "tiny"
+    """tiny (TinyGPT below), or a real Hugging Face model of the same size: hf-gpt2 (GPT2LMHeadModel) or
+    hf-llama (LlamaForCausalLM, kv heads = heads / 2, intermediate 3h/2, untied head); needs transformers."""
+
+    def hf_config(self) -> dict[str, Any]:
+        """The Hugging Face config (with its model_type) of an hf-* model."""
+        if self.model == "hf-gpt2":
+            return dict(model_type="gpt2", n_layer=self.layers, n_embd=self.hidden, n_head=self.heads,
+                        vocab_size=self.vocab, n_positions=self.seq, bos_token_id=0, eos_token_id=0)  # fmt: skip
+        if self.model == "hf-llama":
+            return dict(model_type="llama", num_hidden_layers=self.layers, hidden_size=self.hidden,
+                        intermediate_size=3 * self.hidden // 2, num_attention_heads=self.heads,
+                        num_key_value_heads=self.heads // 2, vocab_size=self.vocab, max_position_embeddings=self.seq,
+                        tie_word_embeddings=False)  # fmt: skip
+        raise ValueError(f"{self.model!r} is not a Hugging Face model")
+
+    def zero3_config(self) -> dict[str, int]:
+        """The stage3_* entries of DeepSpeed's zero_optimization section this configuration sets."""
+        out = {"stage3_param_persistence_threshold": self.persistence_threshold}
+        for key, v in (("stage3_max_reuse_distance", self.max_reuse_distance),
+                       ("stage3_max_live_parameters", self.max_live_parameters),
+                       ("stage3_prefetch_bucket_size", self.prefetch_bucket_size)):  # fmt: skip
+            if v is not None:
+                out[key] = v
+        return out
 
     @property
     def name(self) -> str:
         mp_ = "-bf16" if self.mixed_precision else ""
         view = "-bucketview" if self.bucket_view else ""
         wrap = f"-min{self.min_num_params}" if self.min_num_params else ""
-        return f"{self.framework}-{self.strategy}{mp_}{view}{wrap}-w{self.world}-L{self.layers}-h{self.hidden}-v{self.vocab}"
+        z3 = ""
+        if self.strategy == "zero-3":
+            short = {"stage3_param_persistence_threshold": "persist", "stage3_max_reuse_distance": "reuse",
+                     "stage3_max_live_parameters": "live", "stage3_prefetch_bucket_size": "bucket"}  # fmt: skip
+            z3 = "".join(f"-{short[k]}{v}" for k, v in self.zero3_config().items() if k in short and (v or "persist" not in short[k]))
+        steps = f"-step{self.steps}" if self.steps > 1 else ""
+        model = "" if self.model == "tiny" else f"-{self.model}"
+        return (f"{self.framework}-{self.strategy}{model}{mp_}{view}{wrap}{z3}{steps}"
+                f"-w{self.world}-L{self.layers}-h{self.hidden}-v{self.vocab}")
 
 
 class TinyGPT(nn.Module):
@@ -80,6 +123,15 @@ class TinyGPT(nn.Module):
         return self.head(self.ln_f(x))
 
 
+def _hf_model(c: Config) -> nn.Module:
+    import transformers
+
+    cfg = c.hf_config()
+    model_type = cfg.pop("model_type")
+    config = transformers.AutoConfig.for_model(model_type, **cfg)
+    return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+
+
 @dataclass
 class Collective:
     op: str
@@ -99,6 +151,8 @@ class RankResult:
     """DDP: gradient bucket buffers (a copy of the gradients unless gradient_as_bucket_view)."""
     master_bytes: int = 0
     """DeepSpeed: its fp32 copy of the parameters (the frameworks above use the parameters themselves)."""
+    live_peak_elements: int = 0
+    """DeepSpeed ZeRO-3: the most parameter elements its coordinator counted as gathered during the last step."""
     collectives: list[Collective] = field(default_factory=list)
 
 
@@ -221,15 +275,37 @@ def _wrap(model: nn.Module, c: Config, rank: int) -> tuple[nn.Module, torch.opti
         logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
         deepspeed.init_distributed(dist_backend="gloo")
         stage = int(c.strategy.split("-")[1])
-        # Persistence threshold 0: ZeRO-3 partitions every parameter (by default it keeps those under 1e5 whole).
+        # Persistence threshold 0 by default here: ZeRO-3 partitions every parameter (DeepSpeed's own default keeps
+        # those of up to 1e5 elements whole).
         cfg: dict[str, Any] = {"train_micro_batch_size_per_gpu": c.batch, "zero_allow_untested_optimizer": True,
-                               "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}  # fmt: skip
+                               "zero_optimization": {"stage": stage, **c.zero3_config()}}  # fmt: skip
         if c.mixed_precision:
             cfg["bf16"] = {"enabled": True}
         engine, zero_opt, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3),
                                                       config=cfg)  # fmt: skip
         return engine, zero_opt
     raise ValueError(f"unknown framework {c.framework!r}")
+
+
+class LivePeak:
+    """The most elements DeepSpeed ZeRO-3's parameter coordinator counts as gathered (``n_available_params``),
+    read after each of its all-gathers (DeepSpeed 0.19's private names; 0 where they are absent)."""
+
+    def __init__(self, zero_opt: Any) -> None:
+        self.peak = 0
+        offload = getattr(zero_opt, "parameter_offload", None)
+        coord = offload.get_param_coordinator() if offload is not None else None
+        name = "_PartitionedParameterCoordinator__all_gather_params_"
+        if coord is None or not hasattr(coord, name):
+            return
+        inner = getattr(coord, name)
+
+        def gather(*args: Any, **kwargs: Any) -> Any:
+            out = inner(*args, **kwargs)
+            self.peak = max(self.peak, coord._PartitionedParameterCoordinator__n_available_params)
+            return out
+
+        setattr(coord, name, gather)
 
 
 def _deepspeed_held(engine: Any, zero_opt: Any) -> tuple[int, int, int, int]:
@@ -265,25 +341,30 @@ def _rank_main(rank: int, c: Config, init_file: str, out_dir: str) -> None:
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(c.world))  # DeepSpeed asks for them
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=c.world)
         torch.manual_seed(0)
-        model = TinyGPT(c)
+        model = TinyGPT(c) if c.model == "tiny" else _hf_model(c)
         rec = CollectiveRecorder()
         with rec:
             wrapped, opt = _wrap(model, c, rank)
+            live = LivePeak(opt) if c.strategy == "zero-3" else None
             g = torch.Generator().manual_seed(rank)
-            ids = torch.randint(0, c.vocab, (c.batch, c.seq), generator=g)
-            rec.phase = "forward"
-            logits = wrapped(ids)
-            loss = nn.functional.cross_entropy(logits.float().flatten(0, 1), ids.flatten())
-            rec.phase = "backward"
-            if c.framework == "deepspeed":
-                wrapped.backward(loss)
-                rec.phase = "optimizer step"
-                wrapped.step()
-            else:
-                loss.backward()
-                rec.phase = "optimizer step"
-                opt.step()
-            rec.phase = "after"
+            for _ in range(c.steps):
+                rec.calls = []  # only the last step is kept
+                if live is not None:
+                    live.peak = 0
+                ids = torch.randint(0, c.vocab, (c.batch, c.seq), generator=g)
+                rec.phase = "forward"
+                logits = wrapped(ids) if c.model == "tiny" else wrapped(input_ids=ids).logits
+                loss = nn.functional.cross_entropy(logits.float().flatten(0, 1), ids.flatten())
+                rec.phase = "backward"
+                if c.framework == "deepspeed":
+                    wrapped.backward(loss)
+                    rec.phase = "optimizer step"
+                    wrapped.step()
+                else:
+                    loss.backward()
+                    rec.phase = "optimizer step"
+                    opt.step()
+                rec.phase = "after"
         params = list(wrapped.parameters())
         grads = [p.grad for p in params if p.grad is not None]
         states = [v for s in getattr(opt, "state", {}).values() for v in s.values() if isinstance(v, torch.Tensor)]
@@ -297,10 +378,11 @@ def _rank_main(rank: int, c: Config, init_file: str, out_dir: str) -> None:
         calls = [x for x in rec.calls if x.phase in ("forward", "backward", "optimizer step")]
         if c.framework == "deepspeed":
             p_, m_, g_, s_ = _deepspeed_held(wrapped, opt)
-            result = RankResult(rank, p_, g_, s_, 0, m_, calls)
+            result = RankResult(rank, p_, g_, s_, master_bytes=m_, live_peak_elements=live.peak if live else 0,
+                                collectives=calls)  # fmt: skip
         else:
-            result = RankResult(rank, _storage_bytes(params), _storage_bytes(grads), _storage_bytes(states), buckets, 0,
-                                calls)  # fmt: skip
+            result = RankResult(rank, _storage_bytes(params), _storage_bytes(grads), _storage_bytes(states), buckets,
+                                collectives=calls)  # fmt: skip
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(asdict(result)))
     except BaseException:  # noqa: BLE001 - reported to the parent through the file system
         Path(out_dir, f"rank{rank}.error").write_text(traceback.format_exc())

@@ -28,8 +28,46 @@ FULL = tuple(
 )  # fmt: skip
 # DeepSpeed (when installed): every stage, bf16 and fp32, sizes that force its padding (Ψ = 25,980 on 4 ranks).
 DS_ODD = dict(vocab=103, hidden=30, heads=3, seq=15)
-DEEPSPEED = tuple(Config("deepspeed", f"zero-{s}", world=w, mixed_precision=m, **DS_ODD)
+# ZeRO-3 is measured in its third step: the first records the module trace, the second checks it across ranks.
+DEEPSPEED = tuple(Config("deepspeed", f"zero-{s}", world=w, mixed_precision=m, steps=3 if s == 3 else 1, **DS_ODD)
                   for s in range(4) for m in (True, False) for w in ((2, 4) if s in (1, 3) and m else (4,)))  # fmt: skip
+# ZeRO-3's coordinator at settings that make it prefetch, keep and release parameters in every combination:
+# a prefetch bucket smaller than the model, reuse distances that keep some layers from forward to backward,
+# a live-parameter limit, persistent small parameters (gathered after the step), padding on 4 ranks.
+ZERO3 = (
+    Config("deepspeed", "zero-3", mixed_precision=True, steps=3, layers=4, prefetch_bucket_size=20_000),
+    Config("deepspeed", "zero-3", mixed_precision=True, steps=3, layers=4, prefetch_bucket_size=20_000,
+           max_reuse_distance=60_000),
+    Config("deepspeed", "zero-3", mixed_precision=True, steps=3, layers=4, prefetch_bucket_size=0,
+           max_reuse_distance=100_000),
+    Config("deepspeed", "zero-3", mixed_precision=True, steps=3, layers=4, max_live_parameters=50_000,
+           max_reuse_distance=30_000),
+    Config("deepspeed", "zero-3", mixed_precision=True, steps=3, max_reuse_distance=0, max_live_parameters=0),
+    Config("deepspeed", "zero-3", mixed_precision=True, steps=3, persistence_threshold=5_000),
+    Config("deepspeed", "zero-3", steps=3, world=4, layers=3, prefetch_bucket_size=3_000, max_live_parameters=9_000,
+           max_reuse_distance=4_000, persistence_threshold=100, **DS_ODD),
+    Config("deepspeed", "zero-3", mixed_precision=True, steps=3, world=4, layers=5, prefetch_bucket_size=1_500,
+           max_reuse_distance=7_000, **DS_ODD),
+)
+# Real Hugging Face models (when transformers is installed): GPT2LMHeadModel and LlamaForCausalLM, whose modules
+# memcalc follows exactly, parameter-less ones included. FSDP1's size policy wraps their inner transformer/model
+# module and, for GPT-2, flattens the tied embedding into two units; ZeRO-3 prefetches at every module's hooks.
+HF_FSDP = (
+    Config("fsdp1", "FULL_SHARD", model="hf-gpt2", layers=3, min_num_params=8_000),
+    Config("fsdp1", "FULL_SHARD", model="hf-gpt2", layers=3, min_num_params=3_000, world=4, vocab=101),
+    Config("fsdp1", "FULL_SHARD", model="hf-llama", layers=3, min_num_params=60_000, mixed_precision=True),
+)
+HF_ZERO3 = (
+    Config("deepspeed", "zero-3", model="hf-gpt2", mixed_precision=True, steps=3, layers=3, prefetch_bucket_size=10_000,
+           max_reuse_distance=30_000),
+    Config("deepspeed", "zero-3", model="hf-llama", mixed_precision=True, steps=3, layers=4, world=4, vocab=101,
+           max_live_parameters=30_000, max_reuse_distance=20_000, persistence_threshold=100),
+    Config("deepspeed", "zero-3", model="hf-gpt2", steps=3, world=4, layers=3, prefetch_bucket_size=3_000,
+           max_live_parameters=9_000, max_reuse_distance=4_000, persistence_threshold=100, **DS_ODD),
+)
+# The first (trace-recording) step, against memcalc.zero3.replay(first_step=True).
+ZERO3_FIRST = (Config("deepspeed", "zero-3", mixed_precision=True, persistence_threshold=5_000),
+               Config("deepspeed", "zero-3", world=4, layers=3, prefetch_bucket_size=3_000, **DS_ODD))
 OPS = {"allreduce": "all-reduce", "allgather": "all-gather", "allgather_base": "all-gather",
        "allgather_into_tensor_coalesced": "all-gather", "reduce_scatter_base": "reduce-scatter",
        "reduce_scatter_tensor_coalesced": "reduce-scatter"}  # fmt: skip
@@ -44,14 +82,28 @@ def deepspeed_available() -> bool:
     return True
 
 
+def transformers_available() -> bool:
+    try:
+        import transformers  # noqa: F401
+    except Exception:  # noqa: BLE001 - a broken install counts as absent
+        return False
+    return True
+
+
 def full() -> tuple[Config, ...]:
-    """Every configuration: the PyTorch ones, and DeepSpeed's when it is installed."""
-    return FULL + (DEEPSPEED if deepspeed_available() else ())
+    """Every configuration: the PyTorch ones; Hugging Face models' and DeepSpeed's when they are installed."""
+    hf, ds = transformers_available(), deepspeed_available()
+    return (FULL + (HF_FSDP if hf else ()) + (DEEPSPEED + ZERO3 if ds else ())
+            + (HF_ZERO3 if hf and ds else ()))  # fmt: skip
 
 
 def architecture(c: Config) -> Architecture:
-    """memcalc's description of memcalc.validation.measure.TinyGPT."""
-    return Architecture(family="gpt2", layers=c.layers, hidden=c.hidden, heads=c.heads, vocab=c.vocab,
+    """memcalc's description of the measured model: TinyGPT, or the Hugging Face model from its config."""
+    if c.model != "tiny":
+        from memcalc.hf_config import architecture_from_config
+
+        return architecture_from_config(c.hf_config())
+    return Architecture(family=None, layers=c.layers, hidden=c.hidden, heads=c.heads, vocab=c.vocab,
                         max_positions=c.seq, tied_embeddings=True, fused_qkv=True)  # fmt: skip
 
 
@@ -65,6 +117,9 @@ def estimate(c: Config, accounting: str = "implementation") -> memcalc.Estimate:
     if c.framework == "deepspeed":
         kw.pop("bucket_view")
         kw.pop("min_num_params")
+        if c.strategy == "zero-3":
+            kw.update(max_reuse_distance=c.max_reuse_distance, max_live_parameters=c.max_live_parameters,
+                      prefetch_bucket_size=c.prefetch_bucket_size, persistence_threshold=c.persistence_threshold)  # fmt: skip
         return memcalc.estimate(stage=int(c.strategy.split("-")[1]), **kw)
     name = {"default": "FULL_SHARD", "no-reshard": "SHARD_GRAD_OP", "hsdp": "HYBRID_SHARD"}.get(c.strategy, c.strategy)
     hybrid = name in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
@@ -74,14 +129,18 @@ def estimate(c: Config, accounting: str = "implementation") -> memcalc.Estimate:
 
 def held(r: memcalc.Estimate) -> dict[str, int]:
     rows = {x.key: x.bytes for x in r.memory.per_gpu.rows}
+    zero3 = r.strategy.name == "zero-3"
     return {"parameters": rows["parameters"], "gradients": rows["gradients"],
             "optimizer states": rows["optimizer_moments"] + rows["optimizer_steps"],
-            "DDP buckets": rows.get("gradient_buckets", 0), "fp32 master": rows.get("master_weights", 0)}  # fmt: skip
+            "DDP buckets": rows.get("gradient_buckets", 0), "fp32 master": rows.get("master_weights", 0),
+            "ZeRO-3 live parameters": rows.get("gathered_parameters", 0) if zero3 else 0}  # fmt: skip
 
 
-def measured_held(m: RankResult) -> dict[str, int]:
+def measured_held(m: RankResult, c: Config | None = None) -> dict[str, int]:
+    lp = 2 if c is not None and c.mixed_precision else 4
     return {"parameters": m.parameter_bytes, "gradients": m.gradient_bytes, "optimizer states": m.optimizer_bytes,
-            "DDP buckets": m.bucket_bytes, "fp32 master": m.master_bytes}  # fmt: skip
+            "DDP buckets": m.bucket_bytes, "fp32 master": m.master_bytes,
+            "ZeRO-3 live parameters": m.live_peak_elements * lp}  # fmt: skip
 
 
 def payloads(r: memcalc.Estimate) -> Counter[tuple[str, str, int, str]]:
@@ -125,7 +184,8 @@ def compare(c: Config, ranks: list[RankResult] | None = None) -> list[Row]:
     ranks = ranks if ranks is not None else run(c)
     r = estimate(c)
     m = ranks[0]
-    rows = [Row(c.name, k, v, measured_held(m)[k]) for k, v in held(r).items() if v or measured_held(m)[k]]
+    got = measured_held(m, c)
+    rows = [Row(c.name, k, v, got[k]) for k, v in held(r).items() if v or got[k]]
     want, got = payloads(r), measured_payloads(m)
     for key in sorted(set(want) | set(got)):
         op, phase, n, dtype = key
