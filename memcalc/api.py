@@ -211,6 +211,7 @@ def build_input(
     max_live_parameters: int | float | str | None = None,
     prefetch_bucket_size: int | float | str | None = None,
     persistence_threshold: int | float | str | None = None,
+    zero3_step: str = "steady",
 ) -> EstimateInput:
     """Turn loose arguments (strings, numbers, or the pydantic input objects) into an ``EstimateInput``."""
     arch = resolve_architecture(model, hf_config, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
@@ -246,6 +247,7 @@ def build_input(
         parallelism = Parallelism(tp=tp, pp=pp, cp=cp, ep=ep, sequence_parallel=sequence_parallel,
                                   virtual_stages=virtual_stages)  # fmt: skip
     _choice("--accounting", accounting, ("paper", "implementation", "deepspeed-estimator"))
+    _choice("--zero3-step", zero3_step, ("steady", "first"))
     if fsdp_version not in (1, 2):
         raise InputError(f"--fsdp-version {fsdp_version!r} is not accepted; accepted: 1, 2")
     if not buffer_factor > 0:
@@ -265,6 +267,7 @@ def build_input(
             max_live_parameters=_elements("--max-live-parameters", max_live_parameters),
             prefetch_bucket_size=_elements("--prefetch-bucket-size", prefetch_bucket_size),
             persistence_threshold=_elements("--persistence-threshold", persistence_threshold),
+            zero3_step=zero3_step,  # type: ignore[arg-type]
         ),
         model=the_model,
         precision=precision if isinstance(precision, Precision) else resolve_precision(precision),

@@ -96,6 +96,7 @@ ReuseDistance = Annotated[str | None, typer.Option("--max-reuse-distance", help=
 MaxLive = Annotated[str | None, typer.Option("--max-live-parameters", help="implementation accounting, ZeRO-3: stage3_max_live_parameters in elements (default 1e9).")]
 PrefetchBucket = Annotated[str | None, typer.Option("--prefetch-bucket-size", help="implementation accounting, ZeRO-3: stage3_prefetch_bucket_size in elements (default 5e7).")]
 Persistence = Annotated[str | None, typer.Option("--persistence-threshold", help="implementation accounting, ZeRO-3: stage3_param_persistence_threshold in elements (default 1e5).")]
+Zero3Step = Annotated[str, typer.Option("--zero3-step", help="implementation accounting, ZeRO-3: steady (every step after the first; default) or first (DeepSpeed records its trace and gathers every parameter on each use).")]
 BucketView = Annotated[bool, typer.Option("--bucket-view", help="implementation accounting, DDP: gradient_as_bucket_view=True.")]
 ZeroInit = Annotated[bool, typer.Option("--zero-init/--no-zero-init", help="deepspeed-estimator, ZeRO-3: built under deepspeed.zero.Init.")]
 BufferFactor = Annotated[float, typer.Option("--buffer-factor", help="deepspeed-estimator: additional_buffer_factor on host RAM.")]
@@ -215,6 +216,7 @@ def estimate(
     max_live_parameters: MaxLive = None,
     prefetch_bucket_size: PrefetchBucket = None,
     persistence_threshold: Persistence = None,
+    zero3_step: Zero3Step = "steady",
     units: Units = "gib",
     json: Json = False,
 ) -> None:
@@ -242,7 +244,7 @@ def estimate(
             buffer_factor=buffer_factor, largest_layer_params=largest_layer_params, fsdp_version=fsdp_version,
             bucket_view=bucket_view, min_num_params=min_num_params, max_reuse_distance=max_reuse_distance,
             max_live_parameters=max_live_parameters, prefetch_bucket_size=prefetch_bucket_size,
-            persistence_threshold=persistence_threshold,
+            persistence_threshold=persistence_threshold, zero3_step=zero3_step.strip().lower(),
         )  # fmt: skip
         _show(result, json, u)
 

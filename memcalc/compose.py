@@ -177,7 +177,7 @@ def _implementation(inp: EstimateInput) -> tuple[list[MemoryRow], list[fw.Issued
     if spec.framework == "deepspeed":
         stage = int(spec.name.split("-")[1])
         held, issued = fw.deepspeed(arch, stage, inp.dp, p.param_bytes, opt.moments, opt.step_counter,
-                                    inp.framework.zero3())  # fmt: skip
+                                    inp.framework.zero3(), first_step=inp.framework.zero3_step == "first")  # fmt: skip
         store = p.param_bytes
         what = f"DeepSpeed ZeRO-{stage} ({'flat buffer padded to 2 x dp' if stage in (1, 2) else 'per-parameter partitions' if stage == 3 else 'replicated'})"
     elif spec.framework == "ddp":
@@ -288,7 +288,9 @@ def _notes(inp: EstimateInput) -> list[str]:
         if spec.framework == "fsdp" and spec.shards_params:
             root = fw.units(arch, inp.framework.min_num_params)[0].numel * inp.precision.param_bytes
             notes.append(f"the root unit is not resharded after forward: backward all-gathers {root:,} bytes less than "
-                         "forward (3Ψ becomes 3Ψ minus the root unit)")  # fmt: skip
+                         "forward (3Ψ becomes 3Ψ minus the root unit)" if root else
+                         "the root unit is not resharded after forward, but the wrapping leaves it no parameters: "
+                         "backward all-gathers as much as forward")  # fmt: skip
         if spec.framework == "fsdp":
             mnp = inp.framework.min_num_params
             k = 0 if mnp is None else sum(1 for u in fw.units(arch, mnp) if u.shapes)
@@ -299,19 +301,29 @@ def _notes(inp: EstimateInput) -> list[str]:
             from memcalc.zero3 import persistent, replay
 
             z = inp.framework.zero3()
-            first, lp = replay(arch, inp.dp, z, first_step=True), inp.precision.param_bytes
+            lp = inp.precision.param_bytes
             whole = persistent(arch, z)
-            notes.append(
-                f"ZeRO-3 traffic is a steady-state step's, replayed through DeepSpeed's parameter coordinator "
-                f"(max_reuse_distance {z.max_reuse_distance:,}, max_live_parameters {z.max_live_parameters:,}, "
-                f"prefetch_bucket_size {z.prefetch_bucket_size:,}). The first step records the module trace and "
-                f"gathers every parameter on each use instead: {first.forward * lp:,} bytes in forward and "
-                f"{first.backward * lp:,} in backward"
-            )
+            settings = (f"max_reuse_distance {z.max_reuse_distance:,}, max_live_parameters {z.max_live_parameters:,}, "
+                        f"prefetch_bucket_size {z.prefetch_bucket_size:,}")  # fmt: skip
+            if inp.framework.zero3_step == "steady":
+                first = replay(arch, inp.dp, z, first_step=True)
+                notes.append(
+                    f"ZeRO-3 traffic is a steady-state step's, replayed through DeepSpeed's parameter coordinator "
+                    f"({settings}). The first step records the module trace and gathers every parameter on each use "
+                    f"instead: {first.forward * lp:,} bytes in forward and {first.backward * lp:,} in backward "
+                    "(--zero3-step first shows it)"
+                )
+            else:
+                steady = replay(arch, inp.dp, z)
+                notes.append(
+                    "ZeRO-3 traffic is the first step's: DeepSpeed records its module trace and gathers every parameter "
+                    f"on each use. Every later step ({settings}) gathers {steady.forward * lp:,} bytes in forward and "
+                    f"{steady.backward * lp:,} in backward"
+                )
             notes.append(
                 f"ZeRO-3 persistence_threshold {z.param_persistence_threshold:,}: {len(whole)} parameter tensors "
-                f"({sum(whole.values()):,} elements) stay whole on every rank, are never gathered in forward or "
-                "backward, and are all-gathered after each optimizer step"
+                f"({sum(whole.values()):,} elements) stay whole on every rank, are all-gathered after each optimizer "
+                "step and, after the first step, never in forward or backward"
                 if whole else f"ZeRO-3 persistence_threshold {z.param_persistence_threshold:,}: every parameter is partitioned"
             )
         if spec.framework == "deepspeed":

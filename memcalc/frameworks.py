@@ -369,11 +369,12 @@ def fsdp(
 def deepspeed(
     arch: Architecture, stage: int, dp: int, lp_bytes: int, moments: int, step_counter: bool,
     z3: Zero3Settings | None = None,
+    first_step: bool = False,
 ) -> tuple[Held, list[Issued]]:
     """DeepSpeed ZeRO-0..3 with a torch.optim client optimizer (fp32 moments), ``lp_bytes`` the training dtype.
 
-    ZeRO-3's gathers are those of a steady-state step (``memcalc.zero3.replay`` with ``z3``, DeepSpeed's
-    defaults when None)."""
+    ZeRO-3's gathers are those of a steady-state step, or of the first step (``memcalc.zero3.replay`` with ``z3``,
+    DeepSpeed's defaults when None)."""
     us = units(arch)
     shapes = [s for u in us for s in u.shapes]
     psi = sum(prod(s) for s in shapes)
@@ -401,7 +402,7 @@ def deepspeed(
     part = sum(ceil_div(s[0] * prod(s[1:]), dp) for s in shapes)
     # Persistent parameters: every rank also keeps them whole, in the buffer they were all-gathered into (padded).
     whole = sum(ceil_div(n, dp) * dp for n in persistent(arch, z3).values())
-    g = replay(arch, dp, z3)
+    g = replay(arch, dp, z3, first_step=first_step)
     held = Held((part + whole) * lp_bytes, part * lp_bytes, part * mom, steps, master=4 * part, step_gradients=4 * part,
                 live=g.peak_live * lp_bytes)  # fmt: skip
     rows = [Issued("all-gather", "forward", "parameters", "data-parallel", dp, lp_bytes, g.forward_calls, g.forward * lp_bytes),

@@ -400,6 +400,9 @@ class FrameworkOptions(Frozen):
     """DeepSpeed ZeRO-3: stage3_prefetch_bucket_size in elements (None: DeepSpeed's default, 5e7)."""
     persistence_threshold: int | None = Field(default=None, ge=0)
     """DeepSpeed ZeRO-3: stage3_param_persistence_threshold in elements (None: DeepSpeed's default, 1e5)."""
+    zero3_step: Literal["steady", "first"] = "steady"
+    """DeepSpeed ZeRO-3: which step's gathers to report: any step after the first (``steady``), or the first, in
+    which DeepSpeed records its module trace and gathers every parameter on each use."""
 
     @property
     def zero3_flags(self) -> list[str]:
@@ -407,7 +410,9 @@ class FrameworkOptions(Frozen):
         return [flag for flag, v in (("--max-reuse-distance", self.max_reuse_distance),
                                      ("--max-live-parameters", self.max_live_parameters),
                                      ("--prefetch-bucket-size", self.prefetch_bucket_size),
-                                     ("--persistence-threshold", self.persistence_threshold)) if v is not None]  # fmt: skip
+                                     ("--persistence-threshold", self.persistence_threshold),
+                                     ("--zero3-step", None if self.zero3_step == "steady" else self.zero3_step))
+                if v is not None]  # fmt: skip
 
     def zero3(self) -> Zero3Settings:
         """The settings DeepSpeed's ZeRO-3 coordinator runs with: these, DeepSpeed's defaults where unset."""
@@ -505,6 +510,12 @@ class EstimateInput(Frozen):
                 raise InputError("--accounting implementation covers data parallelism (DDP, FSDP) only so far; drop --tp, --pp, --cp, --ep")
             if self.strategy.offload_params != "none" or self.strategy.offload_optimizer != "none":
                 raise InputError("--accounting implementation does not model CPU offload yet; use --accounting paper")
+        mnp = self.framework.min_num_params
+        if mnp is not None and (spec.framework != "fsdp" or self.framework.fsdp_version != 1 or self.accounting != "implementation"):
+            raise InputError("--min-num-params is FSDP1's size_based_auto_wrap_policy: it needs --fsdp with --fsdp-version 1 "
+                             f"and --accounting implementation (got {spec.label}"
+                             f"{', --fsdp-version 2' if spec.framework == 'fsdp' and self.framework.fsdp_version == 2 else ''}, "
+                             f"--accounting {self.accounting})")  # fmt: skip
         z3 = self.framework.zero3_flags
         if z3 and (spec.name != "zero-3" or self.accounting != "implementation"):
             raise InputError(f"{', '.join(z3)}: DeepSpeed ZeRO-3 coordinator settings, used only with --stage 3 "

@@ -57,7 +57,7 @@ def test_layer_activations_match_pytorch_within_2_percent(shape, attention, drop
 
 
 def test_the_full_validation_suite_lists_every_framework():
-    from memcalc.validation.suite import DEEPSPEED, FULL, HF_FSDP, HF_ZERO3, ZERO3, deepspeed_available, full
+    from memcalc.validation.suite import DEEPSPEED, FULL, HF_FSDP, HF_ZERO3, ZERO3, ZERO3_FIRST, deepspeed_available, full
     from memcalc.validation.suite import transformers_available
 
     assert {c.framework for c in FULL} == {"ddp", "fsdp1", "fsdp2"}
@@ -65,6 +65,8 @@ def test_the_full_validation_suite_lists_every_framework():
     assert {c.strategy for c in ZERO3} == {"zero-3"}
     # ZeRO-3 is measured after the step that records its trace.
     assert {c.steps for c in DEEPSPEED + ZERO3 if c.strategy == "zero-3"} == {3}
+    assert {c.steps for c in ZERO3_FIRST} == {1}
     hf, ds = transformers_available(), deepspeed_available()
-    assert full() == FULL + (HF_FSDP if hf else ()) + (DEEPSPEED + ZERO3 if ds else ()) + (HF_ZERO3 if hf and ds else ())
+    ds_all = DEEPSPEED + ZERO3 + ZERO3_FIRST
+    assert full() == FULL + (HF_FSDP if hf else ()) + (ds_all if ds else ()) + (HF_ZERO3 if hf and ds else ())
     assert {c.model for c in HF_FSDP + HF_ZERO3} == {"hf-gpt2", "hf-llama"}

@@ -91,6 +91,13 @@ def test_estimate_accepts(args):
         (["--params"], "requires an argument"),
         (["--gpus", "8"], "give the model size (--params 7B) or its shape"),
         (["--params", "7b", "--gpus", "x"], "--gpus"),
+        (["--model", "gpt2", "--stage", "3", "--accounting", "implementation", "--max-reuse-distance", "far"],
+         "--max-reuse-distance 'far' is not accepted; give a count of elements, 0 or more"),
+        (["--model", "gpt2", "--stage", "2", "--accounting", "implementation", "--prefetch-bucket-size", "0"],
+         "--prefetch-bucket-size: DeepSpeed ZeRO-3 coordinator settings, used only with --stage 3"),
+        (["--model", "gpt2", "--stage", "3", "--accounting", "implementation", "--zero3-step", "2"],
+         "--zero3-step '2' is not accepted; accepted: steady, first"),
+        (["--model", "gpt2", "--fsdp", "1", "--min-num-params", "1e6"], "--min-num-params is FSDP1's"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, expected):

@@ -105,6 +105,11 @@ def test_estimate_uses_the_steady_state_and_reports_the_first_step():
                                 persistence_threshold=0, max_reuse_distance=0, max_live_parameters=0)  # fmt: skip
     ag = {(x.phase, x.op): x.payload_bytes for x in regather.communication.collectives}
     assert ag[("backward", "all-gather")] == 2 * (PSI + EMBED)
+    first = memcalc.estimate(model=TINY, stage=3, gpus=2, precision="bf16-mixed", accounting="implementation",
+                             persistence_threshold=0, zero3_step="first")  # fmt: skip
+    ag = {(x.phase, x.op): x.payload_bytes for x in first.communication.collectives}
+    assert ag[("forward", "all-gather")] == ag[("backward", "all-gather")] == 2 * (PSI + EMBED)
+    assert any("Every later step (max_reuse_distance" in n and f"{2 * PSI:,} bytes in forward" in n for n in first.notes)
 
 
 def test_large_models_regather_most_of_backward_with_the_defaults():
@@ -126,3 +131,10 @@ def test_settings_are_refused_where_they_do_not_apply(flag):
         memcalc.estimate(model="gpt2", stage=3, gpus=8, **{flag: 0})
     with pytest.raises(ValueError, match="0 or more"):
         memcalc.estimate(model="gpt2", stage=3, gpus=8, accounting="implementation", **{flag: -1})
+
+
+def test_zero3_step_is_checked():
+    with pytest.raises(ValueError, match="accepted: steady, first"):
+        memcalc.estimate(model="gpt2", stage=3, gpus=8, accounting="implementation", zero3_step="last")
+    with pytest.raises(ValueError, match="--zero3-step"):
+        memcalc.estimate(model="gpt2", stage=2, gpus=8, accounting="implementation", zero3_step="first")

@@ -65,7 +65,7 @@ HF_ZERO3 = (
     Config("deepspeed", "zero-3", model="hf-gpt2", steps=3, world=4, layers=3, prefetch_bucket_size=3_000,
            max_live_parameters=9_000, max_reuse_distance=4_000, persistence_threshold=100, **DS_ODD),
 )
-# The first (trace-recording) step, against memcalc.zero3.replay(first_step=True).
+# The first (trace-recording) step: --zero3-step first.
 ZERO3_FIRST = (Config("deepspeed", "zero-3", mixed_precision=True, persistence_threshold=5_000),
                Config("deepspeed", "zero-3", world=4, layers=3, prefetch_bucket_size=3_000, **DS_ODD))
 OPS = {"allreduce": "all-reduce", "allgather": "all-gather", "allgather_base": "all-gather",
@@ -93,7 +93,7 @@ def transformers_available() -> bool:
 def full() -> tuple[Config, ...]:
     """Every configuration: the PyTorch ones; Hugging Face models' and DeepSpeed's when they are installed."""
     hf, ds = transformers_available(), deepspeed_available()
-    return (FULL + (HF_FSDP if hf else ()) + (DEEPSPEED + ZERO3 if ds else ())
+    return (FULL + (HF_FSDP if hf else ()) + (DEEPSPEED + ZERO3 + ZERO3_FIRST if ds else ())
             + (HF_ZERO3 if hf and ds else ()))  # fmt: skip
 
 
@@ -119,7 +119,8 @@ def estimate(c: Config, accounting: str = "implementation") -> memcalc.Estimate:
         kw.pop("min_num_params")
         if c.strategy == "zero-3":
             kw.update(max_reuse_distance=c.max_reuse_distance, max_live_parameters=c.max_live_parameters,
-                      prefetch_bucket_size=c.prefetch_bucket_size, persistence_threshold=c.persistence_threshold)  # fmt: skip
+                      prefetch_bucket_size=c.prefetch_bucket_size, persistence_threshold=c.persistence_threshold,
+                      zero3_step="first" if c.steps == 1 else "steady")  # fmt: skip
         return memcalc.estimate(stage=int(c.strategy.split("-")[1]), **kw)
     name = {"default": "FULL_SHARD", "no-reshard": "SHARD_GRAD_OP", "hsdp": "HYBRID_SHARD"}.get(c.strategy, c.strategy)
     hybrid = name in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")

@@ -27,7 +27,7 @@ NO_HF = pytest.mark.skipif(not suite.transformers_available(), reason="transform
 CONFIGS = (
     list(FULL)
     + [pytest.param(c, marks=NO_HF) for c in suite.HF_FSDP]
-    + [pytest.param(c, marks=NO_DS) for c in DEEPSPEED + suite.ZERO3]
+    + [pytest.param(c, marks=NO_DS) for c in DEEPSPEED + suite.ZERO3 + suite.ZERO3_FIRST]
     + [pytest.param(c, marks=[NO_DS, NO_HF]) for c in suite.HF_ZERO3]
 )
 
