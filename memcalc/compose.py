@@ -320,6 +320,16 @@ def _notes(inp: EstimateInput) -> list[str]:
                     f"on each use. Every later step ({settings}) gathers {steady.forward * lp:,} bytes in forward and "
                     f"{steady.backward * lp:,} in backward"
                 )
+            if fw.layout(arch) is None:
+                notes.append(
+                    f"ZeRO-3 replay: the module call order is memcalc's generic layout (family {arch.family or 'unset'}"
+                    f"{', MoE' if arch.moe else ''}); it follows Hugging Face's model classes for "
+                    f"{', '.join(fw.LAYOUTS)} (dense). Parameter-less modules a model calls (dropout, activation) each "
+                    "give the prefetcher one more round, so gathers can differ"
+                )
+            if arch.moe:
+                notes.append("ZeRO-3 replay: every expert is assumed to run in every step; experts that receive no "
+                             "tokens break DeepSpeed's trace (mark MoE blocks with deepspeed.utils.set_z3_leaf_modules)")  # fmt: skip
             notes.append(
                 f"ZeRO-3 persistence_threshold {z.param_persistence_threshold:,}: {len(whole)} parameter tensors "
                 f"({sum(whole.values()):,} elements) stay whole on every rank, are all-gathered after each optimizer "

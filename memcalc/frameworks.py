@@ -104,11 +104,56 @@ class Node:
     """Its output needs a gradient, so it takes part in backward (not so for a rotary embedding's cos/sin)."""
 
 
-HF_GPT2 = ("gpt2",)
-HF_LLAMA = ("llama", "mistral", "qwen2")
-"""Families whose Hugging Face call layout the module tree follows exactly, parameter-less modules included
-(Dropout, activation and rotary-embedding modules, the inner ``transformer``/``model`` module): they run hooks
-too, which DeepSpeed ZeRO-3's prefetching counts (memcalc.zero3)."""
+@dataclass(frozen=True)
+class Layout:
+    """How a Hugging Face model class calls its modules, parameter-less ones included: they run hooks too, and
+    DeepSpeed ZeRO-3 prefetches at every hook (memcalc.zero3). Read from transformers' modeling code; the forward
+    call order of every family here is checked against the real classes in tests/test_frameworks.py."""
+
+    inner: str | None = None
+    """The module between the root and the embeddings, layers and final norm (GPT2Model, LlamaModel, ...)."""
+    embed_dropout: bool = False
+    """A Dropout module called on the embeddings (GPT-2's ``drop``, GPT-NeoX's ``emb_dropout``)."""
+    rotary: bool = False
+    """A rotary-embedding module called once after the embeddings (its cos/sin need no gradient)."""
+    attention_dropout: bool = False
+    """A Dropout module on the attention probabilities, between QKV and the output projection (BLOOM)."""
+    residual_dropout: bool = False
+    """Dropout modules on the attention and MLP outputs (GPT-2's resid_dropout / mlp.dropout, NeoX's post_*)."""
+    act: bool = False
+    """An activation module between the MLP's projections."""
+    mlp_module: bool = True
+    """The MLP's projections sit in their own module (not so in OPT, whose layer holds fc1 and fc2)."""
+    norms_first: bool = False
+    """Both norms run before attention (Falcon's new decoder architecture: ln_attn, ln_mlp)."""
+    project_out_last: bool = False
+    """OPT-350M: project_out runs after the final norm, project_in after the embeddings."""
+
+
+LAYOUTS: dict[str, Layout] = {
+    "gpt2": Layout(inner="transformer", embed_dropout=True, residual_dropout=True, act=True),
+    "llama": Layout(inner="model", rotary=True, act=True),
+    "mistral": Layout(inner="model", rotary=True, act=True),
+    "qwen2": Layout(inner="model", rotary=True, act=True),
+    "gpt_neox": Layout(inner="gpt_neox", embed_dropout=True, rotary=True, residual_dropout=True, act=True),
+    "bloom": Layout(inner="transformer", attention_dropout=True, act=True),
+    "falcon": Layout(inner="transformer", rotary=True, act=True),
+    "opt": Layout(inner="decoder", act=True, mlp_module=False, project_out_last=True),
+}
+"""Families whose Hugging Face call layout the module tree follows; others (MoE models, no family) keep the
+parameter-holding modules and their parents only."""
+
+
+def layout(arch: Architecture) -> Layout | None:
+    """The family's Hugging Face call layout, or None for memcalc's generic one."""
+    if arch.moe or arch.family not in LAYOUTS:
+        return None
+    lay = LAYOUTS[arch.family]
+    if arch.family == "falcon" and arch.position != "rotary":
+        lay = replace(lay, rotary=False)
+    if arch.family == "falcon" and arch.parallel_block and arch.norms_per_layer == 2:
+        lay = replace(lay, norms_first=True)
+    return lay
 
 
 def _leaf(name: str, shapes: list[Shape]) -> Node:
@@ -117,70 +162,79 @@ def _leaf(name: str, shapes: list[Shape]) -> Node:
 
 def _layer_node(arch: Architecture, i: int) -> Node:
     """One decoder layer, in the order its modules are called: norm, attention (QKV, output), norm, MLP (or
-    router + experts); with the parameter-less modules Hugging Face calls for GPT-2 and LLaMA-like models."""
+    router + experts), with the parameter-less modules of the family's Hugging Face layout."""
     h, q, kv, p = arch.hidden, arch.q_width, arch.kv_width, f"layer{i}"
-    gpt2, llama = arch.family in HF_GPT2, arch.family in HF_LLAMA
+    lay = layout(arch) or Layout()
     if arch.fused_qkv:
         attn = [_leaf(f"{p}.qkv", _linear(q + 2 * kv, h, arch.qkv_bias))]
     else:
         attn = [_leaf(f"{p}.{x}", _linear(w, h, arch.qkv_bias)) for x, w in (("q", q), ("k", kv), ("v", kv))]
+    if lay.attention_dropout:
+        attn.append(Node(f"{p}.attention_dropout"))
     attn.append(_leaf(f"{p}.o", _linear(h, q, arch.out_bias)))
-    if gpt2:
+    if lay.residual_dropout:
         attn.append(Node(f"{p}.resid_dropout"))
 
-    def mlp(name: str, width: int) -> Node:
+    def mlp(name: str, width: int) -> list[Node]:
         b = arch.mlp_bias
+        act = [Node(f"{name}.act")] if lay.act else []
         if arch.gated_mlp:  # down(act(gate(x)) * up(x))
-            parts = [_leaf(f"{name}.gate", _linear(width, h, b)), _leaf(f"{name}.up", _linear(width, h, b)),
+            parts = [_leaf(f"{name}.gate", _linear(width, h, b)), *act, _leaf(f"{name}.up", _linear(width, h, b)),
                      _leaf(f"{name}.down", _linear(h, width, b))]  # fmt: skip
-            if llama:
-                parts.insert(1, Node(f"{name}.act"))
         else:  # fc2(act(fc1(x)))
-            parts = [_leaf(f"{name}.fc1", _linear(width, h, b)), _leaf(f"{name}.fc2", _linear(h, width, b))]
-            if gpt2:
-                parts[1:1] = [Node(f"{name}.act")]
-                parts.append(Node(f"{name}.dropout"))
-        return Node(name, children=tuple(parts))
+            parts = [_leaf(f"{name}.fc1", _linear(width, h, b)), *act, _leaf(f"{name}.fc2", _linear(h, width, b))]
+        if lay.residual_dropout:
+            parts.append(Node(f"{name}.dropout"))
+        return [Node(name, children=tuple(parts))] if lay.mlp_module else parts
 
     if arch.is_moe_layer(i):
-        experts = Node(f"{p}.experts", children=tuple(mlp(f"{p}.expert{e}", arch.expert_ffn_size) for e in range(arch.experts)),
+        experts = Node(f"{p}.experts", children=tuple(x for e in range(arch.experts) for x in mlp(f"{p}.expert{e}", arch.expert_ffn_size)),
                        container=True)  # fmt: skip
-        shared = [mlp(f"{p}.shared{e}", arch.ffn_size) for e in range(arch.shared_experts)]
-        ffn = Node(f"{p}.moe", children=(_leaf(f"{p}.router", _linear(arch.experts, h, arch.router_bias)), experts, *shared))
+        shared = [x for e in range(arch.shared_experts) for x in mlp(f"{p}.shared{e}", arch.ffn_size)]
+        ffn = [Node(f"{p}.moe", children=(_leaf(f"{p}.router", _linear(arch.experts, h, arch.router_bias)), experts, *shared))]
     else:
         ffn = mlp(f"{p}.mlp", arch.ffn_size)
     norms = [_leaf(f"{p}.norm{k + 1}", _norm(arch)) for k in range(arch.norms_per_layer)]
-    children = [norms[0], Node(f"{p}.attn", children=tuple(attn))] + norms[1:] + [ffn]
+    attention = Node(f"{p}.attn", children=tuple(attn))
+    if lay.norms_first:
+        children = [*norms, attention, *ffn]
+    else:
+        children = [norms[0], attention, *norms[1:], *ffn]
     return Node(p, children=tuple(children), layer=True)
 
 
 def module_tree(arch: Architecture) -> Node:
     """The model as its modules are called: embeddings, the layers (a ModuleList), the final norm, the head.
 
-    GPT-2 and LLaMA-like families follow Hugging Face's GPT2LMHeadModel / LlamaForCausalLM exactly (an inner
-    ``transformer``/``model`` module holds all but the head; GPT-2 calls Dropout and activation modules, LLaMA
-    an activation and a rotary-embedding module); other families keep the parameter-holding modules only.
+    Families with a Hugging Face layout (``LAYOUTS``) follow their model class exactly, inner model module and
+    parameter-less modules included; others keep the parameter-holding modules and their parents.
     """
     width = arch.embedding_dim or arch.hidden
     rows = embedding_params(arch) // width
-    gpt2, llama = arch.family in HF_GPT2, arch.family in HF_LLAMA
+    lay = layout(arch)
+    plain = lay or Layout()
     children = [replace(_leaf("embed", [(rows, width)]), grad_input=False)]
     if position_params(arch):
         children.append(replace(_leaf("pos", [(arch.max_positions + arch.position_offset, arch.hidden)]), grad_input=False))
-    if gpt2:
-        children.append(Node("drop"))
-    if llama:
-        children.append(Node("rotary_emb", grad_input=False, grad_output=False))
-    if arch.embedding_dim and arch.embedding_dim != arch.hidden:
-        children += [_leaf("project_in", [(arch.hidden, width)]), _leaf("project_out", [(width, arch.hidden)])]
+    projected = bool(arch.embedding_dim and arch.embedding_dim != arch.hidden)
+    if projected:
+        children.append(_leaf("project_in", [(arch.hidden, width)]))
+        if not plain.project_out_last:
+            children.append(_leaf("project_out", [(width, arch.hidden)]))
     if arch.embedding_norm:
         children.append(_leaf("embed_norm", _norm(arch)))
+    if plain.embed_dropout:
+        children.append(Node("embed_dropout"))
+    if plain.rotary:
+        children.append(Node("rotary_emb", grad_input=False, grad_output=False))
     children.append(Node("layers", children=tuple(_layer_node(arch, i) for i in range(arch.layers)), container=True))
     if arch.final_norm:
         children.append(_leaf("final_norm", _norm(arch)))
+    if projected and plain.project_out_last:
+        children.append(_leaf("project_out", [(width, arch.hidden)]))
     head = Node("head", (("embed.0", (rows, width)),)) if arch.tied_embeddings else _leaf("head", [(rows, width)])
-    if gpt2 or llama:
-        inner = Node("transformer" if gpt2 else "model", children=tuple(children), grad_input=False)
+    if lay is not None and lay.inner:
+        inner = Node(lay.inner, children=tuple(children), grad_input=False)
         return Node("root", children=(inner, head), grad_input=False)
     return Node("root", children=(*children, head), grad_input=False)
 

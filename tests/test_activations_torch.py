@@ -69,4 +69,4 @@ def test_the_full_validation_suite_lists_every_framework():
     hf, ds = transformers_available(), deepspeed_available()
     ds_all = DEEPSPEED + ZERO3 + ZERO3_FIRST
     assert full() == FULL + (HF_FSDP if hf else ()) + (ds_all if ds else ()) + (HF_ZERO3 if hf and ds else ())
-    assert {c.model for c in HF_FSDP + HF_ZERO3} == {"hf-gpt2", "hf-llama"}
+    assert {c.model for c in HF_FSDP + HF_ZERO3} == {"hf-gpt2", "hf-llama", "hf-gpt_neox", "hf-bloom", "hf-opt", "hf-falcon"}

@@ -15,9 +15,10 @@ def test_units_hold_every_parameter_once(name, min_num_params):
     us = fw.units(a, min_num_params)
     extra = 0
     if a.tied_embeddings:  # FSDP1 flattens a tied weight into every unit that reaches it: embedding's and head's
-        embed = fw.module_tree(a).children[0]
-        embed = embed.children[0] if embed.name == "transformer" else embed
-        shape = embed.params[0][1]
+        def find(node, name):
+            return node if node.name == name else next((x for c in node.children if (x := find(c, name))), None)
+
+        shape = find(fw.module_tree(a), "embed").params[0][1]
         copies = sum(u.shapes.count(shape) for u in us)
         assert copies == 1 or (min_num_params is not None and copies == 2)
         extra = (copies - 1) * shape[0] * shape[1]
@@ -138,17 +139,20 @@ def test_size_policy_matches_torch_on_a_real_module_tree():
     assert sizes == [u.numel for u in ours]
 
 
-HF = {  # small Hugging Face models of the families whose call layout memcalc follows
-    "gpt2": dict(model_type="gpt2", n_layer=3, n_embd=64, n_head=4, vocab_size=101, n_positions=16),
-    "llama": dict(model_type="llama", num_hidden_layers=3, hidden_size=64, intermediate_size=96, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=101, max_position_embeddings=16, tie_word_embeddings=False),
-}
+def _hf_config(family: str) -> dict:
+    from memcalc.validation.measure import Config
+
+    base = "llama" if family in ("mistral", "qwen2") else family
+    cfg = Config("fsdp1", "FULL_SHARD", model=f"hf-{base}", layers=3, vocab=101).hf_config()
+    cfg["model_type"] = family
+    return cfg
 
 
-@pytest.mark.parametrize("family", sorted(HF))
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gpt_neox", "bloom", "opt", "falcon"])
 @pytest.mark.parametrize("threshold", [3_000, 8_000, 12_000, 20_000, 60_000])
 def test_size_policy_matches_torch_on_hugging_face_models(family, threshold):
-    """torch's _recursive_wrap over a real GPT2LMHeadModel / LlamaForCausalLM against memcalc's units."""
+    """torch's _recursive_wrap over real Hugging Face models (GPT2LMHeadModel, LlamaForCausalLM, ...) against
+    memcalc's units, FSDP1's flattening of a tied weight into two units included."""
     pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     import functools
@@ -157,7 +161,7 @@ def test_size_policy_matches_torch_on_hugging_face_models(family, threshold):
 
     from memcalc.hf_config import architecture_from_config
 
-    cfg = dict(HF[family])
+    cfg = _hf_config(family)
     model_type = cfg.pop("model_type")
     model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(model_type, **cfg))
     wrapped: list = []
@@ -182,3 +186,28 @@ def test_size_policy_matches_torch_on_hugging_face_models(family, threshold):
     ours = fw.units(architecture_from_config({"model_type": model_type, **cfg}), threshold)
     assert [u.numel for u in ours[1:] if u.numel] == sizes
     assert ours[0].numel == root
+
+
+@pytest.mark.parametrize("family", sorted(fw.LAYOUTS))
+def test_module_tree_follows_hugging_faces_call_order(family):
+    """Every module a real Hugging Face model calls in forward, parameter-less ones included, with the parameters
+    it owns, in order: what DeepSpeed ZeRO-3 hooks (and memcalc.zero3 replays)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from memcalc.hf_config import architecture_from_config
+    from memcalc.zero3 import _called
+
+    cfg = _hf_config(family)
+    model_type = cfg.pop("model_type")
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(model_type, **cfg),
+                                                          attn_implementation="eager")  # fmt: skip
+    modules = dict(model.named_modules())
+    called: list[tuple[str, int]] = []
+    for name, m in modules.items():
+        m.register_forward_pre_hook(lambda m, args, name=name: called.append(
+            (name, sum(p.numel() for p in m.parameters(recurse=False)))))  # fmt: skip
+    model(input_ids=torch.randint(0, cfg.get("vocab_size", 100), (1, 8)))
+    events, mods, numel = _called(architecture_from_config({"model_type": model_type, **cfg}))
+    forward = [m for kind, m in events[: events.index(("backward", ""))] if kind == "fetch"]
+    ours = [sum(numel[p] for p in mods[m].params) for m in forward]
+    assert ours == [n for _, n in called], list(zip(forward, called))

@@ -62,19 +62,30 @@ class Config:
     prefetch_bucket_size: int | None = None
     """DeepSpeed ZeRO-3: stage3_prefetch_bucket_size (None: DeepSpeed's default)."""
     model: str = "tiny"
-    """tiny (TinyGPT below), or a real Hugging Face model of the same size: hf-gpt2 (GPT2LMHeadModel) or
-    hf-llama (LlamaForCausalLM, kv heads = heads / 2, intermediate 3h/2, untied head); needs transformers."""
+    """tiny (TinyGPT below), or a real Hugging Face model of the same size (needs transformers): hf-gpt2,
+    hf-llama (kv heads = heads / 2, intermediate 3h/2, untied head), hf-gpt_neox, hf-bloom, hf-opt, hf-falcon."""
 
     def hf_config(self) -> dict[str, Any]:
         """The Hugging Face config (with its model_type) of an hf-* model."""
+        L, h, a, v, s = self.layers, self.hidden, self.heads, self.vocab, self.seq
+        ids = dict(bos_token_id=0, eos_token_id=0)
         if self.model == "hf-gpt2":
-            return dict(model_type="gpt2", n_layer=self.layers, n_embd=self.hidden, n_head=self.heads,
-                        vocab_size=self.vocab, n_positions=self.seq, bos_token_id=0, eos_token_id=0)  # fmt: skip
+            return dict(model_type="gpt2", n_layer=L, n_embd=h, n_head=a, vocab_size=v, n_positions=s, **ids)
         if self.model == "hf-llama":
-            return dict(model_type="llama", num_hidden_layers=self.layers, hidden_size=self.hidden,
-                        intermediate_size=3 * self.hidden // 2, num_attention_heads=self.heads,
-                        num_key_value_heads=self.heads // 2, vocab_size=self.vocab, max_position_embeddings=self.seq,
+            return dict(model_type="llama", num_hidden_layers=L, hidden_size=h, intermediate_size=3 * h // 2,
+                        num_attention_heads=a, num_key_value_heads=a // 2, vocab_size=v, max_position_embeddings=s,
                         tie_word_embeddings=False)  # fmt: skip
+        if self.model == "hf-gpt_neox":
+            return dict(model_type="gpt_neox", num_hidden_layers=L, hidden_size=h, intermediate_size=4 * h,
+                        num_attention_heads=a, vocab_size=v, max_position_embeddings=s, **ids)  # fmt: skip
+        if self.model == "hf-bloom":
+            return dict(model_type="bloom", n_layer=L, hidden_size=h, n_head=a, vocab_size=v, **ids)
+        if self.model == "hf-opt":
+            return dict(model_type="opt", num_hidden_layers=L, hidden_size=h, ffn_dim=4 * h, num_attention_heads=a,
+                        vocab_size=v, max_position_embeddings=s, word_embed_proj_dim=h, pad_token_id=1, **ids)  # fmt: skip
+        if self.model == "hf-falcon":
+            return dict(model_type="falcon", num_hidden_layers=L, hidden_size=h, num_attention_heads=a, vocab_size=v,
+                        new_decoder_architecture=False, multi_query=True, parallel_attn=True, bias=False, **ids)  # fmt: skip
         raise ValueError(f"{self.model!r} is not a Hugging Face model")
 
     def zero3_config(self) -> dict[str, int]:

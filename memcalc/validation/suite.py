@@ -49,13 +49,16 @@ ZERO3 = (
     Config("deepspeed", "zero-3", mixed_precision=True, steps=3, world=4, layers=5, prefetch_bucket_size=1_500,
            max_reuse_distance=7_000, **DS_ODD),
 )
-# Real Hugging Face models (when transformers is installed): GPT2LMHeadModel and LlamaForCausalLM, whose modules
-# memcalc follows exactly, parameter-less ones included. FSDP1's size policy wraps their inner transformer/model
+# Real Hugging Face models (when transformers is installed), whose modules memcalc follows exactly, parameter-less
+# ones included (memcalc.frameworks.LAYOUTS). FSDP1's size policy wraps their inner transformer/model
 # module and, for GPT-2, flattens the tied embedding into two units; ZeRO-3 prefetches at every module's hooks.
 HF_FSDP = (
     Config("fsdp1", "FULL_SHARD", model="hf-gpt2", layers=3, min_num_params=8_000),
     Config("fsdp1", "FULL_SHARD", model="hf-gpt2", layers=3, min_num_params=3_000, world=4, vocab=101),
     Config("fsdp1", "FULL_SHARD", model="hf-llama", layers=3, min_num_params=60_000, mixed_precision=True),
+    Config("fsdp1", "FULL_SHARD", model="hf-opt", layers=3, min_num_params=3_000, world=4, vocab=101),
+    Config("fsdp1", "FULL_SHARD", model="hf-bloom", layers=3, min_num_params=8_000, mixed_precision=True),
+    Config("fsdp1", "SHARD_GRAD_OP", model="hf-gpt_neox", layers=3, min_num_params=3_000, world=4, vocab=101),
 )
 HF_ZERO3 = (
     Config("deepspeed", "zero-3", model="hf-gpt2", mixed_precision=True, steps=3, layers=3, prefetch_bucket_size=10_000,
@@ -64,7 +67,9 @@ HF_ZERO3 = (
            max_live_parameters=30_000, max_reuse_distance=20_000, persistence_threshold=100),
     Config("deepspeed", "zero-3", model="hf-gpt2", steps=3, world=4, layers=3, prefetch_bucket_size=3_000,
            max_live_parameters=9_000, max_reuse_distance=4_000, persistence_threshold=100, **DS_ODD),
-)
+) + tuple(Config("deepspeed", "zero-3", model=f"hf-{m}", mixed_precision=True, steps=3, layers=3,
+                 prefetch_bucket_size=10_000, max_reuse_distance=30_000, persistence_threshold=100)
+          for m in ("gpt_neox", "bloom", "opt", "falcon"))  # fmt: skip
 # The first (trace-recording) step: --zero3-step first.
 ZERO3_FIRST = (Config("deepspeed", "zero-3", mixed_precision=True, persistence_threshold=5_000),
                Config("deepspeed", "zero-3", world=4, layers=3, prefetch_bucket_size=3_000, **DS_ODD))
@@ -111,7 +116,7 @@ def estimate(c: Config, accounting: str = "implementation") -> memcalc.Estimate:
     """memcalc's estimate for the same model, framework and layout."""
     kw = dict(model=architecture(c), gpus=c.world, gpus_per_node=c.world, cuda_context_gib=0, accounting=accounting,
               precision="bf16-mixed" if c.mixed_precision else "fp32", bucket_view=c.bucket_view,
-              min_num_params=c.min_num_params or None)  # fmt: skip
+              min_num_params=(c.min_num_params or None) if accounting == "implementation" else None)  # fmt: skip
     if c.framework == "ddp":
         return memcalc.estimate(ddp=True, **kw)
     if c.framework == "deepspeed":
