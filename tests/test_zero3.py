@@ -138,3 +138,51 @@ def test_zero3_step_is_checked():
         memcalc.estimate(model="gpt2", stage=3, gpus=8, accounting="implementation", zero3_step="last")
     with pytest.raises(ValueError, match="--zero3-step"):
         memcalc.estimate(model="gpt2", stage=2, gpus=8, accounting="implementation", zero3_step="first")
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_archs = st.builds(
+    lambda family, layers, hidden, vocab, tied: Architecture(
+        family=family, layers=layers, hidden=hidden, heads=4, vocab=vocab, max_positions=16, tied_embeddings=tied,
+        fused_qkv=family != "llama", gated_mlp=family == "llama", position="rotary" if family == "llama" else "learned",
+        norm="rmsnorm" if family == "llama" else "layernorm", norm_bias=family != "llama",
+        qkv_bias=family != "llama", out_bias=family != "llama", mlp_bias=family != "llama"),
+    st.sampled_from([None, "gpt2", "llama"]), st.integers(1, 4), st.sampled_from([32, 48, 64]),
+    st.integers(50, 130), st.booleans(),
+)  # fmt: skip
+_settings = st.builds(
+    Zero3Settings, max_reuse_distance=st.sampled_from([0, 1, 5_000, 30_000, 10**9]),
+    max_live_parameters=st.sampled_from([0, 5_000, 30_000, 10**9]),
+    prefetch_bucket_size=st.sampled_from([0, 1, 3_000, 20_000, 5 * 10**7]),
+    param_persistence_threshold=st.sampled_from([0, 100, 5_000]),
+)  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None)
+@given(arch=_archs, s=_settings, dp=st.sampled_from([1, 2, 3, 8]))
+def test_a_later_step_never_gathers_more_than_the_first(arch, s, dp):
+    """Each gather serves one use of a parameter, so a later step gathers at most what the first gathers (which is
+    every use); it always holds at least the largest module it runs; without reuse or prefetch the two are equal."""
+    later, first = replay(arch, dp, s), replay(arch, dp, s, first_step=True)
+    assert later.forward + later.backward <= first.forward + first.backward
+    whole = persistent(arch, s)
+    from memcalc.zero3 import _called
+
+    _, mods, numel = _called(arch)
+    largest = max(sum(numel[p] for p in set(m.params) if p not in whole) for m in mods.values())
+    assert later.peak_live >= largest and first.peak_live >= largest
+    if s.max_reuse_distance == 0 and (s.prefetch_bucket_size == 0 or s.max_live_parameters == 0):
+        assert (later.forward, later.backward) == (first.forward - _persistent_uses(arch, whole, dp, "f"),
+                                                   first.backward - _persistent_uses(arch, whole, dp, "b"))  # fmt: skip
+
+
+def _persistent_uses(arch, whole, dp, phase):
+    """Padded elements the first step gathers for persistent parameters (later steps keep them whole)."""
+    from memcalc.zero3 import _called
+
+    events, mods, numel = _called(arch)
+    cut = events.index(("backward", ""))
+    part = events[:cut] if phase == "f" else events[cut:]
+    return sum(-(-numel[p] // dp) * dp for kind, m in part if kind == "fetch" for p in set(mods[m].params) if p in whole)
