@@ -32,7 +32,7 @@ from memcalc.params import embedding_params, position_params
 from memcalc.units import ceil_div
 
 if TYPE_CHECKING:
-    from memcalc.zero3 import Zero3Settings
+    from memcalc.inputs import Zero3Settings
 
 Shape = tuple[int, ...]
 
@@ -450,7 +450,8 @@ def deepspeed(
             Issued("all-reduce", "backward", "gradients", "data-parallel", dp, lp_bytes, 1, psi * lp_bytes),
             Issued("all-gather", "optimizer step", "parameters", "data-parallel", dp, lp_bytes, 1, padded * lp_bytes),
         ]
-    from memcalc.zero3 import Zero3Settings, persistent, replay
+    from memcalc.inputs import Zero3Settings
+    from memcalc.zero3 import persistent, replay
 
     z3 = z3 or Zero3Settings()
     part = sum(ceil_div(s[0] * prod(s[1:]), dp) for s in shapes)

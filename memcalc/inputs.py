@@ -14,7 +14,6 @@ from memcalc.architecture import Architecture
 from memcalc.errors import InputError, did_you_mean
 from memcalc.strategies import STRATEGIES, OffloadDevice, StrategyName, StrategySpec
 from memcalc.units import GB, gib, parse_count
-from memcalc.zero3 import Zero3Settings
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 T = TypeVar("T")
@@ -381,6 +380,20 @@ class Workload(Frozen):
 
 
 Accounting = Literal["paper", "implementation", "deepspeed-estimator"]
+
+
+class Zero3Settings(Frozen):
+    """DeepSpeed's zero_optimization settings that decide what ZeRO-3 gathers, in elements (defaults: DeepSpeed
+    0.19's, runtime/zero/config.py)."""
+
+    max_reuse_distance: int = Field(default=1_000_000_000, ge=0)
+    """stage3_max_reuse_distance: keep a module's parameters when they are used again within this many elements."""
+    max_live_parameters: int = Field(default=1_000_000_000, ge=0)
+    """stage3_max_live_parameters: prefetch only while fewer elements than this are gathered."""
+    prefetch_bucket_size: int = Field(default=50_000_000, ge=0)
+    """stage3_prefetch_bucket_size: elements prefetched at most after each fetch (0: no prefetching)."""
+    param_persistence_threshold: int = Field(default=100_000, ge=0)
+    """stage3_param_persistence_threshold: parameters of at most this many elements stay whole on every rank."""
 
 
 class FrameworkOptions(Frozen):

@@ -31,19 +31,12 @@ from math import prod
 
 from memcalc.architecture import Architecture
 from memcalc.frameworks import Node, module_tree
+from memcalc.inputs import Zero3Settings
 from memcalc.units import ceil_div
 
+__all__ = ["Gathers", "Zero3Settings", "persistent", "replay"]
+
 AVAILABLE, INFLIGHT, NOT_AVAILABLE = "available", "inflight", "not available"
-
-
-@dataclass(frozen=True)
-class Zero3Settings:
-    """DeepSpeed's zero_optimization knobs that decide what ZeRO-3 gathers (defaults: DeepSpeed 0.19's)."""
-
-    max_reuse_distance: int = 1_000_000_000
-    max_live_parameters: int = 1_000_000_000
-    prefetch_bucket_size: int = 50_000_000
-    param_persistence_threshold: int = 100_000
 
 
 @dataclass(frozen=True)
