@@ -149,9 +149,9 @@ def layout(arch: Architecture) -> Layout | None:
     if arch.moe or arch.family not in LAYOUTS:
         return None
     lay = LAYOUTS[arch.family]
-    if arch.family == "falcon" and arch.position != "rotary":
-        lay = replace(lay, rotary=False)
-    if arch.family == "falcon" and arch.parallel_block and arch.norms_per_layer == 2:
+    if arch.family == "falcon" and arch.position == "alibi":  # the ALiBi path calls attention_dropout as a module
+        lay = replace(lay, attention_dropout=True)
+    if arch.family == "falcon" and arch.parallel_block and arch.norms_per_layer == 2:  # ln_attn, ln_mlp
         lay = replace(lay, norms_first=True)
     return lay
 

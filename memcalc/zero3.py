@@ -13,7 +13,7 @@ forward and again in backward. From the second step on it knows the trace and:
 - never releases "persistent" parameters (``numel <= stage3_param_persistence_threshold``): each rank keeps
   them whole and all-gathers them after every optimizer step.
 
-``replay`` follows that code statement by statement (fetch, prefetch, release, the cached release sets) over
+``replay`` follows that code statement by statement (fetch, prefetch, release) over
 the modules as they run (``memcalc.frameworks.module_tree``, parameter-less modules included, since their hooks
 fire too): forward in call order, each module before its children; backward each module whose output needs a
 gradient before its children, the children reversed. A module's release comes after its children's; the
@@ -62,7 +62,7 @@ class _Module:
     """Its inputs need no gradient, so its post-backward hook never fires (DeepSpeed's backward leftovers)."""
 
 
-def _called(arch: Architecture) -> tuple[list[tuple[str, int]], dict[str, _Module], dict[str, int]]:
+def _called(arch: Architecture) -> tuple[list[tuple[str, str]], dict[str, _Module], dict[str, int]]:
     """Hook events in one step (("fetch" | "release", module)), the modules, and each parameter's numel."""
     numel: dict[str, int] = {}
     mods: dict[str, _Module] = {}
@@ -103,7 +103,7 @@ def _called(arch: Architecture) -> tuple[list[tuple[str, int]], dict[str, _Modul
     backward(root)
     leftovers = [m for m in mods.values() if m.releases_at_end]
     events = fwd + [("backward", "")] + bwd + [("leftover", m.name) for m in reversed(leftovers)]
-    return events, mods, numel  # type: ignore[return-value]
+    return events, mods, numel
 
 
 def persistent(arch: Architecture, s: Zero3Settings) -> dict[str, int]:
@@ -112,8 +112,14 @@ def persistent(arch: Architecture, s: Zero3Settings) -> dict[str, int]:
     return {p: n for p, n in numel.items() if n <= s.param_persistence_threshold}
 
 
-def replay(arch: Architecture, dp: int, s: Zero3Settings, first_step: bool = False, log: list | None = None) -> Gathers:
-    """Elements ZeRO-3 all-gathers in one step: the first (trace-recording) step, or any later one."""
+def replay(
+    arch: Architecture, dp: int, s: Zero3Settings, first_step: bool = False, log: list[tuple[str, int, object]] | None = None
+) -> Gathers:
+    """Elements ZeRO-3 all-gathers in one step: the first (trace-recording) step, or any later one.
+
+    ``log``, when given, receives ("ag", step, [parameters]) for each all-gather and ("rel", step, parameter) for
+    each release, to set beside DeepSpeed's own debug log when a figure needs explaining.
+    """
     events, mods, numel = _called(arch)
     persist = {p for p, n in numel.items() if n <= s.param_persistence_threshold}
     padded = {p: ceil_div(n, dp) * dp for p, n in numel.items()}

@@ -188,8 +188,12 @@ def test_size_policy_matches_torch_on_hugging_face_models(family, threshold):
     assert ours[0].numel == root
 
 
-@pytest.mark.parametrize("family", sorted(fw.LAYOUTS))
-def test_module_tree_follows_hugging_faces_call_order(family):
+FALCON_VARIANTS = [dict(new_decoder_architecture=True, num_kv_heads=2),  # ln_attn and ln_mlp before attention
+                   dict(parallel_attn=False), dict(alibi=True)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("family", "extra"), [(f, {}) for f in sorted(fw.LAYOUTS)] + [("falcon", x) for x in FALCON_VARIANTS])
+def test_module_tree_follows_hugging_faces_call_order(family, extra):
     """Every module a real Hugging Face model calls in forward, parameter-less ones included, with the parameters
     it owns, in order: what DeepSpeed ZeRO-3 hooks (and memcalc.zero3 replays)."""
     torch = pytest.importorskip("torch")
@@ -197,7 +201,7 @@ def test_module_tree_follows_hugging_faces_call_order(family):
     from memcalc.hf_config import architecture_from_config
     from memcalc.zero3 import _called
 
-    cfg = _hf_config(family)
+    cfg = {**_hf_config(family), **extra}
     model_type = cfg.pop("model_type")
     model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(model_type, **cfg),
                                                           attn_implementation="eager")  # fmt: skip
