@@ -220,9 +220,10 @@ def _implementation(inp: EstimateInput) -> tuple[list[MemoryRow], list[fw.Issued
         z = inp.framework.zero3()
         rows.append(MemoryRow(key="gathered_parameters", label=f"gathered parameters ({p.low_dtype})", bytes=held.live,
                               location="gpu", category="model_state",
-                              detail="at peak: the most elements DeepSpeed's coordinator holds gathered in a steady-state "
-                                     f"step (max_live_parameters {z.max_live_parameters:,} bounds prefetching, not "
-                                     "fetching; memcalc.zero3)"))  # fmt: skip
+                              detail=f"at peak: the most elements DeepSpeed's coordinator holds gathered in the "
+                                     f"{'first' if inp.framework.zero3_step == 'first' else 'steady-state'} step "
+                                     f"(max_live_parameters {z.max_live_parameters:,} bounds prefetching, not fetching; "
+                                     "memcalc.zero3)"))  # fmt: skip
     if spec.framework == "fsdp":
         us = fw.units(arch, inp.framework.min_num_params)
         if spec.shards_params:

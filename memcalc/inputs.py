@@ -429,14 +429,10 @@ class FrameworkOptions(Frozen):
 
     def zero3(self) -> Zero3Settings:
         """The settings DeepSpeed's ZeRO-3 coordinator runs with: these, DeepSpeed's defaults where unset."""
-        d = Zero3Settings()
-        return Zero3Settings(
-            max_reuse_distance=d.max_reuse_distance if self.max_reuse_distance is None else self.max_reuse_distance,
-            max_live_parameters=d.max_live_parameters if self.max_live_parameters is None else self.max_live_parameters,
-            prefetch_bucket_size=d.prefetch_bucket_size if self.prefetch_bucket_size is None else self.prefetch_bucket_size,
-            param_persistence_threshold=(d.param_persistence_threshold if self.persistence_threshold is None
-                                         else self.persistence_threshold),
-        )  # fmt: skip
+        given = {"max_reuse_distance": self.max_reuse_distance, "max_live_parameters": self.max_live_parameters,
+                 "prefetch_bucket_size": self.prefetch_bucket_size,
+                 "param_persistence_threshold": self.persistence_threshold}  # fmt: skip
+        return Zero3Settings(**{k: v for k, v in given.items() if v is not None})
 
 
 class EstimatorOptions(Frozen):
