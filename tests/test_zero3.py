@@ -25,6 +25,17 @@ def test_first_step_gathers_every_parameter_on_each_use():
     assert g.forward_calls == g.backward_calls == 16  # 15 modules with parameters, the tied head once more
 
 
+def test_first_step_pads_each_gather_to_the_ranks():
+    # 4 ranks, odd sizes: every parameter padded to a multiple of 4 on each use, the tied embedding twice
+    odd = Architecture(family=None, layers=3, hidden=30, heads=3, vocab=103, max_positions=15, tied_embeddings=True,
+                       fused_qkv=True)  # fmt: skip
+    from memcalc import frameworks as fw
+
+    padded = [-(-(s[0] * (s[1] if len(s) > 1 else 1)) // 4) * 4 for u in fw.units(odd) for s in u.shapes]
+    g = replay(odd, 4, Zero3Settings(prefetch_bucket_size=3_000, param_persistence_threshold=0), first_step=True)
+    assert g.forward == g.backward == sum(padded) + -(-(103 * 30) // 4) * 4
+
+
 def test_small_model_stays_gathered_from_forward_to_backward():
     # measured: the defaults gather 215,040 bytes in forward and nothing in backward, all at the first fetch
     g = replay(TINY, 2, NONE)

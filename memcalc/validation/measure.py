@@ -1,8 +1,8 @@
 """Measure what a real data-parallel training step holds and sends, per rank, with torch.distributed on CPU.
 
 One configuration runs as ``world`` spawned processes with the gloo backend. Each rank builds the same small
-GPT-like model (``TinyGPT``), wraps it (DDP, FSDP1, FSDP2 or DeepSpeed), runs forward, backward and one
-optimizer step, and records:
+GPT-like model (``TinyGPT``, or a real Hugging Face model of the same size), wraps it (DDP, FSDP1, FSDP2 or
+DeepSpeed), runs forward, backward and an optimizer step (``steps`` times; the last is measured), and records:
 - parameter, gradient and optimizer-state bytes it holds after the step (one count per storage);
 - every collective it issued, by phase, with the payload the way nccl-tests counts it (a
   ``TorchDispatchMode`` sees every ``c10d`` op, DDP's own bucketed all-reduces included).

@@ -50,8 +50,9 @@ ZERO3 = (
            max_reuse_distance=7_000, **DS_ODD),
 )
 # Real Hugging Face models (when transformers is installed), whose modules memcalc follows exactly, parameter-less
-# ones included (memcalc.frameworks.LAYOUTS). FSDP1's size policy wraps their inner transformer/model
-# module and, for GPT-2, flattens the tied embedding into two units; ZeRO-3 prefetches at every module's hooks.
+# ones included (memcalc.frameworks.LAYOUTS). FSDP1's size policy wraps their inner transformer/model/decoder
+# module and, for tied models (GPT-2, OPT), can flatten the tied embedding into two units; ZeRO-3 prefetches at
+# every module's hooks.
 HF_FSDP = (
     Config("fsdp1", "FULL_SHARD", model="hf-gpt2", layers=3, min_num_params=8_000),
     Config("fsdp1", "FULL_SHARD", model="hf-gpt2", layers=3, min_num_params=3_000, world=4, vocab=101),
@@ -142,8 +143,8 @@ def held(r: memcalc.Estimate) -> dict[str, int]:
             "ZeRO-3 live parameters": rows.get("gathered_parameters", 0) if zero3 else 0}  # fmt: skip
 
 
-def measured_held(m: RankResult, c: Config | None = None) -> dict[str, int]:
-    lp = 2 if c is not None and c.mixed_precision else 4
+def measured_held(m: RankResult, c: Config) -> dict[str, int]:
+    lp = 2 if c.mixed_precision else 4  # DeepSpeed counts live parameters in elements of the training dtype
     return {"parameters": m.parameter_bytes, "gradients": m.gradient_bytes, "optimizer states": m.optimizer_bytes,
             "DDP buckets": m.bucket_bytes, "fp32 master": m.master_bytes,
             "ZeRO-3 live parameters": m.live_peak_elements * lp}  # fmt: skip

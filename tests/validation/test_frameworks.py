@@ -136,27 +136,3 @@ def deepspeed_against_paper(c):
     want_step = (4 * psi if lp == 2 else 0) if stage == 0 else rows["master_weights"]  # fp32 grads like the master
     assert rows.get("gradients_step", 0) == want_step
 
-
-@pytest.mark.skipif(not suite.deepspeed_available(), reason="deepspeed not installed")
-@pytest.mark.parametrize("c", suite.ZERO3_FIRST, ids=lambda c: c.name)
-def test_zero3_first_step_gathers_every_parameter_on_each_use(c):
-    """The step that records DeepSpeed's module trace, against memcalc.zero3.replay(first_step=True): what the
-    estimate's note reports, and what every later step's figures are compared with."""
-    from memcalc.zero3 import Zero3Settings, replay
-
-    settings = Zero3Settings(param_persistence_threshold=c.persistence_threshold,
-                             **({"prefetch_bucket_size": c.prefetch_bucket_size} if c.prefetch_bucket_size is not None else {}))  # fmt: skip
-    g = replay(architecture(c), c.world, settings, first_step=True)
-    lp, n = (2 if c.mixed_precision else 4), c.world
-    want = Counter({("all-gather", "forward", n, "bf16" if lp == 2 else "fp32"): g.forward * lp,
-                    ("all-gather", "backward", n, "bf16" if lp == 2 else "fp32"): g.backward * lp})  # fmt: skip
-    if g.after_step:
-        want[("all-gather", "optimizer step", n, "bf16" if lp == 2 else "fp32")] = g.after_step * lp
-    for m in run(c):
-        got = Counter({k: v for k, v in measured_payloads(m).items() if k[0] == "all-gather"})
-        assert got == want, m.rank
-    # Every parameter on each use, persistent ones too: the tied embedding twice, in forward and in backward.
-    from memcalc import frameworks as fw
-
-    padded = [-(-(s[0] * (s[1] if len(s) > 1 else 1)) // n) * n for u in fw.units(architecture(c)) for s in u.shapes]
-    assert g.forward == g.backward == sum(padded) + -(-(c.vocab * c.hidden) // n) * n
