@@ -346,7 +346,7 @@ def validate(
             progress.update(task, description=f"measuring {c.name} ({c.world} processes, gloo)")
             rows += compare(c)
             progress.advance(task)
-    t = Table(title="Predicted (--accounting implementation) vs measured after one step, rank 0, bytes",
+    t = Table(title="Predicted (--accounting implementation) vs measured after one step (-stepN: the Nth), rank 0, bytes",
               title_justify="left")  # fmt: skip
     for col in ("configuration", "quantity", "predicted", "measured", ""):
         t.add_column(col, justify="right" if col in ("predicted", "measured") else "left")

@@ -25,14 +25,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from math import prod
-from typing import TYPE_CHECKING
 
 from memcalc.architecture import Architecture
+from memcalc.inputs import Zero3Settings
 from memcalc.params import embedding_params, position_params
 from memcalc.units import ceil_div
-
-if TYPE_CHECKING:
-    from memcalc.inputs import Zero3Settings
 
 Shape = tuple[int, ...]
 
@@ -450,8 +447,7 @@ def deepspeed(
             Issued("all-reduce", "backward", "gradients", "data-parallel", dp, lp_bytes, 1, psi * lp_bytes),
             Issued("all-gather", "optimizer step", "parameters", "data-parallel", dp, lp_bytes, 1, padded * lp_bytes),
         ]
-    from memcalc.inputs import Zero3Settings
-    from memcalc.zero3 import persistent, replay
+    from memcalc.zero3 import persistent, replay  # memcalc.zero3 walks this module's tree
 
     z3 = z3 or Zero3Settings()
     part = sum(ceil_div(s[0] * prod(s[1:]), dp) for s in shapes)

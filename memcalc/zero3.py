@@ -106,10 +106,14 @@ def _called(arch: Architecture) -> tuple[list[tuple[str, str]], dict[str, _Modul
     return events, mods, numel
 
 
+def _persistent(numel: dict[str, int], s: Zero3Settings) -> dict[str, int]:
+    # deepspeed/runtime/zero/parameter_offload.py mark_persistent_parameters: ds_numel <= param_persistence_threshold
+    return {p: n for p, n in numel.items() if n <= s.param_persistence_threshold}
+
+
 def persistent(arch: Architecture, s: Zero3Settings) -> dict[str, int]:
     """Parameters DeepSpeed keeps whole on every rank (numel <= stage3_param_persistence_threshold), with their numel."""
-    _, _, numel = _called(arch)
-    return {p: n for p, n in numel.items() if n <= s.param_persistence_threshold}
+    return _persistent(_called(arch)[2], s)
 
 
 def replay(
@@ -121,7 +125,7 @@ def replay(
     each release, to set beside DeepSpeed's own debug log when a figure needs explaining.
     """
     events, mods, numel = _called(arch)
-    persist = {p for p, n in numel.items() if n <= s.param_persistence_threshold}
+    persist = set(_persistent(numel, s))
     padded = {p: ceil_div(n, dp) * dp for p, n in numel.items()}
     trace = [m for kind, m in events if kind == "fetch"]
     param_trace = [(p, i) for i, m in enumerate(trace) for p in mods[m].params]

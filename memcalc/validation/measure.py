@@ -104,10 +104,10 @@ class Config:
         view = "-bucketview" if self.bucket_view else ""
         wrap = f"-min{self.min_num_params}" if self.min_num_params else ""
         z3 = ""
-        if self.strategy == "zero-3":
-            short = {"stage3_param_persistence_threshold": "persist", "stage3_max_reuse_distance": "reuse",
-                     "stage3_max_live_parameters": "live", "stage3_prefetch_bucket_size": "bucket"}  # fmt: skip
-            z3 = "".join(f"-{short[k]}{v}" for k, v in self.zero3_config().items() if k in short and (v or "persist" not in short[k]))
+        if self.strategy == "zero-3":  # persistence 0 is this harness's default, so it goes unnamed
+            named = (("persist", self.persistence_threshold or None), ("reuse", self.max_reuse_distance),
+                     ("live", self.max_live_parameters), ("bucket", self.prefetch_bucket_size))  # fmt: skip
+            z3 = "".join(f"-{k}{v}" for k, v in named if v is not None)
         steps = f"-step{self.steps}" if self.steps > 1 else ""
         model = "" if self.model == "tiny" else f"-{self.model}"
         return (f"{self.framework}-{self.strategy}{model}{mp_}{view}{wrap}{z3}{steps}"

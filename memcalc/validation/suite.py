@@ -80,20 +80,20 @@ OPS = {"allreduce": "all-reduce", "allgather": "all-gather", "allgather_base": "
 DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
-def deepspeed_available() -> bool:
+def _importable(name: str) -> bool:
     try:
-        import deepspeed  # noqa: F401
+        __import__(name)
     except Exception:  # noqa: BLE001 - a broken install counts as absent
         return False
     return True
+
+
+def deepspeed_available() -> bool:
+    return _importable("deepspeed")
 
 
 def transformers_available() -> bool:
-    try:
-        import transformers  # noqa: F401
-    except Exception:  # noqa: BLE001 - a broken install counts as absent
-        return False
-    return True
+    return _importable("transformers")
 
 
 def full() -> tuple[Config, ...]:
