@@ -30,11 +30,11 @@ _EXPORTS = {
     "Overheads": "memcalc.inputs",
     "PRECISIONS": "memcalc.inputs",
     "OPTIMIZERS": "memcalc.inputs",
-    "Estimate": "memcalc.results",
-    "Comparison": "memcalc.results",
-    "STRATEGIES": "memcalc.strategies",
-    "load_gpu": "memcalc.presets",
-    "gpu_names": "memcalc.presets",
+    "Estimate": "memcalc.report.results",
+    "Comparison": "memcalc.report.results",
+    "STRATEGIES": "memcalc.layout.strategies",
+    "load_gpu": "memcalc.inputs.presets",
+    "gpu_names": "memcalc.inputs.presets",
     "InputError": "memcalc.errors",
 }
 
@@ -55,9 +55,9 @@ if TYPE_CHECKING:
         Precision,
         Strategy,
     )
-    from memcalc.presets import gpu_names, load_gpu
-    from memcalc.results import Comparison, Estimate
-    from memcalc.strategies import STRATEGIES
+    from memcalc.inputs.presets import gpu_names, load_gpu
+    from memcalc.report.results import Comparison, Estimate
+    from memcalc.layout.strategies import STRATEGIES
 
 
 def __getattr__(name: str) -> Any:

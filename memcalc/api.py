@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from memcalc.errors import InputError
-from memcalc.compose import estimate_from_input
-from memcalc.architecture import Architecture
+from memcalc.memory.compose import estimate_from_input
+from memcalc.model.architecture import Architecture
 from memcalc.inputs import (
     GPU,
     Cluster,
@@ -29,8 +29,8 @@ from memcalc.inputs import (
     resolve_optimizer,
     resolve_precision,
 )
-from memcalc.results import Comparison, Estimate
-from memcalc.strategies import STRATEGIES, resolve_fsdp, resolve_stage, resolve_strategy
+from memcalc.report.results import Comparison, Estimate
+from memcalc.layout.strategies import STRATEGIES, resolve_fsdp, resolve_stage, resolve_strategy
 from memcalc.units import gib, parse_count
 
 DEFAULT_GPU = "a100-sxm-80gb"
@@ -112,7 +112,7 @@ def _strategy(
 def _gpu(gpu: str | GPU) -> GPU:
     if isinstance(gpu, GPU):
         return gpu
-    from memcalc.presets import load_gpu
+    from memcalc.inputs.presets import load_gpu
 
     return load_gpu(gpu)
 
@@ -133,11 +133,11 @@ def resolve_architecture(
     if isinstance(model, Architecture):
         base: Architecture | None = model
     elif model is not None:
-        from memcalc.presets import load_model
+        from memcalc.inputs.presets import load_model
 
         base = load_model(model)
     elif hf_config is not None:
-        from memcalc.hf_config import load_hf_config
+        from memcalc.model.hf_config import load_hf_config
 
         base = load_hf_config(hf_config)
     else:

@@ -4,9 +4,9 @@ its Table 3 (22B, 175B, 530B, 1T)."""
 import pytest
 
 import memcalc
-from memcalc.activations import Setting, layer_activations, output_saved, pipeline_in_flight
-from memcalc.architecture import Architecture
-from memcalc.presets import load_model
+from memcalc.memory.activations import Setting, layer_activations, output_saved, pipeline_in_flight
+from memcalc.model.architecture import Architecture
+from memcalc.inputs.presets import load_model
 
 # Table 3: name, a, h, L, t, p (seq 2048, micro-batch 1 for all but 22B, which used 4).
 PAPER = [("megatron-22b", 64, 6144, 48, 8, 1, 4), ("megatron-175b", 96, 12288, 96, 8, 8, 1),

@@ -13,8 +13,8 @@ torch = pytest.importorskip("torch")
 
 from torch.utils.checkpoint import checkpoint  # noqa: E402
 
-from memcalc.activations import Setting, layer_activations, rotary_saved  # noqa: E402
-from memcalc.architecture import Architecture  # noqa: E402
+from memcalc.memory.activations import Setting, layer_activations, rotary_saved  # noqa: E402
+from memcalc.model.architecture import Architecture  # noqa: E402
 from memcalc.validation.blocks import GPTBlock, LlamaBlock, saved_bytes  # noqa: E402
 
 B, S = 2, 128

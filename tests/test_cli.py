@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from memcalc.cli import app
-from memcalc.results import Comparison, Estimate
+from memcalc.report.results import Comparison, Estimate
 
 runner = CliRunner()
 README = Path(__file__).resolve().parent.parent / "README.md"

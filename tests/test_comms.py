@@ -2,8 +2,8 @@
 
 import pytest
 
-from memcalc.collectives import bus_factor, sent_bytes_per_rank
-from memcalc.memory import shard_numel
+from memcalc.comm.collectives import bus_factor, sent_bytes_per_rank
+from memcalc.memory.states import shard_numel
 
 
 def ops(r):

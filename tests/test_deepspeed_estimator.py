@@ -5,9 +5,9 @@ import itertools
 import pytest
 
 import memcalc
-from memcalc.deepspeed_estimator import zero2, zero3
-from memcalc.params import largest_module
-from memcalc.presets import load_model
+from memcalc.memory.deepspeed_estimator import zero2, zero3
+from memcalc.model.params import largest_module
+from memcalc.inputs.presets import load_model
 
 
 def test_zero2_by_hand():

@@ -5,11 +5,11 @@ import json
 import pytest
 
 import memcalc
-from memcalc.architecture import Architecture
+from memcalc.model.architecture import Architecture
 from memcalc.errors import InputError
-from memcalc.hf_config import READERS, architecture_from_config, load_hf_config
-from memcalc.params import model_params
-from memcalc.presets import load_model, model_names
+from memcalc.model.hf_config import READERS, architecture_from_config, load_hf_config
+from memcalc.model.params import model_params
+from memcalc.inputs.presets import load_model, model_names
 
 
 def to_hf(a: Architecture) -> dict:

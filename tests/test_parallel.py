@@ -3,8 +3,8 @@
 import pytest
 
 import memcalc
-from memcalc.params import Shard, stage_params
-from memcalc.presets import load_model
+from memcalc.model.params import Shard, stage_params
+from memcalc.inputs.presets import load_model
 
 
 @pytest.mark.parametrize(

@@ -2,9 +2,9 @@
 
 import pytest
 
-from memcalc.architecture import Architecture
+from memcalc.model.architecture import Architecture
 from memcalc.errors import InputError
-from memcalc.params import (
+from memcalc.model.params import (
     Shard,
     active_params,
     attention_params,
@@ -13,7 +13,7 @@ from memcalc.params import (
     model_params,
     stage_params,
 )
-from memcalc.presets import load_model, model_names
+from memcalc.inputs.presets import load_model, model_names
 
 # sum(p.numel() for p in AutoModelForCausalLM.from_config(cfg).parameters()) for each model's config.json.
 HF_COUNTS = {

@@ -5,7 +5,7 @@ import pytest
 
 import memcalc
 from memcalc.errors import InputError
-from memcalc.presets import load_gpu, presets_dir
+from memcalc.inputs.presets import load_gpu, presets_dir
 
 GPU_FILES = sorted((presets_dir() / "gpus").glob("*.toml"))
 REQUIRED = {"a100-sxm-40gb", "a100-sxm-80gb", "a100-pcie-40gb", "a100-pcie-80gb", "h100-sxm", "h100-pcie", "h200",

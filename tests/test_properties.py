@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import memcalc
-from memcalc.results import Comparison, Estimate
+from memcalc.report.results import Comparison, Estimate
 
 psis = st.integers(min_value=1, max_value=10**13)
 worlds = st.sampled_from([1, 2, 4, 8, 16, 64, 128, 512, 1024])

@@ -2,7 +2,7 @@ import pytest
 
 import memcalc
 from memcalc.errors import InputError
-from memcalc.strategies import STRATEGIES, resolve_fsdp, resolve_stage, resolve_strategy
+from memcalc.layout.strategies import STRATEGIES, resolve_fsdp, resolve_stage, resolve_strategy
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 import memcalc
-from memcalc.architecture import Architecture
+from memcalc.model.architecture import Architecture
 from memcalc.validation.measure import Collective, Config, RankResult, run
 
 FSDP1 = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
@@ -50,7 +50,7 @@ ZERO3 = (
            max_reuse_distance=7_000, **DS_ODD),
 )
 # Real Hugging Face models (when transformers is installed), whose modules memcalc follows exactly, parameter-less
-# ones included (memcalc.frameworks.LAYOUTS). FSDP1's size policy wraps their inner transformer/model/decoder
+# ones included (memcalc.memory.frameworks.LAYOUTS). FSDP1's size policy wraps their inner transformer/model/decoder
 # module and, for tied models (GPT-2, OPT), can flatten the tied embedding into two units; ZeRO-3 prefetches at
 # every module's hooks.
 HF_FSDP = (
@@ -106,7 +106,7 @@ def full() -> tuple[Config, ...]:
 def architecture(c: Config) -> Architecture:
     """memcalc's description of the measured model: TinyGPT, or the Hugging Face model from its config."""
     if c.model != "tiny":
-        from memcalc.hf_config import architecture_from_config
+        from memcalc.model.hf_config import architecture_from_config
 
         return architecture_from_config(c.hf_config())
     return Architecture(family=None, layers=c.layers, hidden=c.hidden, heads=c.heads, vocab=c.vocab,

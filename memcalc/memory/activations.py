@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from memcalc.architecture import Architecture
-from memcalc.params import kv_heads_per_rank
+from memcalc.model.architecture import Architecture
+from memcalc.model.params import kv_heads_per_rank
 from memcalc.units import ceil_div
 
 Device = Literal["cuda", "cpu"]

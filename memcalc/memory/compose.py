@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memcalc import activations as act
-from memcalc import comms, memory
-from memcalc import deepspeed_estimator as dse
-from memcalc import frameworks as fw
-from memcalc.collectives import sent_bytes_per_rank
+from memcalc.memory import activations as act
+from memcalc.comm import traffic as comms
+from memcalc.memory import states as memory
+from memcalc.memory import deepspeed_estimator as dse
+from memcalc.memory import frameworks as fw
+from memcalc.comm.collectives import sent_bytes_per_rank
 from memcalc.inputs import EstimateInput
-from memcalc.params import Shard, active_params, largest_layer, largest_module, model_params, stage_params
-from memcalc.results import (
+from memcalc.model.params import Shard, active_params, largest_layer, largest_module, model_params, stage_params
+from memcalc.report.results import (
     ActivationDetail,
     Collective,
     Communication,
@@ -223,7 +224,7 @@ def _implementation(inp: EstimateInput) -> tuple[list[MemoryRow], list[fw.Issued
                               detail=f"at peak: the most elements DeepSpeed's coordinator holds gathered in the "
                                      f"{'first' if inp.framework.zero3_step == 'first' else 'steady-state'} step "
                                      f"(max_live_parameters {z.max_live_parameters:,} bounds prefetching, not fetching; "
-                                     "memcalc.zero3)"))  # fmt: skip
+                                     "memcalc.memory.zero3)"))  # fmt: skip
     if spec.framework == "fsdp":
         us = fw.units(arch, inp.framework.min_num_params)
         if spec.shards_params:
@@ -299,7 +300,7 @@ def _notes(inp: EstimateInput) -> list[str]:
                          else f"wrapping: size_based_auto_wrap_policy(min_num_params={mnp:,}): {k} unit{'s' * (k != 1)} "
                               "holding parameters (the root counted if it keeps any)")  # fmt: skip
         if spec.name == "zero-3":
-            from memcalc.zero3 import persistent, replay
+            from memcalc.memory.zero3 import persistent, replay
 
             z = inp.framework.zero3()
             lp = inp.precision.param_bytes

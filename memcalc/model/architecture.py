@@ -1,6 +1,6 @@
 """A transformer's shape: the input from which parameters and activations are counted.
 
-Field names follow what the shape means, not one library's config keys; ``memcalc.hf_config`` maps
+Field names follow what the shape means, not one library's config keys; ``memcalc.model.hf_config`` maps
 Hugging Face ``config.json`` files onto it and ``presets/models/*.toml`` use these names as keys.
 """
 

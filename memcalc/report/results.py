@@ -21,12 +21,12 @@ class _Result(BaseModel):
 
     # Display: rich consoles call __rich__, Jupyter/IPython call _repr_mimebundle_.
     def __rich__(self) -> Any:
-        from memcalc.render import render
+        from memcalc.report.render import render
 
         return render(self)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        from memcalc.render import to_text_and_html
+        from memcalc.report.render import to_text_and_html
 
         text, html = to_text_and_html(self)
         return {"text/plain": text, "text/html": html}

@@ -10,10 +10,10 @@ each GPU's 1/F gradient shard across the R = W/F replicas.
 
 from __future__ import annotations
 
-from memcalc.collectives import CollectiveOp, sent_bytes_per_rank
-from memcalc.memory import shard_numel
-from memcalc.results import Collective, HostTransfer
-from memcalc.strategies import StrategySpec
+from memcalc.comm.collectives import CollectiveOp, sent_bytes_per_rank
+from memcalc.memory.states import shard_numel
+from memcalc.report.results import Collective, HostTransfer
+from memcalc.layout.strategies import StrategySpec
 
 
 def _group_crosses_nodes(span: int, gpus_per_node: int) -> bool:

@@ -142,7 +142,7 @@ def _show(result: Any, as_json: bool, units: str) -> None:
     if as_json:
         sys.stdout.write(result.model_dump_json(indent=2) + "\n")
         return
-    from memcalc.render import render
+    from memcalc.report.render import render
 
     _console().print(render(result, units))  # type: ignore[arg-type]
 
@@ -308,7 +308,7 @@ def gpus() -> None:
     """List the GPU presets."""
     from rich.table import Table
 
-    from memcalc.presets import gpu_names, load_gpu
+    from memcalc.inputs.presets import gpu_names, load_gpu
 
     t = Table(title="GPU presets (--gpu NAME or alias)", title_justify="left")
     for col in ("name", "GPU", "memory GB", "usable GiB", "HBM GB/s", "BF16 TFLOPS", "link GB/s", "aliases"):
@@ -373,8 +373,8 @@ def models() -> None:
     """List the model presets with their exact parameter counts."""
     from rich.table import Table
 
-    from memcalc.params import model_params
-    from memcalc.presets import load_model, model_names
+    from memcalc.model.params import model_params
+    from memcalc.inputs.presets import load_model, model_names
 
     t = Table(title="Model presets (--model NAME or alias)", title_justify="left")
     for col in ("name", "parameters", "layers", "hidden", "heads", "kv", "ffn", "vocab", "aliases"):
@@ -391,7 +391,7 @@ def strategies() -> None:
     """List the strategies and what each shards."""
     from rich.table import Table
 
-    from memcalc.strategies import STRATEGIES
+    from memcalc.layout.strategies import STRATEGIES
 
     t = Table(title="Strategies (--stage N, --fsdp NAME, --ddp, or --strategy NAME)", title_justify="left")
     for col in ("name", "framework", "params", "grads", "optimizer", "group", "same as", "offload"):

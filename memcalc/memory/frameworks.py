@@ -16,7 +16,7 @@ Measured on torch 2.13 (CPU, gloo; ``tests/validation``) and read from the code 
   partition of it, all-reduce the gradients in backward and all-gather the updated flat buffer after the step;
   ZeRO-3 partitions every parameter on its own (⌈numel/dp⌉ each), keeps a low-precision partition, an fp32 master
   partition and a gradient partition, keeps "persistent" small parameters whole as well, all-gathers parameters as
-  its coordinator decides (memcalc.zero3) and reduce-scatters the padded gradients.
+  its coordinator decides (memcalc.memory.zero3) and reduce-scatters the padded gradients.
 - torch.optim.Adam/AdamW keep exp_avg and exp_avg_sq like the parameter and a 4-byte ``step`` tensor per
   parameter tensor (not fused, not capturable); DeepSpeed's ZeRO-1/2/3 hand it one flat tensor per group.
 """
@@ -26,9 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from math import prod
 
-from memcalc.architecture import Architecture
+from memcalc.model.architecture import Architecture
 from memcalc.inputs import Zero3Settings
-from memcalc.params import embedding_params, position_params
+from memcalc.model.params import embedding_params, position_params
 from memcalc.units import ceil_div
 
 Shape = tuple[int, ...]
@@ -104,7 +104,7 @@ class Node:
 @dataclass(frozen=True)
 class Layout:
     """How a Hugging Face model class calls its modules, parameter-less ones included: they run hooks too, and
-    DeepSpeed ZeRO-3 prefetches at every hook (memcalc.zero3). Read from transformers' modeling code; the forward
+    DeepSpeed ZeRO-3 prefetches at every hook (memcalc.memory.zero3). Read from transformers' modeling code; the forward
     call order of every family here is checked against the real classes in tests/test_frameworks.py."""
 
     inner: str | None = None
@@ -424,7 +424,7 @@ def deepspeed(
 ) -> tuple[Held, list[Issued]]:
     """DeepSpeed ZeRO-0..3 with a torch.optim client optimizer (fp32 moments), ``lp_bytes`` the training dtype.
 
-    ZeRO-3's gathers are those of a steady-state step, or of the first step (``memcalc.zero3.replay`` with ``z3``,
+    ZeRO-3's gathers are those of a steady-state step, or of the first step (``memcalc.memory.zero3.replay`` with ``z3``,
     DeepSpeed's defaults when None)."""
     us = units(arch)
     shapes = [s for u in us for s in u.shapes]
@@ -447,7 +447,7 @@ def deepspeed(
             Issued("all-reduce", "backward", "gradients", "data-parallel", dp, lp_bytes, 1, psi * lp_bytes),
             Issued("all-gather", "optimizer step", "parameters", "data-parallel", dp, lp_bytes, 1, padded * lp_bytes),
         ]
-    from memcalc.zero3 import persistent, replay  # memcalc.zero3 walks this module's tree
+    from memcalc.memory.zero3 import persistent, replay  # memcalc.memory.zero3 walks this module's tree
 
     z3 = z3 or Zero3Settings()
     part = sum(ceil_div(s[0] * prod(s[1:]), dp) for s in shapes)

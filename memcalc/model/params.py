@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memcalc.architecture import Architecture
+from memcalc.model.architecture import Architecture
 from memcalc.errors import InputError
 
 

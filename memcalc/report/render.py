@@ -6,7 +6,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from memcalc.results import Comparison, Estimate
+from memcalc.report.results import Comparison, Estimate
 from memcalc.units import MemoryUnit, format_memory, format_rate, memory_label, to_memory_unit
 
 

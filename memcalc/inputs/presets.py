@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from memcalc.architecture import Architecture
+from memcalc.model.architecture import Architecture
 from memcalc.errors import InputError, did_you_mean
 from memcalc.inputs import GPU
 
@@ -23,10 +23,10 @@ KINDS = {"gpus": "GPU", "models": "model"}
 
 def presets_dir() -> Path:
     here = Path(__file__).resolve().parent
-    for candidate in (here / "presets", here.parent / "presets"):
+    for candidate in (here.parent / "presets", here.parent.parent / "presets"):
         if candidate.is_dir():
             return candidate
-    raise RuntimeError(f"memcalc's presets folder is missing (looked in {here / 'presets'} and {here.parent / 'presets'})")
+    raise RuntimeError(f"memcalc's presets folder is missing (looked in {here.parent / 'presets'} and {here.parent.parent / 'presets'})")
 
 
 def _norm(name: str) -> str:

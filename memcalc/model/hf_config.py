@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from memcalc.architecture import Architecture
+from memcalc.model.architecture import Architecture
 from memcalc.errors import InputError
 
 Config = dict[str, Any]

@@ -14,7 +14,7 @@ forward and again in backward. From the second step on it knows the trace and:
   them whole and all-gathers them after every optimizer step.
 
 ``replay`` follows that code statement by statement (fetch, prefetch, release) over
-the modules as they run (``memcalc.frameworks.module_tree``, parameter-less modules included, since their hooks
+the modules as they run (``memcalc.memory.frameworks.module_tree``, parameter-less modules included, since their hooks
 fire too): forward in call order, each module before its children; backward each module whose output needs a
 gradient before its children, the children reversed. A module's release comes after its children's; the
 modules whose inputs need no gradient (the model itself, the token and position embeddings) release only when
@@ -29,8 +29,8 @@ from collections import deque
 from dataclasses import dataclass
 from math import prod
 
-from memcalc.architecture import Architecture
-from memcalc.frameworks import Node, module_tree
+from memcalc.model.architecture import Architecture
+from memcalc.memory.frameworks import Node, module_tree
 from memcalc.inputs import Zero3Settings
 from memcalc.units import ceil_div
 

@@ -10,9 +10,9 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from memcalc.architecture import Architecture
+from memcalc.model.architecture import Architecture
 from memcalc.errors import InputError, did_you_mean
-from memcalc.strategies import STRATEGIES, OffloadDevice, StrategyName, StrategySpec
+from memcalc.layout.strategies import STRATEGIES, OffloadDevice, StrategyName, StrategySpec
 from memcalc.units import GB, gib, parse_count
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -487,7 +487,7 @@ class EstimateInput(Frozen):
         if arch is None and needs_shape:
             raise InputError(f"{', '.join(needs_shape)} needs the model's shape: give --model, --hf-config or --layers/--hidden/--heads/--vocab")
         if arch is not None:
-            from memcalc.params import check_tp
+            from memcalc.model.params import check_tp
 
             check_tp(arch, par.tp)
             if arch.layers % (par.pp * par.virtual_stages):
