@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from memcalc.errors import InputError
-from memcalc.memory.compose import estimate_from_input
 from memcalc.model.architecture import Architecture
 from memcalc.inputs import (
     GPU,
@@ -280,6 +279,15 @@ def build_input(
         overheads=overheads,
         grad_accum=grad_accum or micro_batches or 1,
     )
+
+
+def estimate_from_input(inp: EstimateInput, micro_batch_auto: bool = False) -> Estimate:
+    """The estimate of one validated input: to the core's plain plan, evaluated, built into the result once."""
+    from memcalc.evaluate import evaluate
+    from memcalc.inputs.plan import to_plan
+    from memcalc.report import build
+
+    return build.estimate(inp, evaluate(to_plan(inp)), micro_batch_auto)
 
 
 def _choice(flag: str, value: str, accepted: tuple[str, ...]) -> None:

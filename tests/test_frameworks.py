@@ -3,6 +3,7 @@
 import pytest
 
 import memcalc
+from memcalc.model import tree
 from memcalc.memory import frameworks as fw
 from memcalc.model.params import model_params
 from memcalc.inputs.presets import load_model
@@ -18,7 +19,7 @@ def test_units_hold_every_parameter_once(name, min_num_params):
         def find(node, name):
             return node if node.name == name else next((x for c in node.children if (x := find(c, name))), None)
 
-        shape = find(fw.module_tree(a), "embed").params[0][1]
+        shape = find(tree.module_tree(a), "embed").params[0][1]
         copies = sum(u.shapes.count(shape) for u in us)
         assert copies == 1 or (min_num_params is not None and copies == 2)
         extra = (copies - 1) * shape[0] * shape[1]
@@ -192,7 +193,7 @@ FALCON_VARIANTS = [dict(new_decoder_architecture=True, num_kv_heads=2),  # ln_at
                    dict(parallel_attn=False), dict(alibi=True)]  # fmt: skip
 
 
-@pytest.mark.parametrize(("family", "extra"), [(f, {}) for f in sorted(fw.LAYOUTS)] + [("falcon", x) for x in FALCON_VARIANTS])
+@pytest.mark.parametrize(("family", "extra"), [(f, {}) for f in sorted(tree.LAYOUTS)] + [("falcon", x) for x in FALCON_VARIANTS])
 def test_module_tree_follows_hugging_faces_call_order(family, extra):
     """Every module a real Hugging Face model calls in forward, parameter-less ones included, with the parameters
     it owns, in order: what DeepSpeed ZeRO-3 hooks (and memcalc.memory.zero3 replays)."""

@@ -5,11 +5,11 @@ import json
 import pytest
 
 import memcalc
-from memcalc.model.architecture import Architecture
 from memcalc.errors import InputError
+from memcalc.inputs.presets import load_model, model_names
+from memcalc.model.architecture import Architecture
 from memcalc.model.hf_config import READERS, architecture_from_config, load_hf_config
 from memcalc.model.params import model_params
-from memcalc.inputs.presets import load_model, model_names
 
 
 def to_hf(a: Architecture) -> dict:
@@ -107,3 +107,265 @@ def test_counts_equal_transformers_on_the_meta_device(name):
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(hf_cfg)
     assert sum(p.numel() for p in model.parameters()) == ours
+
+
+# ---- strict, bounded reading: every mistake is one InputError line naming the file, the key and the value ----
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memcalc.model import architecture as arch_bounds
+from memcalc.model.hf_config import MAX_FILE_BYTES, parse_config
+
+GPT2 = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257, "n_positions": 1024}
+LLAMA = REAL_CONFIGS["tinyllama-1.1b"][0]
+
+
+def _written(tmp_path, cfg) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+def _refused(tmp_path, cfg, *parts: str) -> str:
+    """load_hf_config refuses ``cfg`` with one line that contains the file and every one of ``parts``."""
+    path = _written(tmp_path, cfg)
+    with pytest.raises(InputError) as e:
+        load_hf_config(path)
+    msg = str(e.value)
+    assert "\n" not in msg and path in msg, msg
+    for part in parts:
+        assert part in msg, (part, msg)
+    return msg
+
+
+def test_a_string_count_is_refused_not_read_as_quadrillions(tmp_path):
+    _refused(tmp_path, GPT2 | {"n_embd": "768"}, "n_embd '768' is a string", "a JSON integer from 1 to 1,048,576")
+
+
+def test_a_boolean_is_not_a_layer_count(tmp_path):
+    _refused(tmp_path, LLAMA | {"num_hidden_layers": True}, "num_hidden_layers True is a boolean", "from 1 to 10,000")
+
+
+def test_a_string_false_is_not_a_boolean(tmp_path):
+    _refused(tmp_path, LLAMA | {"tie_word_embeddings": "false"}, "tie_word_embeddings 'false' is a string",
+             "a JSON boolean, true or false")  # fmt: skip
+    _refused(tmp_path, GPT2 | {"tie_word_embeddings": 0}, "tie_word_embeddings 0 is an integer")
+    assert load_hf_config(_written(tmp_path, LLAMA | {"tie_word_embeddings": True})).tied_embeddings is True
+
+
+def test_zero_and_negative_counts_are_refused(tmp_path):
+    _refused(tmp_path, LLAMA | {"num_key_value_heads": 0}, "num_key_value_heads 0 is out of range", "from 1 to 65,536")
+    _refused(tmp_path, GPT2 | {"n_layer": -1}, "n_layer -1 is out of range")
+    _refused(tmp_path, GPT2 | {"vocab_size": 0}, "vocab_size 0 is out of range", "from 1 to 16,777,216")
+
+
+def test_whole_floats_are_refused_for_counts(tmp_path):
+    # transformers writes ints; nn.Linear(4096.0, ...) fails, so 4096.0 is a hand edit the model itself refuses.
+    _refused(tmp_path, LLAMA | {"hidden_size": 2048.0}, "hidden_size 2048.0 is a float")
+
+
+@pytest.mark.parametrize(("key", "value", "bound"), [
+    ("num_hidden_layers", 10_001, "10,000"), ("hidden_size", 2**20 + 32, "1,048,576"),
+    ("intermediate_size", 4 * 2**20 + 1, "4,194,304"), ("vocab_size", 2**24 + 1, "16,777,216"),
+    ("num_attention_heads", 2**16 + 1, "65,536"), ("head_dim", 2**16 + 1, "65,536"),
+])  # fmt: skip
+def test_sizes_above_their_bound_are_refused(tmp_path, key, value, bound):
+    _refused(tmp_path, LLAMA | {key: value}, f"{key} {value} is out of range", f"from 1 to {bound}")
+
+
+def test_huge_and_non_finite_numbers_are_refused(tmp_path):
+    _refused(tmp_path, GPT2 | {"n_layer": 10**30}, "is out of range")
+    _refused(tmp_path, GPT2 | {"n_layer": 2**200}, "<a 201-bit integer> is out of range")
+    path = tmp_path / "config.json"
+    for text, part in ((json.dumps(GPT2)[:-1] + ', "attn_pdrop": NaN}', "holds NaN"),
+                       (json.dumps(GPT2)[:-1] + ', "n_layer": Infinity}', "holds Infinity"),
+                       ('{"model_type": "gpt2", "n_layer": ' + "9" * 5000 + "}", "not a readable JSON file"),
+                       (json.dumps(GPT2)[:-1] + ', "n_layer": 3}', "has the key 'n_layer' twice")):  # fmt: skip
+        path.write_text(text)
+        with pytest.raises(InputError, match=part):
+            load_hf_config(path)
+    _refused(tmp_path, GPT2 | {"attn_pdrop": 1.0}, "attn_pdrop 1.0 is out of range", "from 0 up to (not including) 1")
+    _refused(tmp_path, GPT2 | {"resid_pdrop": "0.1"}, "resid_pdrop '0.1' is a string")
+
+
+def test_null_means_absent_only_where_transformers_says_so(tmp_path):
+    a = load_hf_config(_written(tmp_path, LLAMA | {"num_key_value_heads": None, "head_dim": None}))
+    assert (a.n_kv, a.d_head) == (32, 64)
+    assert load_hf_config(_written(tmp_path, GPT2 | {"n_inner": None})).ffn_size == 3072
+    _refused(tmp_path, LLAMA | {"vocab_size": None}, "vocab_size None is null")
+    _refused(tmp_path, LLAMA | {"attention_bias": None}, "attention_bias None is null")
+
+
+def test_relations_name_the_config_keys(tmp_path):
+    _refused(tmp_path, LLAMA | {"num_key_value_heads": 5}, "num_key_value_heads 5 does not divide num_attention_heads 32")
+    _refused(tmp_path, GPT2 | {"n_head": 7}, "n_head 7 does not divide n_embd 768")
+    mixtral = LLAMA | {"model_type": "mixtral", "num_local_experts": 2, "num_experts_per_tok": 3}
+    _refused(tmp_path, mixtral, "num_experts_per_tok 3 is more than num_local_experts 2")
+
+
+def test_wrong_kinds_of_path_and_file(tmp_path):
+    for bad in (123, None, 4.5, [str(tmp_path)]):
+        with pytest.raises(InputError, match="not a path; accepted: the path of a config.json file"):
+            load_hf_config(bad)  # type: ignore[arg-type]
+    with pytest.raises(InputError, match=r"--hf-config 123 is an integer, not a path"):
+        memcalc.estimate(hf_config=123, stage=3, gpus=8)
+    with pytest.raises(InputError, match="is a folder; accepted: the path of a config.json file"):
+        load_hf_config(tmp_path)
+    with pytest.raises(InputError, match="does not exist"):
+        load_hf_config(tmp_path / "missing.json")
+    with pytest.raises(InputError, match="cannot be read"):
+        load_hf_config("config\0.json")
+    path = tmp_path / "config.json"
+    path.write_bytes(b'{"model_type": "gpt2", "n_embd": 768, "name": "\xff\xfe"}')
+    with pytest.raises(InputError, match=r"is not UTF-8 text \(byte 47\)"):
+        load_hf_config(path)
+    path.write_text("[1, 2]")
+    with pytest.raises(InputError, match="does not hold a JSON object"):
+        load_hf_config(path)
+    path.write_text(json.dumps(GPT2 | {"_name_or_path": 7}))
+    with pytest.raises(InputError, match="_name_or_path 7 is an integer; accepted: a JSON string"):
+        load_hf_config(path)
+    with pytest.raises(InputError, match=r"model_type \['llama'\] is not supported"):
+        architecture_from_config({"model_type": ["llama"]})
+    with pytest.raises(InputError, match="config.json holds an array, not a JSON object"):
+        architecture_from_config([])  # type: ignore[arg-type]
+
+
+def test_deep_nesting_is_refused_before_parsing(tmp_path):
+    path = tmp_path / "config.json"
+    for text in ("[" * 100_000 + "]" * 100_000, json.dumps(GPT2)[:-1] + ', "x": ' + '{"a": ' * 50_000 + "1" + "}" * 50_001):
+        path.write_text(text)
+        with pytest.raises(InputError, match="nests deeper than 32 levels"):
+            load_hf_config(path)
+    # Brackets inside strings (escaped quotes included) do not count as nesting.
+    path.write_text(json.dumps(GPT2 | {"note": '[[[[ "\\" {{{{' * 20, "rope_scaling": {"a": {"b": [[1]]}}}))
+    assert load_hf_config(path).hidden == 768
+
+
+def test_large_files_and_devices_are_refused_quickly(tmp_path):
+    import time
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(GPT2) + " " * MAX_FILE_BYTES)
+    with pytest.raises(InputError, match="larger than 1,048,576 bytes"):
+        load_hf_config(path)
+    path.write_text(json.dumps(GPT2) + " " * (MAX_FILE_BYTES - len(json.dumps(GPT2))))
+    assert load_hf_config(path).layers == 12  # exactly 1 MiB is accepted
+    start = time.perf_counter()
+    with pytest.raises(InputError, match="'/dev/zero' is larger than 1,048,576 bytes"):
+        load_hf_config("/dev/zero")
+    assert time.perf_counter() - start < 1.0
+
+
+def test_architecture_bounds_hold_for_flags_too():
+    base = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 100, "position": "rotary"}
+    for field, bound in (("layers", arch_bounds.MAX_LAYERS), ("hidden", arch_bounds.MAX_HIDDEN),
+                         ("vocab", arch_bounds.MAX_VOCAB), ("ffn", arch_bounds.MAX_FFN),
+                         ("experts", arch_bounds.MAX_EXPERTS), ("max_positions", arch_bounds.MAX_POSITIONS)):  # fmt: skip
+        with pytest.raises(ValueError, match="less than or equal to"):
+            Architecture(**base | {field: bound + 1})
+    with pytest.raises(ValueError, match="less than or equal to 10000"):
+        memcalc.estimate(layers=10_001, hidden=64, heads=4, vocab=100, stage=3, gpus=8)
+
+
+def test_the_largest_accepted_shape_answers_quickly(tmp_path):
+    import time
+
+    biggest = {"model_type": "mixtral", "num_hidden_layers": arch_bounds.MAX_LAYERS, "hidden_size": arch_bounds.MAX_HIDDEN,
+               "num_attention_heads": 2**14, "num_key_value_heads": 2**13, "intermediate_size": arch_bounds.MAX_FFN,
+               "vocab_size": arch_bounds.MAX_VOCAB, "num_local_experts": arch_bounds.MAX_EXPERTS,
+               "num_experts_per_tok": arch_bounds.MAX_EXPERTS}  # fmt: skip
+    start = time.perf_counter()
+    a = load_hf_config(_written(tmp_path, biggest))
+    total = model_params(a).total
+    assert time.perf_counter() - start < 1.0
+    # L x (attention 2h(h + h/2) + router h·E + E experts x 3·h·f + 2 norms h) + 2 V h + final norm h, exactly:
+    L, h, f, V, E = 10_000, 2**20, 2**22, 2**24, 2**16
+    assert total == L * (h * h + 2 * h * (h // 2) + h * h + h * E + E * 3 * h * f + 2 * h) + 2 * V * h + h
+
+
+# Every key a reader looks at, found by reading each family's config through a dict that records lookups.
+class _Recording(dict):
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.seen: set[str] = set()
+
+    def __contains__(self, key):
+        self.seen.add(key)
+        return super().__contains__(key)
+
+    def __getitem__(self, key):
+        self.seen.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self.seen.add(key)
+        return super().get(key, default)
+
+
+BASES = [to_hf(load_model(n)) for n in ("gpt2", "llama-2-7b", "mistral-7b", "qwen2-7b", "mixtral-8x7b", "opt-1.3b",
+                                         "bloom-176b", "falcon-7b")] + [c for c, _ in REAL_CONFIGS.values()]  # fmt: skip
+USED_KEYS = sorted({"model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "attention_bias",
+                    "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size", "tie_word_embeddings",
+                    "attention_dropout", "mlp_bias", "num_local_experts", "num_experts_per_tok", "n_embd", "n_layer",
+                    "n_head", "n_inner", "n_positions", "attn_pdrop", "resid_pdrop", "use_parallel_residual",
+                    "hidden_dropout", "n_embed", "ffn_dim", "enable_bias", "word_embed_proj_dim",
+                    "max_position_embeddings", "do_layer_norm_before", "dropout", "new_decoder_architecture",
+                    "num_kv_heads", "multi_query", "bias", "parallel_attn", "ffn_hidden_size", "alibi"})  # fmt: skip
+
+
+def test_the_fuzzed_keys_are_every_key_the_readers_use():
+    seen: set[str] = set()
+    dropped = [{k: v for k, v in b.items() if k != d} for b in BASES for d in ("n_layer", "n_head", "hidden_size")]
+    for cfg in BASES + dropped:
+        rec = _Recording(cfg)
+        try:
+            architecture_from_config(rec)
+        except InputError:
+            pass
+        seen |= rec.seen
+    assert seen == set(USED_KEYS)
+
+
+_leaf = (st.none() | st.booleans() | st.integers(-5, 300) | st.integers(-(2**80), 2**80)
+         | st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([0.0, 0.1, 64.0, 4096.0, 0.999])
+         | st.text(max_size=6) | st.sampled_from(["768", "false", "true", "1e3", "llama", "gpt2"]))  # fmt: skip
+_json = st.recursive(_leaf, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=4), c, max_size=3),
+                     max_leaves=6)  # fmt: skip
+
+
+@settings(max_examples=2000, derandomize=True, deadline=None)
+@given(base=st.sampled_from(BASES), over=st.dictionaries(st.sampled_from(USED_KEYS), _json, max_size=5),
+       drop=st.lists(st.sampled_from(USED_KEYS), max_size=3), through_file=st.booleans())  # fmt: skip
+def test_random_values_give_an_architecture_or_one_input_error(base, over, drop, through_file):
+    cfg = {k: v for k, v in base.items() if k not in drop} | over
+    try:
+        if through_file:
+            where = "--hf-config 'x.json'"
+            rec = _Recording(parse_config(json.dumps(cfg).encode(), where))
+            a = architecture_from_config(rec, where=where)
+        else:
+            rec = _Recording(cfg)
+            a = architecture_from_config(rec)
+    except InputError as e:
+        assert "\n" not in str(e) and len(str(e)) < 400
+        return
+    assert isinstance(a, Architecture)
+    for key in rec.seen - {"model_type"}:  # whatever the reader looked at and accepted had the right JSON type
+        value = cfg.get(key)
+        assert value is None or isinstance(value, (bool, int)) or key.endswith(("dropout", "pdrop")), (key, value)
+        assert not (isinstance(value, float) and not key.endswith(("dropout", "pdrop"))), (key, value)
+        assert not (isinstance(value, int) and not isinstance(value, bool) and value < 0), (key, value)
+    assert model_params(a).total > 0
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(data=st.binary(max_size=200) | st.text(alphabet='{}[]":,0123456789.eE-+ ntrufalsNIy\\', max_size=200).map(str.encode))
+def test_random_bytes_give_a_config_or_one_input_error(data):
+    try:
+        cfg = parse_config(data)
+    except InputError as e:
+        assert "\n" not in str(e)
+        return
+    assert isinstance(cfg, dict)

@@ -31,6 +31,13 @@ def bus_factor(op: CollectiveOp, n: int) -> Fraction:
 
 
 def sent_bytes_per_rank(op: CollectiveOp, payload_bytes: int, n: int) -> int:
-    """Bytes one rank sends under a ring: S x factor, rounded up to a whole byte."""
-    f = bus_factor(op, n)
-    return ceil_div(payload_bytes * f.numerator, f.denominator)
+    """Bytes one rank sends under a ring: S x factor, rounded up to a whole byte (integer arithmetic: exact)."""
+    if n < 1:
+        raise ValueError(f"a collective needs at least one rank, got {n}")
+    if op == "all-reduce":
+        return ceil_div(payload_bytes * 2 * (n - 1), n)
+    if op in ("reduce-scatter", "all-gather", "all-to-all"):
+        return ceil_div(payload_bytes * (n - 1), n)
+    if op in ("broadcast", "reduce"):
+        return payload_bytes if n > 1 else 0
+    raise ValueError(f"unknown collective {op!r}")

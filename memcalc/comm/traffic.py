@@ -10,10 +10,41 @@ each GPU's 1/F gradient shard across the R = W/F replicas.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from memcalc.comm.collectives import CollectiveOp, sent_bytes_per_rank
-from memcalc.memory.states import shard_numel
-from memcalc.report.results import Collective, HostTransfer
-from memcalc.layout.strategies import StrategySpec
+from memcalc.layout.strategies import StrategySpec, shard_numel
+
+
+class Collective(NamedTuple):
+    """One collective issued every optimizer step, as one GPU sees it (the fields of
+    ``memcalc.report.results.Collective``, where each is documented). Byte counts are per step."""
+
+    op: str
+    phase: str
+    tensor: str
+    group: str
+    group_size: int
+    crosses_nodes: bool
+    link: str
+    dtype: str
+    calls_per_step: int
+    payload_bytes_per_call: int
+    payload_bytes: int
+    sent_bytes_per_gpu: int
+
+
+class HostTransfer(NamedTuple):
+    """A copy between GPU memory and host RAM, or host RAM and NVMe, per GPU per step
+    (``memcalc.report.results.HostTransfer``)."""
+
+    op: str
+    phase: str
+    tensor: str
+    link: str
+    calls_per_step: int
+    bytes_per_call: int
+    bytes: int
 
 
 def _group_crosses_nodes(span: int, gpus_per_node: int) -> bool:
@@ -38,20 +69,8 @@ def collective(
     calls: int,
 ) -> Collective:
     per_call_sent = sent_bytes_per_rank(op, payload_bytes_per_call, n)
-    return Collective(
-        op=op,
-        phase=phase,  # type: ignore[arg-type]
-        tensor=tensor,
-        group=group,  # type: ignore[arg-type]
-        group_size=n,
-        crosses_nodes=crosses_nodes,
-        link="network" if crosses_nodes else intra_link,
-        dtype=dtype,
-        calls_per_step=calls,
-        payload_bytes_per_call=payload_bytes_per_call,
-        payload_bytes=payload_bytes_per_call * calls,
-        sent_bytes_per_gpu=per_call_sent * calls,
-    )
+    return Collective(op, phase, tensor, group, n, crosses_nodes, "network" if crosses_nodes else intra_link, dtype,
+                      calls, payload_bytes_per_call, payload_bytes_per_call * calls, per_call_sent * calls)
 
 
 def data_parallel_collectives(
@@ -207,8 +226,14 @@ def model_parallel_collectives(
 
 def in_step_order(rows: list[Collective]) -> list[Collective]:
     """Forward, backward, optimizer step; stable inside a phase (gather before reduce)."""
-    phases = {"forward": 0, "backward": 1, "optimizer step": 2}
-    return sorted(rows, key=lambda r: phases[r.phase])
+    return sorted(rows, key=_step_order)
+
+
+_PHASE_ORDER = {"forward": 0, "backward": 1, "optimizer step": 2}
+
+
+def _step_order(row: Collective) -> int:
+    return _PHASE_ORDER[row.phase]
 
 
 def host_transfers(
@@ -229,6 +254,8 @@ def host_transfers(
     ZeRO-Infinity (arXiv 2104.07857) §5: offloaded parameters are fetched for every gather, and
     optimizer states on NVMe are read and written back once per step.
     """
+    if param_device == "none" and optimizer_device == "none":
+        return []
     rows: list[HostTransfer] = []
 
     def add(op: str, phase: str, tensor: str, per_call: int, calls: int) -> None:

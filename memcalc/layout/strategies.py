@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from memcalc.errors import InputError, did_you_mean
+from memcalc.units import ceil_div
 
 Framework = Literal["ddp", "deepspeed", "fsdp"]
 OffloadDevice = Literal["none", "cpu", "nvme"]
@@ -182,3 +183,12 @@ def resolve_strategy(text: str) -> str:
             f"unknown strategy {value!r}{did_you_mean(value, choices)}; accepted: {', '.join(choices)}"
         )
     return name
+
+
+def shard_numel(numel: int, n: int) -> int:
+    """Elements one of ``n`` ranks holds of a tensor of ``numel``: ⌈Ψ/N⌉.
+
+    ZeRO §5: each rank owns 1/N of the partitioned state. Rounded up: frameworks pad the flat
+    buffer to a multiple of N (DeepSpeed stage_1_and_2.py pads to the DP world size).
+    """
+    return ceil_div(numel, n)

@@ -23,15 +23,13 @@ Measured on torch 2.13 (CPU, gloo; ``tests/validation``) and read from the code 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from math import prod
 
+from memcalc.memory.zero3 import Zero3Settings, persistent, replay
 from memcalc.model.architecture import Architecture
-from memcalc.inputs import Zero3Settings
-from memcalc.model.params import embedding_params, position_params
+from memcalc.model.tree import Node, Shape, module_params, module_tree
 from memcalc.units import ceil_div
-
-Shape = tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -46,203 +44,6 @@ class Unit:
     @property
     def numel(self) -> int:
         return sum(prod(s) for s in self.shapes)
-
-
-def _norm(arch: Architecture) -> list[Shape]:
-    return [(arch.hidden,), (arch.hidden,)] if arch.norm == "layernorm" and arch.norm_bias else [(arch.hidden,)]
-
-
-def _linear(out: int, inp: int, bias: bool) -> list[Shape]:
-    return [(out, inp)] + ([(out,)] if bias else [])
-
-
-def _mlp(arch: Architecture, width: int) -> list[Shape]:
-    h, b = arch.hidden, arch.mlp_bias
-    if arch.gated_mlp:
-        return _linear(width, h, b) + _linear(width, h, b) + _linear(h, width, b)
-    return _linear(width, h, b) + _linear(h, width, b)
-
-
-def layer_shapes(arch: Architecture, moe: bool) -> list[Shape]:
-    """One decoder layer's parameter tensors (norms, attention, MLP or experts + router)."""
-    h, q, kv = arch.hidden, arch.q_width, arch.kv_width
-    shapes = _norm(arch) * arch.norms_per_layer
-    if arch.fused_qkv:
-        shapes += _linear(q + 2 * kv, h, arch.qkv_bias)
-    else:
-        shapes += _linear(q, h, arch.qkv_bias) + _linear(kv, h, arch.qkv_bias) + _linear(kv, h, arch.qkv_bias)
-    shapes += _linear(h, q, arch.out_bias)
-    if not moe:
-        return shapes + _mlp(arch, arch.ffn_size)
-    shapes += _linear(arch.experts, h, arch.router_bias)
-    for _ in range(arch.experts):
-        shapes += _mlp(arch, arch.expert_ffn_size)
-    for _ in range(arch.shared_experts):
-        shapes += _mlp(arch, arch.ffn_size)
-    return shapes
-
-
-@dataclass(frozen=True)
-class Node:
-    """A module of the model as it is called: the parameters it registers itself, and its children in call order."""
-
-    name: str
-    params: tuple[tuple[str, Shape], ...] = ()
-    """(identity, shape); a tied head names the embedding's weight."""
-    children: tuple[Node, ...] = ()
-    container: bool = False
-    """A ModuleList: never called itself (its members are), and size_based_auto_wrap_policy never wraps one."""
-    layer: bool = False
-    """A decoder layer: what the transformer auto-wrap policy wraps."""
-    grad_input: bool = True
-    """Its input needs a gradient, so a hook on its input fires in backward (not so for the model itself, the
-    token and position embeddings)."""
-    grad_output: bool = True
-    """Its output needs a gradient, so it takes part in backward (not so for a rotary embedding's cos/sin)."""
-
-
-@dataclass(frozen=True)
-class Layout:
-    """How a Hugging Face model class calls its modules, parameter-less ones included: they run hooks too, and
-    DeepSpeed ZeRO-3 prefetches at every hook (memcalc.memory.zero3). Read from transformers' modeling code; the forward
-    call order of every family here is checked against the real classes in tests/test_frameworks.py."""
-
-    inner: str | None = None
-    """The module between the root and the embeddings, layers and final norm (GPT2Model, LlamaModel, ...)."""
-    embed_dropout: bool = False
-    """A Dropout module called on the embeddings (GPT-2's ``drop``, GPT-NeoX's ``emb_dropout``)."""
-    rotary: bool = False
-    """A rotary-embedding module called once after the embeddings (its cos/sin need no gradient)."""
-    attention_dropout: bool = False
-    """A Dropout module on the attention probabilities, between QKV and the output projection (BLOOM)."""
-    residual_dropout: bool = False
-    """Dropout modules on the attention and MLP outputs (GPT-2's resid_dropout / mlp.dropout, NeoX's post_*)."""
-    act: bool = False
-    """An activation module between the MLP's projections."""
-    mlp_module: bool = True
-    """The MLP's projections sit in their own module (not so in OPT, whose layer holds fc1 and fc2)."""
-    norms_first: bool = False
-    """Both norms run before attention (Falcon's new decoder architecture: ln_attn, ln_mlp)."""
-    project_out_last: bool = False
-    """OPT-350M: project_out runs after the final norm, project_in after the embeddings."""
-
-
-LAYOUTS: dict[str, Layout] = {
-    "gpt2": Layout(inner="transformer", embed_dropout=True, residual_dropout=True, act=True),
-    "llama": Layout(inner="model", rotary=True, act=True),
-    "mistral": Layout(inner="model", rotary=True, act=True),
-    "qwen2": Layout(inner="model", rotary=True, act=True),
-    "gpt_neox": Layout(inner="gpt_neox", embed_dropout=True, rotary=True, residual_dropout=True, act=True),
-    "bloom": Layout(inner="transformer", attention_dropout=True, act=True),
-    "falcon": Layout(inner="transformer", rotary=True, act=True),
-    "opt": Layout(inner="decoder", act=True, mlp_module=False, project_out_last=True),
-}
-"""Families whose Hugging Face call layout the module tree follows; others (MoE models, no family) keep the
-parameter-holding modules and their parents only."""
-
-
-def layout(arch: Architecture) -> Layout | None:
-    """The family's Hugging Face call layout, or None for memcalc's generic one."""
-    if arch.moe or arch.family not in LAYOUTS:
-        return None
-    lay = LAYOUTS[arch.family]
-    if arch.family == "falcon" and arch.position == "alibi":  # the ALiBi path calls attention_dropout as a module
-        lay = replace(lay, attention_dropout=True)
-    if arch.family == "falcon" and arch.parallel_block and arch.norms_per_layer == 2:  # ln_attn, ln_mlp
-        lay = replace(lay, norms_first=True)
-    return lay
-
-
-def _leaf(name: str, shapes: list[Shape]) -> Node:
-    return Node(name, tuple((f"{name}.{i}", s) for i, s in enumerate(shapes)))
-
-
-def _layer_node(arch: Architecture, i: int) -> Node:
-    """One decoder layer, in the order its modules are called: norm, attention (QKV, output), norm, MLP (or
-    router + experts), with the parameter-less modules of the family's Hugging Face layout."""
-    h, q, kv, p = arch.hidden, arch.q_width, arch.kv_width, f"layer{i}"
-    lay = layout(arch) or Layout()
-    if arch.fused_qkv:
-        attn = [_leaf(f"{p}.qkv", _linear(q + 2 * kv, h, arch.qkv_bias))]
-    else:
-        attn = [_leaf(f"{p}.{x}", _linear(w, h, arch.qkv_bias)) for x, w in (("q", q), ("k", kv), ("v", kv))]
-    if lay.attention_dropout:
-        attn.append(Node(f"{p}.attention_dropout"))
-    attn.append(_leaf(f"{p}.o", _linear(h, q, arch.out_bias)))
-    if lay.residual_dropout:
-        attn.append(Node(f"{p}.resid_dropout"))
-
-    def mlp(name: str, width: int) -> list[Node]:
-        b = arch.mlp_bias
-        act = [Node(f"{name}.act")] if lay.act else []
-        if arch.gated_mlp:  # down(act(gate(x)) * up(x))
-            parts = [_leaf(f"{name}.gate", _linear(width, h, b)), *act, _leaf(f"{name}.up", _linear(width, h, b)),
-                     _leaf(f"{name}.down", _linear(h, width, b))]  # fmt: skip
-        else:  # fc2(act(fc1(x)))
-            parts = [_leaf(f"{name}.fc1", _linear(width, h, b)), *act, _leaf(f"{name}.fc2", _linear(h, width, b))]
-        if lay.residual_dropout:
-            parts.append(Node(f"{name}.dropout"))
-        return [Node(name, children=tuple(parts))] if lay.mlp_module else parts
-
-    if arch.is_moe_layer(i):
-        experts = Node(f"{p}.experts", children=tuple(x for e in range(arch.experts) for x in mlp(f"{p}.expert{e}", arch.expert_ffn_size)),
-                       container=True)  # fmt: skip
-        shared = [x for e in range(arch.shared_experts) for x in mlp(f"{p}.shared{e}", arch.ffn_size)]
-        ffn = [Node(f"{p}.moe", children=(_leaf(f"{p}.router", _linear(arch.experts, h, arch.router_bias)), experts, *shared))]
-    else:
-        ffn = mlp(f"{p}.mlp", arch.ffn_size)
-    norms = [_leaf(f"{p}.norm{k + 1}", _norm(arch)) for k in range(arch.norms_per_layer)]
-    attention = Node(f"{p}.attn", children=tuple(attn))
-    if lay.norms_first:
-        children = [*norms, attention, *ffn]
-    else:
-        children = [norms[0], attention, *norms[1:], *ffn]
-    return Node(p, children=tuple(children), layer=True)
-
-
-def module_tree(arch: Architecture) -> Node:
-    """The model as its modules are called: embeddings, the layers (a ModuleList), the final norm, the head.
-
-    Families with a Hugging Face layout (``LAYOUTS``) follow their model class exactly, inner model module and
-    parameter-less modules included; others keep the parameter-holding modules and their parents.
-    """
-    width = arch.embedding_dim or arch.hidden
-    rows = embedding_params(arch) // width
-    lay = layout(arch)
-    plain = lay or Layout()
-    children = [replace(_leaf("embed", [(rows, width)]), grad_input=False)]
-    if position_params(arch):
-        children.append(replace(_leaf("pos", [(arch.max_positions + arch.position_offset, arch.hidden)]), grad_input=False))
-    projected = bool(arch.embedding_dim and arch.embedding_dim != arch.hidden)
-    if projected:
-        children.append(_leaf("project_in", [(arch.hidden, width)]))
-        if not plain.project_out_last:
-            children.append(_leaf("project_out", [(width, arch.hidden)]))
-    if arch.embedding_norm:
-        children.append(_leaf("embed_norm", _norm(arch)))
-    if plain.embed_dropout:
-        children.append(Node("embed_dropout"))
-    if plain.rotary:
-        children.append(Node("rotary_emb", grad_input=False, grad_output=False))
-    children.append(Node("layers", children=tuple(_layer_node(arch, i) for i in range(arch.layers)), container=True))
-    if arch.final_norm:
-        children.append(_leaf("final_norm", _norm(arch)))
-    if projected and plain.project_out_last:
-        children.append(_leaf("project_out", [(width, arch.hidden)]))
-    head = Node("head", (("embed.0", (rows, width)),)) if arch.tied_embeddings else _leaf("head", [(rows, width)])
-    if lay is not None and lay.inner:
-        inner = Node(lay.inner, children=tuple(children), grad_input=False)
-        return Node("root", children=(inner, head), grad_input=False)
-    return Node("root", children=(*children, head), grad_input=False)
-
-
-def _params(node: Node) -> dict[str, Shape]:
-    """module.parameters(): every parameter under the node, each once."""
-    out = dict(node.params)
-    for c in node.children:
-        for k, v in _params(c).items():
-            out.setdefault(k, v)
-    return out
 
 
 def units(arch: Architecture, min_num_params: int | None = None) -> list[Unit]:
@@ -276,7 +77,7 @@ def units(arch: Architecture, min_num_params: int | None = None) -> list[Unit]:
             found.append(Unit(node.name, tuple(own.values())))
 
     def walk(node: Node) -> int:
-        total = sum(prod(s) for s in _params(node).values())
+        total = sum(prod(s) for s in module_params(node).values())
         if min_num_params is None:  # ModuleWrapPolicy({decoder layer})
             for c in node.children:
                 walk(c)
@@ -447,8 +248,6 @@ def deepspeed(
             Issued("all-reduce", "backward", "gradients", "data-parallel", dp, lp_bytes, 1, psi * lp_bytes),
             Issued("all-gather", "optimizer step", "parameters", "data-parallel", dp, lp_bytes, 1, padded * lp_bytes),
         ]
-    from memcalc.memory.zero3 import persistent, replay  # memcalc.memory.zero3 walks this module's tree
-
     z3 = z3 or Zero3Settings()
     part = sum(ceil_div(s[0] * prod(s[1:]), dp) for s in shapes)
     # Persistent parameters: every rank also keeps them whole, in the buffer they were all-gathered into (padded).

@@ -8,21 +8,11 @@ and Rajbhandari et al. 2021, "ZeRO-Infinity", arXiv 2104.07857 (parameters and o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
-from memcalc.units import ceil_div
+from memcalc.layout.strategies import shard_numel
 
 Location = Literal["gpu", "cpu", "nvme"]
-
-
-def shard_numel(numel: int, n: int) -> int:
-    """Elements one of ``n`` ranks holds of a tensor of ``numel``: ⌈Ψ/N⌉.
-
-    ZeRO §5: each rank owns 1/N of the partitioned state. Rounded up: frameworks pad the flat
-    buffer to a multiple of N (DeepSpeed stage_1_and_2.py pads to the DP world size).
-    """
-    return ceil_div(numel, n)
 
 
 def state_bytes(numel: int, bytes_per_element: int, sharded: bool, n: int) -> int:
@@ -30,8 +20,7 @@ def state_bytes(numel: int, bytes_per_element: int, sharded: bool, n: int) -> in
     return (shard_numel(numel, n) if sharded else numel) * bytes_per_element
 
 
-@dataclass(frozen=True)
-class StateBytes:
+class StateBytes(NamedTuple):
     """One model-state tensor on one rank: how many bytes sit in GPU memory, host RAM and NVMe."""
 
     gpu: int = 0

@@ -29,9 +29,9 @@ from collections import deque
 from dataclasses import dataclass
 from math import prod
 
+from memcalc.layout.plan import Zero3Settings
 from memcalc.model.architecture import Architecture
-from memcalc.memory.frameworks import Node, module_tree
-from memcalc.inputs import Zero3Settings
+from memcalc.model.tree import Node, module_tree
 from memcalc.units import ceil_div
 
 __all__ = ["Gathers", "Zero3Settings", "persistent", "replay"]

@@ -16,6 +16,30 @@ from memcalc.units import ceil_div
 Position = Literal["learned", "rotary", "alibi", "none"]
 Norm = Literal["layernorm", "rmsnorm"]
 
+# Upper bounds on every size: far above any published model, low enough that each answer stays exact and quick
+# (per-layer and per-expert loops stay short). The largest published shapes, for scale: 126 layers and hidden
+# 16,384 (Llama 3.1 405B, arXiv 2407.21783 Table 3), hidden 20,480 (MT-NLG 530B, arXiv 2201.11990 §3), FFN 73,728
+# (PaLM 540B, arXiv 2204.02311 Table 1), a 256,000-token vocabulary (Gemma, arXiv 2403.08295 §2), 2,048 experts
+# (Switch-C, arXiv 2101.03961 Table 9).
+MAX_LAYERS = 10_000
+"""~80x the deepest published decoder stack (126 layers)."""
+MAX_HIDDEN = 2**20
+"""1,048,576: 51x the widest published model; one h x h bf16 matrix this wide is 2 TiB, beyond any GPU."""
+MAX_HEADS = 2**16
+"""65,536: published models use at most a few hundred query heads (Falcon-180B: 232); bounds kv_heads too."""
+MAX_HEAD_DIM = 2**16
+"""65,536: published head widths are 64..256."""
+MAX_FFN = 4 * MAX_HIDDEN
+"""4,194,304: the default 4h at the widest accepted hidden size (57x PaLM's 73,728)."""
+MAX_VOCAB = 2**24
+"""16,777,216: 64x the largest published vocabulary; above 2**24 token ids are no longer exact in fp32."""
+MAX_POSITIONS = 2**24
+"""16,777,216 positions: 1.6x the longest advertised context (10M tokens, Llama 4 Scout); GPT-3 and OPT learn 2,048."""
+MAX_VOCAB_MULTIPLE = 2**20
+"""Megatron pads the vocabulary to a multiple of 128 x tp: this leaves tp up to 8,192."""
+MAX_EXPERTS = 2**16
+"""65,536: 32x Switch-C's 2,048 experts; bounds top_k and shared experts too (activations loop over them)."""
+
 
 class Architecture(BaseModel):
     """A decoder-only transformer. Defaults describe a GPT-2-style block."""
@@ -28,33 +52,33 @@ class Architecture(BaseModel):
     """Other names users type for a preset."""
     family: str | None = None
     """The Hugging Face ``model_type`` this shape follows (llama, gpt2, ...), where there is one."""
-    layers: int = Field(gt=0)
+    layers: int = Field(gt=0, le=MAX_LAYERS)
     """L: decoder layers."""
-    hidden: int = Field(gt=0)
+    hidden: int = Field(gt=0, le=MAX_HIDDEN)
     """h: model width."""
-    heads: int = Field(gt=0)
+    heads: int = Field(gt=0, le=MAX_HEADS)
     """a: attention (query) heads."""
-    kv_heads: int | None = Field(default=None, gt=0)
+    kv_heads: int | None = Field(default=None, gt=0, le=MAX_HEADS)
     """Key/value heads (GQA; 1 = MQA). Default: heads (MHA)."""
-    head_dim: int | None = Field(default=None, gt=0)
+    head_dim: int | None = Field(default=None, gt=0, le=MAX_HEAD_DIM)
     """Per-head width. Default: hidden / heads."""
-    ffn: int | None = Field(default=None, gt=0)
+    ffn: int | None = Field(default=None, gt=0, le=MAX_FFN)
     """MLP inner width. Default: 4h."""
     gated_mlp: bool = False
     """SwiGLU/GeGLU: gate, up and down matrices (three) instead of two."""
-    vocab: int = Field(gt=0)
+    vocab: int = Field(gt=0, le=MAX_VOCAB)
     """Vocabulary size as the tokenizer has it."""
-    embedding_dim: int | None = Field(default=None, gt=0)
+    embedding_dim: int | None = Field(default=None, gt=0, le=MAX_HIDDEN)
     """Width of the token embedding when it differs from hidden (OPT-350M): adds project-in/out matrices."""
-    vocab_multiple: int = Field(default=1, gt=0)
+    vocab_multiple: int = Field(default=1, gt=0, le=MAX_VOCAB_MULTIPLE)
     """Pad the embedding rows to a multiple of this (Megatron: 128 x tp)."""
     tied_embeddings: bool = False
     """The output head reuses the input embedding matrix."""
     position: Position = "learned"
     """Position encoding: learned table, rotary, ALiBi or none."""
-    max_positions: int = Field(default=0, ge=0)
+    max_positions: int = Field(default=0, ge=0, le=MAX_POSITIONS)
     """Rows of a learned position table."""
-    position_offset: int = Field(default=0, ge=0)
+    position_offset: int = Field(default=0, ge=0, le=MAX_POSITIONS)
     """Extra learned position rows (OPT keeps 2)."""
     norm: Norm = "layernorm"
     norm_bias: bool = True
@@ -72,15 +96,15 @@ class Architecture(BaseModel):
     mlp_bias: bool = True
     parallel_block: bool = False
     """Attention and MLP read the same input (GPT-J, NeoX, Falcon)."""
-    experts: int = Field(default=0, ge=0)
+    experts: int = Field(default=0, ge=0, le=MAX_EXPERTS)
     """MoE experts per MoE layer; 0 = dense."""
-    top_k: int = Field(default=2, ge=1)
+    top_k: int = Field(default=2, ge=1, le=MAX_EXPERTS)
     """Experts each token is routed to."""
-    shared_experts: int = Field(default=0, ge=0)
+    shared_experts: int = Field(default=0, ge=0, le=MAX_EXPERTS)
     """Always-on experts per MoE layer (DeepSeek, Qwen-MoE)."""
-    expert_ffn: int | None = Field(default=None, gt=0)
+    expert_ffn: int | None = Field(default=None, gt=0, le=MAX_FFN)
     """Inner width of one expert. Default: ffn."""
-    moe_every: int = Field(default=1, ge=1)
+    moe_every: int = Field(default=1, ge=1, le=MAX_LAYERS)
     """Every k-th layer is MoE (1 = all)."""
     router_bias: bool = False
     dropout: float = Field(default=0.0, ge=0, lt=1)

@@ -2,170 +2,269 @@
 
 Each reader maps one ``model_type``'s keys (and that model class's defaults when a key is absent,
 from the transformers configuration_*.py and modeling_*.py files) onto the shape memcalc counts.
+
+Reading is strict: a count is a JSON integer from 1 to its bound (``memcalc.model.architecture.MAX_*``), a switch
+is a JSON boolean, a dropout a JSON number in [0, 1). A float count is refused even when it is whole (4096.0):
+transformers writes counts with ``json.dumps`` of Python ints, and ``nn.Linear(4096.0, ...)`` fails in PyTorch,
+so a float there is a hand edit that the model class itself would not load. ``null`` stands for "absent" only
+where the transformers config class maps ``None`` to a default (``head_dim``, ``n_inner``,
+``num_key_value_heads``, ...). Every refusal is one ``InputError`` line naming the file, the key, the value and
+what is accepted.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from memcalc.model.architecture import Architecture
+from pydantic import ValidationError
+
 from memcalc.errors import InputError
+from memcalc.model import architecture as shape
+from memcalc.model.architecture import Architecture
+from memcalc.units import MiB
 
 Config = dict[str, Any]
 
+MAX_FILE_BYTES = 1 * MiB
+"""Published config.json files are 0.5-60 KB (multimodal ones with label maps are the largest); reading stops one
+byte past this, so a device such as /dev/zero is refused at once instead of filling memory."""
+MAX_DEPTH = 32
+"""Real configs nest 3-4 levels (text_config -> rope_scaling -> ...); this is checked before parsing, far below
+the depth at which Python's JSON parser runs out of recursion."""
 
-def _dropout(cfg: Config, *keys: str) -> float:
-    return max((float(cfg.get(k) or 0.0) for k in keys), default=0.0)
+_REQUIRED = object()
+
+# What each count means, for the message: (bound, meaning).
+LAYERS = (shape.MAX_LAYERS, "decoder layers")
+HIDDEN = (shape.MAX_HIDDEN, "model width")
+HEADS = (shape.MAX_HEADS, "attention heads")
+HEAD_DIM = (shape.MAX_HEAD_DIM, "width of one head")
+FFN = (shape.MAX_FFN, "MLP inner width")
+VOCAB = (shape.MAX_VOCAB, "vocabulary size")
+POSITIONS = (shape.MAX_POSITIONS, "learned positions")
+EXPERTS = (shape.MAX_EXPERTS, "experts")
 
 
-def _llama_like(cfg: Config, **over: Any) -> dict[str, Any]:
+def _show(value: Any) -> str:
+    """A value as the message shows it: its repr, short, on one line."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"<a {value.bit_length()}-bit integer>"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+_KINDS = {type(None): "null", bool: "a boolean", int: "an integer", float: "a float", str: "a string",
+          list: "an array", dict: "an object"}  # fmt: skip
+
+
+def _kind(value: Any) -> str:
+    return _KINDS.get(type(value), f"a {type(value).__name__}")
+
+
+class _Keys:
+    """Typed reads of one config.json's keys; ``where`` names the file in every message."""
+
+    def __init__(self, cfg: Config, where: str, model_type: str) -> None:
+        self.cfg, self.where, self.model_type = cfg, where, model_type
+        self.keys: dict[str, str] = {}
+        """Architecture field -> the config key it was read from (for messages about two fields)."""
+
+    def _refuse(self, key: str, value: Any, problem: str, accepted: str) -> InputError:
+        return InputError(f"{self.where}: {key} {_show(value)} {problem}; accepted: {accepted}")
+
+    def _find(self, keys: tuple[str, ...], nullable: bool) -> tuple[str, Any] | None:
+        for key in keys:
+            if key in self.cfg and not (nullable and self.cfg[key] is None):
+                return key, self.cfg[key]
+        return None
+
+    def count(self, field: str, *keys: str, bound: tuple[int, str], default: Any = _REQUIRED,
+              nullable: bool = False) -> Any:  # fmt: skip
+        """A whole number from 1 to ``bound``, from the first of ``keys`` present (``nullable``: null = absent)."""
+        found = self._find(keys, nullable)
+        if found is None:
+            if default is _REQUIRED:
+                alt = "".join(f" (or {k!r})" for k in keys[1:])
+                raise InputError(f"{self.where} for {self.model_type} lacks the key {keys[0]!r}{alt}")
+            return default
+        key, value = found
+        high, meaning = bound
+        accepted = f"a JSON integer from 1 to {high:,} ({meaning})"
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self._refuse(key, value, f"is {_kind(value)}", accepted)
+        if not 1 <= value <= high:
+            raise self._refuse(key, value, "is out of range", accepted)
+        self.keys[field] = key
+        return value
+
+    def flag(self, key: str, default: bool) -> bool:
+        """A JSON boolean (true/false), ``default`` when absent; "false", 0 and null are refused."""
+        value = self.cfg.get(key, default)
+        if not isinstance(value, bool):
+            raise self._refuse(key, value, f"is {_kind(value)}", "a JSON boolean, true or false")
+        return value
+
+    def dropout(self, *keys: str) -> float:
+        """The largest of the dropout probabilities present (0 when none is)."""
+        out = 0.0
+        for key in (k for k in keys if k in self.cfg):
+            value = self.cfg[key]
+            accepted = "a JSON number from 0 up to (not including) 1"
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise self._refuse(key, value, f"is {_kind(value)}", accepted)
+            if not (math.isfinite(value) and 0 <= value < 1):
+                raise self._refuse(key, value, "is out of range", accepted)
+            out = max(out, float(value))
+        return out
+
+
+def _llama_like(k: _Keys, **over: Any) -> dict[str, Any]:
     """LLaMA, Mistral, Qwen2, Mixtral: RMSNorm, rotary, SwiGLU, untied by default."""
-    bias = bool(cfg.get("attention_bias", False))
-    return {
-        "layers": cfg["num_hidden_layers"],
-        "hidden": cfg["hidden_size"],
-        "heads": cfg["num_attention_heads"],
-        "kv_heads": cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
-        "head_dim": cfg.get("head_dim"),
-        "ffn": cfg["intermediate_size"],
+    layers = k.count("layers", "num_hidden_layers", bound=LAYERS)
+    hidden = k.count("hidden", "hidden_size", bound=HIDDEN)
+    heads = k.count("heads", "num_attention_heads", bound=HEADS)
+    bias = k.flag("attention_bias", False)
+    fields = {
+        "layers": layers,
+        "hidden": hidden,
+        "heads": heads,
+        # LlamaConfig: num_key_value_heads None -> num_attention_heads; head_dim None -> hidden_size // heads.
+        "kv_heads": k.count("kv_heads", "num_key_value_heads", bound=HEADS, default=heads, nullable=True),
+        "head_dim": k.count("head_dim", "head_dim", bound=HEAD_DIM, default=None, nullable=True),
+        "ffn": k.count("ffn", "intermediate_size", bound=FFN),
         "gated_mlp": True,
-        "vocab": cfg["vocab_size"],
-        "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+        "vocab": k.count("vocab", "vocab_size", bound=VOCAB),
+        "tied_embeddings": k.flag("tie_word_embeddings", False),
         "position": "rotary",
         "norm": "rmsnorm",
         "norm_bias": False,
         "qkv_bias": bias,
         "out_bias": bias,
-        "mlp_bias": bool(cfg.get("mlp_bias", False)),
-        "dropout": _dropout(cfg, "attention_dropout"),
-        **over,
+        "dropout": k.dropout("attention_dropout"),
     }
+    if "mlp_bias" not in over:
+        fields["mlp_bias"] = k.flag("mlp_bias", False)
+    return fields | over
 
 
-def _llama(cfg: Config) -> dict[str, Any]:
-    return _llama_like(cfg)
-
-
-def _mistral(cfg: Config) -> dict[str, Any]:
-    return _llama_like(cfg, qkv_bias=False, out_bias=False, mlp_bias=False)
-
-
-def _qwen2(cfg: Config) -> dict[str, Any]:
-    # modeling_qwen2.py: q/k/v projections have a bias, o_proj and the MLP do not.
-    return _llama_like(cfg, qkv_bias=True, out_bias=False, mlp_bias=False)
-
-
-def _mixtral(cfg: Config) -> dict[str, Any]:
-    return _llama_like(cfg, qkv_bias=False, out_bias=False, mlp_bias=False, experts=cfg.get("num_local_experts", 8),
-                       top_k=cfg.get("num_experts_per_tok", 2))  # fmt: skip
-
-
-def _gpt2(cfg: Config) -> dict[str, Any]:
+def _gpt2(k: _Keys) -> dict[str, Any]:
+    hidden = k.count("hidden", "n_embd", bound=HIDDEN)
     return {
-        "layers": cfg["n_layer"],
-        "hidden": cfg["n_embd"],
-        "heads": cfg["n_head"],
-        "ffn": cfg.get("n_inner") or 4 * cfg["n_embd"],
-        "vocab": cfg["vocab_size"],
-        "tied_embeddings": bool(cfg.get("tie_word_embeddings", True)),
+        "layers": k.count("layers", "n_layer", bound=LAYERS),
+        "hidden": hidden,
+        "heads": k.count("heads", "n_head", bound=HEADS),
+        # modeling_gpt2.py: inner_dim = n_inner if n_inner is not None else 4 * hidden_size.
+        "ffn": k.count("ffn", "n_inner", bound=FFN, default=4 * hidden, nullable=True),
+        "vocab": k.count("vocab", "vocab_size", bound=VOCAB),
+        "tied_embeddings": k.flag("tie_word_embeddings", True),
         "position": "learned",
-        "max_positions": cfg.get("n_positions", 1024),
+        "max_positions": k.count("max_positions", "n_positions", bound=POSITIONS, default=1024),
         "fused_qkv": True,
-        "dropout": _dropout(cfg, "attn_pdrop", "resid_pdrop"),
+        "dropout": k.dropout("attn_pdrop", "resid_pdrop"),
     }
 
 
-def _gpt_neox(cfg: Config) -> dict[str, Any]:
-    bias = bool(cfg.get("attention_bias", True))
+def _gpt_neox(k: _Keys) -> dict[str, Any]:
+    bias = k.flag("attention_bias", True)
     return {
-        "layers": cfg["num_hidden_layers"],
-        "hidden": cfg["hidden_size"],
-        "heads": cfg["num_attention_heads"],
-        "ffn": cfg["intermediate_size"],
-        "vocab": cfg["vocab_size"],
-        "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+        "layers": k.count("layers", "num_hidden_layers", bound=LAYERS),
+        "hidden": k.count("hidden", "hidden_size", bound=HIDDEN),
+        "heads": k.count("heads", "num_attention_heads", bound=HEADS),
+        "ffn": k.count("ffn", "intermediate_size", bound=FFN),
+        "vocab": k.count("vocab", "vocab_size", bound=VOCAB),
+        "tied_embeddings": k.flag("tie_word_embeddings", False),
         "position": "rotary",
         "fused_qkv": True,
         "qkv_bias": bias,
         "out_bias": bias,
-        "parallel_block": bool(cfg.get("use_parallel_residual", True)),
-        "dropout": _dropout(cfg, "attention_dropout", "hidden_dropout"),
+        "parallel_block": k.flag("use_parallel_residual", True),
+        "dropout": k.dropout("attention_dropout", "hidden_dropout"),
     }
 
 
-def _bloom(cfg: Config) -> dict[str, Any]:
-    hidden = cfg.get("hidden_size") or cfg["n_embed"]
+def _bloom(k: _Keys) -> dict[str, Any]:
+    # BloomConfig: n_embed is the old name of hidden_size; n_layer and n_head are its attribute names.
     return {
-        "layers": cfg.get("n_layer") or cfg["num_hidden_layers"],
-        "hidden": hidden,
-        "heads": cfg.get("n_head") or cfg["num_attention_heads"],
-        "vocab": cfg["vocab_size"],
-        "tied_embeddings": bool(cfg.get("tie_word_embeddings", True)),
+        "layers": k.count("layers", "n_layer", "num_hidden_layers", bound=LAYERS, nullable=True),
+        "hidden": k.count("hidden", "hidden_size", "n_embed", bound=HIDDEN, nullable=True),
+        "heads": k.count("heads", "n_head", "num_attention_heads", bound=HEADS, nullable=True),
+        "vocab": k.count("vocab", "vocab_size", bound=VOCAB),
+        "tied_embeddings": k.flag("tie_word_embeddings", True),
         "position": "alibi",
         "embedding_norm": True,
         "fused_qkv": True,
-        "dropout": _dropout(cfg, "attention_dropout", "hidden_dropout"),
+        "dropout": k.dropout("attention_dropout", "hidden_dropout"),
     }
 
 
-def _opt(cfg: Config) -> dict[str, Any]:
-    hidden = cfg["hidden_size"]
-    bias = bool(cfg.get("enable_bias", True))
+def _opt(k: _Keys) -> dict[str, Any]:
+    hidden = k.count("hidden", "hidden_size", bound=HIDDEN)
+    bias = k.flag("enable_bias", True)
     return {
-        "layers": cfg["num_hidden_layers"],
+        "layers": k.count("layers", "num_hidden_layers", bound=LAYERS),
         "hidden": hidden,
-        "heads": cfg["num_attention_heads"],
-        "ffn": cfg["ffn_dim"],
-        "vocab": cfg["vocab_size"],
-        "embedding_dim": cfg.get("word_embed_proj_dim") or hidden,
-        "tied_embeddings": bool(cfg.get("tie_word_embeddings", True)),
+        "heads": k.count("heads", "num_attention_heads", bound=HEADS),
+        "ffn": k.count("ffn", "ffn_dim", bound=FFN),
+        "vocab": k.count("vocab", "vocab_size", bound=VOCAB),
+        # OPTConfig: word_embed_proj_dim None -> hidden_size.
+        "embedding_dim": k.count("embedding_dim", "word_embed_proj_dim", bound=HIDDEN, default=hidden, nullable=True),
+        "tied_embeddings": k.flag("tie_word_embeddings", True),
         "position": "learned",
-        "max_positions": cfg.get("max_position_embeddings", 2048),
+        "max_positions": k.count("max_positions", "max_position_embeddings", bound=POSITIONS, default=2048),
         "position_offset": 2,  # OPTLearnedPositionalEmbedding keeps 2 extra rows
-        "final_norm": bool(cfg.get("do_layer_norm_before", True)),
+        "final_norm": k.flag("do_layer_norm_before", True),
         "qkv_bias": bias,
         "out_bias": bias,
         "mlp_bias": bias,
-        "dropout": _dropout(cfg, "dropout", "attention_dropout"),
+        "dropout": k.dropout("dropout", "attention_dropout"),
     }
 
 
-def _falcon(cfg: Config) -> dict[str, Any]:
-    heads = cfg.get("num_attention_heads") or cfg["n_head"]
-    new_arch = bool(cfg.get("new_decoder_architecture", False))
-    if new_arch:
-        kv = cfg.get("num_kv_heads") or heads
+def _falcon(k: _Keys) -> dict[str, Any]:
+    # FalconConfig: n_head and n_layer are the old names of num_attention_heads and num_hidden_layers.
+    heads = k.count("heads", "num_attention_heads", "n_head", bound=HEADS, nullable=True)
+    new_arch = k.flag("new_decoder_architecture", False)
+    if new_arch:  # FalconConfig: num_kv_heads None -> num_attention_heads
+        kv = k.count("kv_heads", "num_kv_heads", bound=HEADS, default=heads, nullable=True)
     else:
-        kv = 1 if cfg.get("multi_query", True) else heads
-    bias = bool(cfg.get("bias", False))
-    parallel = bool(cfg.get("parallel_attn", True))
+        kv = 1 if k.flag("multi_query", True) else heads
+    bias = k.flag("bias", False)
+    parallel = k.flag("parallel_attn", True)
+    hidden = k.count("hidden", "hidden_size", bound=HIDDEN)
     return {
-        "layers": cfg.get("num_hidden_layers") or cfg["n_layer"],
-        "hidden": cfg["hidden_size"],
+        "layers": k.count("layers", "num_hidden_layers", "n_layer", bound=LAYERS, nullable=True),
+        "hidden": hidden,
         "heads": heads,
         "kv_heads": kv,
-        "ffn": cfg.get("ffn_hidden_size") or 4 * cfg["hidden_size"],
-        "vocab": cfg["vocab_size"],
-        "tied_embeddings": bool(cfg.get("tie_word_embeddings", True)),
-        "position": "alibi" if cfg.get("alibi", False) else "rotary",
+        # modeling_falcon.py: ffn_hidden_size None -> 4 * hidden_size.
+        "ffn": k.count("ffn", "ffn_hidden_size", bound=FFN, default=4 * hidden, nullable=True),
+        "vocab": k.count("vocab", "vocab_size", bound=VOCAB),
+        "tied_embeddings": k.flag("tie_word_embeddings", True),
+        "position": "alibi" if k.flag("alibi", False) else "rotary",
         "norms_per_layer": 2 if new_arch or not parallel else 1,
         "parallel_block": parallel,
         "fused_qkv": True,
         "qkv_bias": bias,
         "out_bias": bias,
         "mlp_bias": bias,
-        "dropout": _dropout(cfg, "attention_dropout", "hidden_dropout"),
+        "dropout": k.dropout("attention_dropout", "hidden_dropout"),
     }
 
 
-READERS: dict[str, Callable[[Config], dict[str, Any]]] = {
-    "llama": _llama,
-    "mistral": _mistral,
-    "mixtral": _mixtral,
-    "qwen2": _qwen2,
+READERS: dict[str, Callable[[_Keys], dict[str, Any]]] = {
+    "llama": _llama_like,
+    "mistral": lambda k: _llama_like(k, qkv_bias=False, out_bias=False, mlp_bias=False),
+    # modeling_qwen2.py: q/k/v projections have a bias, o_proj and the MLP do not.
+    "qwen2": lambda k: _llama_like(k, qkv_bias=True, out_bias=False, mlp_bias=False),
+    "mixtral": lambda k: _llama_like(k, qkv_bias=False, out_bias=False, mlp_bias=False,
+                                     experts=k.count("experts", "num_local_experts", bound=EXPERTS, default=8),
+                                     top_k=k.count("top_k", "num_experts_per_tok", bound=EXPERTS, default=2)),
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
     "bloom": _bloom,
@@ -174,28 +273,134 @@ READERS: dict[str, Callable[[Config], dict[str, Any]]] = {
 }
 
 
-def architecture_from_config(cfg: Config, name: str | None = None) -> Architecture:
-    """An ``Architecture`` from a parsed config.json."""
-    model_type = cfg.get("model_type")
-    if model_type not in READERS:
-        raise InputError(
-            f"config.json model_type {model_type!r} is not supported; supported: {', '.join(sorted(READERS))}"
-        )
-    try:
-        fields = READERS[model_type](cfg)
-    except KeyError as e:
-        raise InputError(f"config.json for {model_type} lacks the key {e.args[0]!r}") from None
-    return Architecture(name=name, family=model_type, source="config.json", **fields)
+def _relations(k: _Keys, f: dict[str, Any]) -> None:
+    """The checks between two keys, worded with the config's own key names (Architecture repeats them)."""
+    key = lambda field: k.keys.get(field, field)
+    if f.get("head_dim") is None and f["hidden"] % f["heads"]:
+        raise InputError(f"{k.where}: {key('heads')} {f['heads']} does not divide {key('hidden')} {f['hidden']}; "
+                         f"accepted: a head count that divides the width")  # fmt: skip
+    kv = f.get("kv_heads")
+    if kv is not None and f["heads"] % kv:
+        raise InputError(f"{k.where}: {key('kv_heads')} {kv} does not divide {key('heads')} {f['heads']}; "
+                         f"accepted: a divisor of the head count")  # fmt: skip
+    if f.get("experts") and f["top_k"] > f["experts"]:
+        raise InputError(f"{k.where}: {key('top_k')} {f['top_k']} is more than {key('experts')} {f['experts']}; "
+                         f"accepted: 1 to the number of experts")  # fmt: skip
 
 
-def load_hf_config(path: str | Path) -> Architecture:
-    p = Path(path).expanduser()
-    try:
-        cfg = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise InputError(f"--hf-config {str(path)!r} does not exist") from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise InputError(f"--hf-config {str(path)!r} is not a readable JSON file: {e}") from None
+def _one_line(e: ValidationError) -> str:
+    first = e.errors()[0]
+    if isinstance(first.get("ctx", {}).get("error"), InputError):
+        return str(first["ctx"]["error"])
+    loc = ".".join(str(x) for x in first.get("loc", ()))
+    return f"{loc} {_show(first.get('input'))}: {first.get('msg')}"
+
+
+def architecture_from_config(cfg: Config, name: str | None = None, where: str = "config.json") -> Architecture:
+    """An ``Architecture`` from a parsed config.json; ``where`` names it in messages."""
     if not isinstance(cfg, dict):
-        raise InputError(f"--hf-config {str(path)!r} does not hold a JSON object")
-    return architecture_from_config(cfg, name=cfg.get("_name_or_path") or p.parent.name or p.stem)
+        raise InputError(f"{where} holds {_kind(cfg)}, not a JSON object; accepted: a Hugging Face config.json")
+    model_type = cfg.get("model_type")
+    if not isinstance(model_type, str) or model_type not in READERS:
+        raise InputError(
+            f"{where} model_type {_show(model_type)} is not supported; supported: {', '.join(sorted(READERS))}"
+        )
+    keys = _Keys(cfg, where, model_type)
+    fields = READERS[model_type](keys)
+    _relations(keys, fields)
+    try:
+        return Architecture(name=name, family=model_type, source="config.json", **fields)
+    except ValidationError as e:
+        raise InputError(f"{where}: {_one_line(e)}") from None
+
+
+_SPECIAL = re.compile(r'[\\"\[\]{}]')
+
+
+def _depth_exceeds(text: str, limit: int) -> bool:
+    """Does the JSON text nest arrays/objects deeper than ``limit``? One linear pass, strings skipped."""
+    depth, in_string, escaped = 0, False, -1
+    for m in _SPECIAL.finditer(text):
+        i, c = m.start(), m.group()
+        if i == escaped:
+            continue
+        if in_string:
+            if c == "\\":
+                escaped = i + 1
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif c in "]}":
+            depth -= 1
+    return False
+
+
+class _BadJSON(ValueError):
+    pass
+
+
+def _no_constant(token: str) -> Any:
+    raise _BadJSON(f"holds {token}, which JSON does not allow")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _BadJSON(f"has the key {_show(key)} twice")
+        out[key] = value
+    return out
+
+
+def parse_config(data: bytes, where: str = "config.json") -> Config:
+    """The JSON object in ``data`` (UTF-8), refusing what is too large, too deep, not JSON or not an object."""
+    if len(data) > MAX_FILE_BYTES:
+        raise InputError(f"{where} is larger than {MAX_FILE_BYTES:,} bytes; accepted: a config.json file up to 1 MiB")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{where} is not UTF-8 text (byte {e.start}); accepted: a JSON file in UTF-8") from None
+    if _depth_exceeds(text, MAX_DEPTH):
+        raise InputError(f"{where} nests deeper than {MAX_DEPTH} levels; accepted: a config.json (3-4 levels deep)")
+    try:
+        cfg = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_no_duplicates)
+    except _BadJSON as e:
+        raise InputError(f"{where} is not a readable JSON file: it {e}") from None
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, integers of more than 4,300 digits
+        raise InputError(f"{where} is not a readable JSON file: {' '.join(str(e).split())}") from None
+    if not isinstance(cfg, dict):
+        raise InputError(f"{where} does not hold a JSON object (it holds {_kind(cfg)}); accepted: a config.json")
+    return cfg
+
+
+def read_bounded(path: str | os.PathLike[str], flag: str = "--hf-config") -> tuple[Path, bytes]:
+    """At most ``MAX_FILE_BYTES + 1`` bytes of the file at ``path``; a missing path or a folder is an InputError."""
+    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
+        raise InputError(f"{flag} {_show(path)} is {_kind(path)}, not a path; accepted: the path of a config.json file")
+    where = f"{flag} {str(path)!r}"
+    try:
+        p = Path(path).expanduser()
+        if p.is_dir():
+            raise InputError(f"{where} is a folder; accepted: the path of a config.json file (such as {str(p / 'config.json')!r})")
+        with p.open("rb") as f:
+            return p, f.read(MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise InputError(f"{where} does not exist; accepted: the path of a config.json file") from None
+    except (OSError, ValueError, RuntimeError) as e:  # permissions, a NUL in the path, ~user unknown
+        raise InputError(f"{where} cannot be read ({' '.join(str(e).split())}); accepted: a readable config.json file") from None
+
+
+def load_hf_config(path: str | os.PathLike[str]) -> Architecture:
+    """An ``Architecture`` from a config.json file: at most 1 MiB, UTF-8, nested at most 32 levels."""
+    p, data = read_bounded(path)
+    where = f"--hf-config {str(path)!r}"
+    cfg = parse_config(data, where)
+    name = cfg.get("_name_or_path")
+    if name is not None and not isinstance(name, str):
+        raise InputError(f"{where}: _name_or_path {_show(name)} is {_kind(name)}; accepted: a JSON string")
+    return architecture_from_config(cfg, name=name or p.parent.name or p.stem, where=where)

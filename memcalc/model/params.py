@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memcalc.model.architecture import Architecture
+from memcalc.model.memo import per_architecture
 from memcalc.errors import InputError
 
 
@@ -135,6 +136,7 @@ def position_params(arch: Architecture) -> int:
     return (arch.max_positions + arch.position_offset) * arch.hidden if arch.position == "learned" else 0
 
 
+@per_architecture
 def model_params(arch: Architecture, shard: Shard = Shard()) -> ModelParams:
     """The whole model, or one TP/EP rank's part of every layer (no pipeline split)."""
     emb = embedding_params(arch, shard.tp)
@@ -148,6 +150,7 @@ def model_params(arch: Architecture, shard: Shard = Shard()) -> ModelParams:
     )
 
 
+@per_architecture
 def stage_params(arch: Architecture, stage: int, pp: int, shard: Shard = Shard()) -> ModelParams:
     """What pipeline stage ``stage`` of ``pp`` holds: its L/p layers, the embeddings on the first stage, the
     final norm and head on the last. With tied embeddings and pp > 1 the last stage keeps its own copy of the

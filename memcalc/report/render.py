@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from memcalc.report.results import Comparison, Estimate
 from memcalc.units import MemoryUnit, format_memory, format_rate, memory_label, to_memory_unit
+
+if TYPE_CHECKING:  # results import this module to display themselves; at run time it only reads their fields
+    from memcalc.report.results import Comparison, Estimate
 
 
 def _mem(n_bytes: int, unit: MemoryUnit) -> str:
@@ -200,10 +204,11 @@ def comparison_table(cmp: Comparison, unit: MemoryUnit = "gib") -> Table:
 
 
 def render(obj: Estimate | Comparison, unit: MemoryUnit = "gib") -> RenderableType:
-    if isinstance(obj, Comparison):
-        return comparison_table(obj, unit)
-    if isinstance(obj, Estimate):
-        return render_estimate(obj, unit)
+    kind = type(obj).__name__
+    if kind == "Comparison":
+        return comparison_table(obj, unit)  # type: ignore[arg-type]
+    if kind == "Estimate":
+        return render_estimate(obj, unit)  # type: ignore[arg-type]
     raise TypeError(f"cannot render {type(obj).__name__}")
 
 

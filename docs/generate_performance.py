@@ -1,0 +1,136 @@
+"""Regenerate the predicted-vs-published table of docs/performance-model.md.
+
+    python docs/generate_performance.py
+
+Each row is configured from its paper (model shape, GPUs, TP x PP, batch) and run through
+``memcalc.time.step.step_time`` with the tensor/pipeline traffic of ``memcalc.comm.traffic`` and one data-parallel
+gradient all-reduce. Prints Markdown tables. The data-parallel runs at the end go through the bridge
+(``memcalc.build_input`` -> ``to_plan`` -> ``evaluate`` -> ``memcalc.time.estimate.time_evaluation``), so their traffic
+is memcalc's own (``Evaluation.collectives``) and each group is placed in nodes from the plan's layout.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from memcalc.comm.traffic import model_parallel_collectives
+from memcalc.model.architecture import Architecture
+from memcalc.model.params import stage_params, Shard
+import memcalc
+from memcalc.evaluate import evaluate
+from memcalc.inputs.plan import to_plan
+from memcalc.time.estimate import time_evaluation
+from memcalc.time.hardware import load_machine
+from memcalc.time.step import Plan, step_time
+
+# Narayanan et al. 2021 (arXiv 2104.04473) Table 1, as recorded in /work/shared/measurements/published.md
+# (rows MEG21-*, from NVIDIA/Megatron-LM README images/cases_april2021.png): name, layers, hidden, heads, GPUs, tp,
+# pp, global batch, achieved TFLOP/s per GPU (hardware FLOPs, eq. 3, full recompute). Vocab 51200, seq 2048.
+NARAYANAN = [
+    ("1.7B", 24, 2304, 24, 32, 1, 1, 512, 137), ("3.6B", 30, 3072, 32, 64, 2, 1, 512, 138),
+    ("7.5B", 36, 4096, 32, 128, 4, 1, 512, 142), ("18.4B", 40, 6144, 48, 256, 8, 1, 1024, 135),
+    ("39.1B", 48, 8192, 64, 512, 8, 2, 1536, 138), ("76.1B", 60, 10240, 80, 1024, 8, 4, 1792, 140),
+    ("145.6B", 80, 12288, 96, 1536, 8, 8, 2304, 148), ("310.1B", 96, 16384, 128, 1920, 8, 16, 2160, 155),
+    ("529.6B", 105, 20480, 128, 2520, 8, 35, 2520, 163), ("1008.0B", 128, 25600, 160, 3072, 8, 64, 3072, 163),
+]  # fmt: skip
+# Korthikanti et al. 2022 (arXiv 2205.05198): shapes and TP x PP of Table 3 (presets/models/megatron-*.toml); data
+# parallel size one (NVIDIA/Megatron-LM README: "measured using a data parallel size of one"); MFU and HFU with
+# sequence parallelism + selective recompute from the same README table. Global batch sizes 4, 64, 280, 512 are the
+# paper's Table 3 as remembered, not re-read here (the search tool did not return the table).
+KORTHIKANTI = [
+    ("22B", 48, 6144, 64, 8, 1, 4, 41.5, 43.7), ("175B", 96, 12288, 96, 8, 8, 64, 51.4, 52.8),
+    ("530B", 105, 20480, 128, 8, 35, 280, 56.0, 57.0), ("1T", 128, 25600, 160, 8, 64, 512, 56.3, 57.0),
+]  # fmt: skip
+
+# torchtitan FSDP2 runs, no torch.compile, no Float8 (seq_len 8192 and compile = false: torchtitan
+# torchtitan/models/llama3/train_configs/llama3_8b.toml). Name, source, memcalc model, GPUs, local batch, recompute
+# (torchtitan's "selective op" AC taken as memcalc's selective), GPU preset, published tokens/s per GPU.
+TORCHTITAN = [
+    ("Llama 3.1 8B, FSDP, 8 x H100", "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md Table 1",
+     "llama-3-8b", 8, 2, "selective", "h100", 5762),
+    ("Llama 3.1 8B, FSDP, 128 x H100", "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md Table 3",
+     "llama-3-8b", 128, 2, "selective", "h100", 5605),
+    ("Llama 3 8B, FSDP, 64 x A100", "pytorch/torchtitan docs/performance.md (commit 0413364) Llama 3 table, "
+     "selective op", "llama-3-8b", 64, 1, "selective", "a100-80g", 2973),
+    ("Llama 3 70B, FSDP, 64 x A100", "pytorch/torchtitan docs/performance.md (commit 0413364) Llama 3 table, full AC",
+     "llama-3-70b", 64, 1, "full", "a100-80g", 331),
+]  # fmt: skip
+
+
+def narayanan_bridge(L: int, h: int, a: int, gpus: int, tp: int, pp: int, batch: int):
+    """Configured as measurements/published.md's MEG21-* rows: DDP (stage 0), fp16-mixed, micro-batch 1."""
+    inp = memcalc.build_input(model="megatron-22b", layers=L, hidden=h, heads=a, ffn=4 * h, vocab=51200, stage=0,
+                              gpus=gpus, tp=tp, pp=pp, precision="fp16-mixed", seq_len=2048, micro_batch=1,
+                              grad_accum=batch // (gpus // (tp * pp)), recompute="full", attention="eager",
+                              gpu="a100-80g")  # fmt: skip
+    return time_evaluation(evaluate(to_plan(inp)), gpu=inp.gpu.key)
+
+
+def torchtitan_bridge(model: str, gpus: int, micro_batch: int, recompute: str, gpu: str):
+    inp = memcalc.build_input(model=model, fsdp="FULL_SHARD", fsdp_version=2, gpus=gpus, precision="bf16-mixed",
+                              seq_len=8192, micro_batch=micro_batch, recompute=recompute, attention="sdpa", gpu=gpu)  # fmt: skip
+    return time_evaluation(evaluate(to_plan(inp)), gpu=inp.gpu.key)
+
+
+def gpt(layers: int, hidden: int, heads: int, vocab: int, multiple: int) -> Architecture:
+    return Architecture(layers=layers, hidden=hidden, heads=heads, vocab=vocab, vocab_multiple=multiple,
+                        max_positions=2048, fused_qkv=True, tied_embeddings=True, dropout=0.1)  # fmt: skip
+
+
+def predict(arch: Architecture, gpus: int, tp: int, pp: int, batch: int, recompute: str, sp: bool, cluster: str):
+    dp = gpus // (tp * pp)
+    m = batch // dp
+    plan = Plan(gpus=gpus, seq=2048, micro_batch=1, micro_batches=m, tp=tp, pp=pp, sp=sp, recompute=recompute,
+                attention="eager", dtype="fp16", dropout=True)  # fmt: skip
+    machine = load_machine(cluster)
+    stage = pp // 2
+    rows = model_parallel_collectives(
+        tp=tp, pp=pp, cp=1, ep=1, dp=dp, sp=sp, stage=stage, virtual=1, layers=arch.layers // pp, moe_layers=0,
+        tokens=2048, hidden=arch.hidden, kv_width=arch.kv_width, top_k=1, act_bytes=2, dtype="fp16",
+        micro_batches=m, full_recompute=recompute == "full", gpus_per_node=8, intra_link="nvlink3",
+    )  # fmt: skip
+    if dp > 1:  # fp16 gradients all-reduced once per step over the data-parallel ranks (tp x pp apart: across nodes)
+        grads = stage_params(arch, stage, pp, Shard(tp=tp)).total * 2
+        rows.append(SimpleNamespace(op="all-reduce", phase="backward", group="data-parallel", group_size=dp,
+                                    crosses_nodes=tp * pp * dp > 8, calls_per_step=1, payload_bytes_per_call=grads))
+    return step_time(arch, plan, machine, rows)
+
+
+def main() -> None:
+    print("| Narayanan et al. 2021, Table 1 | GPUs | t x p | batch | published TFLOP/s/GPU | predicted | error |")
+    print("|---|---|---|---|---|---|---|")
+    for name, L, h, a, gpus, tp, pp, batch, pub in NARAYANAN:
+        st = predict(gpt(L, h, a, 51200, 1), gpus, tp, pp, batch, "full", False, "dgx-a100")
+        hw = st.hardware_flops / st.step_s / gpus / 1e12
+        print(f"| GPT {name} | {gpus} | {tp} x {pp} | {batch} | {pub} | {hw:.0f} | {100 * (hw / pub - 1):+.0f} % |")
+    print()
+    print("| Korthikanti et al. 2022 (SP + selective) | GPUs | t x p | batch | published MFU / HFU | predicted MFU / HFU "
+          "| predicted step s |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for name, L, h, a, tp, pp, batch, mfu, hfu in KORTHIKANTI:
+        st = predict(gpt(L, h, a, 50257, 128 * tp), tp * pp, tp, pp, batch, "selective", True, "dgx-a100")
+        print(f"| {name} | {tp * pp} | {tp} x {pp} | {batch} | {mfu} % / {hfu} % | {100 * st.mfu:.1f} % / "
+              f"{100 * st.hfu:.1f} % | {st.step_s:.2f} |")
+
+    print()
+    print("| Narayanan et al. 2021, Table 1, through `time_evaluation` | GPUs | t x p | published TFLOP/s/GPU | predicted "
+          "| error | exposed data-parallel s | step s |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for name, L, h, a, gpus, tp, pp, batch, pub in NARAYANAN:
+        st = narayanan_bridge(L, h, a, gpus, tp, pp, batch)
+        hw = st.hardware_flops / st.step_s / gpus / 1e12
+        dp = dict(st.communication_s).get("data-parallel", 0.0)
+        print(f"| GPT {name} | {gpus} | {tp} x {pp} | {pub} | {hw:.0f} | {100 * (hw / pub - 1):+.0f} % | {dp:.3f} | "
+              f"{st.step_s:.2f} |")  # fmt: skip
+    print()
+    print("| torchtitan run | source | published tokens/s/GPU | predicted | error | predicted MFU | step s |")
+    print("|---|---|---|---|---|---|---|")
+    for name, source, model, gpus, b, rc, gpu, pub in TORCHTITAN:
+        st = torchtitan_bridge(model, gpus, b, rc, gpu)
+        tps = st.tokens_per_s_per_gpu
+        print(f"| {name} | {source} | {pub:,} | {tps:,.0f} | {100 * (tps / pub - 1):+.0f} % | {100 * st.mfu:.1f} % | "
+              f"{st.step_s:.2f} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,389 @@
+"""An accelerate config YAML (``accelerate config`` / ``accelerate launch --config_file``) as estimate arguments.
+
+Sources (accelerate 1.15): commands/config/config_args.py (``ClusterConfig`` fields; unknown top-level keys are
+refused; missing ``mixed_precision`` is None, launched as "no"), commands/launch.py (``fsdp_config`` keys become
+``--fsdp_*`` launch arguments, a key without the prefix gets it; ``parallelism_config`` needs FSDP2),
+utils/dataclasses.py (``FullyShardedDataParallelPlugin``: ``sharding_strategy`` as a name or 1-5, also as a
+string; ``reshard_after_forward`` a name under FSDP1 and a boolean under FSDP2; ``DeepSpeedPlugin``: zero_stage
+default 2, a ``deepspeed_config_file`` excludes the plugin's own keys), utils/constants.py
+(``FSDP_SHARDING_STRATEGY``), parallelism_config.py (sizes default 1; FSDP shards over dp_shard x cp).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from memcalc.configs.deepspeed import read_deepspeed
+from memcalc.configs.reading import (
+    Collector,
+    ConfigReading,
+    as_bool,
+    as_int,
+    as_mapping,
+    as_str,
+    load_yaml,
+    near,
+    near_miss,
+)
+
+TOP_KEYS = (
+    "command_file", "commands", "compute_environment", "debug", "deepspeed_config", "distributed_type",
+    "downcast_bf16", "dynamo_config", "enable_cpu_affinity", "fp8_config", "fsdp_config", "gpu_ids", "machine_rank",
+    "main_process_ip", "main_process_port", "main_training_function", "megatron_lm_config", "mixed_precision",
+    "mpirun_config", "num_machines", "num_processes", "parallelism_config", "rdzv_backend", "same_network",
+    "tpu_env", "tpu_name", "tpu_use_cluster", "tpu_use_sudo", "tpu_vm", "tpu_zone", "use_cpu",
+    # SageMakerConfig, and the legacy keys process_config converts (fp16, dynamo_backend)
+    "additional_args", "base_job_name", "ec2_instance_type", "iam_role_name", "image_uri", "profile", "py_version",
+    "pytorch_version", "region", "sagemaker_inputs_file", "sagemaker_metrics_file", "transformers_version",
+    "fp16", "dynamo_backend",
+)  # fmt: skip
+DEEPSPEED_KEYS = (
+    "deepspeed_config_file", "zero_stage", "offload_optimizer_device", "offload_param_device",
+    "offload_optimizer_nvme_path", "offload_param_nvme_path", "gradient_accumulation_steps", "gradient_clipping",
+    "zero3_init_flag", "zero3_save_16bit_model", "deepspeed_multinode_launcher", "deepspeed_hostfile",
+    "deepspeed_exclusion_filter", "deepspeed_inclusion_filter", "deepspeed_moe_layer_cls_names", "mixed_precision",
+)  # fmt: skip
+# DeepSpeedPlugin._deepspeed_config_checks: these cannot be combined with deepspeed_config_file.
+WITH_FILE_REFUSED = ("gradient_accumulation_steps", "gradient_clipping", "zero_stage", "offload_optimizer_device",
+                     "offload_param_device", "offload_param_nvme_path", "offload_optimizer_nvme_path",
+                     "zero3_save_16bit_model", "mixed_precision")  # fmt: skip
+FSDP_KEYS = (
+    "fsdp_activation_checkpointing", "fsdp_activation_checkpointing_offload", "fsdp_auto_wrap_policy",
+    "fsdp_backward_prefetch", "fsdp_cpu_ram_efficient_loading", "fsdp_forward_prefetch", "fsdp_min_num_params",
+    "fsdp_offload_params", "fsdp_reshard_after_forward", "fsdp_sharding_strategy", "fsdp_state_dict_type",
+    "fsdp_sync_module_states", "fsdp_transformer_layer_cls_to_wrap", "fsdp_use_orig_params", "fsdp_version",
+)  # fmt: skip
+PARALLELISM_KEYS = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "cp_backend", "cp_comm_strategy",
+                    "sp_size", "sp_backend", "sp_seq_length", "sp_seq_length_is_variable", "sp_attn_implementation")  # fmt: skip
+# utils/constants.py FSDP_SHARDING_STRATEGY: 1-based; memcalc's names for the same strategies.
+SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
+SHARDING_NAMES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
+DDP_TYPES = ("MULTI_GPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA", "MULTI_XPU", "MULTI_HPU", "MULTI_NEURON")
+DISTRIBUTED_TYPES = ("NO", *DDP_TYPES, "DEEPSPEED", "FSDP", "MULTI_CPU", "XLA", "MEGATRON_LM")
+PRECISIONS = {"no": "fp32", "fp16": "fp16-mixed", "bf16": "bf16-mixed", "fp8": "bf16-mixed"}
+LAUNCH_ONLY = "launch setting"
+
+
+def read_accelerate(
+    path: str | os.PathLike[str],
+    *,
+    cwd: str | os.PathLike[str] | None = None,
+    world_size: int | None = None,
+    micro_batch: int | None = None,
+    grad_accum: int | None = None,
+    hidden: int | None = None,
+    seq_len: int | None = None,
+    accounting: str = "paper",
+) -> ConfigReading:
+    """Read an accelerate config YAML into ``memcalc.estimate`` arguments.
+
+    ``cwd``: the directory the job is launched from (a ``deepspeed_config_file`` is relative to it; default:
+    the current directory); ``world_size``: overrides ``num_processes`` as ``accelerate launch
+    --num_processes`` does; the rest as in ``read_deepspeed``.
+    """
+    data, name = load_yaml(path)
+    c = Collector(name, "accelerate")
+    for key in data:
+        if key not in TOP_KEYS:
+            raise c.fail(key, f"unknown key{near(key, TOP_KEYS)}; accelerate refuses unknown top-level keys")
+    kind = _distributed_type(c, data)
+    world = _world(c, data, kind, world_size)
+    precision = _precision(c, data, kind)
+    for key in data:
+        if key not in ("distributed_type", "num_processes", "num_machines", "mixed_precision", "fp16",
+                       "deepspeed_config", "fsdp_config", "parallelism_config", "dynamo_config", "dynamo_backend",
+                       "fp8_config", "use_cpu"):  # fmt: skip
+            c.ignore(key, LAUNCH_ONLY)
+    _dynamo(c, data)
+    if data.get("use_cpu") is True:
+        c.note("use_cpu: true trains on the CPU; memcalc estimates GPU memory")
+    elif "use_cpu" in data:
+        c.ignore("use_cpu", "false")
+    if precision == "fp8":
+        c.unmodelled("mixed_precision", "fp8 linears (Transformer Engine / torchao / MS-AMP); counted as bf16 mixed precision")
+    if "fp8_config" in data:
+        if precision == "fp8":
+            c.unmodelled("fp8_config", "fp8 recipe")
+        else:
+            c.ignore("fp8_config", "mixed_precision is not fp8")
+    for section, owner in (("deepspeed_config", "DEEPSPEED"), ("fsdp_config", "FSDP"), ("parallelism_config", "FSDP")):
+        if section in data and kind != owner and data[section]:
+            c.ignore(section, f"distributed_type {kind} does not use it")
+    if grad_accum is not None and kind != "DEEPSPEED":
+        c.arguments["grad_accum"] = grad_accum
+    if seq_len is not None and kind != "DEEPSPEED":
+        c.arguments["seq_len"] = seq_len
+        if micro_batch is not None:
+            c.arguments["micro_batch"] = micro_batch
+        else:
+            c.note("the micro-batch is the script's dataloader batch size: pass micro_batch= (memcalc's default is 1)")
+    if kind == "DEEPSPEED":
+        launch_dir = Path(cwd) if cwd is not None else Path.cwd()
+        ds = as_mapping(c, "deepspeed_config", data.get("deepspeed_config") or {})
+        _deepspeed(c, ds, world, precision, launch_dir, micro_batch, grad_accum, hidden, seq_len, accounting)
+    elif kind == "FSDP":
+        _fsdp(c, data, world, accounting)
+    else:
+        c.arguments["ddp"] = True
+    if "precision" not in c.arguments or kind != "DEEPSPEED":
+        c.arguments["precision"] = PRECISIONS[precision or "no"]
+    if world is not None:
+        c.arguments["gpus"] = world
+    return c.freeze()
+
+
+def _distributed_type(c: Collector, data: Mapping[str, Any]) -> str:
+    if "distributed_type" not in data:
+        raise c.fail("distributed_type", f"is missing; accelerate needs it: one of {', '.join(DISTRIBUTED_TYPES)}")
+    value = data["distributed_type"]
+    c.used("distributed_type")
+    if value is False:  # YAML 1.1 reads a bare NO as false
+        c.note("distributed_type: a bare NO is read by YAML as false; taken as 'NO' (quote it: 'NO')")
+        return "NO"
+    kind = as_str(c, "distributed_type", value, DISTRIBUTED_TYPES)
+    if kind in ("MULTI_CPU", "XLA", "MEGATRON_LM"):
+        raise c.fail("distributed_type", f"{kind} is not modelled; accepted: NO, MULTI_GPU (and other MULTI_* "
+                                         "accelerators), DEEPSPEED, FSDP")  # fmt: skip
+    if kind in DDP_TYPES[1:]:
+        c.note(f"distributed_type {kind}: data parallelism as on GPUs (DDP)")
+    return kind
+
+
+def _world(c: Collector, data: Mapping[str, Any], kind: str, world_size: int | None) -> int | None:
+    machines = as_int(c, "num_machines", data.get("num_machines", 1), minimum=1)
+    if "num_machines" in data:
+        c.used("num_machines")
+    if "num_processes" in data:
+        c.used("num_processes")
+        world: int | None = as_int(c, "num_processes", data["num_processes"], minimum=-1)
+        if world in (-1, 0):
+            world = None
+    else:
+        world = 1 if kind == "NO" else None
+    if world_size is not None:
+        if world is not None and world != world_size:
+            c.note(f"world_size {world_size} overrides num_processes {world} (as accelerate launch --num_processes)")
+        world = world_size
+    if world is None:
+        c.note("num_processes is not set (accelerate launch takes it from the command line): pass world_size=")
+        return None
+    if kind == "NO" and world != 1:
+        raise c.fail("num_processes", f"{world} with distributed_type NO; accepted: 1 (or choose MULTI_GPU, FSDP, DEEPSPEED)")
+    if world % machines:
+        raise c.fail("num_processes", f"{world} is the total over num_machines {machines} and must divide by it")
+    if machines > 1:
+        c.arguments["gpus_per_node"] = world // machines
+        c.note(f"{world // machines} GPUs per node = num_processes {world} / num_machines {machines}")
+    return world
+
+
+def _precision(c: Collector, data: Mapping[str, Any], kind: str) -> str | None:
+    if "mixed_precision" in data:
+        value = data["mixed_precision"]
+        c.used("mixed_precision")
+        if value is False:  # YAML 1.1: a bare no
+            return "no"
+        return as_str(c, "mixed_precision", value, tuple(PRECISIONS))
+    if data.get("fp16") is True:  # the legacy key process_config converts
+        c.used("fp16")
+        return "fp16"
+    if not (kind == "DEEPSPEED" and "deepspeed_config_file" in (data.get("deepspeed_config") or {})):
+        c.note("mixed_precision is not set: fp32, unless accelerate launch --mixed_precision says otherwise")
+    return None
+
+
+def _dynamo(c: Collector, data: Mapping[str, Any]) -> None:
+    backend = data.get("dynamo_backend")
+    cfg = data.get("dynamo_config") or {}
+    if isinstance(cfg, dict):
+        backend = cfg.get("dynamo_backend", backend)
+    if backend not in (None, "NO", "no", False):
+        c.unmodelled("dynamo_config", f"torch.compile (backend {backend}) changes activation memory")
+    elif "dynamo_config" in data or "dynamo_backend" in data:
+        c.ignore("dynamo_config", "torch.compile off")
+
+
+def _deepspeed(c: Collector, ds: Mapping[str, Any], world: int | None, precision: str | None, cwd: Path,
+               micro: int | None, accum: int | None, hidden: int | None, seq_len: int | None,
+               accounting: str) -> None:  # fmt: skip
+    for key in ds:
+        if key not in DEEPSPEED_KEYS:
+            close = near_miss(key, DEEPSPEED_KEYS)
+            if close is not None:
+                raise c.fail(f"deepspeed_config.{key}", f"unknown key (did you mean {close!r}?)")
+            c.ignore(f"deepspeed_config.{key}", "not a DeepSpeed plugin setting (accelerate passes it to nothing)")
+    fp16 = None if precision is None else precision == "fp16"
+    bf16 = None if precision is None else precision in ("bf16", "fp8")  # fp8 recipes compute the rest in bf16
+    if "deepspeed_config_file" in ds:
+        clash = [k for k in ds if k in WITH_FILE_REFUSED]
+        if clash:
+            raise c.fail(f"deepspeed_config.{clash[0]}", "cannot be combined with deepspeed_config_file (accelerate "
+                                                         "refuses it); set it in the DeepSpeed JSON")  # fmt: skip
+        file = as_str(c, "deepspeed_config.deepspeed_config_file", ds["deepspeed_config_file"])
+        c.used("deepspeed_config.deepspeed_config_file")
+        target = Path(file) if Path(file).is_absolute() else cwd / file
+        c.note(f"deepspeed_config_file {file} read from {target} (relative to the launch directory)")
+        inner = read_deepspeed(target, world_size=world, micro_batch=micro, grad_accum=accum, hidden=hidden,
+                               fp16=fp16, bf16=bf16, seq_len=seq_len, accounting=accounting)  # fmt: skip
+        c.merge(inner, f"{file}: ")
+        c.arguments.pop("precision", None)
+        c.arguments["precision"] = inner.arguments["precision"]
+    else:
+        stage = as_int(c, "deepspeed_config.zero_stage", ds.get("zero_stage", 2))
+        if stage > 3:
+            raise c.fail("deepspeed_config.zero_stage", f"{stage} is not a ZeRO stage; accepted: 0, 1, 2, 3")
+        if "zero_stage" not in ds:
+            c.note("deepspeed_config.zero_stage not set: accelerate's default, 2")
+        zero: dict[str, Any] = {"stage": stage}
+        for key, section in (("offload_optimizer_device", "offload_optimizer"), ("offload_param_device", "offload_param")):
+            if key in ds:
+                zero[section] = {"device": as_str(c, f"deepspeed_config.{key}", ds[key], ("none", "cpu", "nvme"))}
+                c.used(f"deepspeed_config.{key}")
+        steps = as_int(c, "deepspeed_config.gradient_accumulation_steps", ds.get("gradient_accumulation_steps", accum or 1),
+                       minimum=1)
+        # The config DeepSpeedPlugin builds (utils/dataclasses.py): batch and precision "auto", filled at prepare().
+        config: dict[str, Any] = {"zero_optimization": zero, "train_micro_batch_size_per_gpu": "auto",
+                                  "gradient_accumulation_steps": steps, "train_batch_size": "auto",
+                                  "fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"}}  # fmt: skip
+        inner = read_deepspeed(config, world_size=world, micro_batch=micro, grad_accum=None, hidden=hidden,
+                               fp16=fp16, bf16=bf16, seq_len=seq_len, accounting=accounting)  # fmt: skip
+        for key in ("zero_stage", "gradient_accumulation_steps"):
+            if key in ds:
+                c.used(f"deepspeed_config.{key}")
+        c.arguments.update(inner.arguments)
+        c.notes += [n for n in inner.notes if "micro" in n or "ZeRO" in n or "nvme" in n]
+    for key in ds:
+        if key in ("zero3_init_flag", "zero3_save_16bit_model", "gradient_clipping", "offload_optimizer_nvme_path",
+                   "offload_param_nvme_path") or key.startswith("deepspeed_") and key != "deepspeed_config_file":  # fmt: skip
+            c.ignore(f"deepspeed_config.{key}", "loading, saving or launching")
+
+
+def _fsdp(c: Collector, data: Mapping[str, Any], world: int | None, accounting: str) -> None:
+    raw = as_mapping(c, "fsdp_config", data.get("fsdp_config") or {})
+    fsdp: dict[str, Any] = {}
+    for key, value in raw.items():  # launch.py: a key without the prefix gets "fsdp_"
+        full = key if key.startswith("fsdp") else f"fsdp_{key}"
+        if full not in FSDP_KEYS:
+            close = near_miss(full, FSDP_KEYS)
+            if close is not None:
+                raise c.fail(f"fsdp_config.{key}", f"unknown key (did you mean {close!r}?)")
+            c.ignore(f"fsdp_config.{key}", "not an FSDP plugin setting (accelerate passes it to nothing)")
+            continue
+        fsdp[full] = (key, value)
+    version = as_int(c, "fsdp_config.fsdp_version", fsdp.get("fsdp_version", ("", 1))[1], minimum=1)
+    if version not in (1, 2):
+        raise c.fail("fsdp_config.fsdp_version", f"{version} is not accepted; accepted: 1, 2")
+    c.arguments["fsdp_version"] = version
+    strategy = _sharding(c, fsdp, version)
+    replicate, shard, tp, cp = _mesh(c, data, version, world)
+    if replicate > 1 and shard > 1:
+        strategy = "HYBRID_SHARD" if strategy in ("FULL_SHARD", "HYBRID_SHARD") else "_HYBRID_SHARD_ZERO2"
+        c.arguments["shard_group"] = shard
+        c.note(f"dp_replicate {replicate} x dp_shard {shard}: hybrid sharding, shard group {shard}")
+    elif replicate > 1:
+        strategy = "NO_SHARD"
+    c.arguments["fsdp"] = strategy
+    if tp > 1:
+        c.arguments["tp"] = tp
+    if cp > 1:
+        c.arguments["cp"] = cp
+        c.unmodelled("parallelism_config.parallelism_config_cp_size",
+                     f"FSDP shards over dp_shard x cp = {shard * cp} ranks; memcalc shards over the data-parallel ranks only")
+    for full, (key, value) in fsdp.items():
+        path = f"fsdp_config.{key}"
+        if full in ("fsdp_version", "fsdp_sharding_strategy", "fsdp_reshard_after_forward"):
+            continue
+        if full == "fsdp_offload_params":
+            if as_bool(c, path, value):
+                c.arguments["offload_params"] = "cpu"
+            c.used(path)
+        elif full == "fsdp_activation_checkpointing":
+            if as_bool(c, path, value):
+                c.arguments["recompute"] = "full"
+            c.used(path)
+        elif full == "fsdp_min_num_params":
+            n = as_int(c, path, value)
+            wrap = fsdp.get("fsdp_auto_wrap_policy", ("", None))[1]
+            if wrap == "SIZE_BASED_WRAP" and version == 1 and accounting == "implementation" and n > 0:
+                c.arguments["min_num_params"] = n
+                c.used(path)
+            else:
+                c.note(f"{path} {n} is used with SIZE_BASED_WRAP, FSDP1 and accounting='implementation' only")
+        elif full in ("fsdp_backward_prefetch", "fsdp_forward_prefetch") and value not in (False, None, "NO_PREFETCH"):
+            c.unmodelled(path, "prefetching keeps a second unit gathered")
+        elif full == "fsdp_activation_checkpointing_offload" and value is True:
+            c.unmodelled(path, "checkpointed activations kept on the CPU")
+        elif full == "fsdp_auto_wrap_policy":
+            c.ignore(path, "memcalc wraps one unit per decoder layer (TRANSFORMER_BASED_WRAP)" if value != "SIZE_BASED_WRAP"
+                     else "size-based wrapping, see fsdp_min_num_params")  # fmt: skip
+        else:
+            c.ignore(path, "loading, saving or bookkeeping")
+
+
+def _sharding(c: Collector, fsdp: Mapping[str, tuple[str, Any]], version: int) -> str:
+    """FSDP1: fsdp_sharding_strategy / fsdp_reshard_after_forward as a name or 1-5; FSDP2: a boolean."""
+    found: dict[str, str] = {}
+    for full in ("fsdp_sharding_strategy", "fsdp_reshard_after_forward"):
+        if full not in fsdp:
+            continue
+        key, value = fsdp[full]
+        path = f"fsdp_config.{key}"
+        c.used(path)
+        if version == 2:
+            if full == "fsdp_sharding_strategy":
+                raise c.fail(path, "is FSDP1's; under fsdp_version 2 give fsdp_reshard_after_forward: true or false")
+            found[full] = "FULL_SHARD" if as_bool(c, path, value) else "SHARD_GRAD_OP"
+            continue
+        if isinstance(value, bool):
+            raise c.fail(path, f"{value} is FSDP2's form; under fsdp_version 1 accepted: a name "
+                               f"({', '.join(SHARDING_NAMES)}) or 1-5")  # fmt: skip
+        if isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
+            number = int(value)
+            if not 1 <= number <= 5:
+                raise c.fail(path, f"{number} is not accepted; accepted: 1-5 or {', '.join(SHARDING_NAMES)}")
+            found[full] = SHARDING[number - 1]
+        else:
+            name = as_str(c, path, value).upper()
+            if name.lstrip("_") not in SHARDING_NAMES:
+                raise c.fail(path, f"{value!r} is not accepted{near(name, SHARDING_NAMES)}; accepted: "
+                                   f"{', '.join(SHARDING_NAMES)} or 1-5")  # fmt: skip
+            found[full] = SHARDING[SHARDING_NAMES.index(name.lstrip("_"))]
+    if len(set(found.values())) > 1:
+        raise c.fail("fsdp_config.fsdp_reshard_after_forward",
+                     f"{found['fsdp_reshard_after_forward']} disagrees with fsdp_sharding_strategy "
+                     f"{found['fsdp_sharding_strategy']}; give one")  # fmt: skip
+    if not found:
+        c.note("no sharding strategy given: accelerate's default, FULL_SHARD")
+    return next(iter(found.values()), "FULL_SHARD")
+
+
+def _mesh(c: Collector, data: Mapping[str, Any], version: int, world: int | None) -> tuple[int, int, int, int]:
+    """parallelism_config sizes (dp_replicate, dp_shard, tp, cp), FSDP2 only; without it dp_shard = world."""
+    raw = data.get("parallelism_config") or {}
+    if not raw:
+        return 1, world or 1, 1, 1
+    section = as_mapping(c, "parallelism_config", raw)
+    if version != 2:
+        raise c.fail("parallelism_config", "needs fsdp_config.fsdp_version 2 (accelerate refuses it under FSDP1)")
+    sizes: dict[str, int] = {}
+    for key, value in section.items():
+        short = key.removeprefix("parallelism_config_")
+        path = f"parallelism_config.{key}"
+        if short not in PARALLELISM_KEYS:
+            raise c.fail(path, f"unknown key{near(short, PARALLELISM_KEYS)}; accepted: parallelism_config_ + "
+                               f"{', '.join(PARALLELISM_KEYS)}")  # fmt: skip
+        if short in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size"):
+            sizes[short] = as_int(c, path, value, minimum=1)
+            c.used(path)
+        elif short == "sp_size" and as_int(c, path, value, minimum=1) > 1:
+            c.unmodelled(path, "sequence parallelism (Ulysses/ALST)")
+        else:
+            c.ignore(path, "communication backend choice")
+    r, s, t, p = (sizes.get(k, 1) for k in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size"))
+    if world is not None and r * s * t * p != world:
+        raise c.fail("parallelism_config", f"dp_replicate({r}) * dp_shard({s}) * tp({t}) * cp({p}) = {r * s * t * p} "
+                                           f"!= num_processes({world})")  # fmt: skip
+    return r, s, t, p

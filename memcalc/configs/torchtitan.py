@@ -1,0 +1,314 @@
+"""A torchtitan job TOML (``--job.config_file``) as estimate arguments.
+
+Sources (pytorch/torchtitan, releases v0.1.0 and v0.2.0-v0.2.2): config_manager.py / config/job_config.py (keys
+and defaults: local_batch_size 8, seq_len 2048, data_parallel_shard_degree -1, activation_checkpoint.mode
+"selective" with selective_ac_option "2", optimizer AdamW fused); distributed/parallel_dims.py
+(dp_replicate x dp_shard x cp x tp x pp = world, -1 = the GPUs left over); distributed/utils.py
+``maybe_enable_amp`` (mixed precision through FSDP's MixedPrecisionPolicy when FSDP is on, autocast for DDP or a
+single GPU, none with TP/PP but no FSDP); models/llama3/infra/parallelize.py (FSDP over dp_shard x cp,
+reshard_after_forward "default" = not under pipeline parallelism; TP with sequence parallelism); components/
+quantization (converters "float8" in v0.1, "quantize.linear.float8" in v0.2; [float8] moved to
+[quantize.linear.float8], training.compile to [compile] enable, checkpoint.enable_checkpoint to checkpoint.enable).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from memcalc.configs.reading import Collector, ConfigReading, load_toml, near
+from memcalc.configs.torchtitan_keys import KEYS
+
+RELEASES = ("0.1.0", "0.2.0", "0.2.1", "0.2.2")
+# (model.name, model.flavor) -> memcalc preset (presets/models/*.toml); torchtitan models/llama3/__init__.py flavors.
+PRESETS = {("llama3", "8B"): "llama-3-8b", ("llama3", "70B"): "llama-3-70b", ("llama3", "405B"): "llama-3-405b"}
+FLOAT8 = ("float8", "quantize.linear.float8", "quantize.grouped_mm.float8")
+MX = ("mx", "quantize.linear.mx", "quantize.grouped_mm.mx")
+DTYPES = {"bfloat16": "bf16", "float32": "fp32"}
+IGNORED_SECTIONS = {
+    "job": "job bookkeeping", "profiling": "profiler output", "metrics": "logging", "lr_scheduler": "learning rate",
+    "checkpoint": "checkpoint files", "comm": "timeouts and tracing", "memory_estimation": "torchtitan's own estimator",
+    "fault_tolerance": "torchft replica groups", "experimental": "custom modules", "validation": "evaluation runs",
+    "debug": "determinism and seeds",
+}  # fmt: skip
+
+
+def read_torchtitan(path: str | os.PathLike[str], *, world_size: int | None = None) -> ConfigReading:
+    """Read a torchtitan job TOML into ``memcalc.estimate`` arguments.
+
+    ``world_size``: GPUs in the job (NGPU x nodes); needed when ``data_parallel_shard_degree`` is -1.
+    """
+    data, name = load_toml(path)
+    c = Collector(name, "torchtitan")
+    flat = _flatten(data)
+    releases = _check_keys(c, flat)
+    get = flat.get
+    _model(c, flat, releases)
+    dims = _parallel(c, flat, world_size)
+    replicate, shard, tp, pp, cp = dims
+    fsdp_on = shard > 1 or cp > 1
+    c.arguments["gpus"] = replicate * shard * tp * pp * cp
+    # Strategy: FSDP2 over dp_shard (x cp), HSDP with dp_replicate, DDP with dp_replicate alone.
+    if fsdp_on:
+        reshard = get("parallelism.fsdp_reshard_after_forward", "default")
+        if reshard not in ("default", "always", "never"):
+            raise c.fail("parallelism.fsdp_reshard_after_forward",
+                         f"{reshard!r} is not accepted; accepted: default, always, never")
+        if "parallelism.fsdp_reshard_after_forward" in flat:
+            c.used("parallelism.fsdp_reshard_after_forward")
+        keep = reshard == "never" or (reshard == "default" and pp > 1)
+        strategy = "SHARD_GRAD_OP" if keep else "FULL_SHARD"
+        if replicate > 1:
+            strategy = "_HYBRID_SHARD_ZERO2" if keep else "HYBRID_SHARD"
+            c.arguments["shard_group"] = shard
+        c.arguments.update(fsdp=strategy, fsdp_version=2)
+        if keep and reshard == "default":
+            c.note("fsdp_reshard_after_forward 'default' keeps parameters gathered after forward under pipeline parallelism")
+    else:
+        c.arguments["ddp"] = True
+    for value, arg in ((tp, "tp"), (pp, "pp"), (cp, "cp")):
+        if value > 1:
+            c.arguments[arg] = value
+    if tp > 1:
+        c.arguments["sequence_parallel"] = True
+        c.note("torchtitan's tensor parallelism always shards norms and dropouts over the sequence (sequence parallel)")
+    if cp > 1:
+        c.unmodelled("parallelism.context_parallel_degree",
+                     f"FSDP shards over dp_shard x cp = {shard * cp} ranks; memcalc shards over dp = {replicate * shard} only")
+    ep = get("parallelism.expert_parallel_degree", 1)
+    if ep > 1:
+        c.arguments["ep"] = ep
+        c.used("parallelism.expert_parallel_degree")
+    _precision(c, flat, fsdp_on, tp > 1 or pp > 1)
+    _batch(c, flat, replicate * shard, pp)
+    _recompute(c, flat)
+    if get("training.enable_cpu_offload") is True:
+        if fsdp_on:
+            c.arguments["offload_params"] = "cpu"
+            c.used("training.enable_cpu_offload")
+        else:
+            c.ignore("training.enable_cpu_offload", "torchtitan offloads through FSDP only, which is off")
+    for key in ("training.compile", "compile.enable"):
+        if get(key) is True:
+            c.unmodelled(key, "torch.compile fuses ops and changes what is saved for backward")
+    opt = str(get("optimizer.name", "AdamW"))
+    if "optimizer.name" in flat:
+        c.used("optimizer.name")
+    if opt.lower() in ("adamw", "adam"):
+        c.arguments["optimizer"] = "adamw"
+    else:
+        c.unmodelled("optimizer.name", f"optimizer {opt!r} is not one memcalc models")
+    if get("optimizer.implementation", "fused") != "fused":
+        c.unmodelled("optimizer.implementation", "the foreach/for-loop step allocates temporaries (fused allocates none)")
+    c.arguments["attention"] = "sdpa"
+    c.note("attention: torchtitan's llama calls scaled_dot_product_attention (flash kernel on GPU)")
+    _leftovers(c, flat)
+    return c.freeze()
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and (path not in KEYS):
+            out.update(_flatten(value, f"{path}."))
+        else:
+            out[path] = value
+    return out
+
+
+def _check_keys(c: Collector, flat: Mapping[str, Any]) -> tuple[str, ...]:
+    custom = flat.get("job.custom_config_module") or flat.get("experimental.custom_args_module")
+    compatible = set(RELEASES)
+    narrowing: dict[str, set[str]] = {}  # keys that exist in some releases only
+    for path, value in flat.items():
+        if path not in KEYS:
+            if custom:
+                c.ignore(path, f"defined by the custom config module {custom}")
+                continue
+            raise c.fail(path, f"unknown key{near(path, KEYS)}; torchtitan refuses keys its JobConfig does not define")
+        kind, rel = KEYS[path]
+        _check_type(c, path, value, kind)
+        releases = set(RELEASES) if rel == "all" else set(rel.split(","))
+        if not compatible & releases:
+            other = next(p for p, r in narrowing.items() if not r & releases)
+            raise c.fail(path, f"is a torchtitan v{'/v'.join(sorted(releases))} key but {other} is "
+                               f"v{'/v'.join(sorted(narrowing[other]))}'s: the file mixes releases; "
+                               "use one release's names")  # fmt: skip
+        compatible &= releases
+        if rel != "all":
+            narrowing[path] = releases
+    chosen = tuple(sorted(compatible))
+    if len(chosen) < len(RELEASES):
+        c.note(f"keys of torchtitan v{', v'.join(chosen)}")
+    return chosen
+
+
+def _check_type(c: Collector, path: str, value: object, kind: str) -> None:
+    ok = {
+        "bool": isinstance(value, bool),
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "number": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "str": isinstance(value, str),
+        "list": isinstance(value, list),
+    }.get(kind, True)
+    if not ok:
+        word = {"bool": "true or false", "int": "a whole number", "float": "a number", "number": "a number",
+                "str": "a string", "list": "a list such as [\"a\", \"b\"]"}[kind]  # fmt: skip
+        raise c.fail(path, f"{value!r} is not accepted; accepted: {word}")
+
+
+def _model(c: Collector, flat: Mapping[str, Any], releases: tuple[str, ...]) -> None:
+    name, flavor = flat.get("model.name", "llama3"), flat.get("model.flavor", "debugmodel")
+    for key in ("model.name", "model.flavor"):
+        if key in flat:
+            c.used(key)
+    preset = PRESETS.get((name, flavor))
+    if preset is not None:
+        c.arguments["model"] = preset
+    else:
+        c.note(f"model {name} {flavor}: no memcalc preset; pass model= or hf_config= with its shape")
+    converters = flat.get("model.converters", [])
+    if "model.converters" in flat:
+        c.used("model.converters")
+    float8 = any(x in FLOAT8 for x in converters)
+    mx = any(x in MX for x in converters)
+    if "float8" in converters and "0.1.0" not in releases:
+        c.note("model.converters 'float8' is v0.1's name; v0.2 registers 'quantize.linear.float8' and raises "
+               "KeyError on 'float8' (read as float8 on)")  # fmt: skip
+    if float8:
+        c.unmodelled("model.converters", "float8 linears (fp8 casts saved for backward, fp8 all-gather)")
+    if mx:
+        c.unmodelled("model.converters", "MX (microscaling) linears")
+    for path in flat:
+        section = path.split(".")[0]
+        if section in ("float8", "mx", "quantize"):
+            on = mx if ".mx." in f".{path}" else float8
+            (c.unmodelled if on else c.ignore)(path, "converter setting" if on else "its converter is not in model.converters")
+
+
+def _parallel(c: Collector, flat: Mapping[str, Any], world: int | None) -> tuple[int, int, int, int, int]:
+    def degree(key: str) -> int:
+        path = f"parallelism.{key}"
+        value = flat.get(path, 1)
+        if path in flat:
+            c.used(path)
+        if value < 1:
+            raise c.fail(path, f"{value} is not accepted; accepted: a degree of 1 or more (1 means disabled)")
+        return value
+
+    replicate, tp, pp, cp = (degree(k) for k in ("data_parallel_replicate_degree", "tensor_parallel_degree",
+                                                 "pipeline_parallel_degree", "context_parallel_degree"))  # fmt: skip
+    shard = flat.get("parallelism.data_parallel_shard_degree", -1)
+    path = "parallelism.data_parallel_shard_degree"
+    if path in flat:
+        c.used(path)
+    others = replicate * tp * pp * cp
+    if shard == -1:
+        if world is None:
+            raise c.fail(path, "is -1 (the GPUs left over), so the world size must be given: pass world_size= "
+                               "(NGPU x nodes)")  # fmt: skip
+        if world % others:
+            raise c.fail(path, f"-1 leaves world_size({world}) / (dp_replicate({replicate}) * tp({tp}) * pp({pp}) * "
+                               f"cp({cp})) = {world / others:g} GPUs, not a whole number")  # fmt: skip
+        shard = world // others
+        c.note(f"data_parallel_shard_degree -1 = {shard} (world {world} / {others})")
+    elif shard < 1:
+        raise c.fail(path, f"{shard} is not accepted; accepted: -1 (the GPUs left over) or a degree of 1 or more")
+    elif world is not None and world != shard * others:
+        raise c.fail(path, f"dp_replicate({replicate}) * dp_shard({shard}) * tp({tp}) * pp({pp}) * cp({cp}) = "
+                           f"{shard * others} != world_size({world})")  # fmt: skip
+    return replicate, shard, tp, pp, cp
+
+
+def _precision(c: Collector, flat: Mapping[str, Any], fsdp_on: bool, tp_or_pp: bool) -> None:
+    dtype = flat.get("training.dtype", "float32")
+    param = flat.get("training.mixed_precision_param", "bfloat16")
+    for key, value in (("training.dtype", dtype), ("training.mixed_precision_param", param)):
+        if value not in DTYPES:
+            raise c.fail(key, f"{value!r} is not accepted; accepted: bfloat16, float32")
+        if key in flat:
+            c.used(key)
+    if dtype == "bfloat16":
+        c.arguments["precision"] = "bf16"
+        c.note("training.dtype bfloat16: parameters, gradients and AdamW states all in bf16")
+    elif param == "float32" or (not fsdp_on and tp_or_pp):
+        c.arguments["precision"] = "fp32"
+        if param != "float32":
+            c.note("no mixed precision: torchtitan applies it through FSDP, or autocast for DDP/one GPU, not TP/PP alone")
+    else:
+        c.arguments["precision"] = "bf16-mixed"
+        if not fsdp_on:
+            c.note("mixed precision through torch.autocast (DDP or one GPU): fp32 weights, bf16 compute")
+    if flat.get("training.mixed_precision_reduce", "float32") != "float32":
+        c.unmodelled("training.mixed_precision_reduce", "gradient reduction dtype")
+
+
+def _batch(c: Collector, flat: Mapping[str, Any], dp: int, pp: int) -> None:
+    local = flat.get("training.local_batch_size", 8)
+    seq = flat.get("training.seq_len", 2048)
+    glob = flat.get("training.global_batch_size", -1)
+    for key in ("training.local_batch_size", "training.seq_len", "training.global_batch_size"):
+        if key in flat:
+            c.used(key)
+    if local < 1 or seq < 1:
+        raise c.fail("training.local_batch_size" if local < 1 else "training.seq_len", "must be 1 or more")
+    accum = 1
+    if glob not in (-1, 0):
+        if glob < 1 or glob % (local * dp):
+            raise c.fail("training.global_batch_size", f"{glob} is not local_batch_size({local}) x dp({dp}) x a whole "
+                                                       "number of accumulation steps")  # fmt: skip
+        accum = glob // (local * dp)
+    micro = local
+    if pp > 1:
+        micro = flat.get("parallelism.pipeline_parallel_microbatch_size", 1)
+        if micro < 1 or local % micro:
+            raise c.fail("parallelism.pipeline_parallel_microbatch_size", f"{micro} does not divide local_batch_size({local})")
+        c.used("parallelism.pipeline_parallel_microbatch_size")
+        accum *= local // micro
+        c.note(f"pipeline: local batch {local} runs as {local // micro} micro-batches of {micro}")
+    c.arguments.update(seq_len=seq, micro_batch=micro)
+    if accum > 1:
+        c.arguments["grad_accum"] = accum
+
+
+def _recompute(c: Collector, flat: Mapping[str, Any]) -> None:
+    mode = flat.get("activation_checkpoint.mode", "selective")
+    option = str(flat.get("activation_checkpoint.selective_ac_option", "2"))
+    for key in ("activation_checkpoint.mode", "activation_checkpoint.selective_ac_option"):
+        if key in flat:
+            c.used(key)
+    if mode not in ("none", "selective", "full", "memory_budget"):
+        raise c.fail("activation_checkpoint.mode", f"{mode!r} is not accepted; accepted: none, selective, full, memory_budget")
+    if mode == "selective" and option != "op" and not (option.isdigit() and int(option) >= 1):
+        raise c.fail("activation_checkpoint.selective_ac_option", f"{option!r} is not accepted; accepted: \"op\" or a "
+                                                                  "layer interval such as \"2\"")  # fmt: skip
+    if "activation_checkpoint.mode" not in flat:
+        c.note("activation_checkpoint.mode not set: torchtitan's default, selective every 2nd layer")
+    if mode == "full" or (mode == "selective" and option == "1"):
+        c.arguments["recompute"] = "full"
+    elif mode == "selective" and option == "op":
+        c.arguments["recompute"] = "selective"
+        c.unmodelled("activation_checkpoint.selective_ac_option", "per-op SAC saves every second matmul output and the "
+                     "attention outputs; counted as Korthikanti's selective recompute")  # fmt: skip
+    elif mode == "selective":
+        c.arguments["recompute"] = "none"
+        c.unmodelled("activation_checkpoint.selective_ac_option", f"one layer in every {option} fully checkpointed; "
+                     "counted as no recompute (an upper bound)")  # fmt: skip
+    else:
+        c.arguments["recompute"] = "none"
+        if mode == "memory_budget":
+            c.unmodelled("activation_checkpoint.mode", "memory-budget AC picks what to save at compile time")
+
+
+def _leftovers(c: Collector, flat: Mapping[str, Any]) -> None:
+    read = c.mentioned()
+    for path in flat:
+        if path in read:
+            continue
+        section = path.split(".")[0]
+        reason = IGNORED_SECTIONS.get(section) or ("no effect on the memory held" if section in ("training", "parallelism",
+                                                   "model", "optimizer", "activation_checkpoint", "compile") else "")  # fmt: skip
+        c.ignore(path, reason or "not memory-relevant")

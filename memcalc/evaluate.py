@@ -1,0 +1,136 @@
+"""The core's one entry point: a ``Plan`` in, per-GPU memory and per-step communication out, as plain data.
+
+Memory comes from one of three accountings, each behind the same small interface (rows of one rank, and for
+the implementation accounting the collectives the framework issues): ``memcalc.memory.paper``,
+``memcalc.memory.implementation``, ``memcalc.memory.estimator``. Communication comes from ``memcalc.comm``.
+No pydantic here: the report floor (``memcalc.report.build``) turns an ``Evaluation`` into the public result.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from memcalc.comm import traffic
+from memcalc.comm.traffic import Collective, HostTransfer
+from memcalc.layout.plan import Plan
+from memcalc.memory import estimator, implementation, paper
+from memcalc.memory.rows import Row, overhead_rows
+
+
+class StageLoad(NamedTuple):
+    """What one pipeline stage's GPU holds (the fields of ``memcalc.report.results.StageMemory``)."""
+
+    stage: int
+    parameters: int
+    layers: int
+    micro_batches_in_flight: float
+    model_states: int
+    activations: int
+    total: int
+
+
+class Evaluation(NamedTuple):
+    """Memory and communication of the most loaded GPU of one plan."""
+
+    plan: Plan
+    stages: tuple[StageLoad, ...]
+    top: int
+    """The most loaded pipeline stage (the first of equals)."""
+    gpu_rows: tuple[Row, ...]
+    """Every row of the most loaded GPU; ``total`` is their sum."""
+    node_rows: tuple[Row, ...]
+    """Offloaded states per node: the sum over the node's ranks."""
+    collectives: tuple[Collective, ...]
+    transfers: tuple[HostTransfer, ...]
+
+    @property
+    def total(self) -> int:
+        return self.stages[self.top].total
+
+
+def _stage(plan: Plan, k: int, st: object) -> tuple[StageLoad, list[Row], list[Row], list]:
+    psi_k, groups = paper.param_groups(plan, k)
+    issued: list = []
+    if plan.accounting == "implementation":
+        states, issued = implementation.model_state_rows(plan)
+    else:
+        states = paper.model_state_rows(plan, groups)
+    acts, flight = paper.activation_rows(plan, k, st) if st is not None else ([], 0.0)  # type: ignore[arg-type]
+    gpu: list[Row] = []
+    host: list[Row] = []
+    ms = a = 0
+    for r in states:
+        if r.location == "gpu":
+            gpu.append(r)
+            ms += r.bytes
+        else:
+            host.append(r)
+    for r in acts:
+        a += r.bytes
+    overheads = overhead_rows(plan.cuda_context, plan.reserve)
+    gpu += acts
+    gpu += overheads
+    layers = plan.arch.layers // plan.pp if plan.arch else 0
+    load = StageLoad(k, psi_k, layers, flight, ms, a, ms + a + plan.cuda_context + plan.reserve)
+    return load, gpu, host, issued
+
+
+def evaluate(plan: Plan) -> Evaluation:
+    """Per-GPU memory (most loaded pipeline stage) and per-step communication of one plan."""
+    st = paper.setting(plan)
+    stages: list[StageLoad] = []
+    found = []
+    for k in range(plan.pp):
+        load, gpu, host, issued = _stage(plan, k, st)
+        stages.append(load)
+        found.append((gpu, host, issued))
+    top = max(range(plan.pp), key=lambda k: (stages[k].total, -k))
+    gpu_rows, host_rows, issued = found[top]
+    psi_top = stages[top].parameters
+    ranks = plan.ranks_per_node
+    # Host RAM and NVMe are per node: the sum over the node's ranks (DeepSpeed's estimator does the same).
+    node_rows = [r._replace(bytes=r.bytes * ranks) for r in host_rows]
+    if plan.accounting == "deepspeed-estimator":
+        gpu_rows, cpu = estimator.model_state_rows(plan)
+        node_rows = [estimator.host_row(cpu)]
+        ms = sum(r.bytes for r in gpu_rows)
+        stages = [StageLoad(0, stages[0].parameters, stages[0].layers, stages[0].micro_batches_in_flight, ms, 0, ms)]
+        host_rows = []
+    collectives = _collectives(plan, issued, psi_top, top, st)
+    opt_state_bytes = sum(r.bytes for r in host_rows if r.key in ("master_weights", "optimizer_moments"))
+    transfers = traffic.host_transfers(psi_top, plan.spec, plan.shard_group_size, plan.precision.param_bytes,
+                                       plan.precision.grad_bytes, opt_state_bytes, plan.optimizer_device,
+                                       plan.offload_params, plan.grad_accum)
+    return Evaluation(plan, tuple(stages), top, tuple(gpu_rows), tuple(node_rows), tuple(collectives),
+                      tuple(transfers))
+
+
+def _collectives(plan: Plan, issued: list, psi: int, stage: int, st: object) -> list[Collective]:
+    """Data-parallel traffic (the framework's own under the implementation accounting) and model-parallel traffic."""
+    p, arch = plan.precision, plan.arch
+    if plan.accounting == "implementation":
+        rows = [implementation.collective(x, plan) for x in issued]
+    else:
+        rows = traffic.data_parallel_collectives(psi, plan.spec, plan.shard_group_size, plan.replicas, plan.dp,
+                                                 plan.gpus_per_node, p.param_bytes, p.grad_bytes, p.low_dtype,
+                                                 plan.grad_accum, plan.intra_link, stride=plan.tp * plan.cp)
+    if arch is not None and st is not None:
+        layers = paper.stage_layers(plan, stage)
+        rows += traffic.model_parallel_collectives(
+            tp=plan.tp, pp=plan.pp, cp=plan.cp, ep=plan.ep, dp=plan.dp, sp=plan.sequence_parallel, stage=stage,
+            virtual=plan.virtual_stages, layers=len(layers), moe_layers=paper.moe_layers(plan, stage),
+            tokens=st.s * st.b, hidden=arch.hidden, kv_width=arch.kv_width, top_k=arch.top_k,  # type: ignore[attr-defined]
+            act_bytes=st.dtype_bytes, dtype=p.low_dtype, micro_batches=plan.grad_accum,  # type: ignore[attr-defined]
+            full_recompute=plan.work is not None and plan.work.recompute == "full",
+            gpus_per_node=plan.gpus_per_node, intra_link=plan.intra_link,
+        )
+    return traffic.in_step_order(rows)
+
+
+def notes(plan: Plan) -> list[str]:
+    """The accounting's notes for this plan."""
+    if plan.accounting == "deepspeed-estimator":
+        return estimator.notes(plan)
+    if plan.accounting == "implementation":
+        return implementation.notes(plan)
+    return paper.notes(plan)

@@ -1,0 +1,165 @@
+"""Everything one estimate needs, with the invariants that tie the parts together."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from memcalc.errors import InputError
+from memcalc.inputs.base import Frozen
+from memcalc.inputs.hardware import GPU, Cluster, Overheads
+from memcalc.inputs.model import Model
+from memcalc.inputs.strategy import EstimatorOptions, FrameworkOptions, Parallelism, Strategy
+from memcalc.layout.dtypes import OPTIMIZERS, PRECISIONS, Optimizer, Precision
+from memcalc.model.params import check_tp
+
+
+class Workload(Frozen):
+    """What one micro-batch looks like, for activation memory."""
+
+    seq_len: int = Field(gt=0)
+    """s: tokens per sequence."""
+    micro_batch: int = Field(default=1, gt=0)
+    """b: sequences per micro-batch on one data-parallel rank."""
+    recompute: Literal["none", "selective", "full"] = "none"
+    """Activation recomputation: none, selective (core attention, Korthikanti §5) or full (every layer)."""
+    attention: Literal["eager", "flash", "sdpa"] = "eager"
+    """eager keeps the a·s² score matrices (the paper's case); flash does not; sdpa is PyTorch's dispatcher."""
+    dropout: float | None = Field(default=None, ge=0, lt=1)
+    """Dropout probability; None takes the architecture's (0 when it has none)."""
+    device: Literal["cuda", "cpu"] = "cuda"
+    """Where it runs: CUDA keeps 1-byte dropout masks, CPU keeps them in the activation dtype."""
+
+
+Accounting = Literal["paper", "implementation", "deepspeed-estimator"]
+
+
+class EstimateInput(Frozen):
+    """Everything one estimate needs."""
+
+    model: Model
+    precision: Precision = PRECISIONS["bf16-mixed"]
+    optimizer: Optimizer = OPTIMIZERS["adamw"]
+    gpu: GPU
+    cluster: Cluster
+    strategy: Strategy = Strategy()
+    parallelism: Parallelism = Parallelism()
+    workload: Workload | None = None
+    """None: model states only (no activations)."""
+    overheads: Overheads = Overheads()
+    grad_accum: int = Field(default=1, gt=0)
+    """Micro-batches per optimizer step (gradient accumulation; the pipeline's micro-batches)."""
+    accounting: Accounting = "paper"
+    """Which accounting: ``paper`` is the ZeRO paper's (§5) and Korthikanti et al.'s; ``deepspeed-estimator``
+    is DeepSpeed's own estimate_zero2/3_model_states_mem_needs."""
+    estimator: EstimatorOptions = EstimatorOptions()
+    framework: FrameworkOptions = FrameworkOptions()
+
+    @model_validator(mode="after")
+    def _invariants(self) -> EstimateInput:
+        par, w, g = self.parallelism, self.cluster.gpus, self.cluster.gpus_per_node
+        mp = par.model_parallel
+        if w % mp:
+            raise InputError(
+                f"tp({par.tp}) * pp({par.pp}) * cp({par.cp}) = {mp} does not divide gpus({w}); "
+                f"dp = gpus / (tp * pp * cp) must be a whole number"
+            )
+        dp = w // mp
+        if par.ep > 1 and dp % par.ep:
+            raise InputError(f"ep({par.ep}) does not divide dp({dp}) = gpus({w}) / (tp({par.tp}) * pp({par.pp}) * cp({par.cp}))")
+        if par.virtual_stages > 1 and par.pp == 1:
+            raise InputError(f"--virtual-stages {par.virtual_stages} needs pipeline parallelism (--pp > 1)")
+        arch = self.model.architecture
+        needs_shape = [flag for flag, on in (("--seq-len", self.workload is not None), ("--cp", par.cp > 1),
+                                             ("--ep", par.ep > 1), ("--virtual-stages", par.virtual_stages > 1)) if on]  # fmt: skip
+        if arch is None and needs_shape:
+            raise InputError(f"{', '.join(needs_shape)} needs the model's shape: give --model, --hf-config or --layers/--hidden/--heads/--vocab")
+        if arch is not None:
+            check_tp(arch, par.tp)
+            if arch.layers % (par.pp * par.virtual_stages):
+                raise InputError(
+                    f"layers({arch.layers}) is not divisible by pp({par.pp}) * virtual_stages({par.virtual_stages})"
+                )
+            if par.ep > 1 and (not arch.moe or arch.experts % par.ep):
+                raise InputError(f"ep({par.ep}) needs an MoE model whose experts ({arch.experts}) it divides")
+            if self.workload is not None and self.workload.seq_len % par.cp:
+                raise InputError(f"cp({par.cp}) does not divide seq_len({self.workload.seq_len})")
+        spec = self.strategy.spec
+        if self.accounting == "deepspeed-estimator":
+            if spec.name not in ("zero-1", "zero-2", "zero-3"):
+                raise InputError(f"--accounting deepspeed-estimator covers DeepSpeed ZeRO stages 1-3 (--stage 1|2|3), not {spec.label}")
+            if self.workload is not None or mp > 1:
+                raise InputError("--accounting deepspeed-estimator counts model states on plain data parallelism only, "
+                                 "as DeepSpeed's functions do; drop --seq-len, --tp, --pp and --cp")  # fmt: skip
+            if spec.name == "zero-3" and arch is None and self.estimator.largest_layer_params is None:
+                raise InputError("DeepSpeed's ZeRO-3 estimator needs the largest layer: give --model/--hf-config or "
+                                 "--largest-layer-params")  # fmt: skip
+        if self.accounting == "implementation":
+            if spec.framework == "deepspeed" and self.optimizer.name not in ("adamw", "sgd", "sgd-momentum"):
+                raise InputError(f"--accounting implementation models DeepSpeed with a torch.optim client optimizer; "
+                                 f"{self.optimizer.name} is not one")  # fmt: skip
+            if arch is None:
+                raise InputError("--accounting implementation follows the framework unit by unit: give the model's shape "
+                                 "(--model, --hf-config or --layers/--hidden/--heads/--vocab)")  # fmt: skip
+            if mp > 1 or par.ep > 1:
+                raise InputError("--accounting implementation covers data parallelism (DDP, FSDP) only so far; drop --tp, --pp, --cp, --ep")
+            if self.strategy.offload_params != "none" or self.strategy.offload_optimizer != "none":
+                raise InputError("--accounting implementation does not model CPU offload yet; use --accounting paper")
+        mnp = self.framework.min_num_params
+        if mnp is not None and (spec.framework != "fsdp" or self.framework.fsdp_version != 1 or self.accounting != "implementation"):
+            raise InputError("--min-num-params is FSDP1's size_based_auto_wrap_policy: it needs --fsdp with --fsdp-version 1 "
+                             f"and --accounting implementation (got {spec.label}"
+                             f"{', --fsdp-version 2' if spec.framework == 'fsdp' and self.framework.fsdp_version == 2 else ''}, "
+                             f"--accounting {self.accounting})")  # fmt: skip
+        z3 = self.framework.zero3_flags
+        if z3 and (spec.name != "zero-3" or self.accounting != "implementation"):
+            raise InputError(f"{', '.join(z3)}: DeepSpeed ZeRO-3 coordinator settings, used only with --stage 3 "
+                             f"--accounting implementation (got {spec.label}, --accounting {self.accounting})")  # fmt: skip
+        if self.strategy.shard_group is not None and not spec.hybrid:
+            raise InputError(
+                f"--shard-group applies to HYBRID_SHARD and _HYBRID_SHARD_ZERO2 only, not {spec.label}"
+            )
+        if spec.hybrid:
+            f = self.shard_group_size
+            if f > dp or dp % f:
+                raise InputError(f"--shard-group {f} must divide the data-parallel size {dp}")
+            span = f * par.tp * par.cp
+            if span > g and span % g:
+                raise InputError(f"--shard-group {f} spans nodes, so it must fill whole nodes of --gpus-per-node {g}")
+        return self
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: gpus / (tp x pp x cp)."""
+        return self.cluster.gpus // self.parallelism.model_parallel
+
+    @property
+    def dp_per_node(self) -> int:
+        """Data-parallel ranks inside one node (tensor and context parallelism fill a node first)."""
+        return max(1, min(self.dp, self.cluster.gpus_per_node // (self.parallelism.tp * self.parallelism.cp)))
+
+    @property
+    def shard_group_size(self) -> int:
+        """N in the ZeRO formulas: the ranks one copy of the model states is sharded over."""
+        spec = self.strategy.spec
+        if not (spec.shards_params or spec.shards_grads or spec.shards_optimizer):
+            return 1
+        if spec.hybrid:
+            return self.strategy.shard_group or self.dp_per_node
+        return self.dp
+
+    @property
+    def replicas(self) -> int:
+        """Copies of the sharded model states: dp / shard group for hybrids, 1 for plain sharding."""
+        spec = self.strategy.spec
+        if spec.hybrid:
+            return self.dp // self.shard_group_size
+        return self.dp if self.shard_group_size == 1 else 1
+
+    @property
+    def dropout(self) -> float:
+        wl, arch = self.workload, self.model.architecture
+        if wl is not None and wl.dropout is not None:
+            return wl.dropout
+        return arch.dropout if arch is not None else 0.0

@@ -1,0 +1,86 @@
+"""The hardware: a GPU datasheet (presets/gpus/*.toml), how GPUs sit in nodes, and memory outside the model."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from memcalc.errors import InputError
+from memcalc.inputs.base import Frozen
+from memcalc.units import GB, gib
+
+
+class GPU(Frozen):
+    """One accelerator, as its datasheet describes it. Preset keys equal these field names."""
+
+    key: str
+    """The preset name (file stem), e.g. ``a100-sxm-80gb``."""
+    name: str
+    """The marketing name."""
+    aliases: tuple[str, ...] = ()
+    """Other names users type (``a100-80g``)."""
+    memory_gb: float = Field(gt=0)
+    """Memory as sold, decimal GB (the datasheet's figure)."""
+    usable_memory_gib: float = Field(gt=0)
+    """Memory the framework can allocate, GiB: the total capacity PyTorch reports for the device."""
+    hbm_gbps: float = Field(gt=0)
+    """Peak memory bandwidth, GB/s."""
+    bf16_tflops: float = Field(ge=0)
+    """Peak dense BF16 tensor throughput, TFLOPS (0 = not supported)."""
+    fp16_tflops: float = Field(ge=0)
+    """Peak dense FP16 tensor throughput, TFLOPS."""
+    fp32_tflops: float = Field(ge=0)
+    """Peak FP32 throughput (non-tensor), TFLOPS."""
+    intra_node_link: str
+    """The GPU-to-GPU link inside a node (``nvlink4``, ``pcie4``, ``infinity-fabric``)."""
+    intra_node_gbps: float = Field(gt=0)
+    """GPU-to-GPU bandwidth inside a node, GB/s, both directions summed as datasheets quote it."""
+    pcie_gbps: float = Field(gt=0)
+    """Host link bandwidth each way, GB/s (PCIe Gen4 x16 about 32, Gen5 x16 about 64)."""
+    network_gbps: float = Field(gt=0)
+    """Typical inter-node network bandwidth per GPU each way, GB/s (200 Gb/s HDR = 25)."""
+    source: str
+    """Where the figures come from."""
+
+    @property
+    def usable_memory_bytes(self) -> int:
+        return gib(self.usable_memory_gib)
+
+    @property
+    def memory_bytes(self) -> int:
+        return round(self.memory_gb * GB)
+
+
+class Cluster(Frozen):
+    """How many GPUs, and how they sit in nodes."""
+
+    gpus: int = Field(gt=0)
+    """World size W."""
+    gpus_per_node: int = Field(default=8, gt=0)
+    """G: GPUs in one node, behind one NVLink/PCIe domain and one host's RAM."""
+
+    @model_validator(mode="after")
+    def _whole_nodes(self) -> Cluster:
+        if self.gpus > self.gpus_per_node and self.gpus % self.gpus_per_node:
+            raise InputError(
+                f"--gpus {self.gpus} is not a multiple of --gpus-per-node {self.gpus_per_node}; "
+                f"use a world size up to one node or a multiple of {self.gpus_per_node}"
+            )
+        return self
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.gpus // self.gpus_per_node)
+
+    @property
+    def ranks_per_node(self) -> int:
+        """GPUs actually used in each node: G, or W when the job is smaller than a node."""
+        return min(self.gpus, self.gpus_per_node)
+
+
+class Overheads(Frozen):
+    """GPU memory that is not model state; each becomes its own row of the breakdown."""
+
+    cuda_context_bytes: int = Field(default=gib(0.5), ge=0)
+    """CUDA context and kernels loaded by the framework (about 0.3-0.5 GiB on A100/H100 with lazy loading)."""
+    allocator_reserve_bytes: int = Field(default=0, ge=0)
+    """Headroom kept for the caching allocator's fragmentation; 0 unless you set it."""

@@ -1,0 +1,27 @@
+"""A validated ``EstimateInput`` turned into the core's plain ``Plan``, once, at the edge."""
+
+from __future__ import annotations
+
+from memcalc.inputs.estimate import EstimateInput
+from memcalc.layout.plan import Plan, Work
+
+
+def to_plan(inp: EstimateInput) -> Plan:
+    """The numbers the core reads, taken from the validated input."""
+    arch, w, par, s, f, e = (inp.model.architecture, inp.workload, inp.parallelism, inp.strategy, inp.framework,
+                             inp.estimator)
+    work = None
+    if w is not None:
+        work = Work(seq_len=w.seq_len, micro_batch=w.micro_batch, recompute=w.recompute, attention=w.attention,
+                    dropout=inp.dropout, device=w.device)
+    return Plan(
+        psi=inp.model.parameters or 0, arch=arch, precision=inp.precision, optimizer=inp.optimizer, spec=s.spec,
+        gpus=inp.cluster.gpus, gpus_per_node=inp.cluster.gpus_per_node, usable_bytes=inp.gpu.usable_memory_bytes,
+        intra_link=inp.gpu.intra_node_link, offload_optimizer=s.offload_optimizer, offload_params=s.offload_params,
+        shard_group=s.shard_group, tp=par.tp, pp=par.pp, cp=par.cp, ep=par.ep,
+        sequence_parallel=par.sequence_parallel, virtual_stages=par.virtual_stages, work=work,
+        cuda_context=inp.overheads.cuda_context_bytes, reserve=inp.overheads.allocator_reserve_bytes,
+        grad_accum=inp.grad_accum, accounting=inp.accounting, fsdp_version=f.fsdp_version,
+        bucket_view=f.bucket_view, min_num_params=f.min_num_params, zero3=f.zero3(), zero3_step=f.zero3_step,
+        zero_init=e.zero_init, buffer_factor=e.buffer_factor, largest_layer_params=e.largest_layer_params,
+    )

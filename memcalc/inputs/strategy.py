@@ -1,0 +1,148 @@
+"""How the run is laid out: the data-parallel strategy, model parallelism and the framework's own settings."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from memcalc.errors import InputError
+from memcalc.inputs.base import Frozen
+from memcalc.layout.strategies import STRATEGIES, OffloadDevice, StrategyName, StrategySpec
+from memcalc.layout.plan import Zero3Settings
+
+
+class Strategy(Frozen):
+    """A data-parallel strategy (a row of the strategy table) and where it offloads."""
+
+    name: StrategyName = "zero-0"
+    offload_optimizer: OffloadDevice = "none"
+    """Where optimizer states (master copy, moments) and the reduced gradient shard live."""
+    offload_params: OffloadDevice = "none"
+    """Where the parameter shard lives between uses."""
+    shard_group: int | None = Field(default=None, gt=0)
+    """Hybrid strategies: GPUs in one shard group (default: one node)."""
+
+    @property
+    def spec(self) -> StrategySpec:
+        return STRATEGIES[self.name]
+
+    @property
+    def label(self) -> str:
+        parts = [self.spec.label]
+        if self.spec.offload_together and self.offload_params != "none":
+            parts.append(f"offload {self.offload_params}")
+        else:
+            if self.offload_optimizer != "none":
+                parts.append(f"opt→{self.offload_optimizer}")
+            if self.offload_params != "none":
+                parts.append(f"param→{self.offload_params}")
+        return " + ".join(parts)
+
+    @model_validator(mode="after")
+    def _framework_rules(self) -> Strategy:
+        spec = self.spec
+        if spec.offload_together:
+            # torch.distributed.fsdp.CPUOffload(offload_params=True) moves params, grads and the optimizer
+            # step to the CPU together; there is no optimizer-only offload and no NVMe.
+            if self.offload_optimizer not in ("none", self.offload_params):
+                raise InputError(
+                    f"FSDP offloads the optimizer only together with the parameters (CPUOffload(offload_params=True)); "
+                    f"use --offload-params cpu instead of --offload-optimizer {self.offload_optimizer}"
+                )
+            if self.offload_params not in spec.param_offload:
+                raise InputError(
+                    f"--offload-params {self.offload_params} is not available with FSDP; accepted: none, cpu"
+                )
+            return self
+        if self.offload_optimizer not in spec.optimizer_offload:
+            if spec.name in ("zero-1", "zero-2"):
+                why = "DeepSpeed ZeRO-1/2 keep offloaded optimizer states in host memory; NVMe needs --stage 3"
+            elif spec.framework == "deepspeed":
+                why = "DeepSpeed offloads the optimizer from ZeRO stage 1 up"
+            else:
+                why = "DDP has no offload; use --stage 1-3 or --fsdp"
+            accepted = ", ".join(spec.optimizer_offload)
+            raise InputError(f"--offload-optimizer {self.offload_optimizer} with {spec.label}: {why}; accepted: {accepted}")
+        if self.offload_params not in spec.param_offload:
+            why = "parameter offload is ZeRO-3 only" if spec.framework == "deepspeed" else "DDP has no offload"
+            raise InputError(f"--offload-params {self.offload_params} with {spec.label}: {why}; accepted: none")
+        return self
+
+    @property
+    def optimizer_device(self) -> OffloadDevice:
+        """Where optimizer states live (FSDP's CPUOffload takes them along with the params)."""
+        if self.spec.offload_together:
+            return self.offload_params
+        return self.offload_optimizer
+
+
+class Parallelism(Frozen):
+    """Model parallelism. dp = gpus / (tp x pp x cp); ZeRO and FSDP shard over dp only."""
+
+    tp: int = Field(default=1, gt=0)
+    """Tensor-parallel degree (Megatron); 1 means disabled."""
+    pp: int = Field(default=1, gt=0)
+    """Pipeline stages; 1 means disabled."""
+    cp: int = Field(default=1, gt=0)
+    """Context-parallel degree: the sequence is split over cp ranks; 1 means disabled."""
+    ep: int = Field(default=1, gt=0)
+    """Expert-parallel degree: MoE experts are spread over ep data-parallel ranks; 1 means disabled."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism: norms and dropouts split over the tp ranks."""
+    virtual_stages: int = Field(default=1, gt=0)
+    """Model chunks per pipeline rank (interleaved 1F1B); 1 means the plain schedule."""
+
+    @property
+    def model_parallel(self) -> int:
+        return self.tp * self.pp * self.cp
+
+
+class FrameworkOptions(Frozen):
+    """How the framework is configured (``--accounting implementation``)."""
+
+    fsdp_version: Literal[1, 2] = 1
+    """1: FullyShardedDataParallel (FlatParameter per unit); 2: fully_shard (per-parameter DTensor shards)."""
+    bucket_view: bool = False
+    """DDP: gradient_as_bucket_view (buckets are the gradients, no second copy)."""
+    min_num_params: int | None = Field(default=None, gt=0)
+    """FSDP: size_based_auto_wrap_policy's threshold; None wraps one unit per decoder layer."""
+    max_reuse_distance: int | None = Field(default=None, ge=0)
+    """DeepSpeed ZeRO-3: stage3_max_reuse_distance in elements (None: DeepSpeed's default, 1e9)."""
+    max_live_parameters: int | None = Field(default=None, ge=0)
+    """DeepSpeed ZeRO-3: stage3_max_live_parameters in elements (None: DeepSpeed's default, 1e9)."""
+    prefetch_bucket_size: int | None = Field(default=None, ge=0)
+    """DeepSpeed ZeRO-3: stage3_prefetch_bucket_size in elements (None: DeepSpeed's default, 5e7)."""
+    persistence_threshold: int | None = Field(default=None, ge=0)
+    """DeepSpeed ZeRO-3: stage3_param_persistence_threshold in elements (None: DeepSpeed's default, 1e5)."""
+    zero3_step: Literal["steady", "first"] = "steady"
+    """DeepSpeed ZeRO-3: which step's gathers to report: any step after the first (``steady``), or the first, in
+    which DeepSpeed records its module trace and gathers every parameter on each use."""
+
+    @property
+    def zero3_flags(self) -> list[str]:
+        """The ZeRO-3 knobs that were set, as CLI flags."""
+        return [flag for flag, v in (("--max-reuse-distance", self.max_reuse_distance),
+                                     ("--max-live-parameters", self.max_live_parameters),
+                                     ("--prefetch-bucket-size", self.prefetch_bucket_size),
+                                     ("--persistence-threshold", self.persistence_threshold),
+                                     ("--zero3-step", None if self.zero3_step == "steady" else self.zero3_step))
+                if v is not None]  # fmt: skip
+
+    def zero3(self) -> Zero3Settings:
+        """The settings DeepSpeed's ZeRO-3 coordinator runs with: these, DeepSpeed's defaults where unset."""
+        given = {"max_reuse_distance": self.max_reuse_distance, "max_live_parameters": self.max_live_parameters,
+                 "prefetch_bucket_size": self.prefetch_bucket_size,
+                 "param_persistence_threshold": self.persistence_threshold}  # fmt: skip
+        return Zero3Settings(**{k: v for k, v in given.items() if v is not None})
+
+
+class EstimatorOptions(Frozen):
+    """Arguments of DeepSpeed's estimate_zero{2,3}_model_states_mem_needs (``--accounting deepspeed-estimator``)."""
+
+    zero_init: bool = True
+    """ZeRO-3: the model was built under deepspeed.zero.Init (DeepSpeed's default)."""
+    buffer_factor: float = Field(default=1.5, gt=0)
+    """additional_buffer_factor on the CPU figure."""
+    largest_layer_params: int | None = Field(default=None, gt=0)
+    """ZeRO-3: the most parameters one module owns; taken from the architecture when there is one."""

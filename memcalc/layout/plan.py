@@ -1,0 +1,128 @@
+"""One training run as plain data: what the core evaluates.
+
+The edges (``memcalc.api``, the CLI, config files) validate the user's input with pydantic and turn it into a
+``Plan`` once (``memcalc.inputs.plan.to_plan``); the core (memory, comm, time) reads only these numbers, so a
+planner can evaluate many plans without building a pydantic object per candidate (``dataclasses.replace``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from memcalc.layout.dtypes import Optimizer, Precision
+from memcalc.layout.strategies import StrategySpec
+from memcalc.model.architecture import Architecture
+
+
+@dataclass(frozen=True)
+class Zero3Settings:
+    """DeepSpeed's zero_optimization settings that decide what ZeRO-3 gathers, in elements (defaults: DeepSpeed
+    0.19's, runtime/zero/config.py)."""
+
+    max_reuse_distance: int = 1_000_000_000
+    """stage3_max_reuse_distance: keep a module's parameters when they are used again within this many elements."""
+    max_live_parameters: int = 1_000_000_000
+    """stage3_max_live_parameters: prefetch only while fewer elements than this are gathered."""
+    prefetch_bucket_size: int = 50_000_000
+    """stage3_prefetch_bucket_size: elements prefetched at most after each fetch (0: no prefetching)."""
+    param_persistence_threshold: int = 100_000
+    """stage3_param_persistence_threshold: parameters of at most this many elements stay whole on every rank."""
+
+
+@dataclass(frozen=True)
+class Work:
+    """One micro-batch: what activation memory depends on."""
+
+    seq_len: int
+    micro_batch: int
+    recompute: str
+    """none, selective or full."""
+    attention: str
+    """eager, flash or sdpa."""
+    dropout: float
+    """The dropout probability in force (the workload's, else the architecture's)."""
+    device: str
+    """cuda or cpu."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything the core needs for one estimate, as numbers, strings and small frozen tables."""
+
+    psi: int
+    """Ψ for a bare parameter count; 0 when ``arch`` gives the shape."""
+    arch: Architecture | None
+    precision: Precision
+    optimizer: Optimizer
+    spec: StrategySpec
+    gpus: int
+    gpus_per_node: int
+    usable_bytes: int
+    """GPU memory the framework can allocate."""
+    intra_link: str
+    """The GPU-to-GPU link inside a node (nvlink4, pcie4, ...)."""
+    offload_optimizer: str = "none"
+    offload_params: str = "none"
+    shard_group: int | None = None
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    sequence_parallel: bool = False
+    virtual_stages: int = 1
+    work: Work | None = None
+    cuda_context: int = 0
+    reserve: int = 0
+    grad_accum: int = 1
+    accounting: str = "paper"
+    fsdp_version: int = 1
+    bucket_view: bool = False
+    min_num_params: int | None = None
+    zero3: Zero3Settings = Zero3Settings()
+    zero3_step: str = "steady"
+    zero_init: bool = True
+    buffer_factor: float = 1.5
+    largest_layer_params: int | None = None
+    dp: int = field(init=False, repr=False, compare=False)
+    """Data-parallel degree: gpus / (tp x pp x cp). Derived, like ``shard_group_size`` and ``replicas``."""
+    shard_group_size: int = field(init=False, repr=False, compare=False)
+    """N in the ZeRO formulas: the ranks one copy of the model states is sharded over."""
+    replicas: int = field(init=False, repr=False, compare=False)
+    """Copies of the sharded model states: dp / shard group for hybrids, dp when nothing is sharded, else 1."""
+
+    def __post_init__(self) -> None:
+        # Derived once per plan (the core reads them many times per evaluation).
+        dp = self.gpus // (self.tp * self.pp * self.cp)
+        spec = self.spec
+        if not (spec.shards_params or spec.shards_grads or spec.shards_optimizer):
+            n = 1
+        elif spec.hybrid:
+            n = self.shard_group or max(1, min(dp, self.gpus_per_node // (self.tp * self.cp)))
+        else:
+            n = dp
+        object.__setattr__(self, "dp", dp)
+        object.__setattr__(self, "shard_group_size", n)
+        object.__setattr__(self, "replicas", dp // n if spec.hybrid else (dp if n == 1 else 1))
+
+    @property
+    def model_parallel(self) -> int:
+        return self.tp * self.pp * self.cp
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.gpus // self.gpus_per_node)
+
+    @property
+    def ranks_per_node(self) -> int:
+        """GPUs actually used in each node: G, or W when the job is smaller than a node."""
+        return min(self.gpus, self.gpus_per_node)
+
+    @property
+    def dp_per_node(self) -> int:
+        """Data-parallel ranks inside one node (tensor and context parallelism fill a node first)."""
+        return max(1, min(self.dp, self.gpus_per_node // (self.tp * self.cp)))
+
+    @property
+    def optimizer_device(self) -> str:
+        """Where optimizer states live (FSDP's CPUOffload takes them along with the params)."""
+        return self.offload_params if self.spec.offload_together else self.offload_optimizer

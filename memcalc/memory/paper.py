@@ -1,0 +1,182 @@
+"""The paper's accounting: ZeRO's model states (§3.1, §5) and Korthikanti et al.'s activations, per rank.
+
+``--accounting paper``. Model states follow Rajbhandari et al. 2020 (arXiv 1910.02054): 2Ψ + 2Ψ + KΨ, each
+term divided by N where the strategy partitions it (``memcalc.memory.states``). Activations follow Korthikanti
+et al. 2022 (arXiv 2205.05198) Table 2 tensor by tensor (``memcalc.memory.activations``), times the micro-batches
+a pipeline stage keeps in flight (Eq. 5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memcalc.layout.plan import Plan
+from memcalc.memory import activations as act
+from memcalc.memory import states
+from memcalc.memory.rows import Row
+from memcalc.model.architecture import Architecture
+from memcalc.model.memo import per_architecture
+from memcalc.model.params import Shard, stage_params
+from memcalc.units import ceil_div
+
+_STATE_KEYS = ("parameters", "gradients", "master_weights", "optimizer_moments")
+
+
+@dataclass(frozen=True)
+class ParamGroup:
+    """Parameters one rank holds that are sharded over the same group (dense over dp; routed experts over dp/ep)."""
+
+    psi: int
+    n: int
+
+
+def param_groups(plan: Plan, stage: int) -> tuple[int, list[ParamGroup]]:
+    """(parameters on this rank, their sharding groups) for pipeline stage ``stage``."""
+    n, arch = plan.shard_group_size, plan.arch
+    if arch is None:
+        # A bare count: the weights split evenly over tp x pp, Ψ/(t·p) (Megatron-LM, arXiv 2104.04473 §2).
+        psi = ceil_div(plan.psi, plan.tp * plan.pp)
+        return psi, [ParamGroup(psi, n)]
+    total, routed = _held(arch, stage, plan.pp, plan.tp, plan.ep)
+    groups = [ParamGroup(total - routed, n)]
+    if routed:
+        # Megatron-LM's expert-data-parallel group: routed experts are replicated over dp/ep ranks only.
+        groups.append(ParamGroup(routed, max(1, n // plan.ep) if n % plan.ep == 0 else n))
+    return total, groups
+
+
+@per_architecture
+def _held(arch: Architecture, stage: int, pp: int, tp: int, ep: int) -> tuple[int, int]:
+    """(parameters, routed-expert parameters) one TP/EP rank of pipeline stage ``stage`` holds."""
+    held = stage_params(arch, stage, pp, Shard(tp, ep))
+    return held.total, sum(x.routed for x in held.layers)
+
+
+@per_architecture
+def _moe_layers(arch: Architecture, start: int, stop: int) -> int:
+    """MoE layers among decoder layers ``start`` to ``stop - 1``."""
+    return sum(arch.is_moe_layer(i) for i in range(start, stop))
+
+
+@per_architecture
+def _layer_bytes(arch: Architecture, st: act.Setting, tp: int, sp: bool, recompute: str, moe: bool) -> int:
+    """What one layer saves per micro-batch (``memcalc.memory.activations.layer_activations``)."""
+    return act.layer_activations(arch, st, tp, sp, recompute, moe=moe).total  # type: ignore[arg-type]
+
+
+def moe_layers(plan: Plan, stage: int) -> int:
+    """MoE layers on pipeline stage ``stage``."""
+    assert plan.arch is not None
+    layers = stage_layers(plan, stage)
+    return _moe_layers(plan.arch, layers.start, layers.stop)
+
+
+def model_state_rows(plan: Plan, groups: list[ParamGroup]) -> list[Row]:
+    """Every model-state tensor of one rank, one row per tensor per location it occupies."""
+    p, opt, spec = plan.precision, plan.optimizer, plan.spec
+    opt_dev, param_dev = plan.optimizer_device, plan.offload_params
+    b_mom = opt.moment_bytes_for(p)
+    sums = [[0, 0, 0], [0, 0, 0], [0, 0, 0], [0, 0, 0]]  # _STATE_KEYS x (gpu, cpu, nvme)
+    for g in groups:
+        placed = (
+            states.parameter_bytes(g.psi, p.param_bytes, spec.shards_params, g.n, param_dev),
+            states.gradient_bytes(g.psi, p.grad_bytes, spec.shards_grads, spec.shards_optimizer, g.n, opt_dev),
+            states.master_bytes(g.psi, p.master_bytes, spec.shards_optimizer, g.n, opt_dev),
+            states.moment_bytes(g.psi, opt.moments, b_mom, spec.shards_optimizer, g.n, opt_dev),
+        )
+        for acc, sb in zip(sums, placed):
+            acc[0] += sb[0]
+            acc[1] += sb[1]
+            acc[2] += sb[2]
+    n = plan.shard_group_size
+    div = f"/{n}" if n > 1 else ""
+    meta = (
+        (f"parameters ({p.low_dtype})", f"{p.param_bytes}Ψ{div if spec.shards_params else ''} (ZeRO §5.3)"),
+        (f"gradients ({p.low_dtype})", f"{p.grad_bytes}Ψ{div if spec.shards_grads else ''} (ZeRO §5.2)"),
+        ("master weights (fp32)", f"{p.master_bytes}Ψ{div if spec.shards_optimizer else ''} (ZeRO §3.1, §5.1)"),
+        (f"optimizer moments ({opt.name})",
+         f"{opt.moments}x{b_mom}Ψ{div if spec.shards_optimizer else ''} ({opt.source})"),
+    )
+    rows: list[Row] = []
+    for key, (label, detail), (on_gpu, cpu, nvme) in zip(_STATE_KEYS, meta, sums):
+        rows.append(Row(key, label, on_gpu, "gpu", "model_state",
+                        "offloaded: " + detail if on_gpu == 0 and (cpu or nvme) else detail))
+        if cpu:
+            rows.append(Row(key, label, cpu, "cpu", "model_state", "on cpu: " + detail))
+        if nvme:
+            rows.append(Row(key, label, nvme, "nvme", "model_state", "on nvme: " + detail))
+    return rows
+
+
+def setting(plan: Plan) -> act.Setting | None:
+    """What the activation formulas need of the workload (None: no workload, no activations)."""
+    w = plan.work
+    if w is None:
+        return None
+    return act.Setting(s=w.seq_len // plan.cp, b=w.micro_batch, dtype_bytes=plan.precision.param_bytes,
+                       dropout=w.dropout > 0, device=w.device, attention=w.attention,
+                       paper=plan.accounting == "paper")
+
+
+def stage_layers(plan: Plan, stage: int) -> range:
+    """The decoder layers pipeline stage ``stage`` holds (even split)."""
+    assert plan.arch is not None
+    per = plan.arch.layers // plan.pp
+    return range(stage * per, (stage + 1) * per)
+
+
+def activation_rows(plan: Plan, stage: int, st: act.Setting) -> tuple[list[Row], float]:
+    """Activation rows of one pipeline stage's GPU, and the micro-batches it holds in flight."""
+    arch, w = plan.arch, plan.work
+    assert arch is not None and w is not None
+    tp, sp = plan.tp, plan.sequence_parallel
+    indices = stage_layers(plan, stage)
+    per = len(indices)
+    n_moe = _moe_layers(arch, indices.start, indices.stop)
+    dense = _layer_bytes(arch, st, tp, sp, w.recompute, False)
+    moe = _layer_bytes(arch, st, tp, sp, w.recompute, True) if n_moe else 0
+    flight = act.pipeline_in_flight(stage, plan.pp, plan.grad_accum, plan.virtual_stages)
+    layers_bytes = round(((per - n_moe) * dense + n_moe * moe) * flight)
+    src = "Korthikanti et al. 2022 Table 2, tensor by tensor"
+    rows = [Row("activations_layers", f"activations: {per} layers x {flight:g} micro-batch(es)", layers_bytes, "gpu",
+                "activation", f"{w.recompute} recompute, {st.kernel} attention ({src}; in flight: Eq. 5)")]
+    if stage == 0:
+        emb = sum(act.split_bytes(x, tp, sp) for x in act.embedding_saved(arch, st))
+        rows.append(Row("activations_embedding", "activations: embedding", round(emb * flight), "gpu", "activation",
+                        "token ids, embedding dropout mask (§4.3)"))
+    if stage == plan.pp - 1:
+        out = act.output_saved(arch, st)
+        logits = sum(act.split_bytes(x, tp, sp) for x in out if "logits" in x.name)
+        head = sum(act.split_bytes(x, tp, sp) for x in out if "logits" not in x.name)
+        rows.append(Row("activations_output", "activations: final norm, head input", head, "gpu", "activation",
+                        "final norm and output head input"))
+        rows.append(Row("activations_logits", "activations: logits + fp32 loss copy", logits, "gpu", "activation",
+                        f"s·b·v x {st.dtype_bytes} + 4·s·b·v (v = {arch.padded_vocab}{', /tp' if tp > 1 else ''})"))
+    rot = sum(x.bytes for x in act.rotary_saved(arch, st))
+    if rot:
+        rows.append(Row("activations_rotary", "activations: rotary tables", rot, "gpu", "activation",
+                        "cos, sin shared by every layer"))
+    return rows, flight
+
+
+def notes(plan: Plan) -> list[str]:
+    """What the paper's accounting leaves out, and what the user should know about this plan."""
+    spec, out = plan.spec, []
+    what = "model states" + (" and activations (Korthikanti et al. 2022)" if plan.work else "")
+    out.append(f"accounting: paper ({what}); communication buckets and framework buffers are not included yet")
+    if plan.work is None:
+        out.append("activations are not counted: give the model's shape (--model ...) and --seq-len")
+    if spec.shards_params:
+        out.append("parameter sharding gathers one wrapped unit (a layer) at a time; its unsharded copy is transient "
+                   "and not counted")
+    if plan.offload_params != "none" and spec.shards_params:
+        out.append("offloaded parameters are fetched to the GPU layer by layer; that working copy is not counted")
+    if plan.optimizer.note:
+        out.append(plan.optimizer.note)
+    if plan.arch is None and plan.model_parallel > 1:
+        out.append("a bare parameter count is split evenly over tp x pp; give the shape for exact per-rank counts")
+    if plan.sequence_parallel and plan.tp == 1:
+        out.append("sequence parallelism has no effect without tensor parallelism (tp = 1)")
+    if plan.gpus < plan.gpus_per_node:
+        out.append(f"{plan.gpus} GPUs use part of one {plan.gpus_per_node}-GPU node")
+    return out

@@ -1,0 +1,277 @@
+"""What Hugging Face decoder layers save for backward, tensor by tensor, per family and precision regime.
+
+Derived from the modeling code of transformers 5.23 (models/<family>/modeling_<family>.py,
+integrations/sdpa_attention.py, loss/loss_utils.py ``ForCausalLMLoss``) and torch 2.13's derivative
+formulas (tools/autograd/derivatives.yaml), and checked byte for byte against a census of the real
+modules (``memcalc.validation.saved``, tests/test_saved.py) on CPU. Every storage counts once; views share.
+
+Conventions: T = s·b tokens; d = bytes of the compute dtype (4 fp32, 2 bf16 and under autocast);
+r = bytes of the residual stream (4 fp32 and amp, 2 bf16); S² = heads·s²·b score elements.
+What the census found, in words:
+- RMSNorm (llama, mistral, qwen2) saves an fp32 copy of its input (4T·h), rstd (4T) and the normalized
+  tensor (fp32 under fp32 and amp, bf16 under pure bf16). LayerNorm saves its input and mean, rstd.
+- The projections save their input once when it is the norm output (fp32, pure bf16); under autocast
+  every projection casts the fp32 norm output to bf16 on its own, and each cast is saved (q, k, v, gate,
+  up: 5 × 2T·h in llama; a fused qkv casts once).
+- Eager attention saves Q, Kᵀ, V as contiguous copies at full head width (GQA repeat_kv), the softmax
+  output (fp32 where the code asks ``dtype=torch.float32``) and its copy in the compute dtype.
+- SDPA with no mask (CPU flash, like CUDA flash) saves Q, K, V, the output and an fp32 log-sum-exp
+  (4·heads·T); K, V are the copies ``DynamicCache.update`` makes (``use_cache`` is on by default in
+  training without checkpointing), at KV width under GQA. Falcon passes a mask: on CPU the math
+  kernel runs and saves fp32 copies of Q, Kᵀ, V and the fp32 softmax.
+- Full recompute (non-reentrant checkpoint) keeps only the layer input, r·T·h.
+Device: these are CPU figures; on CUDA, LayerNorm's mean/rstd are fp32 for bf16 input (+4T per norm under
+pure bf16) and CUDA autocast runs ``pow`` in fp32, so GPT-2's ``gelu_new`` saves x in fp32, tanh and
+1+tanh in fp32 (14 instead of 8 bytes per ffn element); ``device="cuda"`` applies both. Falcon's masked
+SDPA on CUDA runs the memory-efficient kernel instead of math: not modelled (use eager figures).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from memcalc.errors import InputError
+from memcalc.model.architecture import Architecture
+
+Regime = Literal["fp32", "bf16", "amp-bf16"]
+Kind = Literal["activation", "weight_cast"]
+LLAMA_LIKE = ("llama", "mistral", "qwen2")
+FAMILIES = (*LLAMA_LIKE, "gpt2", "gpt_neox", "opt", "bloom", "falcon")
+REGIMES = ("fp32", "bf16", "amp-bf16")
+
+
+@dataclass(frozen=True)
+class SavedTensor:
+    """One storage kept for backward, per micro-batch."""
+
+    name: str
+    bytes: int
+    kind: Kind = "activation"
+    """``weight_cast``: a bf16 copy of a weight that autocast made and a matmul saved (scales with parameters)."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The numbers the formulas read, from an ``Architecture`` and (s, b)."""
+
+    s: int
+    b: int
+    h: int
+    heads: int
+    kv: int
+    hd: int
+    ffn: int
+    vocab: int
+    rot: int
+    """Rotary width per head (GPT-NeoX rotates rotary_pct of it)."""
+
+    @property
+    def t(self) -> int:
+        return self.s * self.b
+
+    @property
+    def qw(self) -> int:
+        return self.heads * self.hd
+
+    @property
+    def kvw(self) -> int:
+        return self.kv * self.hd
+
+    @property
+    def scores(self) -> int:
+        return self.heads * self.s * self.s * self.b
+
+
+def shape(arch: Architecture, s: int, b: int, rotary_dims: int | None = None) -> Shape:
+    return Shape(s, b, arch.hidden, arch.heads, arch.n_kv, arch.d_head, arch.ffn_size, arch.padded_vocab,
+                 rotary_dims if rotary_dims is not None else arch.d_head)  # fmt: skip
+
+
+def _check(family: str, regime: str, attention: str) -> None:
+    if family not in FAMILIES:
+        raise InputError(f"family {family!r} has no saved-tensor profile; known: {', '.join(FAMILIES)}")
+    if regime not in REGIMES:
+        raise InputError(f"precision regime {regime!r} is not one of {', '.join(REGIMES)}")
+    if attention not in ("eager", "sdpa") or (family == "bloom" and attention == "sdpa"):
+        accepted = "eager" if family == "bloom" else "eager or sdpa"
+        raise InputError(f"attention {attention!r} is not available for {family}; use {accepted}")
+
+
+def _dtypes(regime: str) -> tuple[int, int, bool]:
+    """(d compute bytes, r residual bytes, autocast?)"""
+    return {"fp32": (4, 4, False), "bf16": (2, 2, False), "amp-bf16": (2, 4, True)}[regime]
+
+
+def _norm(
+    x: Shape, family: str, r: int, amp: bool, label: str, with_input: bool = True, cuda: bool = False
+) -> list[SavedTensor]:
+    t, h = x.t, x.h
+    if family in LLAMA_LIKE:  # LlamaRMSNorm: x.float(); x * rsqrt(mean(x²) + eps); weight * x.to(dtype)
+        return [SavedTensor(f"{label} input (fp32)", 4 * t * h), SavedTensor(f"{label} rstd (fp32)", 4 * t),
+                SavedTensor(f"{label} normalized", (4 if amp or r == 4 else 2) * t * h)]  # fmt: skip
+    stat = 4 if cuda else r  # aten native_layer_norm: mean, rstd fp32 on CUDA, input dtype on CPU
+    out = [SavedTensor(f"{label} input", r * t * h)] if with_input else []
+    return out + [SavedTensor(f"{label} mean, rstd", 2 * stat * t)]
+
+
+def _inputs(x: Shape, d: int, amp: bool, names: tuple[str, ...]) -> list[SavedTensor]:
+    """The projections' input: the norm output once, or under autocast one bf16 cast per projection."""
+    if amp:
+        return [SavedTensor(f"{n} input (bf16 cast)", 2 * x.t * x.h) for n in names]
+    return [SavedTensor(f"{'/'.join(names)} input", d * x.t * x.h)]
+
+
+def _attention(x: Shape, family: str, attention: str, d: int, r: int) -> list[SavedTensor]:
+    t = x.t
+    if attention == "sdpa" and family == "falcon":  # mask given: CPU math kernel upcasts to fp32
+        return [SavedTensor("Q, Kᵀ, V (fp32, math kernel)", 3 * 4 * t * x.qw),
+                SavedTensor("softmax (fp32)", 4 * x.scores), SavedTensor("output projection input", d * t * x.qw)]
+    if attention == "sdpa":
+        q = d * t * (x.qw + 2 * x.kvw) if family == "gpt2" else d * t * x.qw  # GPT-2's Q is a view of the fused qkv
+        out = [SavedTensor("Q" + (" (fused qkv storage)" if family == "gpt2" else ""), q),
+               SavedTensor("K, V (cache copies)", 2 * d * t * x.kvw), SavedTensor("attention output", d * t * x.qw),
+               SavedTensor("log-sum-exp (fp32)", 4 * x.heads * t)]  # fmt: skip
+        if family == "gpt_neox":  # attn_output.transpose(1, 2) is not the kernel's layout there: a copy
+            out.append(SavedTensor("output projection input", d * t * x.qw))
+        return out
+    soft = r if family in ("gpt2", "falcon") else 4  # the rest ask softmax(..., dtype=torch.float32)
+    out = [SavedTensor("Q, Kᵀ, V (copies, full width)", 3 * d * t * x.qw),
+           SavedTensor("softmax (fp32)" if soft == 4 else "softmax (bf16)", soft * x.scores)]
+    if soft != d:
+        out.append(SavedTensor("probabilities (compute-dtype copy)", d * x.scores))
+    return out + [SavedTensor("output projection input", d * t * x.qw)]
+
+
+def _mlp(x: Shape, family: str, d: int, amp: bool, cuda: bool) -> list[SavedTensor]:
+    tf = x.t * x.ffn
+    if family in LLAMA_LIKE:  # silu(gate) * up: gate out, silu out, up out, product (down input)
+        return [SavedTensor("gate output, SiLU output, up output, down input", 4 * d * tf)]
+    if family == "gpt2":  # NewGELUActivation: 0.5·x·(1 + tanh(c·(x + 0.044715·x³))) saves x, tanh, 0.5x, 1 + tanh
+        gelu = (4 + 4 + 2 + 4) * tf if (cuda and amp) else 4 * d * tf  # CUDA autocast: pow in fp32, promotes
+        return [SavedTensor("gelu_new intermediates", gelu), SavedTensor("fc2 input", d * tf)]
+    if family == "opt":  # ReLU keeps its output, which is fc2's input
+        return [SavedTensor("ReLU output (fc2 input)", d * tf)]
+    return [SavedTensor("GELU input", d * tf), SavedTensor("fc2 input", d * tf)]
+
+
+def _weight_casts(x: Shape, family: str) -> list[SavedTensor]:
+    """Autocast's bf16 copies of the layer's matmul weights, saved by the matmuls (2 bytes per weight)."""
+    h, f = x.h, x.ffn
+    attn = h * (x.qw + 2 * x.kvw) + x.qw * h
+    mlp = (3 if family in LLAMA_LIKE else 2) * h * f
+    return [SavedTensor("attention weights (bf16 casts)", 2 * attn, "weight_cast"),
+            SavedTensor("MLP weights (bf16 casts)", 2 * mlp, "weight_cast")]  # fmt: skip
+
+
+def layer_saved(arch: Architecture, *, family: str, regime: Regime, attention: str, s: int, b: int,
+                recompute: bool = False, device: str = "cpu",
+                rotary_dims: int | None = None) -> list[SavedTensor]:  # fmt: skip
+    """Every storage one decoder layer of ``family`` saves for backward, per micro-batch."""
+    _check(family, regime, attention)
+    d, r, amp = _dtypes(regime)
+    x, cuda = shape(arch, s, b, rotary_dims), device == "cuda"
+    if recompute:
+        return [SavedTensor("layer input (checkpoint)", r * x.t * x.h)]
+    out = _norm(x, family, r, amp, "norm 1", cuda=cuda)
+    if family in LLAMA_LIKE or family == "opt":
+        out += _inputs(x, d, amp, ("q", "k", "v"))
+    else:
+        out += _inputs(x, d, amp, ("qkv",))
+    if family == "falcon":
+        out.append(SavedTensor("MQA split indices (2 int64)", 16))
+    out += _attention(x, family, attention, d, r)
+    if family == "falcon":  # one norm feeds attention and MLP (parallel block)
+        out += _inputs(x, d, amp, ("fc1",)) if amp else []
+    else:
+        out += _norm(x, family, r, amp, "norm 2", with_input=family != "gpt_neox", cuda=cuda)
+        out += _inputs(x, d, amp, ("gate", "up") if family in LLAMA_LIKE else ("fc1",))
+    out += _mlp(x, family, d, amp, cuda)
+    if amp:
+        out += _weight_casts(x, family)
+    return out
+
+
+def outside_saved(arch: Architecture, *, family: str, regime: Regime, s: int, b: int, recompute: bool = False,
+                  device: str = "cpu", rotary_dims: int | None = None) -> list[SavedTensor]:  # fmt: skip
+    """What the model saves outside its layers: embedding indices, position ids, the embedding norm (BLOOM),
+    the rotary tables every layer shares, the final norm, the head's input and the loss's saved tensors.
+
+    Under recompute the checkpoints also keep the arguments the layers share (rotary tables, position ids,
+    the eager attention mask b·s² in the compute dtype): not listed here.
+    """
+    _check(family, regime, "eager")
+    d, r, amp = _dtypes(regime)
+    x, cuda, t = shape(arch, s, b, rotary_dims), device == "cuda", s * b
+    out = [SavedTensor("token ids (int64)", 8 * t)]
+    if family == "gpt2":
+        out.append(SavedTensor("position ids (int64, 1 x s)", 8 * s))
+    if family == "opt":
+        out.append(SavedTensor("position ids (int64, b x s)", 8 * t))
+    if family == "bloom":
+        out += _norm(x, family, r, amp, "embedding norm", cuda=cuda)
+    if arch.position == "rotary" and not recompute:
+        out.append(SavedTensor("rotary cos, sin (shared by the layers)", 2 * s * x.rot * r))
+    out += _norm(x, family, r, amp, "final norm", cuda=cuda)
+    out.append(SavedTensor("LM head input" + (" (bf16 cast)" if amp else ""), d * t * x.h))
+    if amp:
+        out.append(SavedTensor("LM head weight (bf16 cast)", 2 * x.h * x.vocab, "weight_cast"))
+    out += loss_saved(t, x.vocab)
+    return out
+
+
+def loss_saved(tokens: int, vocab: int, option: str = "standard") -> list[SavedTensor]:
+    """ForCausalLMLoss (loss/loss_utils.py): ``logits.float()`` then cross_entropy = log_softmax + nll_loss.
+
+    log_softmax saves its fp32 output (4 per logit element, whatever the chunking: torchtune's
+    CEWithChunkedOutputLoss keeps every chunk's output until backward); nll_loss the int64 targets and an
+    fp32 scalar total weight. A fused linear-cross-entropy keeps no logits: see ``loss_transient``.
+    """
+    if option == "fused":
+        return [SavedTensor("targets (int64)", 8 * tokens)]
+    return [SavedTensor("log-softmax output (fp32)", 4 * tokens * vocab), SavedTensor("targets (int64)", 8 * tokens),
+            SavedTensor("total weight (fp32 scalar)", 4)]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LossPeak:
+    """Bytes of logit-sized tensors alive at the two loss moments, beyond the saved activations of the layers."""
+
+    forward: int
+    """While log_softmax runs: logits (compute dtype) + fp32 copy + fp32 log-softmax output."""
+    backward: int
+    """At log_softmax's backward: logits + saved output + fp32 gradient in + fp32 gradient out."""
+    names: tuple[tuple[str, int], ...]
+
+
+def loss_transient(tokens: int, vocab: int, regime: Regime, option: str = "standard") -> LossPeak:
+    """The loss's logit-sized memory (DOMAIN §10): standard | chunked:N | fused.
+
+    standard (bf16 logits): 2 + 4 + 4 = 10 B per logit element in forward, 2 + 4 + 4 + 4 = 14 in backward
+    (fp32: the upcast is a no-op, 8 and 16). chunked:N (torchtune CEWithChunkedOutputLoss): the fp32 copy
+    and the two fp32 gradients exist for one chunk of T/N tokens at a time, the saved log-softmax for all.
+    fused (Liger-Kernel ops/fused_linear_cross_entropy.py): the logits never exist; it computes the input
+    gradient in forward (T·h in the compute dtype, counted by the caller) and holds one chunk of logits.
+    """
+    d = _dtypes(regime)[0]
+    n = tokens * vocab
+    up = 0 if d == 4 else 4 * n  # logits.float() is a no-op on fp32 logits
+    if option == "standard":
+        parts = (("logits", d * n), ("fp32 copy", up), ("log-softmax output (fp32)", 4 * n),
+                 ("gradients (fp32, x2)", 8 * n))
+        return LossPeak(d * n + up + 4 * n, d * n + 4 * n + 8 * n, parts)
+    if option.startswith("chunked:"):
+        k = int(option.split(":", 1)[1])
+        if k < 1:
+            raise InputError(f"loss option {option!r}: the chunk count must be at least 1")
+        c = -(-n // k)
+        parts = (("logits", d * n), ("fp32 copy (one chunk)", up and 4 * c), ("log-softmax outputs (fp32)", 4 * n),
+                 ("gradients (fp32, x2, one chunk)", 8 * c))  # fmt: skip
+        return LossPeak(d * n + (up and 4 * c) + 4 * n, d * n + 4 * n + 8 * c, parts)
+    if option == "fused":
+        return LossPeak(0, 0, (("logits", 0),))
+    raise InputError(f"loss option {option!r} is not one of standard, chunked:N, fused")
+
+
+def total(xs: list[SavedTensor], kind: Kind = "activation") -> int:
+    return sum(x.bytes for x in xs if x.kind == kind)

@@ -1,0 +1,142 @@
+"""The core's plain ``Evaluation`` turned into the public result (``memcalc.report.results.Estimate``), once."""
+
+from __future__ import annotations
+
+from memcalc.evaluate import Evaluation, notes
+from memcalc.inputs import EstimateInput
+from memcalc.layout.plan import Plan
+from memcalc.memory import activations as act
+from memcalc.memory import paper
+from memcalc.memory.rows import total
+from memcalc.model.params import active_params, largest_layer, largest_module, model_params
+from memcalc.report.results import (
+    ActivationDetail,
+    Collective,
+    Communication,
+    Estimate,
+    Fit,
+    HostTransfer,
+    Memory,
+    MemoryRow,
+    ModelInfo,
+    ParameterBreakdown,
+    PerGPU,
+    PerNode,
+    StageMemory,
+    StrategyInfo,
+    TensorBytes,
+    Training,
+)
+from memcalc.units import format_count
+
+_GRADIENT_KEYS = ("gradients", "gradient_buckets", "gradients_backward", "gradients_step")
+
+
+def _row(r: tuple) -> MemoryRow:
+    return MemoryRow(**r._asdict())  # type: ignore[attr-defined]
+
+
+def _per_gpu(ev: Evaluation) -> PerGPU:
+    rows = list(ev.gpu_rows)
+    master = total(rows, "master_weights")
+    moments = total(rows, "optimizer_moments") + total(rows, "optimizer_steps")
+    return PerGPU(
+        parameters=total(rows, "parameters"),
+        gradients=sum(total(rows, k) for k in _GRADIENT_KEYS),
+        optimizer_states=master + moments,
+        master_weights=master,
+        optimizer_moments=moments,
+        activations=sum(r.bytes for r in rows if r.category == "activation"),
+        cuda_context=total(rows, "cuda_context"),
+        allocator_reserve=total(rows, "allocator_reserve"),
+        total=ev.total,
+        rows=[_row(r) for r in rows],
+    )
+
+
+def _activations(plan: Plan) -> ActivationDetail | None:
+    st, arch, w = paper.setting(plan), plan.arch, plan.work
+    if st is None or arch is None or w is None:
+        return None
+    layer = act.layer_activations(arch, st, plan.tp, plan.sequence_parallel, w.recompute)
+    moe = act.layer_activations(arch, st, plan.tp, plan.sequence_parallel, w.recompute, moe=True) if arch.moe else None
+    return ActivationDetail(kernel=st.kernel, recompute=w.recompute, layer_bytes=layer.total,
+                            moe_layer_bytes=moe.total if moe else None,
+                            layer_tensors=[TensorBytes(name=n, bytes=b) for n, b in layer.tensors])
+
+
+def _communication(ev: Evaluation) -> Communication:
+    cs = [Collective(**c._asdict()) for c in ev.collectives]
+    ts = [HostTransfer(**t._asdict()) for t in ev.transfers]
+    return Communication(
+        collectives=cs,
+        host_transfers=ts,
+        payload_bytes=sum(c.payload_bytes for c in cs),
+        sent_bytes_per_gpu=sum(c.sent_bytes_per_gpu for c in cs),
+        intra_node_sent_bytes_per_gpu=sum(c.sent_bytes_per_gpu for c in cs if not c.crosses_nodes),
+        inter_node_sent_bytes_per_gpu=sum(c.sent_bytes_per_gpu for c in cs if c.crosses_nodes),
+        host_transfer_bytes=sum(t.bytes for t in ts),
+    )
+
+
+def model_info(plan: Plan, name: str | None) -> ModelInfo:
+    """Ψ and, with a shape, its exact breakdown by part."""
+    arch = plan.arch
+    if arch is None:
+        return ModelInfo(parameters=plan.psi, name=name or format_count(plan.psi))
+    p = model_params(arch)
+    big, size = largest_module(arch)
+    return ModelInfo(
+        parameters=p.total,
+        name=name or arch.name or format_count(p.total),
+        breakdown=ParameterBreakdown(
+            embeddings=p.embeddings, positions=p.positions, attention=sum(x.attention for x in p.layers),
+            mlp=sum(x.mlp for x in p.layers), router=sum(x.router for x in p.layers),
+            norms=sum(x.norms for x in p.layers) + p.embedding_norm + p.final_norm, head=p.head,
+            per_layer=p.layers[0].total, largest_layer=largest_layer(arch), largest_module=big,
+            largest_module_parameters=size, active_per_token=active_params(arch),
+        ),
+    )
+
+
+def training(plan: Plan, auto: bool) -> Training:
+    """The parallel layout and batch the estimate assumes."""
+    w = plan.work
+    global_batch = w.micro_batch * plan.grad_accum * plan.dp if w else None
+    return Training(
+        dp=plan.dp, tp=plan.tp, pp=plan.pp, cp=plan.cp, ep=plan.ep, sequence_parallel=plan.sequence_parallel,
+        virtual_stages=plan.virtual_stages, seq_len=w.seq_len if w else None,
+        micro_batch=w.micro_batch if w else None, micro_batch_auto=auto, micro_batches=plan.grad_accum,
+        global_batch=global_batch, tokens_per_step=global_batch * w.seq_len if (w and global_batch) else None,
+    )
+
+
+def estimate(inp: EstimateInput, ev: Evaluation, micro_batch_auto: bool = False) -> Estimate:
+    """The public result of one evaluation, with the input it was computed from."""
+    plan = ev.plan
+    per_gpu = _per_gpu(ev)
+    node_rows = [_row(r) for r in ev.node_rows]
+    per_node = PerNode(ranks=plan.ranks_per_node, cpu=sum(r.bytes for r in node_rows if r.location == "cpu"),
+                       nvme=sum(r.bytes for r in node_rows if r.location == "nvme"), rows=node_rows)
+    usable = plan.usable_bytes
+    fit = Fit(fits=per_gpu.total <= usable, usable_bytes=usable, headroom_bytes=usable - per_gpu.total)
+    stages = [StageMemory(stage=s.stage, parameters=s.parameters, layers=s.layers,
+                          micro_batches_in_flight=s.micro_batches_in_flight, model_states=s.model_states,
+                          activations=s.activations, total=s.total) for s in ev.stages]
+    spec = plan.spec
+    return Estimate(
+        accounting=plan.accounting,
+        model=model_info(plan, inp.model.name),
+        strategy=StrategyInfo(
+            name=spec.name, label=inp.strategy.label, framework=spec.framework, shards_params=spec.shards_params,
+            shards_grads=spec.shards_grads, shards_optimizer=spec.shards_optimizer,
+            shard_group_size=plan.shard_group_size, replicas=plan.replicas, offload_optimizer=plan.optimizer_device,
+            offload_params=plan.offload_params,
+        ),
+        training=training(plan, micro_batch_auto),
+        memory=Memory(per_gpu=per_gpu, per_node=per_node, fit=fit, stages=stages, most_loaded_stage=ev.top,
+                      activations=_activations(plan)),
+        communication=_communication(ev),
+        notes=notes(plan),
+        input=inp,
+    )

@@ -1,0 +1,230 @@
+"""Results as CSV and as GitHub Markdown: pure functions that return strings (standard library only).
+
+CSV keeps every size as an integer number of bytes, with the same size in GiB (or GB) beside it, so a
+spreadsheet reads exact figures; Markdown shows sizes in one labelled unit, as the terminal tables do.
+    >>> print(to_markdown(memcalc.compare(params=7e9, gpus=8)))
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from memcalc.errors import InputError
+from memcalc.report.results import Comparison, Estimate
+from memcalc.units import MEMORY_UNITS, MemoryUnit, memory_label, to_memory_unit
+
+Rows = Sequence[Mapping[str, Any]]
+
+ESTIMATE_COLUMNS = ("section", "key", "label", "location", "category", "bytes", "{unit}", "payload_bytes",
+                    "calls_per_step", "group", "group_size", "dtype", "detail")  # fmt: skip
+"""One row per memory row (per GPU, then per node), then per collective and host transfer."""
+
+
+def _unit(unit: str) -> MemoryUnit:
+    if unit not in MEMORY_UNITS:
+        raise InputError(f"unit {unit!r} is not accepted; accepted: {', '.join(MEMORY_UNITS)}")
+    return unit  # type: ignore[return-value]
+
+
+def _in_unit(n_bytes: int, unit: MemoryUnit) -> str:
+    """A size in GiB/GB for CSV: 6 decimals (a kilobyte's resolution), no thousands separators."""
+    return f"{to_memory_unit(n_bytes, unit):.6f}"
+
+
+def _csv(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(header)
+    w.writerows(rows)
+    return out.getvalue()
+
+
+# ---- CSV ----
+
+
+def estimate_rows(r: Estimate, unit: MemoryUnit = "gib") -> list[list[Any]]:
+    """The rows of ``to_csv(estimate)``, in ``ESTIMATE_COLUMNS`` order."""
+    rows: list[list[Any]] = []
+
+    def mem(section: str, key: str, label: str, location: str, category: str, n: int, detail: str = "") -> None:
+        rows.append([section, key, label, location, category, n, _in_unit(n, unit), "", "", "", "", "", detail])
+
+    g, node = r.memory.per_gpu, r.memory.per_node
+    for row in g.rows:
+        mem("per_gpu", row.key, row.label, row.location, row.category, row.bytes, row.detail)
+    mem("per_gpu", "total", "total per GPU", "gpu", "total", g.total, "sum of the per_gpu rows")
+    for row in node.rows:
+        mem("per_node", row.key, row.label, row.location, row.category, row.bytes, row.detail)
+    mem("per_node", "cpu", "host RAM per node", "cpu", "total", node.cpu, f"offloaded states of {node.ranks} ranks")
+    mem("per_node", "nvme", "NVMe per node", "nvme", "total", node.nvme, f"offloaded states of {node.ranks} ranks")
+    com = r.communication
+    for c in com.collectives:
+        rows.append(["communication", c.op, f"{c.op} of {c.tensor}", c.link, c.phase, c.sent_bytes_per_gpu,
+                     _in_unit(c.sent_bytes_per_gpu, unit), c.payload_bytes, c.calls_per_step, c.group, c.group_size,
+                     c.dtype, "bytes: sent per GPU per step (payload x bus factor); payload_bytes: nccl-tests' S x calls"])  # fmt: skip
+    rows.append(["communication", "total", "collectives per GPU per step", "", "total", com.sent_bytes_per_gpu,
+                 _in_unit(com.sent_bytes_per_gpu, unit), com.payload_bytes, "", "", "", "", "sum of the collectives"])  # fmt: skip
+    for h in com.host_transfers:
+        rows.append(["host_transfer", h.op, f"{h.op} of {h.tensor}", h.link, h.phase, h.bytes, _in_unit(h.bytes, unit),
+                     "", h.calls_per_step, "", "", "", "bytes per GPU per step"])  # fmt: skip
+    return rows
+
+
+def comparison_figures(r: Estimate) -> dict[str, Any]:
+    """Every figure of one strategy, flat: names end in ``_bytes`` for sizes (integers)."""
+    g, fit, node, com = r.memory.per_gpu, r.memory.fit, r.memory.per_node, r.communication
+    out: dict[str, Any] = {"strategy": r.strategy.name, "label": r.strategy.label, "framework": r.strategy.framework,
+                           "shard_group_size": r.strategy.shard_group_size, "replicas": r.strategy.replicas,
+                           "offload_optimizer": r.strategy.offload_optimizer,
+                           "offload_params": r.strategy.offload_params, "fits": fit.fits}  # fmt: skip
+    sizes = {f"{k}_bytes": v for k, v in g.model_dump(exclude={"rows"}).items()}
+    sizes["other_bytes"] = g.total - g.parameters - g.gradients - g.optimizer_states - g.activations
+    sizes |= {"usable_bytes": fit.usable_bytes, "headroom_bytes": fit.headroom_bytes,
+              "host_ram_per_node_bytes": node.cpu, "nvme_per_node_bytes": node.nvme}  # fmt: skip
+    sizes |= {(k if "bytes" in k else f"{k}_bytes"): v for k, v in com.model_dump(exclude={"collectives", "host_transfers"}).items()}
+    return out | sizes
+
+
+def comparison_rows(cmp: Comparison, unit: MemoryUnit = "gib") -> tuple[list[str], list[list[Any]]]:
+    """Header and rows of ``to_csv(comparison)``: every ``_bytes`` figure is followed by the same in ``unit``."""
+    figures = [comparison_figures(r) for r in cmp.estimates]
+    label = memory_label(unit).lower()
+    header: list[str] = []
+    for name in figures[0] if figures else ():
+        header.append(name)
+        if name.endswith("_bytes") or "_bytes_" in name:
+            header.append(name.replace("bytes", label, 1))
+    rows = []
+    for f in figures:
+        row: list[Any] = []
+        for name, value in f.items():
+            row.append(value)
+            if name.endswith("_bytes") or "_bytes_" in name:
+                row.append(_in_unit(value, unit))
+        rows.append(row)
+    return header, rows
+
+
+def _catalogue_header(rows: Rows) -> list[str]:
+    header: list[str] = []
+    for row in rows:
+        header += [k for k in row if k not in header]
+    return header
+
+
+def _cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, (list, tuple, set)):
+        return ", ".join(str(v) for v in value)
+    return value
+
+
+def to_csv(obj: Estimate | Comparison | Rows, unit: str = "gib") -> str:
+    """CSV text: an estimate's memory and communication rows, a comparison's strategies, or catalogue rows."""
+    u = _unit(unit)
+    if isinstance(obj, Estimate):
+        header = [c.format(unit=memory_label(u)) for c in ESTIMATE_COLUMNS]
+        return _csv(header, estimate_rows(obj, u))
+    if isinstance(obj, Comparison):
+        return _csv(*comparison_rows(obj, u))
+    rows = _rows(obj)
+    header = _catalogue_header(rows)
+    return _csv(header, ([_cell(row.get(k)) for k in header] for row in rows))
+
+
+def _rows(obj: Any) -> Rows:
+    if isinstance(obj, (str, bytes)) or not isinstance(obj, Sequence) or not all(isinstance(r, Mapping) for r in obj):
+        raise InputError(f"cannot format {type(obj).__name__}; accepted: an Estimate, a Comparison or a list of dict rows")
+    return obj
+
+
+# ---- Markdown ----
+
+
+def _md_cell(value: Any) -> str:
+    text = str(_cell(value))
+    return " ".join(text.replace("\\", "\\\\").replace("|", "\\|").split())
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]], right: Iterable[int] = ()) -> str:
+    """A GitHub table; columns whose index is in ``right`` are right-aligned (numbers)."""
+    right = set(right)
+    lines = ["| " + " | ".join(_md_cell(h) for h in header) + " |",
+             "|" + "|".join("---:" if i in right else "---" for i in range(len(header))) + "|"]  # fmt: skip
+    lines += ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _mem(n_bytes: int, unit: MemoryUnit) -> str:
+    return f"{to_memory_unit(n_bytes, unit):,.2f}"
+
+
+def _estimate_markdown(r: Estimate, u: MemoryUnit) -> str:
+    label = memory_label(u)
+    inp, g = r.input, r.memory.per_gpu
+    name = r.model.name or "model"
+    head = (f"**{name} ({r.model.parameters:,} parameters) · {r.strategy.label} · {inp.cluster.gpus} x {inp.gpu.name} · "
+            f"{inp.precision.name} · {inp.optimizer.name} · accounting: {r.accounting}**\n")  # fmt: skip
+    memory = [[row.label, _mem(row.bytes, u), row.location, row.detail] for row in g.rows]
+    memory.append(["**total**", f"**{_mem(g.total, u)}**", "gpu", "sum of the rows"])
+    fit = r.memory.fit
+    verdict = (f"{'Fits' if fit.fits else 'Does not fit'}: {_mem(g.total, u)} {label} of {_mem(fit.usable_bytes, u)} "
+               f"{label} usable per GPU, headroom {_mem(fit.headroom_bytes, u)} {label}.\n")  # fmt: skip
+    parts = [head, "Memory per GPU\n", markdown_table(["component", label, "location", "formula · source"], memory, [1]),
+             verdict]  # fmt: skip
+    node = r.memory.per_node
+    if node.rows:
+        rows = [[row.label, row.location, _mem(row.bytes, u)] for row in node.rows]
+        parts += [f"Offloaded states per node ({node.ranks} ranks)\n",
+                  markdown_table(["component", "location", label], rows, [2])]  # fmt: skip
+    com = r.communication
+    rows = [[c.phase, c.op, c.tensor, f"{c.group} ({c.group_size})", c.link, c.dtype, c.calls_per_step,
+             _mem(c.payload_bytes, u), _mem(c.sent_bytes_per_gpu, u)] for c in com.collectives]  # fmt: skip
+    rows += [[h.phase, h.op, h.tensor, "this GPU", h.link, "", h.calls_per_step, _mem(h.bytes, u), _mem(h.bytes, u)]
+             for h in com.host_transfers]  # fmt: skip
+    rows.append(["**total**", "collectives", "", "", "", "", "", f"**{_mem(com.payload_bytes, u)}**",
+                 f"**{_mem(com.sent_bytes_per_gpu, u)}**"])  # fmt: skip
+    header = ["phase", "operation", "tensor", "group (size)", "link", "dtype", "calls",
+              f"payload {label}", f"sent {label}"]  # fmt: skip
+    parts += ["Communication per optimizer step, per GPU\n", markdown_table(header, rows, [6, 7, 8])]
+    if r.notes:
+        parts.append("".join(f"- note: {n}\n" for n in r.notes))
+    return "\n".join(parts)
+
+
+def _comparison_markdown(cmp: Comparison, u: MemoryUnit) -> str:
+    label = memory_label(u)
+    header = ["strategy", f"params {label}", f"grads {label}", f"optimizer {label}", f"activations {label}",
+              f"other {label}", f"total {label}", "fits", f"host RAM/node {label}", f"NVMe/node {label}",
+              f"sent/step {label}", f"network/step {label}"]  # fmt: skip
+    rows = []
+    for r in cmp.estimates:
+        f = comparison_figures(r)
+        rows.append([r.strategy.label] + [_mem(f[k], u) for k in ("parameters_bytes", "gradients_bytes",
+                    "optimizer_states_bytes", "activations_bytes", "other_bytes", "total_bytes")]
+                    + ["yes" if f["fits"] else "no"] + [_mem(f[k], u) for k in ("host_ram_per_node_bytes",
+                    "nvme_per_node_bytes", "sent_bytes_per_gpu", "inter_node_sent_bytes_per_gpu")])  # fmt: skip
+    head = ""
+    if cmp.estimates:
+        first = cmp.estimates[0]
+        head = (f"**{first.model.name or 'model'} ({first.model.parameters:,} parameters) on {first.input.cluster.gpus} x "
+                f"{first.input.gpu.name}, per GPU unless marked per node; sent per optimizer step**\n\n")  # fmt: skip
+    return head + markdown_table(header, rows, [i for i in range(1, len(header)) if header[i] != "fits"])
+
+
+def to_markdown(obj: Estimate | Comparison | Rows, unit: str = "gib") -> str:
+    """GitHub Markdown: an estimate's tables, a comparison's table, or a catalogue table; units in the headers."""
+    u = _unit(unit)
+    if isinstance(obj, Estimate):
+        return _estimate_markdown(obj, u)
+    if isinstance(obj, Comparison):
+        return _comparison_markdown(obj, u)
+    rows = _rows(obj)
+    header = _catalogue_header(rows)
+    numeric = [i for i, k in enumerate(header) if rows and all(isinstance(r.get(k), (int, float)) and not
+                                                              isinstance(r.get(k), bool) for r in rows)]  # fmt: skip
+    return markdown_table(header, ([row.get(k) for k in header] for row in rows), numeric)

@@ -1,0 +1,1 @@
+"""How long a training step takes: FLOPs, hardware rates, step time."""

@@ -1,0 +1,142 @@
+"""Exact FLOPs of one training step, matmul by matmul.
+
+Sources:
+- A matmul of an (m x k) by a (k x n) matrix costs 2·m·k·n FLOPs; backward computes dX and dW, each as large as the
+  forward: backward = 2 x forward (Kaplan et al. 2020, arXiv 2001.08361 §2.1; Narayanan et al. 2021, arXiv 2104.04473
+  §5.1). Element-wise work (norms, softmax, activations) is left out, as both papers do.
+- Megatron (Korthikanti et al. 2022, arXiv 2205.05198, §6 / Appendix A): model FLOPs per iteration of a GPT model
+  72·B·L·s·h²·(1 + s/(6h) + V/(12·h·L)); with full recompute (Narayanan et al. 2021, eq. 3) 96·B·L·s·h²·(1 + s/(6h) +
+  V/(16·h·L)). Both count attention without causal masking: QKᵀ and attention x V cost 2·s²·h each per layer and
+  sequence. torchtitan and PaLM (Chowdhery et al. 2022, Appendix B) use the same convention: 6·N + 12·L·h·s per token.
+- ``attention="causal"`` counts the work a causal kernel really does: s(s+1)/2 query-key pairs instead of s².
+- MFU counts model FLOPs (no recompute); HFU adds what recompute runs again: a whole forward of every layer (full) or
+  the attention core (selective, Korthikanti §5), never the output head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Literal
+
+from memcalc.errors import InputError
+from memcalc.model.architecture import Architecture
+from memcalc.model.params import kv_heads_per_rank
+
+AttentionCount = Literal["full", "causal"]
+Recompute = Literal["none", "selective", "full"]
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """A weight matmul one token goes through: (1 x k) @ (k x n), ``count`` times (MoE: top_k experts)."""
+
+    name: str
+    k: int
+    n: int
+    count: int = 1
+
+    @property
+    def flops_per_token(self) -> int:
+        return 2 * self.k * self.n * self.count
+
+
+@cache
+def layer_gemms(arch: Architecture, moe: bool, tp: int = 1) -> tuple[Gemm, ...]:
+    """The weight matmuls of one decoder layer on one TP rank (column-parallel q/k/v/gate/up, row-parallel o/down)."""
+    h, d = arch.hidden, arch.d_head
+    q = arch.q_width // tp
+    kv = kv_heads_per_rank(arch, tp) * d
+    out = [Gemm("q", h, q), Gemm("k", h, kv), Gemm("v", h, kv), Gemm("o", q, h)]
+
+    def mlp(prefix: str, f: int, count: int) -> list[Gemm]:
+        f //= tp
+        ups = [Gemm(f"{prefix}gate", h, f, count), Gemm(f"{prefix}up", h, f, count)] if arch.gated_mlp else [
+            Gemm(f"{prefix}up", h, f, count)]  # fmt: skip
+        return [*ups, Gemm(f"{prefix}down", f, h, count)]
+
+    if not moe:
+        return tuple(out + mlp("", arch.ffn_size, 1))
+    out.append(Gemm("router", h, arch.experts))
+    out += mlp("expert ", arch.expert_ffn_size, arch.top_k)
+    if arch.shared_experts:
+        out += mlp("shared ", arch.ffn_size, arch.shared_experts)
+    return tuple(out)
+
+
+def head_gemm(arch: Architecture, tp: int = 1) -> Gemm:
+    """The output head over the padded vocabulary (Megatron's V), split over TP ranks."""
+    return Gemm("lm_head", arch.hidden, -(-arch.padded_vocab // tp))
+
+
+def attention_core_flops(arch: Architecture, seq: int, attention: AttentionCount = "full", tp: int = 1) -> int:
+    """Forward FLOPs of QKᵀ and attention x V for one sequence in one layer: 2 matmuls x 2·pairs·(heads·d)/t."""
+    pairs = seq * seq if attention == "full" else seq * (seq + 1) // 2
+    return 2 * 2 * pairs * (arch.q_width // tp)
+
+
+@dataclass(frozen=True)
+class StepFlops:
+    """FLOPs of one step over ``sequences`` sequences of ``seq`` tokens, whole model (all ranks together)."""
+
+    layer_matmul_forward: int
+    """Weight matmuls of all layers (router included)."""
+    attention_forward: int
+    """QKᵀ and attention x V of all layers, in the step's attention convention."""
+    head_forward: int
+    recompute: int
+    attention: AttentionCount
+
+    @property
+    def forward(self) -> int:
+        return self.layer_matmul_forward + self.attention_forward + self.head_forward
+
+    @property
+    def backward(self) -> int:
+        return 2 * self.forward
+
+    @property
+    def model(self) -> int:
+        """MFU's numerator: forward + backward, no recompute."""
+        return self.forward + self.backward
+
+    @property
+    def hardware(self) -> int:
+        """HFU's numerator: model FLOPs + what recompute runs again."""
+        return self.model + self.recompute
+
+
+@cache
+def step_flops(arch: Architecture, seq: int, sequences: int, recompute: Recompute = "none",
+               attention: AttentionCount = "full") -> StepFlops:  # fmt: skip
+    """FLOPs of a training step of ``sequences`` x ``seq`` tokens (global batch)."""
+    if seq < 1 or sequences < 1:
+        raise InputError(f"seq {seq} and sequences {sequences} must be positive")
+    if recompute not in ("none", "selective", "full"):
+        raise InputError(f"recompute {recompute!r} is not one of none, selective, full")
+    if attention not in ("full", "causal"):
+        raise InputError(f"attention count {attention!r} is not one of full, causal")
+    tokens = seq * sequences
+    per_token = sum(g.flops_per_token for i in range(arch.layers) for g in layer_gemms(arch, arch.is_moe_layer(i)))
+    layers = per_token * tokens
+    attn = arch.layers * sequences * attention_core_flops(arch, seq, attention)
+    head = head_gemm(arch).flops_per_token * tokens
+    extra = {"none": 0, "selective": attn, "full": layers + attn}[recompute]
+    return StepFlops(layers, attn, head, extra, attention)
+
+
+def model_flops_per_token(arch: Architecture, seq: int, attention: AttentionCount = "full") -> float:
+    """Model FLOPs per trained token (forward + backward): 6·N_matmul + 12·L·(heads·d)·s for ``full``."""
+    return step_flops(arch, seq, 1, "none", attention).model / seq
+
+
+def megatron_model_flops(batch: int, layers: int, seq: int, hidden: int, vocab: int) -> int:
+    """Korthikanti et al. 2022 (arXiv 2205.05198) §6: 72·B·L·s·h²·(1 + s/(6h) + V/(12hL)), multiplied out exactly."""
+    B, L, s, h, V = batch, layers, seq, hidden, vocab
+    return 72 * B * L * s * h * h + 12 * B * L * s * s * h + 6 * B * s * h * V
+
+
+def narayanan_hardware_flops(batch: int, layers: int, seq: int, hidden: int, vocab: int) -> int:
+    """Narayanan et al. 2021 (arXiv 2104.04473) eq. 3, full recompute: 96·B·s·l·h²·(1 + s/(6h) + V/(16lh))."""
+    B, L, s, h, V = batch, layers, seq, hidden, vocab
+    return 96 * B * L * s * h * h + 16 * B * L * s * s * h + 6 * B * s * h * V

@@ -1,0 +1,277 @@
+"""Hardware as data: clusters (``presets/clusters/*.toml``) and achievable rates (``presets/calibration/<gpu>.toml``).
+
+Each file names its sources in a comment at the top. Read with tomllib into frozen dataclasses; every rate is
+converted here to bytes/s, FLOP/s and seconds. A calibration file may say ``extends = "<other gpu>"`` to reuse
+another's values (the H200 reuses the H100's compute, which is the same GH100 die).
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass
+from functools import cache, cached_property
+from pathlib import Path
+from typing import Any
+
+from memcalc.comm.timing import Link, interpolate
+from memcalc.errors import InputError, did_you_mean
+
+Curve = tuple[tuple[float, float], ...]
+DTYPES = ("bf16", "fp16", "fp8", "tf32")
+_CLUSTER_KEYS = {"name": str, "aliases": list, "gpus_per_node": int, "gpu": str, "intra_node_gbps": float,
+                 "intra_node_latency_us": float, "network_gbits_per_gpu": float, "network_latency_us": float,
+                 "pcie_gbps": float, "nvme_gbps": float, "host_memory_gbps": float, "host_memory_efficiency": float}
+_CAL_KEYS = {"gpu": str, "extends": str, "bf16_tflops": float, "fp16_tflops": float, "fp8_tflops": float,
+             "tf32_tflops": float, "hbm_gbps": float, "hbm_efficiency": float, "gemm_efficiency": list,
+             "attention_flash_efficiency": list, "attention_cudnn_efficiency": list, "adamw_fused_efficiency": float,
+             "adamw_foreach_efficiency": float, "cross_entropy_bytes_per_logit": float, "intra_node_efficiency": float,
+             "intra_node_allreduce_gbps": float, "network_efficiency": float}  # fmt: skip
+_OPTIONAL = {"aliases", "extends", "fp8_tflops", "tf32_tflops", "attention_cudnn_efficiency", "intra_node_allreduce_gbps"}
+
+
+def _dir(kind: str) -> Path:
+    from memcalc.inputs.presets import presets_dir  # the one place that knows where presets live
+
+    return presets_dir() / kind
+
+
+def _norm(name: str) -> str:
+    return name.strip().lower().replace("_", "-").replace(" ", "-")
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise InputError(f"preset file {str(path)!r} is not valid TOML: {e}") from None
+    except OSError as e:
+        raise InputError(f"cannot read preset file {str(path)!r}: {e.strerror}") from None
+
+
+@cache
+def _index(kind: str) -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for path in sorted(_dir(kind).glob("*.toml")):
+        out[_norm(path.stem)] = path
+        for alias in _read(path).get("aliases", []):
+            out.setdefault(_norm(alias), path)
+    return out
+
+
+def _find(kind: str, name: str, what: str) -> Path:
+    text = str(name).strip()
+    if text.endswith(".toml") or "/" in text:
+        path = Path(text).expanduser()
+        if not path.is_file():
+            raise InputError(f"{what} file {text!r} does not exist")
+        return path
+    index = _index(kind)
+    path = index.get(_norm(text))
+    if path is None:
+        known = sorted(p.stem for p in _dir(kind).glob("*.toml"))
+        raise InputError(f"unknown {what} {text!r}{did_you_mean(_norm(text), index)}; known: {', '.join(known)}")
+    return path
+
+
+def _check(data: dict[str, Any], keys: dict[str, type], where: str) -> None:
+    for key, value in data.items():
+        if key not in keys:
+            raise InputError(f"{where}: unknown key {key!r}{did_you_mean(key, keys)}")
+        want = keys[key]
+        if want is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise InputError(f"{where}: {key} = {value!r} is not a number")
+        if want is float and (not math.isfinite(value) or value <= 0):
+            raise InputError(f"{where}: {key} = {value!r} must be a positive number")
+        if want is int and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise InputError(f"{where}: {key} = {value!r} must be a positive whole number")
+        if want in (str, list) and not isinstance(value, want):
+            raise InputError(f"{where}: {key} = {value!r} must be a {want.__name__}")
+        if key.endswith("efficiency") and want is float and value > 1:
+            raise InputError(f"{where}: {key} = {value} is above 1; give a fraction of the peak in (0, 1]")
+    missing = [k for k in keys if k not in data and k not in _OPTIONAL]
+    if missing:
+        raise InputError(f"{where}: missing {', '.join(missing)}")
+
+
+def _curve(points: list, where: str, key: str) -> Curve:
+    out = []
+    for p in points:
+        ok = isinstance(p, list) and len(p) == 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in p)
+        if not ok or p[0] <= 0 or not 0 < p[1] <= 1:
+            raise InputError(f"{where}: {key} point {p!r} must be [size > 0, efficiency in (0, 1]]")
+        out.append((float(p[0]), float(p[1])))
+    if not out or [x for x, _ in out] != sorted({x for x, _ in out}):
+        raise InputError(f"{where}: {key} needs at least one point, sizes strictly increasing")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """One kind of node and the network between nodes."""
+
+    key: str
+    name: str
+    gpus_per_node: int
+    gpu: str
+    """GPU preset key (presets/gpus/<gpu>.toml)."""
+    intra_node: Link
+    network: Link
+    """Per GPU: its NIC's bandwidth (bytes/s) and per-hop latency."""
+    pcie_bytes_per_s: float
+    nvme_bytes_per_s: float
+    """Per node."""
+    host_memory_bytes_per_s: float
+    """Per node, achievable (theoretical x host_memory_efficiency)."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Achievable rates of one GPU, each traced to a measurement or datasheet in its file."""
+
+    gpu: str
+    peak_flops: tuple[tuple[str, float], ...]
+    """(dtype, dense FLOP/s) from the datasheet."""
+    hbm_bytes_per_s: float
+    """Achievable: datasheet x measured copy efficiency."""
+    hbm_peak_bytes_per_s: float
+    gemm_efficiency: Curve
+    attention_efficiency: tuple[tuple[str, Curve], ...]
+    adamw_efficiency: tuple[tuple[str, float], ...]
+    """(implementation, fraction of datasheet HBM bandwidth) at 28 B/param."""
+    cross_entropy_bytes_per_logit: float
+    intra_node_efficiency: float
+    intra_node_allreduce_bytes_per_s: float | None
+    network_efficiency: float
+
+    def peak(self, dtype: str) -> float:
+        for d, v in self.peak_flops:
+            if d == dtype:
+                return v
+        known = [d for d, _ in self.peak_flops]
+        raise InputError(f"{self.gpu} has no {dtype!r} tensor-core rate{did_you_mean(dtype, known)}; known: {', '.join(known)}")
+
+    def gemm(self, flops: float) -> float:
+        return interpolate(self.gemm_efficiency, flops)
+
+    def attention(self, kernel: str, flops: float) -> float:
+        curves = dict(self.attention_efficiency)
+        if kernel not in curves:
+            raise InputError(f"no {kernel!r} attention calibration for {self.gpu}; known: {', '.join(curves)}")
+        return interpolate(curves[kernel], flops)
+
+    def adamw(self, impl: str) -> float:
+        effs = dict(self.adamw_efficiency)
+        if impl not in effs:
+            raise InputError(f"unknown optimizer implementation {impl!r}{did_you_mean(impl, effs)}; known: {', '.join(effs)}")
+        return effs[impl]
+
+
+def cluster_names() -> list[str]:
+    return sorted(p.stem for p in _dir("clusters").glob("*.toml"))
+
+
+def calibration_names() -> list[str]:
+    return sorted(p.stem for p in _dir("calibration").glob("*.toml"))
+
+
+@cache
+def gpu_key(name: str) -> str:
+    """A GPU preset key from its name or alias (``h100`` -> ``h100-sxm``), read from presets/gpus without pydantic."""
+    return _find("gpus", name, "GPU").stem
+
+
+@cache
+def load_cluster(name: str) -> Cluster:
+    """A cluster by file name (``dgx-h100``), alias (``hgx-h100``) or path to a TOML file."""
+    path = _find("clusters", name, "cluster")
+    data = _read(path)
+    where = f"cluster preset {path.stem!r}"
+    _check(data, _CLUSTER_KEYS, where)
+    gpu = gpu_key(data["gpu"])
+    intra = Link("nvlink", data["intra_node_gbps"] * 1e9, data["intra_node_latency_us"] * 1e-6)
+    net = Link("network", data["network_gbits_per_gpu"] * 1e9 / 8, data["network_latency_us"] * 1e-6)
+    return Cluster(path.stem, data["name"], data["gpus_per_node"], gpu, intra, net, data["pcie_gbps"] * 1e9,
+                   data["nvme_gbps"] * 1e9, data["host_memory_gbps"] * 1e9 * data["host_memory_efficiency"])  # fmt: skip
+
+
+def _raw_calibration(path: Path, seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    data = _read(path)
+    base = data.get("extends")
+    if base is None:
+        return data
+    if path.stem in seen:
+        raise InputError(f"calibration {path.stem!r} extends itself through {' -> '.join(seen)}")
+    merged = dict(_raw_calibration(_find("calibration", base, "calibration"), (*seen, path.stem)))
+    merged.update(data)
+    return merged
+
+
+@cache
+def load_calibration(gpu: str) -> Calibration:
+    """Achievable rates of a GPU by its preset key or alias (``h100`` -> ``h100-sxm``), or a TOML path."""
+    text = str(gpu).strip()
+    if not (text.endswith(".toml") or "/" in text):
+        try:
+            text = gpu_key(text)
+        except InputError:
+            pass  # not a GPU preset: report it against the calibration files below
+    path = _find("calibration", text, "GPU calibration")
+    data = _raw_calibration(path)
+    where = f"calibration preset {path.stem!r}"
+    _check(data, _CAL_KEYS, where)
+    peaks = tuple((d, data[f"{d}_tflops"] * 1e12) for d in DTYPES if f"{d}_tflops" in data)
+    attn = [("flash", _curve(data["attention_flash_efficiency"], where, "attention_flash_efficiency"))]
+    if "attention_cudnn_efficiency" in data:
+        attn.append(("cudnn", _curve(data["attention_cudnn_efficiency"], where, "attention_cudnn_efficiency")))
+    ar = data.get("intra_node_allreduce_gbps")
+    return Calibration(
+        gpu=data["gpu"], peak_flops=peaks, hbm_bytes_per_s=data["hbm_gbps"] * 1e9 * data["hbm_efficiency"],
+        hbm_peak_bytes_per_s=data["hbm_gbps"] * 1e9,
+        gemm_efficiency=_curve(data["gemm_efficiency"], where, "gemm_efficiency"), attention_efficiency=tuple(attn),
+        adamw_efficiency=(("fused", data["adamw_fused_efficiency"]), ("foreach", data["adamw_foreach_efficiency"])),
+        cross_entropy_bytes_per_logit=data["cross_entropy_bytes_per_logit"],
+        intra_node_efficiency=data["intra_node_efficiency"],
+        intra_node_allreduce_bytes_per_s=ar * 1e9 if ar else None, network_efficiency=data["network_efficiency"],
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Machine:
+    """A cluster with its GPU's calibration: the links as collectives see them."""
+
+    cluster: Cluster
+    calibration: Calibration
+
+    @cached_property
+    def memo(self) -> dict[tuple[object, ...], float]:
+        """Collective times already worked out on this machine (the step-time model's per-plan fast path)."""
+        return {}
+
+    @cached_property
+    def intra(self) -> Link:
+        c, k = self.cluster.intra_node, self.calibration
+        return Link(c.name, c.bandwidth, c.latency_s, k.intra_node_efficiency, k.intra_node_allreduce_bytes_per_s)
+
+    @cached_property
+    def inter(self) -> Link:
+        c = self.cluster.network
+        return Link(c.name, c.bandwidth, c.latency_s, self.calibration.network_efficiency)
+
+
+@cache
+def load_machine(cluster: str, gpu: str | None = None) -> Machine:
+    """``load_machine("dgx-h100")``; ``gpu`` swaps the cluster's GPU calibration (same links)."""
+    c = load_cluster(cluster)
+    return Machine(c, load_calibration(gpu or c.gpu))
+
+
+@cache
+def cluster_for_gpu(gpu: str) -> str:
+    """The first cluster preset built from this GPU (``h100`` -> ``dgx-h100``), for commands that name only a GPU."""
+    key = gpu_key(gpu)
+    for name in cluster_names():
+        if _read(_dir("clusters") / f"{name}.toml").get("gpu") == key:
+            return name
+    raise InputError(f"no cluster preset has GPU {key!r}; known clusters: {', '.join(cluster_names())}")

@@ -1,0 +1,328 @@
+"""How long one training step takes on one rank of the slowest pipeline stage, and what it implies (MFU, HFU).
+
+Sources and rules (each also in docs/performance-model.md):
+- Matmul time = FLOPs / (peak x GEMM efficiency at that GEMM's FLOPs); attention core = FLOPs / (peak x kernel
+  efficiency); backward = 2 x forward (flash/cuDNN: the measured fwd+bwd = 3.5 x forward FLOPs); both curves from
+  presets/calibration (measured H100 kernels). Memory-bound ops (norms, residual adds, dropout, activations, rotary,
+  eager softmax, cross-entropy) = bytes moved / achievable HBM bandwidth; their backward moves twice the forward bytes.
+- Recompute (Korthikanti et al. 2022, §5): full adds each layer's forward again; selective adds the attention core.
+- Pipeline (Narayanan et al. 2021, §2.2): 1F1B bubble = (p-1) x (time of one micro-batch on a stage), interleaved
+  (p-1)/v x it; the slowest stage (uneven layer split, output head and loss on the last) sets the pace.
+- Overlap (DOMAIN.md §11): tensor-parallel, expert all-to-all and pipeline send/recv are on the critical path of every
+  micro-batch; context-parallel K/V exchange hides behind attention; DDP/ZeRO-1/2 gradient buckets hide behind the
+  last micro-batch's backward except the last bucket; FSDP/ZeRO-3 prefetch one unit (layer) ahead, exposing
+  max(0, comm - compute) per unit plus the first gather and last reduce-scatter.
+- Optimizer: AdamW moves 28 B/param (read p, g, m, v; write p, m, v: 16 + 12) at the measured fraction of HBM
+  bandwidth (fused vs foreach); on the CPU (offload) at the node's host-memory bandwidth shared by its GPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from memcalc.comm.timing import Group, primitive_time
+from memcalc.errors import InputError
+from memcalc.model.architecture import Architecture
+from memcalc.model.params import model_params
+from memcalc.time.flops import attention_core_flops, head_gemm, layer_gemms, step_flops
+from memcalc.time.hardware import Calibration, Machine
+
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DistributedDataParallel bucket_cap_mb=25 (the last bucket cannot overlap)
+ADAMW_BYTES_PER_PARAM = 28  # fp32 AdamW: read param, grad, m, v (16) + write param, m, v (12)
+_DP_GROUPS = ("data-parallel", "shard group", "replica group")
+_CRITICAL_GROUPS = ("tensor-parallel", "expert-parallel", "pipeline")
+_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 2, "tf32": 4}  # fp8 GEMMs keep 16-bit activations between ops
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One parallel layout and batch, as plain numbers."""
+
+    gpus: int
+    seq: int
+    micro_batch: int
+    micro_batches: int = 1
+    """Micro-batches per optimizer step on each rank (gradient accumulation; the pipeline's m)."""
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    virtual: int = 1
+    """Model chunks per pipeline stage (interleaved 1F1B when > 1)."""
+    sp: bool = False
+    recompute: str = "none"
+    attention: str = "flash"
+    """flash | cudnn | eager (materialised scores, softmax in HBM)."""
+    dtype: str = "bf16"
+    dropout: bool = False
+    optimizer: str = "fused"
+    """fused | foreach (torch AdamW on the GPU) | cpu (offloaded, DeepSpeed CPUAdam)."""
+    optimizer_params: int | None = None
+    """Parameters this rank's optimizer updates; default Ψ/(tp·pp) (nothing sharded over data parallelism)."""
+    flops_attention: str = "full"
+    """Attention convention of the reported model FLOPs: full (Megatron, PaLM, torchtitan) or causal."""
+
+    @property
+    def dp(self) -> int:
+        return self.gpus // (self.tp * self.pp * self.cp)
+
+
+@dataclass(frozen=True)
+class LayerTime:
+    """Seconds for one layer and one micro-batch on one rank."""
+
+    matmul_fwd: float
+    attention_fwd: float
+    attention_bwd: float
+    memory_fwd: float
+
+    @property
+    def forward(self) -> float:
+        return self.matmul_fwd + self.attention_fwd + self.memory_fwd
+
+    @property
+    def backward(self) -> float:
+        return 2 * self.matmul_fwd + self.attention_bwd + 2 * self.memory_fwd
+
+    def recompute(self, how: str) -> float:
+        return {"none": 0.0, "selective": self.attention_fwd, "full": self.forward}[how]
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One optimizer step on one GPU of the slowest pipeline stage. Seconds unless named otherwise."""
+
+    compute_s: float
+    """Matmuls and attention, forward and backward, all micro-batches (no recompute)."""
+    memory_bound_s: float
+    """Norms, activations, residual adds, dropout, softmax, loss."""
+    recompute_s: float
+    communication_s: tuple[tuple[str, float], ...]
+    """Exposed (not hidden behind compute) communication per group."""
+    bubble_s: float
+    optimizer_s: float
+    offload_s: float
+    """Exposed host (PCIe) and NVMe transfers."""
+    tokens_per_step: int
+    gpus: int
+    model_flops: int
+    hardware_flops: int
+    peak_flops: float
+
+    @property
+    def exposed_communication_s(self) -> float:
+        return sum(t for _, t in self.communication_s)
+
+    @property
+    def step_s(self) -> float:
+        return (self.compute_s + self.memory_bound_s + self.recompute_s + self.exposed_communication_s + self.bubble_s
+                + self.optimizer_s + self.offload_s)  # fmt: skip
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_per_step / self.step_s
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.tokens_per_s / self.gpus
+
+    @property
+    def model_tflops_per_gpu(self) -> float:
+        return self.model_flops / self.step_s / self.gpus / 1e12
+
+    @property
+    def mfu(self) -> float:
+        return self.model_flops / (self.step_s * self.gpus * self.peak_flops)
+
+    @property
+    def hfu(self) -> float:
+        return self.hardware_flops / (self.step_s * self.gpus * self.peak_flops)
+
+
+def _gemm_s(cal: Calibration, peak: float, flops: float) -> float:
+    return flops / (peak * cal.gemm(flops)) if flops else 0.0
+
+
+@cache
+def layer_time(arch: Architecture, moe: bool, cal: Calibration, dtype: str, seq: int, micro_batch: int, tp: int = 1,
+               cp: int = 1, ep: int = 1, sp: bool = False, attention: str = "flash", dropout: bool = False) -> LayerTime:  # fmt: skip
+    """One decoder layer for one micro-batch of ``micro_batch`` x ``seq`` tokens on one TP/CP/EP rank."""
+    peak, e = cal.peak(dtype), _DTYPE_BYTES[dtype]
+    m = seq // cp * micro_batch  # tokens on this rank
+    mm = 0.0
+    for g in layer_gemms(arch, moe, tp):
+        if g.name.startswith("expert "):
+            # Balanced routing: each of the E/ep local experts receives top_k·ep·m/E tokens (arXiv 2006.16668 §2.2).
+            rows = g.count * ep * m / arch.experts
+            mm += arch.experts // ep * _gemm_s(cal, peak, 2 * rows * g.k * g.n)
+        else:
+            mm += g.count * _gemm_s(cal, peak, 2 * m * g.k * g.n)
+    # Context parallelism: this rank's s/cp queries against the whole sequence = 1/cp of the pairs.
+    if attention in ("flash", "cudnn"):
+        fwd = micro_batch * attention_core_flops(arch, seq, "causal", tp) / cp
+        eff = cal.attention(attention, 3.5 * fwd)  # curve keyed, as measured, by fwd+bwd FLOPs = 3.5 x forward
+        attn_f, attn_b = fwd / (peak * eff), 2.5 * fwd / (peak * eff)
+    elif attention == "eager":
+        fwd = micro_batch * attention_core_flops(arch, seq, "full", tp) / cp  # batched GEMMs skip nothing
+        scores = micro_batch * (arch.heads // tp) * seq * seq / cp
+        # Per score element, 16-bit: write QKᵀ 2 + softmax read 2 write 2 (+ dropout read 2 write 2 mask 1) bytes.
+        soft = scores * (6 + (5 if dropout else 0)) / cal.hbm_bytes_per_s
+        attn_f = _gemm_s(cal, peak, fwd) + soft
+        attn_b = 2 * _gemm_s(cal, peak, fwd) + 2 * soft
+    else:
+        raise InputError(f"attention {attention!r} is not one of flash, cudnn, eager")
+    h = arch.hidden
+    f = (arch.expert_ffn_size * arch.top_k + arch.ffn_size * arch.shared_experts) if moe else arch.ffn_size
+    replicated = arch.norms_per_layer * 2 * e * h + 2 * 3 * e * h + (2 * (2 * e + 1) * h if dropout else 0)
+    split = (5 if arch.gated_mlp else 2) * e * f  # silu read/write + mul read 2 write 1; gelu read/write
+    if arch.position == "rotary":
+        split += 2 * e * (arch.q_width + 2 * arch.kv_width)  # read and write q and k (kv_width counted twice: k only)
+    per_token = replicated / (tp if sp else 1) + split / tp
+    return LayerTime(mm, attn_f, attn_b, m * per_token / cal.hbm_bytes_per_s)
+
+
+def head_time(arch: Architecture, cal: Calibration, dtype: str, tokens: int, tp: int) -> tuple[float, float]:
+    """(matmul seconds fwd+bwd, loss seconds) of the output head and cross-entropy for ``tokens`` on one TP rank."""
+    g = head_gemm(arch, tp)
+    fwd = _gemm_s(cal, cal.peak(dtype), 2 * tokens * g.k * g.n)
+    return 3 * fwd, tokens * g.n * cal.cross_entropy_bytes_per_logit / cal.hbm_bytes_per_s
+
+
+@cache
+def _stage_profile(arch: Architecture, cal: Calibration, plan: Plan) -> tuple[float, float, float, float, float, float, int]:
+    """(compute, memory, recompute, fwd, bwd, attention) seconds per micro-batch on the slowest stage, and its layers."""
+    p = plan
+    if arch.layers < p.pp * p.virtual:
+        raise InputError(f"layers({arch.layers}) < pp({p.pp}) x virtual({p.virtual}); give fewer stages")
+    base, extra = divmod(arch.layers, p.pp)
+    best: tuple[float, float, float, float, float, float, int] | None = None
+    start = 0
+    for stage in range(p.pp):
+        n = base + (1 if stage < extra else 0)  # uneven split: the first stages take one more layer
+        comp = mem = rec = fwd = bwd = attn = 0.0
+        for i in range(start, start + n):
+            lt = layer_time(arch, arch.is_moe_layer(i), cal, p.dtype, p.seq, p.micro_batch, p.tp, p.cp, p.ep, p.sp,
+                            p.attention, p.dropout)  # fmt: skip
+            comp += 3 * lt.matmul_fwd + lt.attention_fwd + lt.attention_bwd
+            mem += 3 * lt.memory_fwd
+            rec += lt.recompute(p.recompute)
+            fwd += lt.forward
+            bwd += lt.backward + lt.recompute(p.recompute)
+            attn += lt.attention_fwd + lt.attention_bwd
+        start += n
+        if stage == p.pp - 1:
+            head_mm, loss = head_time(arch, cal, p.dtype, p.seq // p.cp * p.micro_batch, p.tp)
+            comp, mem, fwd, bwd = comp + head_mm, mem + loss, fwd + head_mm / 3 + loss / 3, bwd + 2 * head_mm / 3 + 2 * loss / 3
+        row = (comp, mem, rec, fwd, bwd, attn, n)
+        if best is None or comp + mem + rec > best[0] + best[1] + best[2]:
+            best = row
+    assert best is not None
+    return best
+
+
+def _time(c: Any, machine: Machine, size: int | None = None) -> float:
+    size = c.payload_bytes_per_call if size is None else size
+    per_node = getattr(c, "ranks_per_node", None)  # optional: members per node when the caller knows the stride
+    key = (c.op, size, c.group_size, c.crosses_nodes, per_node)
+    t = machine.memo.get(key)
+    if t is None:
+        group = (Group(c.group_size, per_node) if per_node else
+                 Group.of(c.group_size, machine.cluster.gpus_per_node, c.crosses_nodes))  # fmt: skip
+        op = "send/recv" if c.op in ("send", "recv") else c.op
+        t = machine.memo[key] = primitive_time(op, size, group, machine.intra, machine.inter).time_s
+    return t
+
+
+@cache
+def _plan_profile(arch: Architecture, cal: Calibration, plan: Plan) -> tuple[tuple[float, ...], int, int, int, float]:
+    """Everything that depends only on the architecture and the plan: the stage profile, FLOPs, Ψ/(tp·pp), peak."""
+    p = plan
+    fl = step_flops(arch, p.seq, p.dp * p.micro_batch * p.micro_batches, p.recompute, p.flops_attention)  # type: ignore[arg-type]
+    n_opt = p.optimizer_params if p.optimizer_params is not None else model_params(arch).total // (p.tp * p.pp)
+    return _stage_profile(arch, cal, p), fl.model, fl.hardware, n_opt, cal.peak(p.dtype)
+
+
+def step_time(arch: Architecture, plan: Plan, machine: Machine, collectives: Iterable[Any] = (),
+              host_transfers: Iterable[Any] = ()) -> StepTime:  # fmt: skip
+    """Step time of ``plan`` on ``machine``; ``collectives`` are objects with ``op, phase, group, group_size,
+    crosses_nodes, calls_per_step, payload_bytes_per_call`` (memcalc.report.results.Collective), ``host_transfers``
+    objects with ``phase, link, bytes`` (HostTransfer)."""
+    p, cal = plan, machine.calibration
+    if p.gpus % (p.tp * p.pp * p.cp) or p.dp < 1:
+        raise InputError(f"gpus({p.gpus}) is not a multiple of tp({p.tp}) x pp({p.pp}) x cp({p.cp})")
+    if p.virtual > 1 and p.micro_batches % p.pp:
+        raise InputError(f"interleaved pipeline: micro_batches({p.micro_batches}) must be a multiple of pp({p.pp}) "
+                         f"(Megatron-LM's rule)")  # fmt: skip
+    if p.recompute not in ("none", "selective", "full"):
+        raise InputError(f"recompute {p.recompute!r} is not one of none, selective, full")
+    m = p.micro_batches
+    profile, model_fl, hardware_fl, n_opt, peak = _plan_profile(arch, cal, p)
+    comp, mem, rec, fwd, bwd, attn, units = profile
+    per_mb = comp + mem + rec
+
+    exposed: dict[str, float] = {}
+    critical = 0.0
+    dp_rows = []
+    cp_total = 0.0
+    for c in collectives:
+        if c.group in _CRITICAL_GROUPS:
+            t = _time(c, machine) * c.calls_per_step
+            exposed[c.group] = exposed.get(c.group, 0.0) + t
+            critical += t
+        elif c.group == "context-parallel":
+            cp_total += _time(c, machine) * c.calls_per_step
+        elif c.group in _DP_GROUPS:
+            dp_rows.append(c)
+        else:
+            raise InputError(f"unknown communication group {c.group!r}")
+    if cp_total:
+        exposed["context-parallel"] = max(0.0, cp_total - m * attn)  # the K/V ring runs beside attention
+
+    sharded = any(c.op == "all-gather" and c.phase == "forward" for c in dp_rows)
+    for c in dp_rows:
+        if c.phase == "optimizer step":
+            exposed[c.group] = exposed.get(c.group, 0.0) + _time(c, machine) * c.calls_per_step
+    if sharded:  # FSDP / ZeRO-3: one unit (layer) ahead, forward and backward
+        for phase, work in (("forward", fwd), ("backward", bwd)):
+            rows = [c for c in dp_rows if c.phase == phase]
+            if not rows:
+                continue
+            each = [_time(c, machine, c.payload_bytes_per_call // units) * c.calls_per_step / m for c in rows]
+            unit_comm = sum(each)
+            t = m * (unit_comm + (units - 1) * max(0.0, unit_comm - work / units))
+            for c, u in zip(rows, each):  # attributed to groups in proportion to their share of the unit's traffic
+                exposed[c.group] = exposed.get(c.group, 0.0) + t * u / unit_comm
+    else:  # DDP / ZeRO-1/2: buckets reduced while the last micro-batch's backward runs
+        rows = [c for c in dp_rows if c.phase == "backward"]
+        if rows:
+            each = [_time(c, machine) * c.calls_per_step for c in rows]
+            total = sum(each)
+            tail = max(_time(c, machine, min(DDP_BUCKET_BYTES, c.payload_bytes_per_call)) for c in rows)
+            t = max(total - bwd, tail)
+            for c, u in zip(rows, each):
+                exposed[c.group] = exposed.get(c.group, 0.0) + t * u / total
+
+    offload = 0.0
+    per_node = machine.cluster.gpus_per_node
+    for x in host_transfers:
+        bw = machine.cluster.pcie_bytes_per_s if x.link == "pcie" else machine.cluster.nvme_bytes_per_s / per_node
+        t = x.bytes / bw
+        hide = {"forward": m * fwd, "backward": m * bwd}.get(x.phase, 0.0)
+        offload += max(0.0, t - hide)
+
+    if p.optimizer == "cpu":
+        opt = n_opt * per_node * ADAMW_BYTES_PER_PARAM / machine.cluster.host_memory_bytes_per_s
+    else:
+        opt = n_opt * ADAMW_BYTES_PER_PARAM / (cal.hbm_peak_bytes_per_s * cal.adamw(p.optimizer))
+
+    bubble = (p.pp - 1) / p.virtual * (per_mb + critical / m) if p.pp > 1 else 0.0
+    sequences = p.dp * p.micro_batch * m
+    return StepTime(
+        compute_s=m * comp, memory_bound_s=m * mem, recompute_s=m * rec,
+        communication_s=tuple(sorted(exposed.items())), bubble_s=bubble, optimizer_s=opt, offload_s=offload,
+        tokens_per_step=sequences * p.seq, gpus=p.gpus, model_flops=model_fl, hardware_flops=hardware_fl,
+        peak_flops=peak,
+    )  # fmt: skip

@@ -1,0 +1,119 @@
+"""A traced training step: the bytes a real step holds, op by op, on the CPU with no GPU and no weights.
+
+``trace_step`` builds a Hugging Face model from its config.json under
+``torch._subclasses.fake_tensor.FakeTensorMode`` (fake "cpu" tensors: shapes, dtypes and storage sizes, no data),
+optionally shards it the way FSDP2 (``fully_shard``) and DTensor tensor parallelism do through torch's fake process
+group (rank 0 of ``world``), and runs ``steps`` training steps while ``trace_tracker.LiveBytes`` counts live
+storages. The last step is reported. What a trace cannot see (the caching allocator's rounding and reserve, kernel
+workspaces, the CUDA context, NCCL buffers, the attention kernel a GPU picks) stays an analytic row on top.
+
+    python -m memcalc.validation.trace --hf-config config.json --seq-len 2048 --precision amp-bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from memcalc.errors import InputError
+from memcalc.validation.trace_parallel import apply_layout, check_tp_heads, fake_process_group
+from memcalc.validation.trace_step import (StepSpec, batch, build_model, build_optimizer,  # noqa: F401
+                                           traced_steps)
+from memcalc.validation.trace_tracker import LiveBytes, Trace  # noqa: F401
+
+
+def _label(hf_config: dict, spec: StepSpec, world: int, fsdp: bool, tp: int, mp_bf16: bool) -> str:
+    parts = [str(hf_config.get("model_type")), f"b{spec.micro_batch}xs{spec.seq_len}", spec.precision,
+             spec.optimizer_impl, f"recompute={spec.recompute}", spec.attention]  # fmt: skip
+    if world > 1:
+        parts.append(f"world={world}" + (" fsdp2" if fsdp else "") + (" mp=bf16" if mp_bf16 else "") + f" tp={tp}")
+    return " ".join(parts)
+
+
+def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision: str = "fp32",
+               optimizer_impl: str = "foreach", recompute: str = "none", attention: str = "sdpa", steps: int = 2,
+               world: int = 1, fsdp: bool = False, tp: int = 1, fsdp_param_dtype: str | None = None,
+               fake: bool = True, seed: int = 0) -> Trace:
+    """Trace the last of ``steps`` training steps of rank 0; ``fake=False`` runs the same step on real tensors.
+
+    ``world`` ranks are ``world // tp`` data-parallel (FSDP2-sharded when ``fsdp``) × ``tp`` tensor-parallel.
+    ``fsdp_param_dtype="bf16"`` adds FSDP2's ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)``.
+    """
+    spec = StepSpec(seq_len, micro_batch, precision, optimizer_impl, recompute, attention)
+    spec.check()
+    if steps < 1:
+        raise InputError(f"steps {steps} must be at least 1")
+    if world < 1 or tp < 1 or world % tp:
+        raise InputError(f"tp({tp}) must divide world({world}); accepted: world = data-parallel × tp")
+    if fsdp_param_dtype not in (None, "bf16"):
+        raise InputError(f"fsdp_param_dtype {fsdp_param_dtype!r} is not supported; accepted: bf16 or None")
+    dp = world // tp
+    if dp > 1 and not fsdp:
+        raise InputError(f"world({world}) = dp({dp}) × tp({tp}) without fsdp: replicated data parallelism holds "
+                         "what one rank holds (plus DDP buckets); trace world=tp, or set fsdp")  # fmt: skip
+    torch.manual_seed(seed)
+    if tp > 1:
+        check_tp_heads(hf_config, tp)
+    with fake_process_group(world, tp) as mesh:
+        with FakeTensorMode() if fake else contextlib.nullcontext():
+            model = build_model(hf_config, spec)
+            if world > 1:
+                apply_layout(model, mesh, dp=dp, tp=tp, fsdp=fsdp, mp_bf16=fsdp_param_dtype == "bf16")
+            optimizer = build_optimizer(model, optimizer_impl)
+            ids, pos = batch(hf_config, spec)
+            tracker = traced_steps(model, optimizer, ids, pos, spec, steps)
+        result = tracker.result(_label(hf_config, spec, world, fsdp, tp, fsdp_param_dtype == "bf16"), tracker.seconds)
+        del model, optimizer, ids, pos
+    return result
+
+
+def trace_summary(trace: Trace) -> dict:
+    """Integer bytes to print beside an analytic estimate: peak, where it is, baseline and each phase's peak."""
+    return {
+        "label": trace.label,
+        "baseline_bytes": int(trace.baseline),
+        "peak_bytes": int(trace.peak),
+        "peak_phase": trace.peak_phase,
+        "end_bytes": int(trace.end),
+        "phase_peak_bytes": {k: int(v) for k, v in trace.phase_peaks.items()},
+        "seconds": round(trace.seconds, 3),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m memcalc.validation.trace",
+                                 description="Trace one training step's live bytes on fake tensors (no GPU, "
+                                             "no weights) and print them as JSON.")  # fmt: skip
+    ap.add_argument("--hf-config", required=True, help="a Hugging Face config.json")
+    ap.add_argument("--seq-len", type=int, required=True)
+    ap.add_argument("--micro-batch", type=int, default=1)
+    ap.add_argument("--precision", default="fp32", help="fp32 | bf16 | amp-bf16")
+    ap.add_argument("--optimizer", default="foreach", help="foreach | fused | for-loop")
+    ap.add_argument("--recompute", default="none", help="none | full")
+    ap.add_argument("--attention", default="sdpa", help="sdpa | eager")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--world", type=int, default=1, help="ranks (rank 0 is traced)")
+    ap.add_argument("--fsdp", action="store_true", help="FSDP2 fully_shard per decoder layer and the root")
+    ap.add_argument("--fsdp-param-dtype", default=None, help="bf16: MixedPrecisionPolicy(param_dtype=bf16)")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (DTensor)")
+    a = ap.parse_args(argv)
+    try:
+        cfg = json.loads(Path(a.hf_config).expanduser().read_text())
+        trace = trace_step(cfg, seq_len=a.seq_len, micro_batch=a.micro_batch, precision=a.precision,
+                           optimizer_impl=a.optimizer, recompute=a.recompute, attention=a.attention, steps=a.steps,
+                           world=a.world, fsdp=a.fsdp, tp=a.tp, fsdp_param_dtype=a.fsdp_param_dtype)  # fmt: skip
+    except (InputError, OSError, json.JSONDecodeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(trace_summary(trace), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

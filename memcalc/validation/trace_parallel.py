@@ -1,0 +1,113 @@
+"""Shard a traced model as rank 0 of ``world`` ranks, with torch's fake process group (no other process runs).
+
+- FSDP2: ``fully_shard`` on every decoder layer, then on the root (torch ``distributed/fsdp/_fully_shard``; the
+  per-block wrapping torchtitan's ``parallelize_llama`` uses), optionally with
+  ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)``.
+- Tensor parallelism with DTensor (torchtitan ``models/llama3/infra/parallelize.py: apply_tp``): q, k, v and
+  gate, up ``ColwiseParallel``; o and down ``RowwiseParallel`` (replicated output: no sequence parallelism). The
+  embedding and the output head stay replicated: Hugging Face computes the loss inside the model, outside
+  ``loss_parallel``.
+The fake process group answers every collective at once without moving data
+(``torch/testing/_internal/distributed/fake_pg.py``); shapes and storage sizes are those of rank 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from memcalc.errors import InputError
+from memcalc.validation.trace_step import decoder_layers
+
+
+@contextlib.contextmanager
+def fake_process_group(world: int, tp: int) -> Iterator[object | None]:
+    """The (dp, tp) ``DeviceMesh`` on "cpu" for rank 0 of ``world`` ranks, or None when ``world`` is 1.
+
+    Built outside any fake mode (a mesh made of fake tensors cannot be used); the process group is destroyed on
+    exit so that several traces can run in one process.
+    """
+    if world == 1:
+        yield None
+        return
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise InputError("a torch.distributed process group is already initialised; trace in a fresh process")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    try:
+        with unset_fake_temporarily():
+            mesh = init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("dp", "tp"))
+        yield mesh
+    finally:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _real_mesh_concatenate() -> Iterator[None]:
+    """FSDP2 over a TP-sharded DTensor joins the dp and tp meshes (``DeviceMesh._concatenate``), which indexes the
+    mesh's real rank tensor: run that outside the fake mode."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.device_mesh import DeviceMesh
+
+    orig = DeviceMesh._concatenate
+
+    def concatenate(meshes):
+        with unset_fake_temporarily():
+            return orig(meshes)
+
+    DeviceMesh._concatenate = staticmethod(concatenate)
+    try:
+        yield
+    finally:
+        DeviceMesh._concatenate = staticmethod(orig)
+
+
+def _tp_plan(layer: torch.nn.Module) -> dict:
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    names = {n for n, _ in layer.named_modules()}
+    need = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}  # fmt: skip
+    if not need <= names:
+        raise InputError(f"tensor parallelism is wired for Llama-style layers ({', '.join(sorted(need))}); "
+                         f"{type(layer).__name__} lacks {', '.join(sorted(need - names))}")  # fmt: skip
+    return {
+        "self_attn.q_proj": ColwiseParallel(),
+        "self_attn.k_proj": ColwiseParallel(),
+        "self_attn.v_proj": ColwiseParallel(),
+        "self_attn.o_proj": RowwiseParallel(),
+        "mlp.gate_proj": ColwiseParallel(),
+        "mlp.up_proj": ColwiseParallel(),
+        "mlp.down_proj": RowwiseParallel(),
+    }
+
+
+def check_tp_heads(hf_config: dict, tp: int) -> None:
+    heads = int(hf_config.get("num_attention_heads") or hf_config.get("n_head") or 1)
+    kv = int(hf_config.get("num_key_value_heads") or heads)
+    if heads % tp or kv % tp:
+        raise InputError(f"tp({tp}) must divide heads({heads}) and kv_heads({kv}); DTensor shards whole heads")
+
+
+def apply_layout(model: torch.nn.Module, mesh, *, dp: int, tp: int, fsdp: bool, mp_bf16: bool) -> None:
+    """Tensor-parallelise each decoder layer over ``mesh["tp"]``, then FSDP2-shard over ``mesh["dp"]``."""
+    layers = decoder_layers(model)
+    if tp > 1:
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        for layer in layers:
+            parallelize_module(layer, mesh["tp"], _tp_plan(layer))
+    if fsdp:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16) if mp_bf16 else MixedPrecisionPolicy()
+        with _real_mesh_concatenate():
+            for layer in layers:
+                fully_shard(layer, mesh=mesh["dp"], mp_policy=mp)
+            fully_shard(model, mesh=mesh["dp"], mp_policy=mp)

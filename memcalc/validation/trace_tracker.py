@@ -1,0 +1,200 @@
+"""Live bytes of a training step, op by op, counted from the storages the ops create.
+
+A ``TorchDispatchMode`` sees every aten op's outputs. Each output's ``UntypedStorage`` is counted once (views and
+in-place results share their input's storage) and subtracted by a weakref callback when the storage dies, which is
+when the caching allocator would get the block back. ``UntypedStorage.resize_`` is not an aten op the mode sees,
+so it is wrapped: FSDP2 frees and refills its unsharded parameters that way
+(torch ``distributed/fsdp/_fully_shard/_fsdp_param.py``: ``alloc_storage`` / ``free_storage``).
+The same accounting as torch's ``distributed/_tools/mem_tracker.py`` (``_WeakRefInfo``, ``_track_resize``), except
+that DTensor outputs are counted through their local shards only: a DTensor wrapper, and the global-shape meta
+tensors of its sharding propagation, own no memory of their own.
+
+Works the same on real and on fake tensors (``torch._subclasses.fake_tensor``): a fake storage reports the bytes
+a real one would hold, so a traced step on fake "cpu" tensors and the real step agree byte for byte.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import wraps
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._pytree import tree_flatten
+
+BASELINE = "baseline"
+_WAIT = torch.ops._c10d_functional.wait_tensor.default
+
+
+def _leaf_tensors(t: torch.Tensor) -> Iterable[torch.Tensor]:
+    """The tensors that own memory behind ``t``: itself, or the inner tensors of a wrapper subclass (DTensor)."""
+    if is_traceable_wrapper_subclass(t):
+        attrs, _ = t.__tensor_flatten__()
+        for a in attrs:
+            inner = getattr(t, a)
+            if isinstance(inner, torch.Tensor):  # DTensor also lists its device_mesh
+                yield from _leaf_tensors(inner)
+    elif t.device.type != "meta":  # meta tensors (shape propagation) own no memory; fake tensors report "cpu"
+        yield t
+
+
+@dataclass(frozen=True)
+class Trace:
+    """What one traced step held, in bytes."""
+
+    baseline: int
+    """Parameters, gradients, optimizer states and buffers alive before the step (one count per storage)."""
+    peak: int
+    """Most bytes live at once during the step, baseline included."""
+    peak_phase: str
+    """Phase label at the peak (``forward.layer.3``, ``loss``, ``backward``, ``optimizer`` ...)."""
+    phase_peaks: dict[str, int]
+    """Most bytes live during each phase, in the order the phases first ran."""
+    end: int
+    """Bytes live when the step ended (after ``zero_grad``)."""
+    timeline: list[tuple[int, int, str]] = field(repr=False)
+    """(event index, live bytes, phase) after every allocation, free and resize."""
+    label: str = ""
+    """The configuration traced, for printing."""
+    seconds: float = 0.0
+    """Wall time of the traced step."""
+
+
+class LiveBytes(TorchDispatchMode):
+    """Counts the bytes of live storages; ``phase(label)`` marks where the step is.
+
+    Usage: ``t = LiveBytes(); t.add_baseline(tensors); with t: ...; t.phase("backward"); ...``
+    """
+
+    def __init__(self, record_timeline: bool = True) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self.peak_phase = BASELINE
+        self.phase_peaks: dict[str, int] = {}
+        self.timeline: list[tuple[int, int, str]] = []
+        self.events = 0
+        self.current = BASELINE
+        self.baseline = 0
+        self._record = record_timeline
+        self._sizes: dict[int, tuple[int, weakref.ref]] = {}  # storage cdata -> (bytes counted, weakref)
+        self._orig_resize = None
+        self.seconds = 0.0  # wall time of the traced step, set by the caller
+
+    # --- bookkeeping -------------------------------------------------------------------------------------------
+    def _change(self, delta: int) -> None:
+        self.live += delta
+        self.events += 1
+        if self._record:
+            self.timeline.append((self.events, self.live, self.current))
+        if self.live > self.phase_peaks.get(self.current, -1):
+            self.phase_peaks[self.current] = self.live
+        if self.live > self.peak:
+            self.peak, self.peak_phase = self.live, self.current
+
+    def _died(self, key: int, ref: weakref.ref) -> None:
+        entry = self._sizes.get(key)
+        if entry is not None and entry[1] is ref:
+            del self._sizes[key]
+            if entry[0]:
+                self._change(-entry[0])
+
+    def _track(self, st: torch.UntypedStorage) -> None:
+        key = st._cdata
+        if key in self._sizes:
+            return
+        n = st.nbytes()
+        ref = weakref.ref(st, lambda r, k=key: self._died(k, r))
+        self._sizes[key] = (n, ref)
+        if n:
+            self._change(n)
+
+    def track_tensor(self, t: torch.Tensor) -> None:
+        for leaf in _leaf_tensors(t):
+            self._track(leaf.untyped_storage())
+
+    def _resized(self, st: torch.UntypedStorage) -> None:
+        key, n = st._cdata, st.nbytes()
+        entry = self._sizes.get(key)
+        if entry is None:
+            self._track(st)
+        elif entry[0] != n:
+            self._sizes[key] = (n, entry[1])
+            self._change(n - entry[0])
+
+    # --- public ------------------------------------------------------------------------------------------------
+    def add_baseline(self, tensors: Iterable[torch.Tensor | None]) -> int:
+        """Count tensors that exist before the step (parameters, gradients, optimizer states, buffers)."""
+        before = self.live
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                self.track_tensor(t)
+        self.baseline += self.live - before
+        self.phase_peaks[BASELINE] = self.live
+        self.peak = max(self.peak, self.live)
+        return self.baseline
+
+    def phase(self, label: str) -> None:
+        """Mark the start of a phase; the bytes live now count toward its peak."""
+        self.current = label
+        if self.live > self.phase_peaks.get(label, -1):
+            self.phase_peaks[label] = self.live
+
+    def result(self, label: str = "", seconds: float = 0.0) -> Trace:
+        return Trace(self.baseline, self.peak, self.peak_phase, dict(self.phase_peaks), self.live,
+                     list(self.timeline), label, seconds)  # fmt: skip
+
+    # --- mode --------------------------------------------------------------------------------------------------
+    def __enter__(self) -> LiveBytes:
+        self._orig_resize = orig = torch.UntypedStorage.resize_
+        tracker = self
+
+        @wraps(orig)
+        def resize_(st: torch.UntypedStorage, size: int):
+            out = orig(st, size)
+            tracker._resized(st)
+            return out
+
+        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+        return super().__enter__()
+
+    def __exit__(self, *exc) -> None:
+        torch.UntypedStorage.resize_ = self._orig_resize  # type: ignore[method-assign]
+        super().__exit__(*exc)
+
+    def _alias(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Count ``dst`` as the same memory as ``src``: the entry moves to ``dst``'s storage with no event."""
+        for a, b in zip(_leaf_tensors(src), _leaf_tensors(dst)):
+            sa, sb = a.untyped_storage(), b.untyped_storage()
+            entry = self._sizes.get(sa._cdata)
+            if sa._cdata == sb._cdata or entry is None or sb._cdata in self._sizes:
+                continue
+            del self._sizes[sa._cdata]
+            key = sb._cdata
+            self._sizes[key] = (entry[0], weakref.ref(sb, lambda r, k=key: self._died(k, r)))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is _WAIT and isinstance(out, torch.Tensor):
+            # A real wait_tensor returns its input; the fake kernel returns a fresh tensor of the same size.
+            self._alias(args[0], out)
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self.track_tensor(t)
+        return out
+
+
+def model_state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
+    """Parameters, their gradients, buffers and every tensor in the optimizer's state."""
+    out: list[torch.Tensor] = []
+    for p in model.parameters():
+        out.append(p)
+        if p.grad is not None:
+            out.append(p.grad)
+    out.extend(model.buffers())
+    if optimizer is not None:
+        for state in optimizer.state.values():
+            out.extend(v for v in state.values() if isinstance(v, torch.Tensor))
+    return out

@@ -1,0 +1,308 @@
+"""Reading DeepSpeed JSON, accelerate YAML and torchtitan TOML into estimate arguments.
+
+The sample files are published configs (tests/data/configs/README.md names each source).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import memcalc
+from memcalc.configs import deepspeed_keys as K
+from memcalc.configs import merge_arguments, read_accelerate, read_deepspeed, read_torchtitan
+from memcalc.errors import InputError
+
+DATA = Path(__file__).parent / "data" / "configs"
+DS_FILES = sorted((DATA / "deepspeed").glob("*.json")) + [DATA / "deepspeed_config_templates" / "zero_stage1_config.json"]
+ACC_FILES = sorted((DATA / "accelerate").glob("*.yaml"))
+TT_FILES = sorted((DATA / "torchtitan").glob("*.toml"))
+REJECTED = sorted((DATA / "rejected").glob("*.json"))
+# A tiny shape for configs that name no model (8 heads so that tp 8 divides them).
+TINY = dict(layers=2, hidden=256, heads=8, kv_heads=8, vocab=512)
+
+
+def _model_args(arguments: dict) -> dict:
+    return {} if "model" in arguments else dict(TINY)
+
+
+def _ds_config():
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    return DeepSpeedConfig
+
+
+def _deepspeed_accepts(data: dict) -> None:
+    """DeepSpeed's own parser on the file, its batch keys reduced to one rank (it runs here without dist)."""
+    DeepSpeedConfig = _ds_config()
+    probe = {k: v for k, v in data.items() if k not in ("train_batch_size", "train_micro_batch_size_per_gpu",
+                                                          "gradient_accumulation_steps")}  # fmt: skip
+    probe.update(train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1)
+    DeepSpeedConfig(probe)
+
+
+# ---------------------------------------------------------------------------------------------
+# Every published sample reads, and its arguments run through memcalc.estimate.
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", DS_FILES, ids=lambda p: p.name)
+def test_deepspeed_samples_read_and_estimate(path: Path) -> None:
+    r = read_deepspeed(path, world_size=8, seq_len=512, hidden=256)
+    # every sample gives 8 per GPU, or "auto" (the Trainer's default per_device_train_batch_size, 8)
+    assert r.framework == "deepspeed" and r.arguments["gpus"] == 8 and r.arguments["micro_batch"] == 8
+    est = memcalc.estimate(**r.arguments, **_model_args(r.arguments))
+    assert est.memory.per_gpu.total > 0
+
+
+@pytest.mark.parametrize("path", DS_FILES, ids=lambda p: p.name)
+def test_deepspeed_itself_accepts_what_the_reader_accepts(path: Path) -> None:
+    _deepspeed_accepts(json.loads(path.read_text()))
+
+
+@pytest.mark.parametrize("path", REJECTED, ids=lambda p: p.name)
+def test_published_configs_deepspeed_refuses_are_refused(path: Path) -> None:
+    with pytest.raises(InputError, match=r"zero_optimization\.cpu_offload_params|bf16\.loss_scale|reduce_bucket_size"):
+        read_deepspeed(path, world_size=8)
+    DeepSpeedConfig = _ds_config()
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):  # DeepSpeed's own pydantic section models refuse the same key
+        DeepSpeedConfig(json.loads(path.read_text()))
+
+
+@pytest.mark.parametrize("path", ACC_FILES, ids=lambda p: p.name)
+def test_accelerate_samples_read_and_estimate(path: Path) -> None:
+    world = 1 if path.name == "fp8.yaml" else 8  # fp8.yaml is distributed_type NO: one process
+    r = read_accelerate(path, cwd=DATA / "accelerate", world_size=world, micro_batch=1, seq_len=512)
+    assert r.framework == "accelerate" and r.arguments["gpus"] == world
+    est = memcalc.estimate(**r.arguments, **_model_args(r.arguments))
+    assert est.memory.per_gpu.total > 0
+
+
+@pytest.mark.parametrize("path", TT_FILES, ids=lambda p: p.name)
+def test_torchtitan_samples_read_and_estimate(path: Path) -> None:
+    r = read_torchtitan(path, world_size=64)
+    assert r.framework == "torchtitan" and r.arguments["gpus"] == 64
+    est = memcalc.estimate(**r.arguments, **_model_args(r.arguments))
+    assert est.memory.per_gpu.total > 0
+
+
+def test_torchtitan_presets_named_exist() -> None:
+    from memcalc.configs.torchtitan import PRESETS
+    from memcalc.inputs.presets import load_model
+
+    for (_, flavor), preset in PRESETS.items():
+        assert load_model(preset).name is not None, flavor
+
+
+# ---------------------------------------------------------------------------------------------
+# Values, argument by argument.
+# ---------------------------------------------------------------------------------------------
+
+
+def test_hf_zero2_auto_filled_from_the_trainer() -> None:
+    # transformers tests/deepspeed/ds_config_zero2.json: every batch key "auto"; --bf16; 16 GPUs.
+    r = read_deepspeed(DATA / "deepspeed" / "hf_ds_config_zero2.json", world_size=16, micro_batch=4, grad_accum=2,
+                       bf16=True, seq_len=2048)  # fmt: skip
+    assert r.arguments == {"gpus": 16, "grad_accum": 2, "micro_batch": 4, "seq_len": 2048, "precision": "bf16-mixed",
+                           "optimizer": "adamw", "stage": 2, "offload_optimizer": "cpu"}  # fmt: skip
+    assert "zero_optimization.offload_optimizer.device" in r.read
+    assert any(u.startswith("zero_optimization.reduce_bucket_size") and "200,000,000" in u for u in r.unmodelled)
+    assert any(i.startswith("scheduler:") for i in r.ignored)
+
+
+def test_hf_zero3_auto_buckets_from_hidden_size() -> None:
+    # transformers integrations/deepspeed.py: reduce_bucket_size h², prefetch int(0.9 h²), persistence 10 h.
+    r = read_deepspeed(DATA / "deepspeed" / "accelerate_zero_stage3_config.json", world_size=8, hidden=4096,
+                       accounting="implementation")  # fmt: skip
+    a = r.arguments
+    assert a["stage"] == 3 and a["precision"] == "fp16-mixed" and a["accounting"] == "implementation"
+    assert a["prefetch_bucket_size"] == 15_099_494 == int(0.9 * 4096 * 4096)
+    assert a["persistence_threshold"] == 40_960
+    assert a["max_live_parameters"] == 1_000_000_000 and a["max_reuse_distance"] == 1_000_000_000
+    assert any("16,777,216" in u for u in r.unmodelled)  # reduce_bucket_size = 4096²
+    est = memcalc.estimate(**a, layers=2, hidden=256, heads=8, vocab=512)
+    assert est.memory.per_gpu.total > 0
+
+
+def test_alpaca_zero3_offload_and_knobs_outside_implementation() -> None:
+    r = read_deepspeed(DATA / "deepspeed" / "dse_alpaca_lora_zero3.json", world_size=4)
+    assert r.arguments == {"gpus": 4, "grad_accum": 1, "precision": "fp16-mixed", "optimizer": "adamw", "stage": 3,
+                           "offload_optimizer": "cpu", "offload_params": "cpu"}  # fmt: skip
+    assert "zero_optimization.stage3_max_live_parameters" in r.read
+    assert any("accounting='implementation'" in n for n in r.notes)
+
+
+def test_accelerate_deepspeed_file_relative_to_launch_directory() -> None:
+    r = read_accelerate(DATA / "accelerate" / "deepspeed.yaml", cwd=DATA / "accelerate")
+    assert r.arguments == {"gpus": 2, "grad_accum": 1, "optimizer": "adamw", "stage": 1, "precision": "fp16-mixed"}
+    assert "../deepspeed_config_templates/zero_stage1_config.json: zero_optimization.stage" in r.read
+    with pytest.raises(InputError, match="cannot read"):
+        read_accelerate(DATA / "accelerate" / "deepspeed.yaml", cwd=DATA)
+
+
+def test_accelerate_fsdp_samples() -> None:
+    r = read_accelerate(DATA / "accelerate" / "fsdp.yaml")
+    assert r.arguments == {"fsdp_version": 1, "fsdp": "FULL_SHARD", "precision": "bf16-mixed", "gpus": 2}
+    r = read_accelerate(DATA / "accelerate" / "tp_hsdp.yaml")
+    assert r.arguments == {"fsdp_version": 2, "shard_group": 2, "fsdp": "HYBRID_SHARD", "tp": 2,
+                           "precision": "bf16-mixed", "gpus": 8}  # fmt: skip
+    r = read_accelerate(DATA / "accelerate" / "nd.yaml")
+    assert r.arguments["cp"] == 4 and r.arguments["fsdp"] == "FULL_SHARD"
+    assert any("dp_shard x cp = 8" in u for u in r.unmodelled)
+    r = read_accelerate(DATA / "accelerate" / "multi_node.yaml")
+    assert r.arguments == {"gpus_per_node": 4, "ddp": True, "precision": "fp32", "gpus": 8}
+
+
+def test_torchtitan_llama3_samples() -> None:
+    r = read_torchtitan(DATA / "torchtitan" / "v0.2.2_llama3_70b.toml", world_size=64)
+    assert r.arguments == {"model": "llama-3-70b", "gpus": 64, "fsdp": "FULL_SHARD", "fsdp_version": 2, "tp": 8,
+                           "sequence_parallel": True, "precision": "bf16-mixed", "seq_len": 8192, "micro_batch": 8,
+                           "recompute": "full", "optimizer": "adamw", "attention": "sdpa"}  # fmt: skip
+    r = read_torchtitan(DATA / "torchtitan" / "v0.1.0_llama3_8b.toml", world_size=64)
+    assert r.arguments["recompute"] == "selective" and r.arguments["micro_batch"] == 1
+    assert not any("float8" in u for u in r.unmodelled)  # [float8] present, converter commented out
+    assert any(i.startswith("float8.enable_fsdp_float8_all_gather") for i in r.ignored)
+    r = read_torchtitan(DATA / "torchtitan" / "v0.2.2_llama3_405b.toml", world_size=512)
+    assert r.arguments["model"] == "llama-3-405b" and r.arguments["tp"] == 8
+    assert any(u.startswith("model.converters") for u in r.unmodelled)
+    assert any(u.startswith("compile.enable") for u in r.unmodelled)
+    r = read_torchtitan(DATA / "torchtitan" / "v0.2.0_debug_model.toml", world_size=8)
+    assert r.arguments["recompute"] == "none"  # selective_ac_option '2': every 2nd layer, counted as none
+    assert any(u.startswith("activation_checkpoint.selective_ac_option") for u in r.unmodelled)
+
+
+# ---------------------------------------------------------------------------------------------
+# DeepSpeed rules.
+# ---------------------------------------------------------------------------------------------
+
+
+def test_plain_deepspeed_derives_the_third_batch_number() -> None:
+    base = {"zero_optimization": {"stage": 1}}
+    assert read_deepspeed({**base, "train_batch_size": 64, "train_micro_batch_size_per_gpu": 2},
+                          world_size=8).arguments["grad_accum"] == 4  # fmt: skip
+    r = read_deepspeed({**base, "train_batch_size": 64, "gradient_accumulation_steps": 2}, world_size=8, seq_len=128)
+    assert r.arguments["micro_batch"] == 4
+    # dp = world / (tp x pp) = 16 / (2 x 2) = 4
+    r = read_deepspeed({**base, "train_batch_size": 32, "train_micro_batch_size_per_gpu": 2}, world_size=16, tp=2, pp=2)
+    assert r.arguments["grad_accum"] == 4 and r.arguments["tp"] == 2 and r.arguments["pp"] == 2
+    r = read_deepspeed({**base, "train_batch_size": 48, "train_micro_batch_size_per_gpu": 2,
+                        "gradient_accumulation_steps": 3})  # fmt: skip
+    assert r.arguments["gpus"] == 8  # world inferred: 48 / (2 x 3)
+
+
+def test_batch_contradictions_are_refused() -> None:
+    bad = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2}
+    with pytest.raises(InputError, match=r"<dict>: train_batch_size: 64 != micro-batch 2 x accumulation 2 x "
+                                         r"data-parallel size 8"):  # fmt: skip
+        read_deepspeed(bad, world_size=8)
+    with pytest.raises(InputError, match=r"train_micro_batch_size_per_gpu: 2 disagrees with micro_batch=4"):
+        read_deepspeed({"train_micro_batch_size_per_gpu": 2}, micro_batch=4)
+    with pytest.raises(InputError, match=r"train_batch_size: 64 needs the world size"):
+        read_deepspeed({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2})
+
+
+def test_zero_spellings_deprecated_keys_and_numbers() -> None:
+    a = read_deepspeed({"zero_optimization": {"stage": 3, "max_live_parameters": 3e8, "stage3_prefetch_bucket_size": 1e7}},
+                       accounting="implementation").arguments  # fmt: skip
+    assert a["max_live_parameters"] == 300_000_000 and a["prefetch_bucket_size"] == 10_000_000
+    with pytest.raises(InputError, match=r"zero_optimization\.max_live_parameters: is given twice"):
+        read_deepspeed({"zero_optimization": {"stage": 3, "max_live_parameters": 1, "stage3_max_live_parameters": 2}})
+    a = read_deepspeed({"zero_optimization": {"stage": 3, "cpu_offload": True, "cpu_offload_param": True}}).arguments
+    assert a["offload_optimizer"] == "cpu" and a["offload_params"] == "cpu"
+    a = read_deepspeed({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}}).arguments
+    assert a["offload_optimizer"] == "cpu"  # stage_1_and_2.py keeps nvme-offloaded states in host memory
+    r = read_deepspeed({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})
+    assert "offload_params" not in r.arguments and any(i.startswith("zero_optimization.offload_param") for i in r.ignored)
+    assert read_deepspeed({"zero_optimization": True}).arguments["stage"] == 1
+    assert read_deepspeed({"zero_optimization": {"stage": "3"}}).arguments["stage"] == 3  # DeepSpeed parses "3" too
+
+
+def test_types_are_strict() -> None:
+    with pytest.raises(InputError, match=r"zero_optimization\.stage: True is a boolean"):
+        read_deepspeed({"zero_optimization": {"stage": True}})
+    with pytest.raises(InputError, match=r"zero_optimization\.overlap_comm: 'true' is a string.*accepted: true or false"):
+        read_deepspeed({"zero_optimization": {"stage": 2, "overlap_comm": "true"}})
+    with pytest.raises(InputError, match=r"fp16\.enabled: 1 is a number"):
+        read_deepspeed({"fp16": {"enabled": 1}})
+    with pytest.raises(InputError, match=r"zero_optimization\.stage: 4 is not a ZeRO stage"):
+        read_deepspeed({"zero_optimization": {"stage": 4}})
+    with pytest.raises(InputError, match=r"sub_group_size: 5\.5 is a number"):
+        read_deepspeed({"zero_optimization": {"stage": 3, "sub_group_size": 5.5}})
+
+
+def test_unknown_keys() -> None:
+    with pytest.raises(InputError, match=r"<dict>: zero_optimisation: unknown key \(did you mean 'zero_optimization'\?\)"):
+        read_deepspeed({"zero_optimisation": {"stage": 3}})
+    r = read_deepspeed({"my_notes": "anything", "zero_optimization": {"stage": 1}})
+    assert "my_notes: not a DeepSpeed key (DeepSpeed ignores unknown top-level keys)" in r.ignored
+    with pytest.raises(InputError, match=r"zero_optimization\.offload_optimizer\.devise: unknown key "
+                                         r"\(did you mean 'device'\?\)"):  # fmt: skip
+        read_deepspeed({"zero_optimization": {"stage": 2, "offload_optimizer": {"devise": "cpu"}}})
+    with pytest.raises(InputError, match=r"amp: was removed from DeepSpeed"):
+        read_deepspeed({"amp": {"enabled": True}})
+    with pytest.raises(InputError, match=r"zero_optimization\.cpu_offload: and zero_optimization\.offload_optimizer both given"):
+        read_deepspeed({"zero_optimization": {"stage": 3, "cpu_offload": True, "offload_optimizer": {"device": "cpu"}}})
+    with pytest.raises(InputError, match=r"offload_optimizer\.ratio: 0\.5 \(partial offload\) needs ZeRO stage 3"):
+        read_deepspeed({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}})
+    with pytest.raises(InputError, match=r"fp16\.enabled: fp16 and bf16 are both enabled"):
+        read_deepspeed({"fp16": {"enabled": True}, "bf16": {"enabled": True}})
+
+
+def test_deepspeed_key_sets_match_the_installed_deepspeed() -> None:
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.config import (
+        _REMOVED_TOP_LEVEL_CONFIG_KEYS,
+        _REMOVED_ZERO_CONFIG_KEYS,
+    )
+    from deepspeed.runtime.precision_config import (
+        DeepSpeedBF16Config,
+        DeepSpeedFP16Config,
+    )
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    from deepspeed.runtime.zero.offload_config import (
+        DeepSpeedZeroOffloadOptimizerConfig,
+        DeepSpeedZeroOffloadParamConfig,
+    )
+
+    fields = DeepSpeedZeroConfig.model_fields
+    assert set(K.ZERO_FIELDS) == set(fields)
+    assert {a: f for a, f in K.ZERO_ALIASES.items()} == {f.alias: n for n, f in fields.items() if f.alias}
+    assert set(K.OFFLOAD_OPTIMIZER_KEYS) == set(DeepSpeedZeroOffloadOptimizerConfig.model_fields)
+    assert set(K.OFFLOAD_PARAM_KEYS) == set(DeepSpeedZeroOffloadParamConfig.model_fields)
+    assert set(K.FP16_KEYS) == set(DeepSpeedFP16Config.model_fields)
+    assert set(K.BF16_KEYS) == set(DeepSpeedBF16Config.model_fields)
+    assert set(K.TOP_REMOVED) == set(_REMOVED_TOP_LEVEL_CONFIG_KEYS)
+    from deepspeed.runtime.activation_checkpointing.config import ACT_CHKPT_DEFAULT
+    from deepspeed.runtime.tensor_parallel.config import TPTrainingConfig
+
+    tp_fields = TPTrainingConfig.model_fields
+    assert set(K.TENSOR_PARALLEL_KEYS) == set(tp_fields) | {f.alias for f in tp_fields.values() if f.alias}
+    assert set(K.ACTIVATION_CHECKPOINTING_KEYS) == set(ACT_CHKPT_DEFAULT)
+    assert set(K.ZERO_REMOVED) == set(_REMOVED_ZERO_CONFIG_KEYS)
+
+
+@pytest.mark.parametrize("config", [
+    {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3, "max_live_parameters": 3e8}},
+    {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3, "cpu_offload": True}},
+    {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}},
+    {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": "3"}, "bf16": {"enabled": True}},
+    {"train_micro_batch_size_per_gpu": 2, "zero_optimization": True, "my_notes": 1},
+])  # fmt: skip
+def test_deepspeed_accepts_inline_configs_the_reader_accepts(config: dict) -> None:
+    read_deepspeed(config, world_size=1)
+    _deepspeed_accepts(config)
+
+
+def test_flags_given_win_over_the_file() -> None:
+    r = read_deepspeed(DATA / "deepspeed" / "dse_alpaca_lora_zero3.json", world_size=8)
+    merged = merge_arguments(r.arguments, {"fsdp": "FULL_SHARD", "gpus": 16, "params": "7B"})
+    assert merged == {"gpus": 16, "grad_accum": 1, "precision": "fp16-mixed", "optimizer": "adamw",
+                      "fsdp": "FULL_SHARD", "params": "7B"}  # fmt: skip
+    t = read_torchtitan(DATA / "torchtitan" / "v0.2.2_llama3_70b.toml", world_size=64)
+    merged = merge_arguments(t.arguments, {"hf_config": "config.json", "seq_len": 4096})
+    assert "model" not in merged and merged["seq_len"] == 4096 and merged["fsdp"] == "FULL_SHARD"
