@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from memcalc.comm.traffic import model_parallel_collectives
-from memcalc.model.architecture import Architecture
-from memcalc.model.params import stage_params, Shard
 import memcalc
+from memcalc.comm.traffic import model_parallel_collectives
 from memcalc.evaluate import evaluate
 from memcalc.inputs.plan import to_plan
+from memcalc.model.architecture import Architecture
+from memcalc.model.params import Shard, stage_params
 from memcalc.time.estimate import time_evaluation
 from memcalc.time.hardware import load_machine
 from memcalc.time.step import Plan, step_time
@@ -50,8 +50,9 @@ TORCHTITAN = [
      "llama-3-8b", 8, 2, "selective", "h100", 5762),
     ("Llama 3.1 8B, FSDP, 128 x H100", "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md Table 3",
      "llama-3-8b", 128, 2, "selective", "h100", 5605),
-    ("Llama 3 8B, FSDP, 64 x A100", "pytorch/torchtitan docs/performance.md (commit 0413364) Llama 3 table, "
-     "selective op", "llama-3-8b", 64, 1, "selective", "a100-80g", 2973),
+    ("Llama 3 8B, FSDP, 64 x A100",
+     "pytorch/torchtitan docs/performance.md (commit 0413364) Llama 3 table, selective op", "llama-3-8b", 64, 1,
+     "selective", "a100-80g", 2973),
     ("Llama 3 70B, FSDP, 64 x A100", "pytorch/torchtitan docs/performance.md (commit 0413364) Llama 3 table, full AC",
      "llama-3-70b", 64, 1, "full", "a100-80g", 331),
 ]  # fmt: skip
@@ -68,7 +69,8 @@ def narayanan_bridge(L: int, h: int, a: int, gpus: int, tp: int, pp: int, batch:
 
 def torchtitan_bridge(model: str, gpus: int, micro_batch: int, recompute: str, gpu: str):
     inp = memcalc.build_input(model=model, fsdp="FULL_SHARD", fsdp_version=2, gpus=gpus, precision="bf16-mixed",
-                              seq_len=8192, micro_batch=micro_batch, recompute=recompute, attention="sdpa", gpu=gpu)  # fmt: skip
+                              seq_len=8192, micro_batch=micro_batch, recompute=recompute, attention="sdpa",
+                              gpu=gpu)  # fmt: skip
     return time_evaluation(evaluate(to_plan(inp)), gpu=inp.gpu.key)
 
 
@@ -113,8 +115,8 @@ def main() -> None:
               f"{100 * st.hfu:.1f} % | {st.step_s:.2f} |")
 
     print()
-    print("| Narayanan et al. 2021, Table 1, through `time_evaluation` | GPUs | t x p | published TFLOP/s/GPU | predicted "
-          "| error | exposed data-parallel s | step s |")  # fmt: skip
+    print("| Narayanan et al. 2021, Table 1, through `time_evaluation` | GPUs | t x p | published TFLOP/s/GPU "
+          "| predicted | error | exposed data-parallel s | step s |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
     for name, L, h, a, gpus, tp, pp, batch, pub in NARAYANAN:
         st = narayanan_bridge(L, h, a, gpus, tp, pp, batch)

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 
 from memcalc.errors import InputError
@@ -150,11 +151,9 @@ def resolve_architecture(
         return Architecture(name="custom", max_positions=0, position="rotary", **given)  # type: ignore[arg-type]
     if not given:
         return base
-    data = base.model_dump()
-    data.update(given)
     if "hidden" in given or "heads" in given:
-        data["head_dim"] = None  # a new width or head count re-derives head_dim = hidden / heads
-    return Architecture.model_validate(data)
+        given["head_dim"] = None  # a new width or head count re-derives head_dim = hidden / heads
+    return dataclasses.replace(base, **given)
 
 
 def build_input(

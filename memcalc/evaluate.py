@@ -13,7 +13,7 @@ from typing import NamedTuple
 from memcalc.comm import traffic
 from memcalc.comm.traffic import Collective, HostTransfer
 from memcalc.layout.plan import Plan
-from memcalc.memory import estimator, implementation, paper
+from memcalc.memory import paper
 from memcalc.memory.rows import Row, overhead_rows
 
 
@@ -52,6 +52,8 @@ def _stage(plan: Plan, k: int, st: object) -> tuple[StageLoad, list[Row], list[R
     psi_k, groups = paper.param_groups(plan, k)
     issued: list = []
     if plan.accounting == "implementation":
+        from memcalc.memory import implementation  # the framework replay: loaded only when asked for
+
         states, issued = implementation.model_state_rows(plan)
     else:
         states = paper.model_state_rows(plan, groups)
@@ -91,6 +93,8 @@ def evaluate(plan: Plan) -> Evaluation:
     # Host RAM and NVMe are per node: the sum over the node's ranks (DeepSpeed's estimator does the same).
     node_rows = [r._replace(bytes=r.bytes * ranks) for r in host_rows]
     if plan.accounting == "deepspeed-estimator":
+        from memcalc.memory import estimator
+
         gpu_rows, cpu = estimator.model_state_rows(plan)
         node_rows = [estimator.host_row(cpu)]
         ms = sum(r.bytes for r in gpu_rows)
@@ -109,6 +113,8 @@ def _collectives(plan: Plan, issued: list, psi: int, stage: int, st: object) -> 
     """Data-parallel traffic (the framework's own under the implementation accounting) and model-parallel traffic."""
     p, arch = plan.precision, plan.arch
     if plan.accounting == "implementation":
+        from memcalc.memory import implementation
+
         rows = [implementation.collective(x, plan) for x in issued]
     else:
         rows = traffic.data_parallel_collectives(psi, plan.spec, plan.shard_group_size, plan.replicas, plan.dp,
@@ -130,7 +136,11 @@ def _collectives(plan: Plan, issued: list, psi: int, stage: int, st: object) -> 
 def notes(plan: Plan) -> list[str]:
     """The accounting's notes for this plan."""
     if plan.accounting == "deepspeed-estimator":
+        from memcalc.memory import estimator
+
         return estimator.notes(plan)
     if plan.accounting == "implementation":
+        from memcalc.memory import implementation
+
         return implementation.notes(plan)
     return paper.notes(plan)

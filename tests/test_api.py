@@ -1,8 +1,10 @@
 """The Python API: the same numbers from keyword arguments, from pydantic inputs, and in notebooks."""
 
+import dataclasses
 import pytest
 
 import memcalc
+from memcalc import InputError
 from memcalc import Cluster, EstimateInput, Model, Strategy
 
 
@@ -22,10 +24,12 @@ def test_keyword_and_pydantic_inputs_agree():
 
 def test_inputs_are_frozen_and_strict():
     m = Model(parameters=7e9)
-    with pytest.raises(ValueError):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         m.parameters = 1  # type: ignore[misc]
-    with pytest.raises(ValueError):
+    with pytest.raises(InputError, match="Model has no field 'layers'"):
         Model(parameters=7e9, layers=32)  # extra fields are refused
+    with pytest.raises(InputError, match="Cluster.gpus True is not accepted"):
+        Cluster(gpus=True)  # no bool where a count belongs
     with pytest.raises(ValueError, match="not a multiple"):
         Cluster(gpus=12, gpus_per_node=8)
 

@@ -263,9 +263,9 @@ def test_architecture_bounds_hold_for_flags_too():
     for field, bound in (("layers", arch_bounds.MAX_LAYERS), ("hidden", arch_bounds.MAX_HIDDEN),
                          ("vocab", arch_bounds.MAX_VOCAB), ("ffn", arch_bounds.MAX_FFN),
                          ("experts", arch_bounds.MAX_EXPERTS), ("max_positions", arch_bounds.MAX_POSITIONS)):  # fmt: skip
-        with pytest.raises(ValueError, match="less than or equal to"):
+        with pytest.raises(InputError, match=f"architecture.{field} {bound + 1} is out of bounds; accepted: .*at most {bound:,}"):
             Architecture(**base | {field: bound + 1})
-    with pytest.raises(ValueError, match="less than or equal to 10000"):
+    with pytest.raises(InputError, match="at most 10,000"):
         memcalc.estimate(layers=10_001, hidden=64, heads=4, vocab=100, stage=3, gpus=8)
 
 

@@ -10,7 +10,7 @@ import sys
 from typing import Annotated, Any
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 try:  # typer >= 0.29 vendors click
     from typer._click.exceptions import ClickException
@@ -41,10 +41,27 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
+class Command(TyperCommand):
+    """A command whose --help option is coerced plainly too (it is made on demand, after ``install``)."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        from memcalc.cli.coerce import plain
+
+        return plain(super().get_help_option(ctx))
+
+
 class OneLineErrors(TyperGroup):
     """Usage errors (unknown option, missing value) as one line and exit code 2."""
 
+    def get_help_option(self, ctx: Any) -> Any:
+        from memcalc.cli.coerce import plain
+
+        return plain(super().get_help_option(ctx))
+
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        from memcalc.cli.coerce import install
+
+        install(self)  # plain coercion for plain options: parsing flags builds no pydantic schema
         try:
             rv = super().main(*args, standalone_mode=False, **kwargs)
         except ClickException as e:
@@ -165,6 +182,7 @@ def _run(fn: Any) -> None:
 
 
 @app.command(
+    cls=Command,
     epilog="Example: memcalc estimate --params 175e9 --stage 3 --gpus 128",
 )
 def estimate(
@@ -252,6 +270,7 @@ def estimate(
 
 
 @app.command(
+    cls=Command,
     epilog="Example: memcalc compare --params 7e9 --gpus 64 --strategies zero-2,zero-3,FULL_SHARD+param-cpu",
 )
 def compare(
@@ -303,7 +322,7 @@ def compare(
     _run(go)
 
 
-@app.command(epilog="Example: memcalc gpus")
+@app.command(cls=Command, epilog="Example: memcalc gpus")
 def gpus() -> None:
     """List the GPU presets."""
     from rich.table import Table
@@ -320,7 +339,7 @@ def gpus() -> None:
     _console().print(t)
 
 
-@app.command(epilog="Example: memcalc validate --suite quick")
+@app.command(cls=Command, epilog="Example: memcalc validate --suite quick")
 def validate(
     suite: Annotated[str, typer.Option("--suite", help="quick (3 configurations) or full (every framework and strategy; DeepSpeed when installed).")] = "quick",
 ) -> None:
@@ -368,7 +387,7 @@ def validate(
         raise typer.Exit(1)
 
 
-@app.command(epilog="Example: memcalc models")
+@app.command(cls=Command, epilog="Example: memcalc models")
 def models() -> None:
     """List the model presets with their exact parameter counts."""
     from rich.table import Table
@@ -386,7 +405,7 @@ def models() -> None:
     _console().print(t)
 
 
-@app.command(epilog="Example: memcalc strategies")
+@app.command(cls=Command, epilog="Example: memcalc strategies")
 def strategies() -> None:
     """List the strategies and what each shards."""
     from rich.table import Table

@@ -1,4 +1,4 @@
-"""Inputs are data: frozen pydantic models, validated once, never mutated.
+"""Inputs are data: frozen dataclasses, checked when made (``memcalc.record``), never mutated.
 
 Every size inside is an ``int`` of bytes; preset and CLI values that carry another unit say so in
 their name (``memory_gib``, ``hbm_gbps``) and are converted by properties through ``memcalc.units``.

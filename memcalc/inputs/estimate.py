@@ -4,38 +4,42 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from dataclasses import dataclass
 
 from memcalc.errors import InputError
-from memcalc.inputs.base import Frozen
+from memcalc.record import Record, bounded, check_fields
 from memcalc.inputs.hardware import GPU, Cluster, Overheads
 from memcalc.inputs.model import Model
 from memcalc.inputs.strategy import EstimatorOptions, FrameworkOptions, Parallelism, Strategy
 from memcalc.layout.dtypes import OPTIMIZERS, PRECISIONS, Optimizer, Precision
-from memcalc.model.params import check_tp
 
 
-class Workload(Frozen):
+@dataclass(frozen=True, kw_only=True)
+class Workload(Record):
     """What one micro-batch looks like, for activation memory."""
 
-    seq_len: int = Field(gt=0)
+    seq_len: int = bounded(gt=0)
     """s: tokens per sequence."""
-    micro_batch: int = Field(default=1, gt=0)
+    micro_batch: int = bounded(default=1, gt=0)
     """b: sequences per micro-batch on one data-parallel rank."""
     recompute: Literal["none", "selective", "full"] = "none"
     """Activation recomputation: none, selective (core attention, Korthikanti §5) or full (every layer)."""
     attention: Literal["eager", "flash", "sdpa"] = "eager"
     """eager keeps the a·s² score matrices (the paper's case); flash does not; sdpa is PyTorch's dispatcher."""
-    dropout: float | None = Field(default=None, ge=0, lt=1)
+    dropout: float | None = bounded(default=None, ge=0, lt=1)
     """Dropout probability; None takes the architecture's (0 when it has none)."""
     device: Literal["cuda", "cpu"] = "cuda"
     """Where it runs: CUDA keeps 1-byte dropout masks, CPU keeps them in the activation dtype."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 Accounting = Literal["paper", "implementation", "deepspeed-estimator"]
 
 
-class EstimateInput(Frozen):
+@dataclass(frozen=True, kw_only=True)
+class EstimateInput(Record):
     """Everything one estimate needs."""
 
     model: Model
@@ -48,7 +52,7 @@ class EstimateInput(Frozen):
     workload: Workload | None = None
     """None: model states only (no activations)."""
     overheads: Overheads = Overheads()
-    grad_accum: int = Field(default=1, gt=0)
+    grad_accum: int = bounded(default=1, gt=0)
     """Micro-batches per optimizer step (gradient accumulation; the pipeline's micro-batches)."""
     accounting: Accounting = "paper"
     """Which accounting: ``paper`` is the ZeRO paper's (§5) and Korthikanti et al.'s; ``deepspeed-estimator``
@@ -56,8 +60,8 @@ class EstimateInput(Frozen):
     estimator: EstimatorOptions = EstimatorOptions()
     framework: FrameworkOptions = FrameworkOptions()
 
-    @model_validator(mode="after")
-    def _invariants(self) -> EstimateInput:
+    def __post_init__(self) -> None:
+        check_fields(self)
         par, w, g = self.parallelism, self.cluster.gpus, self.cluster.gpus_per_node
         mp = par.model_parallel
         if w % mp:
@@ -76,6 +80,8 @@ class EstimateInput(Frozen):
         if arch is None and needs_shape:
             raise InputError(f"{', '.join(needs_shape)} needs the model's shape: give --model, --hf-config or --layers/--hidden/--heads/--vocab")
         if arch is not None:
+            from memcalc.model.params import check_tp
+
             check_tp(arch, par.tp)
             if arch.layers % (par.pp * par.virtual_stages):
                 raise InputError(
@@ -127,7 +133,6 @@ class EstimateInput(Frozen):
             span = f * par.tp * par.cp
             if span > g and span % g:
                 raise InputError(f"--shard-group {f} spans nodes, so it must fill whole nodes of --gpus-per-node {g}")
-        return self
 
     @property
     def dp(self) -> int:

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from dataclasses import dataclass
 
 from memcalc.errors import InputError
-from memcalc.inputs.base import Frozen
+from memcalc.record import Record, bounded, check_fields
 from memcalc.units import GB, gib
 
 
-class GPU(Frozen):
+@dataclass(frozen=True, kw_only=True)
+class GPU(Record):
     """One accelerator, as its datasheet describes it. Preset keys equal these field names."""
 
     key: str
@@ -18,25 +19,25 @@ class GPU(Frozen):
     """The marketing name."""
     aliases: tuple[str, ...] = ()
     """Other names users type (``a100-80g``)."""
-    memory_gb: float = Field(gt=0)
+    memory_gb: float = bounded(gt=0)
     """Memory as sold, decimal GB (the datasheet's figure)."""
-    usable_memory_gib: float = Field(gt=0)
+    usable_memory_gib: float = bounded(gt=0)
     """Memory the framework can allocate, GiB: the total capacity PyTorch reports for the device."""
-    hbm_gbps: float = Field(gt=0)
+    hbm_gbps: float = bounded(gt=0)
     """Peak memory bandwidth, GB/s."""
-    bf16_tflops: float = Field(ge=0)
+    bf16_tflops: float = bounded(ge=0)
     """Peak dense BF16 tensor throughput, TFLOPS (0 = not supported)."""
-    fp16_tflops: float = Field(ge=0)
+    fp16_tflops: float = bounded(ge=0)
     """Peak dense FP16 tensor throughput, TFLOPS."""
-    fp32_tflops: float = Field(ge=0)
+    fp32_tflops: float = bounded(ge=0)
     """Peak FP32 throughput (non-tensor), TFLOPS."""
     intra_node_link: str
     """The GPU-to-GPU link inside a node (``nvlink4``, ``pcie4``, ``infinity-fabric``)."""
-    intra_node_gbps: float = Field(gt=0)
+    intra_node_gbps: float = bounded(gt=0)
     """GPU-to-GPU bandwidth inside a node, GB/s, both directions summed as datasheets quote it."""
-    pcie_gbps: float = Field(gt=0)
+    pcie_gbps: float = bounded(gt=0)
     """Host link bandwidth each way, GB/s (PCIe Gen4 x16 about 32, Gen5 x16 about 64)."""
-    network_gbps: float = Field(gt=0)
+    network_gbps: float = bounded(gt=0)
     """Typical inter-node network bandwidth per GPU each way, GB/s (200 Gb/s HDR = 25)."""
     source: str
     """Where the figures come from."""
@@ -49,23 +50,26 @@ class GPU(Frozen):
     def memory_bytes(self) -> int:
         return round(self.memory_gb * GB)
 
+    def __post_init__(self) -> None:
+        check_fields(self)
 
-class Cluster(Frozen):
+
+@dataclass(frozen=True, kw_only=True)
+class Cluster(Record):
     """How many GPUs, and how they sit in nodes."""
 
-    gpus: int = Field(gt=0)
+    gpus: int = bounded(gt=0)
     """World size W."""
-    gpus_per_node: int = Field(default=8, gt=0)
+    gpus_per_node: int = bounded(default=8, gt=0)
     """G: GPUs in one node, behind one NVLink/PCIe domain and one host's RAM."""
 
-    @model_validator(mode="after")
-    def _whole_nodes(self) -> Cluster:
+    def __post_init__(self) -> None:
+        check_fields(self)
         if self.gpus > self.gpus_per_node and self.gpus % self.gpus_per_node:
             raise InputError(
                 f"--gpus {self.gpus} is not a multiple of --gpus-per-node {self.gpus_per_node}; "
                 f"use a world size up to one node or a multiple of {self.gpus_per_node}"
             )
-        return self
 
     @property
     def nodes(self) -> int:
@@ -77,10 +81,16 @@ class Cluster(Frozen):
         return min(self.gpus, self.gpus_per_node)
 
 
-class Overheads(Frozen):
+@dataclass(frozen=True, kw_only=True)
+class Overheads(Record):
     """GPU memory that is not model state; each becomes its own row of the breakdown."""
 
-    cuda_context_bytes: int = Field(default=gib(0.5), ge=0)
+    cuda_context_bytes: int = bounded(default=gib(0.5), ge=0)
     """CUDA context and kernels loaded by the framework (about 0.3-0.5 GiB on A100/H100 with lazy loading)."""
-    allocator_reserve_bytes: int = Field(default=0, ge=0)
+    allocator_reserve_bytes: int = bounded(default=0, ge=0)
     """Headroom kept for the caching allocator's fragmentation; 0 unless you set it."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+

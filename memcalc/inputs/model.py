@@ -2,37 +2,33 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator, model_validator
+from dataclasses import dataclass
 
 from memcalc.errors import InputError
-from memcalc.inputs.base import Frozen
+from memcalc.record import Record, bounded, check_fields
 from memcalc.model.architecture import Architecture
 from memcalc.units import parse_count
 
 
-class Model(Frozen):
+@dataclass(frozen=True, kw_only=True)
+class Model(Record):
     """The model being trained: a parameter count, or an architecture the count is derived from."""
 
-    parameters: int | None = Field(default=None, gt=0)
+    parameters: int | None = bounded(default=None, gt=0)
     """Ψ, the number of trainable parameters (derived exactly from ``architecture`` when that is given)."""
     architecture: Architecture | None = None
     """The transformer's shape: needed for activations, tensor/pipeline splits and the largest module."""
     name: str | None = None
     """Where the count came from (a preset name), for display only."""
 
-    @field_validator("parameters", mode="before")
-    @classmethod
-    def _parse(cls, v: object) -> int | None:
-        if v is None:
-            return None
-        if isinstance(v, (str, int, float)) and not isinstance(v, bool):
-            return parse_count(v, "parameters")
-        raise InputError(f"parameters {v!r} is not a number; give a positive count such as 7e9 or 7B")
-
-    @model_validator(mode="after")
-    def _one_source(self) -> Model:
+    def __post_init__(self) -> None:
+        v = self.parameters
+        if v is not None:
+            if not isinstance(v, (str, int, float)) or isinstance(v, bool):
+                raise InputError(f"parameters {v!r} is not a number; give a positive count such as 7e9 or 7B")
+            object.__setattr__(self, "parameters", parse_count(v, "parameters"))
+        check_fields(self)
         if self.parameters is None and self.architecture is None:
             raise InputError("give the model size (--params 7B) or its shape (--model, --hf-config, --layers ...)")
         if self.parameters is not None and self.architecture is not None:
             raise InputError("give --params or a model shape (--model, --hf-config, --layers ...), not both")
-        return self

@@ -6,18 +6,18 @@ In a wheel the folder ships as ``memcalc/presets``; in a source checkout it is t
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
 
 from memcalc.model.architecture import Architecture
 from memcalc.errors import InputError, did_you_mean
 from memcalc.inputs import GPU
 
-T = TypeVar("T", bound=BaseModel)
+T = TypeVar("T")
 KINDS = {"gpus": "GPU", "models": "model"}
 
 
@@ -63,13 +63,14 @@ def _from_file(path: Path, cls: type[T], kind: str, key_field: str) -> T:
     data.setdefault(key_field, path.stem)
     if "aliases" in data:
         data["aliases"] = tuple(data["aliases"])
+    unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
+    if unknown:
+        raise InputError(f"{KINDS[kind]} preset {str(path)!r}: unknown key {unknown[0]!r}; accepted: "
+                         f"{', '.join(f.name for f in dataclasses.fields(cls))}")  # type: ignore[arg-type]
     try:
         return cls(**data)
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(x) for x in first["loc"])
-        msg = str(first["msg"]).removeprefix("Value error, ")
-        raise InputError(f"{KINDS[kind]} preset {str(path)!r}: {where + ': ' if where else ''}{msg}") from None
+    except InputError as e:
+        raise InputError(f"{KINDS[kind]} preset {str(path)!r}: {e}") from None
 
 
 def _load(kind: str, name: str, cls: type[T], key_field: str, flag: str) -> T:

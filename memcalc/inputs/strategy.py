@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from dataclasses import dataclass
 
 from memcalc.errors import InputError
-from memcalc.inputs.base import Frozen
+from memcalc.record import Record, bounded, check_fields
 from memcalc.layout.strategies import STRATEGIES, OffloadDevice, StrategyName, StrategySpec
 from memcalc.layout.plan import Zero3Settings
 
 
-class Strategy(Frozen):
+@dataclass(frozen=True, kw_only=True)
+class Strategy(Record):
     """A data-parallel strategy (a row of the strategy table) and where it offloads."""
 
     name: StrategyName = "zero-0"
@@ -20,7 +21,7 @@ class Strategy(Frozen):
     """Where optimizer states (master copy, moments) and the reduced gradient shard live."""
     offload_params: OffloadDevice = "none"
     """Where the parameter shard lives between uses."""
-    shard_group: int | None = Field(default=None, gt=0)
+    shard_group: int | None = bounded(default=None, gt=0)
     """Hybrid strategies: GPUs in one shard group (default: one node)."""
 
     @property
@@ -39,8 +40,8 @@ class Strategy(Frozen):
                 parts.append(f"param→{self.offload_params}")
         return " + ".join(parts)
 
-    @model_validator(mode="after")
-    def _framework_rules(self) -> Strategy:
+    def __post_init__(self) -> None:
+        check_fields(self)
         spec = self.spec
         if spec.offload_together:
             # torch.distributed.fsdp.CPUOffload(offload_params=True) moves params, grads and the optimizer
@@ -54,7 +55,7 @@ class Strategy(Frozen):
                 raise InputError(
                     f"--offload-params {self.offload_params} is not available with FSDP; accepted: none, cpu"
                 )
-            return self
+            return
         if self.offload_optimizer not in spec.optimizer_offload:
             if spec.name in ("zero-1", "zero-2"):
                 why = "DeepSpeed ZeRO-1/2 keep offloaded optimizer states in host memory; NVMe needs --stage 3"
@@ -67,7 +68,6 @@ class Strategy(Frozen):
         if self.offload_params not in spec.param_offload:
             why = "parameter offload is ZeRO-3 only" if spec.framework == "deepspeed" else "DDP has no offload"
             raise InputError(f"--offload-params {self.offload_params} with {spec.label}: {why}; accepted: none")
-        return self
 
     @property
     def optimizer_device(self) -> OffloadDevice:
@@ -77,43 +77,48 @@ class Strategy(Frozen):
         return self.offload_optimizer
 
 
-class Parallelism(Frozen):
+@dataclass(frozen=True, kw_only=True)
+class Parallelism(Record):
     """Model parallelism. dp = gpus / (tp x pp x cp); ZeRO and FSDP shard over dp only."""
 
-    tp: int = Field(default=1, gt=0)
+    tp: int = bounded(default=1, gt=0)
     """Tensor-parallel degree (Megatron); 1 means disabled."""
-    pp: int = Field(default=1, gt=0)
+    pp: int = bounded(default=1, gt=0)
     """Pipeline stages; 1 means disabled."""
-    cp: int = Field(default=1, gt=0)
+    cp: int = bounded(default=1, gt=0)
     """Context-parallel degree: the sequence is split over cp ranks; 1 means disabled."""
-    ep: int = Field(default=1, gt=0)
+    ep: int = bounded(default=1, gt=0)
     """Expert-parallel degree: MoE experts are spread over ep data-parallel ranks; 1 means disabled."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism: norms and dropouts split over the tp ranks."""
-    virtual_stages: int = Field(default=1, gt=0)
+    virtual_stages: int = bounded(default=1, gt=0)
     """Model chunks per pipeline rank (interleaved 1F1B); 1 means the plain schedule."""
 
     @property
     def model_parallel(self) -> int:
         return self.tp * self.pp * self.cp
 
+    def __post_init__(self) -> None:
+        check_fields(self)
 
-class FrameworkOptions(Frozen):
+
+@dataclass(frozen=True, kw_only=True)
+class FrameworkOptions(Record):
     """How the framework is configured (``--accounting implementation``)."""
 
     fsdp_version: Literal[1, 2] = 1
     """1: FullyShardedDataParallel (FlatParameter per unit); 2: fully_shard (per-parameter DTensor shards)."""
     bucket_view: bool = False
     """DDP: gradient_as_bucket_view (buckets are the gradients, no second copy)."""
-    min_num_params: int | None = Field(default=None, gt=0)
+    min_num_params: int | None = bounded(default=None, gt=0)
     """FSDP: size_based_auto_wrap_policy's threshold; None wraps one unit per decoder layer."""
-    max_reuse_distance: int | None = Field(default=None, ge=0)
+    max_reuse_distance: int | None = bounded(default=None, ge=0)
     """DeepSpeed ZeRO-3: stage3_max_reuse_distance in elements (None: DeepSpeed's default, 1e9)."""
-    max_live_parameters: int | None = Field(default=None, ge=0)
+    max_live_parameters: int | None = bounded(default=None, ge=0)
     """DeepSpeed ZeRO-3: stage3_max_live_parameters in elements (None: DeepSpeed's default, 1e9)."""
-    prefetch_bucket_size: int | None = Field(default=None, ge=0)
+    prefetch_bucket_size: int | None = bounded(default=None, ge=0)
     """DeepSpeed ZeRO-3: stage3_prefetch_bucket_size in elements (None: DeepSpeed's default, 5e7)."""
-    persistence_threshold: int | None = Field(default=None, ge=0)
+    persistence_threshold: int | None = bounded(default=None, ge=0)
     """DeepSpeed ZeRO-3: stage3_param_persistence_threshold in elements (None: DeepSpeed's default, 1e5)."""
     zero3_step: Literal["steady", "first"] = "steady"
     """DeepSpeed ZeRO-3: which step's gathers to report: any step after the first (``steady``), or the first, in
@@ -136,13 +141,22 @@ class FrameworkOptions(Frozen):
                  "param_persistence_threshold": self.persistence_threshold}  # fmt: skip
         return Zero3Settings(**{k: v for k, v in given.items() if v is not None})
 
+    def __post_init__(self) -> None:
+        check_fields(self)
 
-class EstimatorOptions(Frozen):
+
+@dataclass(frozen=True, kw_only=True)
+class EstimatorOptions(Record):
     """Arguments of DeepSpeed's estimate_zero{2,3}_model_states_mem_needs (``--accounting deepspeed-estimator``)."""
 
     zero_init: bool = True
     """ZeRO-3: the model was built under deepspeed.zero.Init (DeepSpeed's default)."""
-    buffer_factor: float = Field(default=1.5, gt=0)
+    buffer_factor: float = bounded(default=1.5, gt=0)
     """additional_buffer_factor on the CPU figure."""
-    largest_layer_params: int | None = Field(default=None, gt=0)
+    largest_layer_params: int | None = bounded(default=None, gt=0)
     """ZeRO-3: the most parameters one module owns; taken from the architecture when there is one."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+

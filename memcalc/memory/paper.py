@@ -9,15 +9,17 @@ a pipeline stage keeps in flight (Eq. 5).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from memcalc.layout.plan import Plan
-from memcalc.memory import activations as act
 from memcalc.memory import states
 from memcalc.memory.rows import Row
 from memcalc.model.architecture import Architecture
 from memcalc.model.memo import per_architecture
-from memcalc.model.params import Shard, stage_params
 from memcalc.units import ceil_div
+
+if TYPE_CHECKING:  # loaded on first use: a bare parameter count needs neither
+    from memcalc.memory import activations as act
 
 _STATE_KEYS = ("parameters", "gradients", "master_weights", "optimizer_moments")
 
@@ -48,6 +50,8 @@ def param_groups(plan: Plan, stage: int) -> tuple[int, list[ParamGroup]]:
 @per_architecture
 def _held(arch: Architecture, stage: int, pp: int, tp: int, ep: int) -> tuple[int, int]:
     """(parameters, routed-expert parameters) one TP/EP rank of pipeline stage ``stage`` holds."""
+    from memcalc.model.params import Shard, stage_params
+
     held = stage_params(arch, stage, pp, Shard(tp, ep))
     return held.total, sum(x.routed for x in held.layers)
 
@@ -61,6 +65,8 @@ def _moe_layers(arch: Architecture, start: int, stop: int) -> int:
 @per_architecture
 def _layer_bytes(arch: Architecture, st: act.Setting, tp: int, sp: bool, recompute: str, moe: bool) -> int:
     """What one layer saves per micro-batch (``memcalc.memory.activations.layer_activations``)."""
+    from memcalc.memory import activations as act
+
     return act.layer_activations(arch, st, tp, sp, recompute, moe=moe).total  # type: ignore[arg-type]
 
 
@@ -113,6 +119,8 @@ def setting(plan: Plan) -> act.Setting | None:
     w = plan.work
     if w is None:
         return None
+    from memcalc.memory import activations as act
+
     return act.Setting(s=w.seq_len // plan.cp, b=w.micro_batch, dtype_bytes=plan.precision.param_bytes,
                        dropout=w.dropout > 0, device=w.device, attention=w.attention,
                        paper=plan.accounting == "paper")
@@ -127,6 +135,8 @@ def stage_layers(plan: Plan, stage: int) -> range:
 
 def activation_rows(plan: Plan, stage: int, st: act.Setting) -> tuple[list[Row], float]:
     """Activation rows of one pipeline stage's GPU, and the micro-batches it holds in flight."""
+    from memcalc.memory import activations as act
+
     arch, w = plan.arch, plan.work
     assert arch is not None and w is not None
     tp, sp = plan.tp, plan.sequence_parallel

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from dataclasses import dataclass
 
 from memcalc.errors import InputError
+from memcalc.record import Record, bounded, check_fields
 from memcalc.units import ceil_div
 
 Position = Literal["learned", "rotary", "alibi", "none"]
@@ -41,10 +42,9 @@ MAX_EXPERTS = 2**16
 """65,536: 32x Switch-C's 2,048 experts; bounds top_k and shared experts too (activations loop over them)."""
 
 
-class Architecture(BaseModel):
+@dataclass(frozen=True, kw_only=True)
+class Architecture(Record):
     """A decoder-only transformer. Defaults describe a GPT-2-style block."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str | None = None
     """Preset or config name, for display."""
@@ -52,38 +52,38 @@ class Architecture(BaseModel):
     """Other names users type for a preset."""
     family: str | None = None
     """The Hugging Face ``model_type`` this shape follows (llama, gpt2, ...), where there is one."""
-    layers: int = Field(gt=0, le=MAX_LAYERS)
+    layers: int = bounded(gt=0, le=MAX_LAYERS)
     """L: decoder layers."""
-    hidden: int = Field(gt=0, le=MAX_HIDDEN)
+    hidden: int = bounded(gt=0, le=MAX_HIDDEN)
     """h: model width."""
-    heads: int = Field(gt=0, le=MAX_HEADS)
+    heads: int = bounded(gt=0, le=MAX_HEADS)
     """a: attention (query) heads."""
-    kv_heads: int | None = Field(default=None, gt=0, le=MAX_HEADS)
+    kv_heads: int | None = bounded(default=None, gt=0, le=MAX_HEADS)
     """Key/value heads (GQA; 1 = MQA). Default: heads (MHA)."""
-    head_dim: int | None = Field(default=None, gt=0, le=MAX_HEAD_DIM)
+    head_dim: int | None = bounded(default=None, gt=0, le=MAX_HEAD_DIM)
     """Per-head width. Default: hidden / heads."""
-    ffn: int | None = Field(default=None, gt=0, le=MAX_FFN)
+    ffn: int | None = bounded(default=None, gt=0, le=MAX_FFN)
     """MLP inner width. Default: 4h."""
     gated_mlp: bool = False
     """SwiGLU/GeGLU: gate, up and down matrices (three) instead of two."""
-    vocab: int = Field(gt=0, le=MAX_VOCAB)
+    vocab: int = bounded(gt=0, le=MAX_VOCAB)
     """Vocabulary size as the tokenizer has it."""
-    embedding_dim: int | None = Field(default=None, gt=0, le=MAX_HIDDEN)
+    embedding_dim: int | None = bounded(default=None, gt=0, le=MAX_HIDDEN)
     """Width of the token embedding when it differs from hidden (OPT-350M): adds project-in/out matrices."""
-    vocab_multiple: int = Field(default=1, gt=0, le=MAX_VOCAB_MULTIPLE)
+    vocab_multiple: int = bounded(default=1, gt=0, le=MAX_VOCAB_MULTIPLE)
     """Pad the embedding rows to a multiple of this (Megatron: 128 x tp)."""
     tied_embeddings: bool = False
     """The output head reuses the input embedding matrix."""
     position: Position = "learned"
     """Position encoding: learned table, rotary, ALiBi or none."""
-    max_positions: int = Field(default=0, ge=0, le=MAX_POSITIONS)
+    max_positions: int = bounded(default=0, ge=0, le=MAX_POSITIONS)
     """Rows of a learned position table."""
-    position_offset: int = Field(default=0, ge=0, le=MAX_POSITIONS)
+    position_offset: int = bounded(default=0, ge=0, le=MAX_POSITIONS)
     """Extra learned position rows (OPT keeps 2)."""
     norm: Norm = "layernorm"
     norm_bias: bool = True
     """LayerNorm with a bias (RMSNorm has none)."""
-    norms_per_layer: int = Field(default=2, ge=1, le=2)
+    norms_per_layer: int = bounded(default=2, ge=1, le=2)
     """2 (pre-attention and pre-MLP); 1 for parallel blocks sharing one norm (Falcon-7B)."""
     embedding_norm: bool = False
     """A norm right after the embedding (BLOOM)."""
@@ -96,24 +96,24 @@ class Architecture(BaseModel):
     mlp_bias: bool = True
     parallel_block: bool = False
     """Attention and MLP read the same input (GPT-J, NeoX, Falcon)."""
-    experts: int = Field(default=0, ge=0, le=MAX_EXPERTS)
+    experts: int = bounded(default=0, ge=0, le=MAX_EXPERTS)
     """MoE experts per MoE layer; 0 = dense."""
-    top_k: int = Field(default=2, ge=1, le=MAX_EXPERTS)
+    top_k: int = bounded(default=2, ge=1, le=MAX_EXPERTS)
     """Experts each token is routed to."""
-    shared_experts: int = Field(default=0, ge=0, le=MAX_EXPERTS)
+    shared_experts: int = bounded(default=0, ge=0, le=MAX_EXPERTS)
     """Always-on experts per MoE layer (DeepSeek, Qwen-MoE)."""
-    expert_ffn: int | None = Field(default=None, gt=0, le=MAX_FFN)
+    expert_ffn: int | None = bounded(default=None, gt=0, le=MAX_FFN)
     """Inner width of one expert. Default: ffn."""
-    moe_every: int = Field(default=1, ge=1, le=MAX_LAYERS)
+    moe_every: int = bounded(default=1, ge=1, le=MAX_LAYERS)
     """Every k-th layer is MoE (1 = all)."""
     router_bias: bool = False
-    dropout: float = Field(default=0.0, ge=0, lt=1)
+    dropout: float = bounded(default=0.0, ge=0, lt=1)
     """Dropout probability on attention probabilities and residual branches (0 = none)."""
     source: str | None = None
     """Where the shape comes from."""
 
-    @model_validator(mode="after")
-    def _consistent(self) -> Architecture:
+    def __post_init__(self) -> None:
+        check_fields(self, "architecture")
         if self.head_dim is None and self.hidden % self.heads:
             raise InputError(
                 f"heads {self.heads} does not divide hidden {self.hidden}; give a hidden size that is a multiple "
@@ -125,7 +125,6 @@ class Architecture(BaseModel):
             raise InputError(f"top_k {self.top_k} is more than the {self.experts} experts")
         if self.position == "learned" and self.max_positions == 0:
             raise InputError("a learned position table needs max_positions")
-        return self
 
     # ---- derived sizes ----
     @property

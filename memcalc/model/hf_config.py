@@ -22,7 +22,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
 
 from memcalc.errors import InputError
 from memcalc.model import architecture as shape
@@ -288,14 +287,6 @@ def _relations(k: _Keys, f: dict[str, Any]) -> None:
                          f"accepted: 1 to the number of experts")  # fmt: skip
 
 
-def _one_line(e: ValidationError) -> str:
-    first = e.errors()[0]
-    if isinstance(first.get("ctx", {}).get("error"), InputError):
-        return str(first["ctx"]["error"])
-    loc = ".".join(str(x) for x in first.get("loc", ()))
-    return f"{loc} {_show(first.get('input'))}: {first.get('msg')}"
-
-
 def architecture_from_config(cfg: Config, name: str | None = None, where: str = "config.json") -> Architecture:
     """An ``Architecture`` from a parsed config.json; ``where`` names it in messages."""
     if not isinstance(cfg, dict):
@@ -310,8 +301,8 @@ def architecture_from_config(cfg: Config, name: str | None = None, where: str = 
     _relations(keys, fields)
     try:
         return Architecture(name=name, family=model_type, source="config.json", **fields)
-    except ValidationError as e:
-        raise InputError(f"{where}: {_one_line(e)}") from None
+    except InputError as e:
+        raise InputError(f"{where}: {e}") from None
 
 
 _SPECIAL = re.compile(r'[\\"\[\]{}]')

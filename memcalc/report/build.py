@@ -5,10 +5,8 @@ from __future__ import annotations
 from memcalc.evaluate import Evaluation, notes
 from memcalc.inputs import EstimateInput
 from memcalc.layout.plan import Plan
-from memcalc.memory import activations as act
 from memcalc.memory import paper
 from memcalc.memory.rows import total
-from memcalc.model.params import active_params, largest_layer, largest_module, model_params
 from memcalc.report.results import (
     ActivationDetail,
     Collective,
@@ -58,6 +56,8 @@ def _activations(plan: Plan) -> ActivationDetail | None:
     st, arch, w = paper.setting(plan), plan.arch, plan.work
     if st is None or arch is None or w is None:
         return None
+    from memcalc.memory import activations as act
+
     layer = act.layer_activations(arch, st, plan.tp, plan.sequence_parallel, w.recompute)
     moe = act.layer_activations(arch, st, plan.tp, plan.sequence_parallel, w.recompute, moe=True) if arch.moe else None
     return ActivationDetail(kernel=st.kernel, recompute=w.recompute, layer_bytes=layer.total,
@@ -84,6 +84,8 @@ def model_info(plan: Plan, name: str | None) -> ModelInfo:
     arch = plan.arch
     if arch is None:
         return ModelInfo(parameters=plan.psi, name=name or format_count(plan.psi))
+    from memcalc.model.params import active_params, largest_layer, largest_module, model_params
+
     p = model_params(arch)
     big, size = largest_module(arch)
     return ModelInfo(

@@ -1,4 +1,4 @@
-"""Results: frozen pydantic models, the public contract of ``--json`` and of the Python API.
+"""Results: frozen dataclasses, the public contract of ``--json`` and of the Python API.
 
 Every size is an integer number of bytes. ``model_dump()`` gives plain Python, ``model_dump_json()``
 the JSON the CLI prints; in Jupyter and IPython a result displays as memcalc's rich tables.
@@ -8,16 +8,17 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from dataclasses import dataclass, field
 
 from memcalc.inputs import EstimateInput
+from memcalc.record import Record
 
 Location = Literal["gpu", "cpu", "nvme"]
 Category = Literal["model_state", "activation", "overhead"]
 
 
-class _Result(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class _Result(Record):
+    __slots__ = ()
 
     # Display: rich consoles call __rich__, Jupyter/IPython call _repr_mimebundle_.
     def __rich__(self) -> Any:
@@ -32,6 +33,7 @@ class _Result(BaseModel):
         return {"text/plain": text, "text/html": html}
 
 
+@dataclass(frozen=True, kw_only=True)
 class MemoryRow(_Result):
     """One line of the memory breakdown."""
 
@@ -46,6 +48,7 @@ class MemoryRow(_Result):
     """The formula and its source."""
 
 
+@dataclass(frozen=True, kw_only=True)
 class PerGPU(_Result):
     """Memory one GPU holds at peak, in bytes. ``total`` is the sum of every row."""
 
@@ -63,6 +66,7 @@ class PerGPU(_Result):
     rows: list[MemoryRow]
 
 
+@dataclass(frozen=True, kw_only=True)
 class PerNode(_Result):
     """Offloaded model states one node holds: the sum over its ranks."""
 
@@ -75,6 +79,7 @@ class PerNode(_Result):
     rows: list[MemoryRow]
 
 
+@dataclass(frozen=True, kw_only=True)
 class Fit(_Result):
     """Does the per-GPU total fit the GPU?"""
 
@@ -85,6 +90,7 @@ class Fit(_Result):
     """usable_bytes - total; negative when it does not fit."""
 
 
+@dataclass(frozen=True, kw_only=True)
 class StageMemory(_Result):
     """One pipeline stage's GPU (every stage, when pp = 1, is stage 0)."""
 
@@ -100,11 +106,13 @@ class StageMemory(_Result):
     """model_states + activations + overheads on this stage's GPU."""
 
 
+@dataclass(frozen=True, kw_only=True)
 class TensorBytes(_Result):
     name: str
     bytes: int
 
 
+@dataclass(frozen=True, kw_only=True)
 class ActivationDetail(_Result):
     """What one layer saves for backward on one GPU, per micro-batch."""
 
@@ -117,6 +125,7 @@ class ActivationDetail(_Result):
     layer_tensors: list[TensorBytes]
 
 
+@dataclass(frozen=True, kw_only=True)
 class Memory(_Result):
     per_gpu: PerGPU
     """The most loaded GPU (the most loaded pipeline stage)."""
@@ -127,6 +136,7 @@ class Memory(_Result):
     activations: ActivationDetail | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
 class Collective(_Result):
     """One collective issued every optimizer step, as one GPU sees it. Byte counts are per step."""
 
@@ -153,6 +163,7 @@ class Collective(_Result):
     """Bytes each GPU sends per step under a ring: payload x the nccl-tests bus factor."""
 
 
+@dataclass(frozen=True, kw_only=True)
 class HostTransfer(_Result):
     """A copy between GPU memory and host RAM (over PCIe) or between host RAM and NVMe, per step."""
 
@@ -166,6 +177,7 @@ class HostTransfer(_Result):
     """bytes_per_call x calls_per_step, per GPU."""
 
 
+@dataclass(frozen=True, kw_only=True)
 class Communication(_Result):
     """What crosses links per optimizer step, per GPU."""
 
@@ -181,6 +193,7 @@ class Communication(_Result):
     """Σ bytes over host_transfers (PCIe and NVMe), per GPU."""
 
 
+@dataclass(frozen=True, kw_only=True)
 class StrategyInfo(_Result):
     name: str
     label: str
@@ -196,6 +209,7 @@ class StrategyInfo(_Result):
     offload_params: str
 
 
+@dataclass(frozen=True, kw_only=True)
 class ParameterBreakdown(_Result):
     """Exact parameter counts by part (from the architecture)."""
 
@@ -218,6 +232,7 @@ class ParameterBreakdown(_Result):
     """Parameters one token passes through (MoE: top_k experts)."""
 
 
+@dataclass(frozen=True, kw_only=True)
 class ModelInfo(_Result):
     parameters: int
     """Ψ: exact when derived from an architecture."""
@@ -225,6 +240,7 @@ class ModelInfo(_Result):
     breakdown: ParameterBreakdown | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
 class Training(_Result):
     """The parallel layout and batch that the estimate assumes."""
 
@@ -246,6 +262,7 @@ class Training(_Result):
     tokens_per_step: int | None
 
 
+@dataclass(frozen=True, kw_only=True)
 class Estimate(_Result):
     """One strategy's per-GPU memory and per-step communication."""
 
@@ -257,12 +274,13 @@ class Estimate(_Result):
     training: Training
     memory: Memory
     communication: Communication
-    notes: list[str] = Field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     """What the numbers leave out, and assumptions worth knowing."""
     input: EstimateInput
     """Everything the estimate was computed from."""
 
 
+@dataclass(frozen=True, kw_only=True)
 class Comparison(_Result):
     """Several strategies for one model and cluster, side by side."""
 

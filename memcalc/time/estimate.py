@@ -17,11 +17,16 @@ from dataclasses import replace
 from functools import cache
 from typing import Any, NamedTuple
 
-from memcalc.comm.timing import Link
 from memcalc.errors import InputError, did_you_mean
 from memcalc.layout.plan import Plan as LayoutPlan
 from memcalc.memory.paper import param_groups
-from memcalc.time.hardware import Machine, cluster_for_gpu, cluster_names, load_calibration, load_cluster
+from memcalc.time.hardware import (
+    Machine,
+    cluster_for_gpu,
+    cluster_names,
+    load_calibration,
+    load_cluster,
+)
 from memcalc.time.step import Plan, StepTime, step_time
 from memcalc.units import ceil_div
 
@@ -66,7 +71,8 @@ def group_stride(group: str, plan: LayoutPlan) -> int:
         "expert-parallel": tp * cp, "replica group": tp * cp * plan.shard_group_size, "pipeline": tp * cp * plan.dp,
     }  # fmt: skip
     if group not in strides:
-        raise InputError(f"unknown communication group {group!r}{did_you_mean(group, strides)}; known: {', '.join(strides)}")
+        raise InputError(f"unknown communication group {group!r}{did_you_mean(group, strides)}; "
+                         f"known: {', '.join(strides)}")  # fmt: skip
     return strides[group]
 
 
@@ -129,8 +135,8 @@ def machine_for(cluster: str, ranks_per_node: int, intra_node_gbps: float | None
                 network_efficiency: float | None = None, pcie_gbps: float | None = None,
                 host_memory_gbps: float | None = None) -> Machine:  # fmt: skip
     """The cluster preset with its own GPU's calibration, the plan's GPUs per node (CPU Adam and NVMe share a node
-    among the ranks in it) and the user's link overrides. A new NVLink bandwidth drops the preset's measured NVLink SHARP all-reduce rate, which
-    belongs to the preset's switch."""
+    among the ranks in it) and the user's link overrides. A new NVLink bandwidth drops the preset's measured
+    NVLink SHARP all-reduce rate, which belongs to the preset's switch."""
     c = load_cluster(cluster)
     cal = load_calibration(c.gpu)
     intra, net = c.intra_node, c.network
@@ -185,7 +191,8 @@ def time_evaluation(
     The machine: ``cluster`` (a preset name, alias or TOML path, with its own GPU), else the first cluster preset
     built from ``gpu`` (the input's GPU preset key). Link overrides: NVLink GB/s per GPU per direction, network
     Gb/s per GPU, fractions of those reached by large collectives, PCIe GB/s per direction, host-memory GB/s per
-    node (achievable, e.g. STREAM's; the preset's is its theoretical rate x its host_memory_efficiency). Returns None when there is nothing to time; ``time_unavailable`` says why in one line.
+    node (achievable, e.g. STREAM's; the preset's is its theoretical rate x its host_memory_efficiency).
+    Returns None when there is nothing to time; ``time_unavailable`` says why in one line.
     The optimizer is timed as AdamW (28 B per parameter), whichever optimizer the plan names."""
     for name, value, frac in (("intra_node_gbps", intra_node_gbps, False),
                               ("network_gbits_per_gpu", network_gbits_per_gpu, False),
@@ -200,9 +207,9 @@ def time_evaluation(
     if time_unavailable(ev, gpu=gpu, cluster=cluster) is not None:
         return None
     plan = ev.plan
-    machine = machine_for(cluster or cluster_for_gpu(gpu), plan.ranks_per_node, intra_node_gbps,  # type: ignore[arg-type]
-                          network_gbits_per_gpu, intra_node_efficiency, network_efficiency, pcie_gbps,
-                          host_memory_gbps)  # fmt: skip
+    name = cluster if cluster is not None else cluster_for_gpu(gpu)  # type: ignore[arg-type]
+    machine = machine_for(name, plan.ranks_per_node, intra_node_gbps, network_gbits_per_gpu, intra_node_efficiency,
+                          network_efficiency, pcie_gbps, host_memory_gbps)  # fmt: skip
     sp = step_plan(plan, optimizer_impl, flops_attention)
     return step_time(plan.arch, sp, machine, placed(ev.collectives, plan), ev.transfers)
 
@@ -212,9 +219,12 @@ def time_fields(st: StepTime | None, *, flops_attention: str = "full", tokens: f
     """Plain JSON-ready numbers (floats, seconds) of a step time; ``tokens`` to train on gives the time to train,
     and with ``price_per_gpu_hour`` the cost, in whatever currency the price is given in."""
     for name, value in (("tokens", tokens), ("price_per_gpu_hour", price_per_gpu_hour)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not math.isfinite(value) or value < 0 or (name == "tokens" and value == 0)):  # fmt: skip
-            raise InputError(f"{name} = {value!r} must be a {'positive' if name == 'tokens' else 'non-negative'} number")
+        if value is None:
+            continue
+        least = "positive" if name == "tokens" else "non-negative"
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0
+                or (name == "tokens" and value == 0)):  # fmt: skip
+            raise InputError(f"{name} = {value!r} must be a {least} number")
     if price_per_gpu_hour is not None and tokens is None:
         raise InputError("price_per_gpu_hour needs tokens: the cost is that of training on them (give --tokens)")
     if flops_attention not in FLOP_CONVENTIONS:
@@ -224,7 +234,9 @@ def time_fields(st: StepTime | None, *, flops_attention: str = "full", tokens: f
             raise InputError("tokens need a step time: give the model's shape (--model, --hf-config) and --seq-len")
         return None
     train_s = None if tokens is None else float(tokens) / st.tokens_per_s
-    cost = None if train_s is None or price_per_gpu_hour is None else float(price_per_gpu_hour) * st.gpus * train_s / 3600
+    cost = None
+    if train_s is not None and price_per_gpu_hour is not None:
+        cost = float(price_per_gpu_hour) * st.gpus * train_s / 3600  # price per GPU-hour x GPUs x hours
     return {
         "step_s": float(st.step_s),
         "tokens_per_step": float(st.tokens_per_step),

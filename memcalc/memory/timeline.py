@@ -1,0 +1,200 @@
+"""The live bytes of one optimizer step on one GPU, moment by moment: a plain function of numbers.
+
+The step is the one Hugging Face ``Trainer`` (and ``memcalc.validation.trace``) runs: ``zero_grad(set_to_none=True)``
+left no gradients; forward layer by layer with the model's own loss (transformers ``loss/loss_utils.py``
+``ForCausalLMLoss``: ``logits.float()``, labels padded by one and shifted, ``cross_entropy``), backward, the
+optimizer step, ``zero_grad``. What each layer saves is ``memcalc.memory.saved`` (exact against a census of the
+modules); this module orders those sizes in time and adds what lives only for a moment (the model's output while
+the loss runs, autocast's cast cache, the loss's gradients, recomputed layers, the optimizer's temporaries).
+Phase names are the tracer's (``memcalc.validation.trace_step.mark_phases``) so that the two compare directly.
+Allocator rounding, reserved memory, the CUDA context and NCCL buffers are ``memcalc.memory.allocator``'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memcalc.errors import InputError
+from memcalc.memory.saved import FAMILIES, LLAMA_LIKE, REGIMES, _check, loss_transient, shape
+from memcalc.memory.timeline_layers import checkpointed, layer_sizes, parse_recompute
+from memcalc.memory.timeline_states import param_tensors, states
+from memcalc.model.architecture import Architecture
+
+LOSS_HELP = "standard, chunked:N, fused"
+CUBLAS_WORKSPACE = 32 * 1024 * 1024
+"""cuBLAS workspace on sm90 (aten/src/ATen/cuda/CublasHandlePool.cpp: ``CUBLAS_WORKSPACE_CONFIG`` default
+``:4096:8`` = 8 × 4096 KiB), one per (handle, stream), allocated through the caching allocator: the forward's
+thread and autograd's backward thread each hold one, so 2 × 32 MiB of allocated memory on an H100."""
+
+
+@dataclass(frozen=True)
+class Moment:
+    """The bytes alive at one point of the step."""
+
+    phase: str
+    label: str
+    live_bytes: int
+    parts: tuple[tuple[str, int], ...]
+    """What the live bytes consist of (sums to ``live_bytes``)."""
+
+
+@dataclass(frozen=True)
+class Timeline:
+    moments: tuple[Moment, ...]
+
+    @property
+    def peak(self) -> Moment:
+        """The first moment with the most live bytes."""
+        return max(self.moments, key=lambda m: m.live_bytes)
+
+    @property
+    def phase_peaks(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for m in self.moments:
+            out[m.phase] = max(out.get(m.phase, 0), m.live_bytes)
+        return out
+
+    def at(self, phase: str) -> int:
+        return self.phase_peaks[phase]
+
+
+def _moment(phase: str, label: str, parts: list[tuple[str, int]]) -> Moment:
+    kept = tuple((n, b) for n, b in parts if b)
+    return Moment(phase, label, sum(b for _, b in kept), kept)
+
+
+def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s: int, b: int,
+             recompute: str = "none", optimizer_impl: str = "foreach", optimizer_states: str = "adamw",
+             loss: str = "standard", device: str = "cpu", position_ids: bool = True, use_cache: bool = True,
+             rotary_dims: int | None = None) -> Timeline:  # fmt: skip
+    """Moments of one training step of a Hugging Face ``family`` model on one GPU.
+
+    regime: fp32 | bf16 (pure: weights, gradients, AdamW moments bf16) | amp-bf16 (fp32 weights, autocast).
+    recompute: none | full | every:K | selective | op-sac.  optimizer_impl: foreach | fused | for-loop |
+    in-backward.  optimizer_states: adamw | adamw-8bit | paged-adamw-8bit.  loss: standard | chunked:N | fused.
+    device: cpu (what the tracer runs) | cuda (adds the cuBLAS workspaces; CUDA kernel differences in saved.py).
+    use_cache: the config's ``use_cache`` (Hugging Face turns it off under checkpointing). Under autocast the
+    rotary product promotes K to fp32, so the cache keeps fp32 K, V copies (2·4·T·kv width per layer) while SDPA
+    saves bf16 casts; they live until the forward returns.
+    position_ids: the batch passes b × s position ids (the tracer does; a plain ``model(input_ids)`` call makes
+    1 × s ones, so the rotary tables are b times smaller).
+    """
+    _check(family, regime, attention)
+    if device not in ("cpu", "cuda"):
+        raise InputError(f"device {device!r} is not one of cpu, cuda")
+    if s < 1 or b < 1:
+        raise InputError(f"seq_len {s} and micro_batch {b} must be at least 1")
+    policy = parse_recompute(recompute)
+    loss_transient(1, 1, regime, loss)  # validates the loss option
+    x = shape(arch, s, b, rotary_dims)
+    t, h, v, n = x.t, x.h, x.vocab, x.t * x.vocab
+    d, r, amp = {"fp32": (4, 4, False), "bf16": (2, 2, False), "amp-bf16": (2, 4, True)}[regime]
+    w = 2 if regime == "bf16" else 4
+    st = states(arch, family, w, optimizer_impl, optimizer_states)
+    model_states = [("parameters", st.params), ("optimizer states", st.optimizer), ("buffers", st.buffers)]
+    if device == "cuda":
+        model_states.append(("cuBLAS workspaces (forward, backward threads)", 2 * CUBLAS_WORKSPACE))
+    moments = [_moment("baseline", "before the step (no gradients after zero_grad)", model_states)]
+    inputs = [("input ids (int64)", 8 * t), ("position ids (int64)", 8 * s)]
+    base = model_states + inputs
+    moments.append(_moment("input", "the batch", base))
+
+    # ---- forward ---------------------------------------------------------------------------------------------
+    prologue = [("embedding output", r * t * h)]
+    if arch.position == "rotary":
+        rows = b if position_ids else 1
+        prologue.append(("rotary cos, sin", 2 * rows * s * x.rot * r))
+    layers = [layer_sizes(arch, family=family, regime=regime, attention=attention, s=s, b=b, policy=policy,
+                          index=i, device=device, rotary_dims=rotary_dims) for i in range(arch.layers)]  # fmt: skip
+    kept = 0
+    cache = 0  # autocast's cast cache beyond what the matmuls save: bf16 copies of recomputed layers' weights
+    for i, ly in enumerate(layers):
+        kept += ly.kept + ly.kept_casts  # each layer's kept tensors include its input (the previous output)
+        cache += ly.casts - ly.kept_casts
+        if amp and use_cache and policy.kind == "none" and family in LLAMA_LIKE:
+            cache += 2 * 4 * t * x.kvw
+        acts = [(f"activations kept (layers 0..{i})", kept), ("layer output (residual stream)", ly.residual),
+                ("autocast cast cache (recomputed layers' weights)", cache)]
+        moments.append(_moment(f"forward.layer.{i}", f"layer {i}: down projection's output before the residual add",
+                               base + prologue[1:] + acts + [("down projection output", d * t * h)]))  # fmt: skip
+    resid = layers[-1].residual
+    layers_kept = kept + resid
+    head = _head(x, family, regime, loss)
+    last = len(layers) - 1
+    after_norm = base + prologue[1:] + [("layer activations", layers_kept), ("autocast cast cache", cache)]
+    after_norm += [head[0], ("last hidden state (model output)", r * t * h)]
+    moments.append(_moment(f"forward.layer.{last}", "the final norm, its variance not yet freed",
+                           after_norm + [("norm variance (fp32)", 4 * t if family in LLAMA_LIKE else 0)]))
+    logits = [("logits", 0 if loss == "fused" else d * n)]
+    moments.append(_moment("forward.head", "the head's logits", after_norm + head[1:] + logits))
+    labels = [("labels padded (int64)", 8 * b * (s + 1)), ("shift labels (int64)", 8 * t)]
+    lp = loss_transient(t, v, regime, loss)
+    fwd_loss = after_norm + head[1:] + logits + labels
+    fwd_loss += [("fp32 logits copy", _chunk(lp, 1)), ("log-softmax output (fp32)", _chunk(lp, 2)),
+                 ("loss, total weight", 8)]
+    moments.append(_moment("loss", "log-softmax done, logits and their fp32 copy alive", fwd_loss))
+
+    # ---- start of backward: the loss's fp32 gradients ----------------------------------------------------------
+    saved_end = base + prologue[1:] + [("layer activations", layers_kept)] + head
+    saved_end += [] if amp else [("head input (the last hidden state)", d * t * h)]
+    saved_end += [("log-softmax output (fp32)", _chunk(lp, 2)), ("loss and its gradient", 8)]
+    moments.append(_moment("backward", "log_softmax backward: its output gradient and its input gradient",
+                           saved_end + [("loss gradients (fp32)", _chunk(lp, 3))]))  # fmt: skip
+
+    # ---- backward layer by layer -------------------------------------------------------------------------------
+    tensors = param_tensors(arch)
+    per_layer = sum(e for name, e in tensors if name.startswith("layer 0 ")) * w
+    late = sum(e for name, e in tensors if name.startswith(("embedding", "position embedding")))
+    if arch.tied_embeddings:  # the head's gradient is the embedding's, made by the head's backward
+        late -= arch.padded_vocab * h
+    before_layers = st.grads - per_layer * arch.layers - late * w
+    held_grads = 0 if optimizer_impl == "in-backward" else before_layers
+    remaining = kept
+    for i in reversed(range(arch.layers)):
+        ly = layers[i]
+        parts = base + prologue[1:] + [("loss and its gradient", 8),
+                                       ("layer activations (layers 0..%d)" % i, remaining),
+                                       ("gradient of the residual stream", resid),
+                                       ("parameter gradients so far", held_grads),
+                                       ("recomputed activations of this layer", ly.recomputed),
+                                       ("recomputed weight casts", ly.casts - ly.kept_casts),
+                                       ("layer backward transient (MLP gradients)", ly.backward_extra)]  # fmt: skip
+        if optimizer_impl == "in-backward":
+            parts.append(("one gradient and its step temporaries", st.largest_grad + st.step_temporary))
+        moments.append(_moment(f"backward.layer.{i}", f"backward of layer {i}: MLP gradients", parts))
+        if ly.attention_extra:
+            attn = parts[:-1] + [("eager attention backward (score-sized gradients)", ly.attention_extra)]
+            moments.append(_moment(f"backward.layer.{i}", f"backward of layer {i}: softmax backward", attn))
+        remaining -= ly.kept + ly.kept_casts
+        held_grads += 0 if optimizer_impl == "in-backward" else per_layer
+
+    # ---- optimizer and zero_grad -------------------------------------------------------------------------------
+    with_grads = base + [("gradients", 0 if optimizer_impl == "in-backward" else st.grads)]
+    moments.append(_moment("optimizer", "optimizer.step()", with_grads + [("step temporaries", st.step_temporary)]))
+    moments.append(_moment("zero_grad", "after the step, before zero_grad", with_grads))
+    return Timeline(tuple(moments))
+
+
+def _chunk(lp, index: int) -> int:
+    """Bytes of the loss's parts (1 fp32 copy, 2 saved log-softmax, 3 the two fp32 gradients)."""
+    return lp.names[index][1] if index < len(lp.names) else 0
+
+
+def _head(x, family: str, regime: str, loss: str) -> list[tuple[str, int]]:
+    """Saved between the last layer and the logits: the final norm's tensors (its input is the last layer's
+    output, already counted), the head's input and, under autocast, the head weight's bf16 copy."""
+    t, h = x.t, x.h
+    amp = regime == "amp-bf16"
+    if family in LLAMA_LIKE:  # LlamaRMSNorm: fp32 copy (a new tensor only under bf16), rstd, normalized
+        norm = (4 * t * h if regime == "bf16" else 0) + 4 * t + (2 if regime == "bf16" else 4) * t * h
+    else:
+        norm = 2 * (2 if regime == "bf16" else 4) * t
+    out = [("final norm saved", norm)]
+    if amp:
+        out += [("head input (bf16 cast)", 2 * t * h), ("head weight (bf16 cast)", 2 * h * x.vocab)]
+    if loss == "fused":
+        out.append(("fused loss: input gradient", (2 if regime != "fp32" else 4) * t * h))
+    return out
+
+
+__all__ = ["FAMILIES", "REGIMES", "Moment", "Timeline", "timeline"]

@@ -1,0 +1,145 @@
+"""Per-layer and loss sizes for the step timeline: what a layer keeps under each recompute policy, and the
+transients the forward and backward of one layer add on top.
+
+Saved tensors come from ``memcalc.memory.saved`` (exact against a census of Hugging Face modules). The transient
+figures follow the op order of the modules (transformers ``modeling_llama.py``: ``LlamaMLP.forward`` is
+``down_proj(act_fn(gate_proj(x)) * up_proj(x))``) and torch's derivative formulas (tools/autograd/derivatives.yaml):
+the backward of ``down_proj`` frees its saved input once it ran, and the ``mul`` backward then makes the two
+gradients of its inputs while the output gradient is still alive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memcalc.errors import InputError
+from memcalc.memory.saved import LLAMA_LIKE, SavedTensor, layer_saved, shape, total
+
+RECOMPUTE_HELP = "none, full, every:K, selective, op-sac"
+
+
+@dataclass(frozen=True)
+class Policy:
+    kind: str
+    every: int = 1
+
+
+def parse_recompute(text: str) -> Policy:
+    if text in ("none", "full", "selective", "op-sac"):
+        return Policy(text)
+    if text.startswith("every:"):
+        try:
+            k = int(text.split(":", 1)[1])
+        except ValueError:
+            k = 0
+        if k >= 1:
+            return Policy("every", k)
+    raise InputError(f"recompute policy {text!r} is not one of {RECOMPUTE_HELP} (K >= 1)")
+
+
+def checkpointed(policy: Policy, index: int) -> bool:
+    """Layer ``index`` is wrapped in a full checkpoint: every layer under ``full``; under ``every:K`` the layers
+    whose index is a multiple of K (torchtitan ``apply_ac``: ``if layer_id % ac_freq == 0`` wraps the block)."""
+    return policy.kind == "full" or (policy.kind == "every" and index % policy.every == 0)
+
+
+@dataclass(frozen=True)
+class LayerSizes:
+    """Bytes for one decoder layer, per micro-batch."""
+
+    full: int
+    """Activations saved without recompute (``layer_saved``)."""
+    casts: int
+    """Autocast's bf16 weight copies the layer's matmuls save (0 outside autocast)."""
+    kept: int
+    """Activations kept between forward and backward under the policy."""
+    kept_casts: int
+    """Weight copies kept between forward and backward (recomputed layers drop theirs)."""
+    recomputed: int
+    """Activations rebuilt at the start of this layer's backward (0 without recompute)."""
+    residual: int
+    """One residual-stream tensor r·T·h (layer input, output, or their gradient)."""
+    backward_extra: int
+    """Above the live bytes at the layer's backward entry: the peak of its backward (MLP gradients)."""
+    attention_extra: int
+    """Above the entry at eager attention's softmax backward (0 under sdpa): MLP-side saved tensors freed,
+    MLP weight gradients made, the score-sized gradients alive (see ``_attention_backward``)."""
+    parts: tuple[tuple[str, int], ...]
+
+
+def _op_sac(x, d: int, r: int) -> list[SavedTensor]:
+    """torchtitan per-op SAC (torchtitan/distributed/activation_checkpoint.py ``_get_custom_policy``): of the
+    block's matmuls q, k, v, o, w1, w3, w2 every second output is saved (q, v, w1, w2), plus the attention
+    kernel's outputs (output and fp32 log-sum-exp); everything else is recomputed from the block input."""
+    t = x.t
+    return [SavedTensor("block input (checkpoint)", r * t * x.h),
+            SavedTensor("q, v outputs", d * t * (x.qw + x.kvw)),
+            SavedTensor("w1 (gate) output", d * t * x.ffn), SavedTensor("w2 (down) output", d * t * x.h),
+            SavedTensor("attention output", d * t * x.qw), SavedTensor("log-sum-exp (fp32)", 4 * x.heads * t)]  # fmt: skip
+
+
+def _selective_drop(saved: list[SavedTensor]) -> int:
+    """Megatron selective recompute (Korthikanti et al. 2022 §4.2): core attention (scores, softmax, its
+    compute-dtype copy) is recomputed; with a flash kernel there is no score matrix to drop."""
+    return sum(x.bytes for x in saved if x.name.startswith(("softmax", "probabilities")))
+
+
+def _mlp_backward_extra(arch, family: str, d: int, w: int, t: int) -> int:
+    """The MLP backward peak above its entry: the weight gradient of the down/fc2 projection (parameter dtype w)
+    and two ffn-wide gradients (``mul`` backward for a gated MLP: d(act), d(up); GELU: d(fc1 out), d(gelu in)),
+    with down's saved input already freed and its input gradient alive: + w·h·f + 2·d·T·f."""
+    f = arch.ffn_size
+    return w * arch.hidden * f + 2 * d * t * f
+
+
+MLP_SIDE = ("norm 2", "gate", "up", "fc1", "GELU", "gelu", "fc2", "ReLU", "MLP weights")
+
+
+def _attention_backward(saved: list[SavedTensor], x, d: int, w: int, mlp_params: int) -> int:
+    """Eager attention at ``_softmax_backward_data`` (derivatives.yaml): the saved fp32 softmax, the fp32
+    gradient of its output (``to`` backward of the compute-dtype copy, or the matmul's gradient in fp32) and the
+    input gradient in the compute dtype are alive together; the compute-dtype copy the matmul saved is freed.
+    Relative to the layer's entry the MLP side's saved tensors are gone and its weight gradients exist."""
+    soft = sum(k.bytes for k in saved if k.name.startswith("softmax"))
+    probs = sum(k.bytes for k in saved if k.name.startswith("probabilities"))
+    if not soft:
+        return 0
+    width = 4 if "fp32" in next(k.name for k in saved if k.name.startswith("softmax")) else d
+    s2 = soft // width
+    # saved softmax + its output gradient + its input gradient, both in the softmax's dtype: ``softmax(x,
+    # dtype=float32)`` runs ``_softmax`` on ``x.to(float32)``, whose backward returns that dtype
+    peak = soft + 2 * width * s2
+    mlp_side = sum(k.bytes for k in saved if k.name.startswith(MLP_SIDE))
+    return peak - soft - probs - mlp_side + w * mlp_params + d * x.t * x.qw
+
+
+def layer_sizes(arch, *, family: str, regime: str, attention: str, s: int, b: int, policy: Policy, index: int,
+                device: str = "cpu", rotary_dims: int | None = None) -> LayerSizes:  # fmt: skip
+    kw = dict(family=family, regime=regime, attention=attention, s=s, b=b, device=device, rotary_dims=rotary_dims)
+    saved = layer_saved(arch, **kw)
+    full, casts = total(saved), total(saved, "weight_cast")
+    x = shape(arch, s, b, rotary_dims)
+    d, r = {"fp32": (4, 4), "bf16": (2, 2), "amp-bf16": (2, 4)}[regime]
+    w = 2 if regime == "bf16" else 4
+    residual = r * x.t * x.h
+    extra = _mlp_backward_extra(arch, family, d, w, x.t)
+    mlp_params = (3 if arch.gated_mlp else 2) * x.h * x.ffn
+    attn = _attention_backward(saved, x, d, w, mlp_params) if attention == "eager" else 0
+    if checkpointed(policy, index):
+        kept, kept_casts, rec = residual, 0, full
+        parts = (("layer input (checkpoint)", residual),)
+    elif policy.kind == "op-sac":
+        if family not in LLAMA_LIKE or attention != "sdpa":
+            raise InputError(f"recompute 'op-sac' is modelled for {', '.join(LLAMA_LIKE)} with sdpa; got "
+                             f"{family} with {attention}")  # fmt: skip
+        keep = _op_sac(x, d, r)
+        kept, kept_casts, rec = total(keep), 0, full
+        parts = tuple((k.name, k.bytes) for k in keep)
+    elif policy.kind == "selective":
+        drop = _selective_drop(saved)
+        kept, kept_casts, rec = full - drop, casts, drop
+        parts = tuple((k.name, k.bytes) for k in saved if k.bytes and not k.name.startswith(("softmax", "prob")))
+    else:
+        kept, kept_casts, rec = full, casts, 0
+        parts = tuple((k.name, k.bytes) for k in saved)
+    return LayerSizes(full, casts, kept, kept_casts, rec, residual, extra, attn, parts)

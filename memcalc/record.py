@@ -1,0 +1,188 @@
+"""Records: frozen dataclasses checked when they are made, with pydantic at the JSON edge only.
+
+memcalc's inputs and results are plain frozen dataclasses. Making one checks every field against its annotation
+and its bounds (``check_fields``) and refuses a wrong type, a bool where a count belongs, NaN, or a value out of
+bounds with one ``InputError`` line. Nothing here imports pydantic: a command line answer never pays for building
+pydantic schemas. Parsing JSON or a dict back into a record (``model_validate_json``, ``model_validate``) goes
+through ``pydantic.TypeAdapter``, imported on first use, which validates the nested dataclasses and then runs their
+checks too.
+
+The methods keep the names of pydantic's models (``model_dump``, ``model_dump_json``, ``model_validate``,
+``model_validate_json``, ``model_copy``), so code written against them keeps working.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import types
+import typing
+from functools import cache
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+
+from memcalc.errors import InputError
+
+R = TypeVar("R", bound="Record")
+
+
+def bounded(default: Any = dataclasses.MISSING, *, ge: float | None = None, gt: float | None = None,
+            le: float | None = None, lt: float | None = None, why: str = "") -> Any:
+    """A dataclass field with bounds, checked when the record is made (``why``: what the bound stands for)."""
+    meta = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt)) if v is not None}
+    if why:
+        meta["why"] = why
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _type_name(tp: Any) -> str:
+    if tp is type(None):
+        return "null"
+    if get_origin(tp) is Literal:
+        return " or ".join(repr(a) for a in get_args(tp))
+    if get_origin(tp) in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in get_args(tp))
+    if get_origin(tp) is tuple:
+        return f"a tuple of {_type_name(get_args(tp)[0])}"
+    return {int: "a whole number", float: "a number", bool: "true or false", str: "a string"}.get(
+        tp, getattr(tp, "__name__", str(tp)))
+
+
+def _fits(value: Any, tp: Any) -> bool:
+    """Strict type test: no bool for a number, no float for a count, no str for anything else."""
+    origin = get_origin(tp)
+    if tp is Any:
+        return True
+    if tp is type(None):
+        return value is None
+    if origin is Literal:
+        return any(value == a and type(value) is type(a) for a in get_args(tp))
+    if origin in (Union, types.UnionType):
+        return any(_fits(value, a) for a in get_args(tp))
+    if origin is tuple:
+        args = get_args(tp)
+        return isinstance(value, tuple) and all(_fits(v, args[0]) for v in value)
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if isinstance(tp, type):
+        return isinstance(value, tp)
+    return True
+
+
+def check_fields(obj: Any, where: str | None = None) -> None:
+    """Every field of dataclass ``obj`` has its annotated type and lies within its bounds, else ``InputError``."""
+    cls = type(obj)
+    name = where or cls.__name__
+    hints = _hints(cls)
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        tp = hints[f.name]
+        if not _fits(value, tp):
+            raise InputError(f"{name}.{f.name} {value!r} is not accepted; accepted: {_type_name(tp)}")
+        if value is None or not f.metadata or isinstance(value, bool):
+            continue
+        m = f.metadata
+        lo = (f"more than {m['gt']:,}" if "gt" in m else f"at least {m['ge']:,}" if "ge" in m else "")
+        hi = (f"less than {m['lt']:,}" if "lt" in m else f"at most {m['le']:,}" if "le" in m else "")
+        bad = (("gt" in m and not value > m["gt"]) or ("ge" in m and not value >= m["ge"])
+               or ("lt" in m and not value < m["lt"]) or ("le" in m and not value <= m["le"]))
+        if bad:
+            accepted = " and ".join(x for x in (lo, hi) if x)
+            why = f" ({m['why']})" if "why" in m else ""
+            raise InputError(f"{name}.{f.name} {value!r} is out of bounds; accepted: {accepted}{why}")
+
+
+def _plain(value: Any, exclude: set[str] | None = None) -> Any:
+    """A record as plain Python: dicts, lists, numbers, strings (what ``json`` writes)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if not (exclude and f.name in exclude)}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+@cache
+def _names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+@cache
+def _required(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls)
+                 if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+
+
+@cache
+def _adapter(cls: type) -> Any:
+    from pydantic import TypeAdapter  # the JSON edge only: building its schema is not free
+
+    return TypeAdapter(cls)
+
+
+class Record:
+    """Methods every memcalc input and result shares (a mixin for frozen dataclasses)."""
+
+    __slots__ = ()
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # Unknown fields are a user's mistake: one InputError line, not Python's TypeError.
+        unknown = [k for k in kwargs if k not in _names(cls)]
+        if unknown:
+            raise InputError(f"{cls.__name__} has no field {unknown[0]!r}; accepted: {', '.join(_names(cls))}")
+        # (pydantic makes records with a bare __new__(cls), then fills them: only keyword calls are checked)
+        missing = [k for k in _required(cls) if k not in kwargs] if kwargs and not args else []
+        if missing:
+            raise InputError(f"{cls.__name__} needs {', '.join(missing)}")
+        return super().__new__(cls)
+
+    def model_dump(self, *, exclude: set[str] | None = None) -> dict[str, Any]:
+        """Plain Python (dicts and lists), every size an integer of bytes."""
+        return _plain(self, exclude)  # type: ignore[no-any-return]
+
+    def model_dump_json(self, *, indent: int | None = None) -> str:
+        """The JSON the command line prints with ``--json``."""
+        return json.dumps(_plain(self), indent=indent, ensure_ascii=False)
+
+    def model_copy(self: R, *, update: dict[str, Any] | None = None) -> R:
+        """A copy with some fields replaced (checked again)."""
+        return dataclasses.replace(self, **(update or {}))  # type: ignore[type-var]
+
+    @classmethod
+    def model_validate(cls: type[R], data: Any) -> R:
+        """A record from plain Python (a dict as ``model_dump`` gives); a mistake is one ``InputError`` line."""
+        return _validated(cls, "validate_python", data)
+
+    @classmethod
+    def model_validate_json(cls: type[R], text: str | bytes) -> R:
+        """A record from JSON (as ``model_dump_json`` gives); a mistake is one ``InputError`` line."""
+        return _validated(cls, "validate_json", text)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+
+
+def _validated(cls: type[R], how: str, data: Any) -> R:
+    from pydantic import ValidationError
+
+    try:
+        return getattr(_adapter(cls), how)(data)  # type: ignore[no-any-return]
+    except ValidationError as e:
+        first = e.errors()[0]
+        if isinstance(first.get("ctx", {}).get("error"), InputError):
+            raise first["ctx"]["error"] from None
+        where = ".".join(str(x) for x in first.get("loc", ()))
+        raise InputError(f"{cls.__name__}{'.' + where if where else ''}: "
+                         f"{' '.join(str(first.get('msg')).split())}") from None

@@ -1,0 +1,131 @@
+"""The step timeline (memcalc.memory.timeline) against traced steps on fake tensors, and against the H100 runs.
+
+Exact cases: the peak and its phase equal the tracer's byte for byte. Bounded cases (listed in BOUNDED) are
+those whose peak sits in a transient the timeline does not order op by op (the recomputed layer's backward, the
+GPT-2 gelu_new backward, pure-bf16 loss details): there the timeline stays within the stated fraction.
+"""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from memcalc.errors import InputError  # noqa: E402
+from memcalc.memory.allocator import block_from_new_segment, fit, round_request, segment_size  # noqa: E402
+from memcalc.memory.timeline import timeline  # noqa: E402
+from memcalc.memory.timeline_states import param_tensors, states  # noqa: E402
+from memcalc.model.hf_config import architecture_from_config  # noqa: E402
+from memcalc.model.params import model_params  # noqa: E402
+from memcalc.validation.trace import trace_step  # noqa: E402
+
+LLAMA = dict(model_type="llama", hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=128, max_position_embeddings=256)
+GPT2 = dict(model_type="gpt2", n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=256)
+QWEN2 = dict(model_type="qwen2", hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=128, max_position_embeddings=256, tie_word_embeddings=True)
+CONFIGS = {"llama": LLAMA, "gpt2": GPT2, "qwen2": QWEN2}
+S, B = 32, 2
+
+
+def both(family, **kw):
+    tr = trace_step(CONFIGS[family], seq_len=S, micro_batch=B, **kw)
+    tl = timeline(architecture_from_config(CONFIGS[family]), family=family, regime=kw.get("precision", "fp32"),
+                  attention=kw.get("attention", "sdpa"), s=S, b=B, recompute=kw.get("recompute", "none"),
+                  optimizer_impl=kw.get("optimizer_impl", "foreach"))  # fmt: skip
+    return tr, tl
+
+
+EXACT = [
+    ("llama", dict(precision="fp32", optimizer_impl="foreach")),
+    ("llama", dict(precision="fp32", optimizer_impl="fused")),
+    ("llama", dict(precision="fp32", optimizer_impl="for-loop", attention="eager")),
+    ("llama", dict(precision="amp-bf16", optimizer_impl="fused")),
+    ("llama", dict(precision="amp-bf16", optimizer_impl="fused", attention="eager")),
+    ("llama", dict(precision="bf16", optimizer_impl="fused", recompute="full")),
+    ("qwen2", dict(precision="fp32", optimizer_impl="fused", attention="eager")),
+    ("qwen2", dict(precision="bf16", optimizer_impl="fused", recompute="full")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("family,kw", EXACT)
+def test_peak_equals_trace(family, kw):
+    tr, tl = both(family, **kw)
+    assert (tl.peak.live_bytes, tl.peak.phase) == (tr.peak, tr.peak_phase)
+    for phase in ("baseline", "input", "optimizer", "zero_grad"):
+        assert tl.phase_peaks[phase] == tr.phase_peaks[phase]
+
+
+BOUNDED = [  # (family, kw, bound): |timeline - trace| / trace within bound; why in the module docstring
+    ("llama", dict(precision="fp32", recompute="full", optimizer_impl="fused"), 0.01),
+    ("llama", dict(precision="amp-bf16", recompute="full", optimizer_impl="fused"), 0.025),
+    ("llama", dict(precision="bf16", optimizer_impl="foreach"), 0.01),
+    ("qwen2", dict(precision="amp-bf16", optimizer_impl="foreach"), 0.015),
+    ("gpt2", dict(precision="fp32", optimizer_impl="fused"), 0.08),
+    ("gpt2", dict(precision="amp-bf16", recompute="full", attention="eager", optimizer_impl="fused"), 0.01),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("family,kw,bound", BOUNDED)
+def test_peak_within_bound(family, kw, bound):
+    tr, tl = both(family, **kw)
+    assert abs(tl.peak.live_bytes - tr.peak) <= bound * tr.peak
+    assert tl.phase_peaks["baseline"] == tr.phase_peaks["baseline"]
+
+
+def test_parts_sum_and_states():
+    arch = architecture_from_config(LLAMA)
+    assert sum(n for _, n in param_tensors(arch)) == model_params(arch).total == 108_864
+    tl = timeline(arch, family="llama", regime="amp-bf16", attention="sdpa", s=S, b=B)
+    assert all(m.live_bytes == sum(b for _, b in m.parts) for m in tl.moments)
+    st = states(arch, "llama", 4, "foreach")
+    assert st.step_temporary == 4 * 108_864 and states(arch, "llama", 4, "fused").step_temporary == 0
+    # bitsandbytes 8-bit: 1 + 1 B per value and an fp32 absmax per 256 for tensors of >= 4096 values
+    eight = states(arch, "llama", 4, "fused", "adamw-8bit")
+    paged = states(arch, "llama", 4, "fused", "paged-adamw-8bit")
+    assert eight.optimizer == paged.paged + paged.optimizer and paged.paged > 0 and eight.paged == 0
+    ib = timeline(arch, family="llama", regime="fp32", attention="sdpa", s=S, b=B, optimizer_impl="in-backward")
+    assert ib.phase_peaks["zero_grad"] < tl.phase_peaks["zero_grad"]
+
+
+def test_policies_order():
+    arch = architecture_from_config(LLAMA)
+    peak = {rc: timeline(arch, family="llama", regime="bf16", attention="sdpa", s=256, b=4, recompute=rc,
+                         optimizer_impl="fused").phase_peaks["loss"]
+            for rc in ("none", "full", "every:2", "op-sac")}  # fmt: skip
+    assert peak["full"] < peak["every:2"] < peak["none"] and peak["full"] < peak["op-sac"] < peak["none"]
+    ch = timeline(arch, family="llama", regime="bf16", attention="sdpa", s=256, b=4, loss="chunked:8")
+    st = timeline(arch, family="llama", regime="bf16", attention="sdpa", s=256, b=4)
+    assert ch.phase_peaks["backward"] < st.phase_peaks["backward"]
+
+
+@pytest.mark.parametrize("kw,match", [(dict(recompute="every:0"), "recompute"), (dict(loss="chunk"), "loss"),
+                                      (dict(optimizer_impl="adam"), "optimizer"), (dict(device="tpu"), "device")])
+def test_bad_input(kw, match):
+    with pytest.raises(InputError, match=match):
+        timeline(architecture_from_config(LLAMA), family="llama", regime="fp32", attention="sdpa", s=S, b=B, **kw)
+
+
+def test_allocator_rounding():
+    # c10/cuda/CUDACachingAllocator.cpp: 512 B blocks, 2 MiB small segments, 20 MiB below 10 MiB, else 2 MiB steps
+    assert (round_request(1), round_request(513), round_request(1024)) == (512, 1024, 1024)
+    assert segment_size(1 << 20) == 2 << 20 and segment_size(5 << 20) == 20 << 20
+    assert segment_size((10 << 20) + 1) == 12 << 20
+    assert block_from_new_segment((11 << 20) + 512) == 12 << 20  # 1 MiB - 512 left over: handed out whole
+    assert block_from_new_segment((10 << 20) + 512) == (10 << 20) + 512  # > 1 MiB left: split
+
+
+def test_h100_rows():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs"))
+    import generate_timeline as g
+
+    results = [g.predict(r) for r in g.ROWS]
+    for x in results:
+        if x.row.status == "ok":
+            assert abs(x.error) <= 0.10, x.row
+        else:
+            assert x.verdict in ("oom", "at-risk"), x.row
+    assert fit(73 << 30, 80 << 30).verdict == "at-risk" and fit(60 << 30, 80 << 30).verdict == "fits"
+    assert fit(80 << 30, 80 << 30).verdict == "oom"
