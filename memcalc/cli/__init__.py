@@ -171,7 +171,8 @@ def _console() -> Any:
     from rich.console import Console
 
     wide = not sys.stdout.isatty() and "COLUMNS" not in os.environ
-    return Console(width=160 if wide else None)
+    # memcalc's cells are plain text: no markup, emoji codes or number highlighting to parse in them.
+    return Console(width=160 if wide else None, markup=False, emoji=False, highlight=False)
 
 
 def _run(fn: Any) -> None:

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from dataclasses import dataclass
 
 from memcalc.errors import InputError
-from memcalc.record import Record, bounded, check_fields
+from memcalc.record import Record, bounded, check_fields, record
 from memcalc.inputs.hardware import GPU, Cluster, Overheads
 from memcalc.inputs.model import Model
 from memcalc.inputs.strategy import EstimatorOptions, FrameworkOptions, Parallelism, Strategy
 from memcalc.layout.dtypes import OPTIMIZERS, PRECISIONS, Optimizer, Precision
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class Workload(Record):
     """What one micro-batch looks like, for activation memory."""
 
@@ -38,7 +37,7 @@ class Workload(Record):
 Accounting = Literal["paper", "implementation", "deepspeed-estimator"]
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class EstimateInput(Record):
     """Everything one estimate needs."""
 

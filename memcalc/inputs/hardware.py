@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from memcalc.errors import InputError
-from memcalc.record import Record, bounded, check_fields
+from memcalc.record import Record, bounded, check_fields, record
 from memcalc.units import GB, gib
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class GPU(Record):
     """One accelerator, as its datasheet describes it. Preset keys equal these field names."""
 
@@ -54,7 +53,7 @@ class GPU(Record):
         check_fields(self)
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class Cluster(Record):
     """How many GPUs, and how they sit in nodes."""
 
@@ -81,7 +80,7 @@ class Cluster(Record):
         return min(self.gpus, self.gpus_per_node)
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class Overheads(Record):
     """GPU memory that is not model state; each becomes its own row of the breakdown."""
 

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from memcalc.errors import InputError
-from memcalc.record import Record, bounded, check_fields
+from memcalc.record import Record, bounded, check_fields, record
 from memcalc.model.architecture import Architecture
 from memcalc.units import parse_count
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class Model(Record):
     """The model being trained: a parameter count, or an architecture the count is derived from."""
 

@@ -34,8 +34,19 @@ def _norm(name: str) -> str:
 
 
 def _read(path: Path) -> dict[str, Any]:
+    """The TOML file as a dict (a fresh copy: callers may change it)."""
     try:
-        with path.open("rb") as f:
+        stat = path.stat()
+    except OSError as e:
+        raise InputError(f"cannot read preset file {str(path)!r}: {e.strerror}") from None
+    return dict(_parsed(str(path.resolve()), stat.st_mtime_ns, stat.st_size))
+
+
+@cache
+def _parsed(path: str, mtime_ns: int, size: int) -> dict[str, Any]:
+    """Parsed once per file version (compare reads the same GPU file for every strategy)."""
+    try:
+        with open(path, "rb") as f:
             return tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
         raise InputError(f"preset file {str(path)!r} is not valid TOML: {e}") from None

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from dataclasses import dataclass
 
 from memcalc.errors import InputError
-from memcalc.record import Record, bounded, check_fields
+from memcalc.record import Record, bounded, check_fields, record
 from memcalc.layout.strategies import STRATEGIES, OffloadDevice, StrategyName, StrategySpec
 from memcalc.layout.plan import Zero3Settings
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class Strategy(Record):
     """A data-parallel strategy (a row of the strategy table) and where it offloads."""
 
@@ -77,7 +76,7 @@ class Strategy(Record):
         return self.offload_optimizer
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class Parallelism(Record):
     """Model parallelism. dp = gpus / (tp x pp x cp); ZeRO and FSDP shard over dp only."""
 
@@ -102,7 +101,7 @@ class Parallelism(Record):
         check_fields(self)
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class FrameworkOptions(Record):
     """How the framework is configured (``--accounting implementation``)."""
 
@@ -145,7 +144,7 @@ class FrameworkOptions(Record):
         check_fields(self)
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class EstimatorOptions(Record):
     """Arguments of DeepSpeed's estimate_zero{2,3}_model_states_mem_needs (``--accounting deepspeed-estimator``)."""
 

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from dataclasses import dataclass
 
 from memcalc.errors import InputError
-from memcalc.record import Record, bounded, check_fields
+from memcalc.record import Record, bounded, check_fields, record
 from memcalc.units import ceil_div
 
 Position = Literal["learned", "rotary", "alibi", "none"]
@@ -42,7 +41,7 @@ MAX_EXPERTS = 2**16
 """65,536: 32x Switch-C's 2,048 experts; bounds top_k and shared experts too (activations loop over them)."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class Architecture(Record):
     """A decoder-only transformer. Defaults describe a GPT-2-style block."""
 

@@ -214,7 +214,7 @@ def render(obj: Estimate | Comparison, unit: MemoryUnit = "gib") -> RenderableTy
 
 def to_text_and_html(obj: Estimate | Comparison, width: int = 120) -> tuple[str, str]:
     """Plain text and HTML of the rendering, for Jupyter/IPython display."""
-    console = Console(record=True, width=width, file=_Null(), force_jupyter=False)
+    console = Console(record=True, width=width, file=_Null(), force_jupyter=False, markup=False, emoji=False, highlight=False)
     console.print(render(obj))
     return console.export_text(clear=False), console.export_html(inline_styles=True)
 

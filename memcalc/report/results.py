@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from memcalc.inputs import EstimateInput
-from memcalc.record import Record
+from memcalc.record import Record, record
 
 Location = Literal["gpu", "cpu", "nvme"]
 Category = Literal["model_state", "activation", "overhead"]
@@ -33,7 +33,7 @@ class _Result(Record):
         return {"text/plain": text, "text/html": html}
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class MemoryRow(_Result):
     """One line of the memory breakdown."""
 
@@ -48,7 +48,7 @@ class MemoryRow(_Result):
     """The formula and its source."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class PerGPU(_Result):
     """Memory one GPU holds at peak, in bytes. ``total`` is the sum of every row."""
 
@@ -66,7 +66,7 @@ class PerGPU(_Result):
     rows: list[MemoryRow]
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class PerNode(_Result):
     """Offloaded model states one node holds: the sum over its ranks."""
 
@@ -79,7 +79,7 @@ class PerNode(_Result):
     rows: list[MemoryRow]
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class Fit(_Result):
     """Does the per-GPU total fit the GPU?"""
 
@@ -90,7 +90,7 @@ class Fit(_Result):
     """usable_bytes - total; negative when it does not fit."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class StageMemory(_Result):
     """One pipeline stage's GPU (every stage, when pp = 1, is stage 0)."""
 
@@ -106,13 +106,13 @@ class StageMemory(_Result):
     """model_states + activations + overheads on this stage's GPU."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class TensorBytes(_Result):
     name: str
     bytes: int
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class ActivationDetail(_Result):
     """What one layer saves for backward on one GPU, per micro-batch."""
 
@@ -125,7 +125,7 @@ class ActivationDetail(_Result):
     layer_tensors: list[TensorBytes]
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class Memory(_Result):
     per_gpu: PerGPU
     """The most loaded GPU (the most loaded pipeline stage)."""
@@ -136,7 +136,7 @@ class Memory(_Result):
     activations: ActivationDetail | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class Collective(_Result):
     """One collective issued every optimizer step, as one GPU sees it. Byte counts are per step."""
 
@@ -163,7 +163,7 @@ class Collective(_Result):
     """Bytes each GPU sends per step under a ring: payload x the nccl-tests bus factor."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class HostTransfer(_Result):
     """A copy between GPU memory and host RAM (over PCIe) or between host RAM and NVMe, per step."""
 
@@ -177,7 +177,7 @@ class HostTransfer(_Result):
     """bytes_per_call x calls_per_step, per GPU."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class Communication(_Result):
     """What crosses links per optimizer step, per GPU."""
 
@@ -193,7 +193,7 @@ class Communication(_Result):
     """Σ bytes over host_transfers (PCIe and NVMe), per GPU."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class StrategyInfo(_Result):
     name: str
     label: str
@@ -209,7 +209,7 @@ class StrategyInfo(_Result):
     offload_params: str
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class ParameterBreakdown(_Result):
     """Exact parameter counts by part (from the architecture)."""
 
@@ -232,7 +232,7 @@ class ParameterBreakdown(_Result):
     """Parameters one token passes through (MoE: top_k experts)."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class ModelInfo(_Result):
     parameters: int
     """Ψ: exact when derived from an architecture."""
@@ -240,7 +240,7 @@ class ModelInfo(_Result):
     breakdown: ParameterBreakdown | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class Training(_Result):
     """The parallel layout and batch that the estimate assumes."""
 
@@ -262,7 +262,7 @@ class Training(_Result):
     tokens_per_step: int | None
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class Estimate(_Result):
     """One strategy's per-GPU memory and per-step communication."""
 
@@ -280,7 +280,7 @@ class Estimate(_Result):
     """Everything the estimate was computed from."""
 
 
-@dataclass(frozen=True, kw_only=True)
+@record
 class Comparison(_Result):
     """Several strategies for one model and cluster, side by side."""
 
