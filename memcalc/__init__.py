@@ -36,6 +36,8 @@ _EXPORTS = {
     "load_gpu": "memcalc.inputs.presets",
     "gpu_names": "memcalc.inputs.presets",
     "InputError": "memcalc.errors",
+    "collectives": "memcalc.report.collectives",
+    "CollectiveTimes": "memcalc.report.collectives",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -43,6 +45,7 @@ __all__ = sorted(_EXPORTS) + ["__version__"]
 if TYPE_CHECKING:
     from memcalc.api import DEFAULT_COMPARE, build_input, compare, estimate, parse_strategy
     from memcalc.errors import InputError
+    from memcalc.report.collectives import CollectiveTimes, collectives
     from memcalc.inputs import (
         GPU,
         OPTIMIZERS,

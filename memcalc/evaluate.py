@@ -57,7 +57,6 @@ def _stage(plan: Plan, k: int, st: object) -> tuple[StageLoad, list[Row], list[R
         states, issued = implementation.model_state_rows(plan)
     else:
         states = paper.model_state_rows(plan, groups)
-    acts, flight = paper.activation_rows(plan, k, st) if st is not None else ([], 0.0)  # type: ignore[arg-type]
     gpu: list[Row] = []
     host: list[Row] = []
     ms = a = 0
@@ -67,11 +66,13 @@ def _stage(plan: Plan, k: int, st: object) -> tuple[StageLoad, list[Row], list[R
             ms += r.bytes
         else:
             host.append(r)
-    for r in acts:
-        a += r.bytes
-    overheads = overhead_rows(plan.cuda_context, plan.reserve)
-    gpu += acts
-    gpu += overheads
+    flight = 0.0
+    if st is not None:
+        acts, flight = paper.activation_rows(plan, k, st)  # type: ignore[arg-type]
+        for r in acts:
+            a += r.bytes
+        gpu += acts
+    gpu += overhead_rows(plan.cuda_context, plan.reserve)
     layers = plan.arch.layers // plan.pp if plan.arch else 0
     load = StageLoad(k, psi_k, layers, flight, ms, a, ms + a + plan.cuda_context + plan.reserve)
     return load, gpu, host, issued
@@ -80,14 +81,18 @@ def _stage(plan: Plan, k: int, st: object) -> tuple[StageLoad, list[Row], list[R
 def evaluate(plan: Plan) -> Evaluation:
     """Per-GPU memory (most loaded pipeline stage) and per-step communication of one plan."""
     st = paper.setting(plan)
-    stages: list[StageLoad] = []
-    found = []
-    for k in range(plan.pp):
-        load, gpu, host, issued = _stage(plan, k, st)
-        stages.append(load)
-        found.append((gpu, host, issued))
-    top = max(range(plan.pp), key=lambda k: (stages[k].total, -k))
-    gpu_rows, host_rows, issued = found[top]
+    if plan.pp == 1:
+        load, gpu_rows, host_rows, issued = _stage(plan, 0, st)
+        stages, top = [load], 0
+    else:
+        stages = []
+        found = []
+        for k in range(plan.pp):
+            load, gpu, host, issued = _stage(plan, k, st)
+            stages.append(load)
+            found.append((gpu, host, issued))
+        top = max(range(plan.pp), key=lambda k: (stages[k].total, -k))
+        gpu_rows, host_rows, issued = found[top]
     psi_top = stages[top].parameters
     ranks = plan.ranks_per_node
     # Host RAM and NVMe are per node: the sum over the node's ranks (DeepSpeed's estimator does the same).
@@ -101,10 +106,13 @@ def evaluate(plan: Plan) -> Evaluation:
         stages = [StageLoad(0, stages[0].parameters, stages[0].layers, stages[0].micro_batches_in_flight, ms, 0, ms)]
         host_rows = []
     collectives = _collectives(plan, issued, psi_top, top, st)
-    opt_state_bytes = sum(r.bytes for r in host_rows if r.key in ("master_weights", "optimizer_moments"))
-    transfers = traffic.host_transfers(psi_top, plan.spec, plan.shard_group_size, plan.precision.param_bytes,
-                                       plan.precision.grad_bytes, opt_state_bytes, plan.optimizer_device,
-                                       plan.offload_params, plan.grad_accum)
+    opt_device = plan.optimizer_device
+    transfers: list[HostTransfer] = []
+    if opt_device != "none" or plan.offload_params != "none":  # nothing moves to or from the host otherwise
+        opt_state_bytes = sum(r.bytes for r in host_rows if r.key in ("master_weights", "optimizer_moments"))
+        transfers = traffic.host_transfers(psi_top, plan.spec, plan.shard_group_size, plan.precision.param_bytes,
+                                           plan.precision.grad_bytes, opt_state_bytes, opt_device,
+                                           plan.offload_params, plan.grad_accum)
     return Evaluation(plan, tuple(stages), top, tuple(gpu_rows), tuple(node_rows), tuple(collectives),
                       tuple(transfers))
 
@@ -120,6 +128,8 @@ def _collectives(plan: Plan, issued: list, psi: int, stage: int, st: object) -> 
         rows = traffic.data_parallel_collectives(psi, plan.spec, plan.shard_group_size, plan.replicas, plan.dp,
                                                  plan.gpus_per_node, p.param_bytes, p.grad_bytes, p.low_dtype,
                                                  plan.grad_accum, plan.intra_link, stride=plan.tp * plan.cp)
+        if arch is None or st is None or (plan.model_parallel == 1 and plan.ep == 1):
+            return rows  # already in step order, and no model-parallel traffic to merge
     if arch is not None and st is not None:
         layers = paper.stage_layers(plan, stage)
         rows += traffic.model_parallel_collectives(

@@ -235,4 +235,5 @@ def test_validate_without_torch_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch now raises ImportError
     r = run("validate")
     assert r.exit_code == 2
-    assert r.stderr.strip() == "memcalc: error: memcalc validate needs torch: pip install torch==2.13.0 'memcalc[validate]'"
+    assert r.stderr.strip() == ("memcalc: error: memcalc validate needs torch: pip install torch==2.13.0 '.[validate]' "
+                                "(from this checkout)")  # never the unrelated package named memcalc on PyPI

@@ -110,17 +110,18 @@ def data_parallel_collectives(
     group = "shard group" if spec.hybrid else "data-parallel"
     padded = shard_numel(psi, n) * n
     crosses = _group_crosses_nodes(n * stride, gpus_per_node)
+    gather = spec.param_gather
+    # Appended in step order (forward, backward, optimizer step), as ``in_step_order`` would sort them.
     if n > 1:
-        gathers = {
-            "none": [],
-            "after_step": [("optimizer step", 1)],
-            "forward": [("forward", grad_accum)],
-            "forward_and_backward": [("forward", grad_accum), ("backward", grad_accum)],
-        }[spec.param_gather]
-        for phase, calls in gathers:
+        if gather in ("forward", "forward_and_backward"):
             rows.append(
-                collective("all-gather", phase, "parameters", group, n, crosses, intra_link, dtype,
-                           padded * param_bytes, calls)
+                collective("all-gather", "forward", "parameters", group, n, crosses, intra_link, dtype,
+                           padded * param_bytes, grad_accum)
+            )  # fmt: skip
+        if gather == "forward_and_backward":
+            rows.append(
+                collective("all-gather", "backward", "parameters", group, n, crosses, intra_link, dtype,
+                           padded * param_bytes, grad_accum)
             )  # fmt: skip
         rows.append(
             collective("reduce-scatter", "backward", "gradients", group, n, crosses, intra_link, dtype,
@@ -134,7 +135,12 @@ def data_parallel_collectives(
                        _group_crosses_nodes(world * stride, gpus_per_node), intra_link, dtype,
                        shard_numel(psi, n) * grad_bytes, micro)
         )  # fmt: skip
-    return in_step_order(rows)
+    if n > 1 and gather == "after_step":
+        rows.append(
+            collective("all-gather", "optimizer step", "parameters", group, n, crosses, intra_link, dtype,
+                       padded * param_bytes, 1)
+        )  # fmt: skip
+    return rows
 
 
 def model_parallel_collectives(
@@ -172,6 +178,8 @@ def model_parallel_collectives(
     - EP (MoE): two all-to-alls (dispatch, combine) of top_k·s·b·h per MoE layer forward, two backward.
     """
     rows: list[Collective] = []
+    if tp == pp == cp == ep == 1:
+        return rows
     m = micro_batches
     act = tokens * hidden * act_bytes
     if tp > 1 and layers:

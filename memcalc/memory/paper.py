@@ -8,10 +8,12 @@ a pipeline stage keeps in flight (Eq. 5).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from functools import lru_cache
+from typing import TYPE_CHECKING, NamedTuple
 
+from memcalc.layout.dtypes import Optimizer, Precision
 from memcalc.layout.plan import Plan
+from memcalc.layout.strategies import StrategySpec
 from memcalc.memory import states
 from memcalc.memory.rows import Row
 from memcalc.model.architecture import Architecture
@@ -24,8 +26,7 @@ if TYPE_CHECKING:  # loaded on first use: a bare parameter count needs neither
 _STATE_KEYS = ("parameters", "gradients", "master_weights", "optimizer_moments")
 
 
-@dataclass(frozen=True)
-class ParamGroup:
+class ParamGroup(NamedTuple):
     """Parameters one rank holds that are sharded over the same group (dense over dp; routed experts over dp/ep)."""
 
     psi: int
@@ -82,19 +83,33 @@ def model_state_rows(plan: Plan, groups: list[ParamGroup]) -> list[Row]:
     p, opt, spec = plan.precision, plan.optimizer, plan.spec
     opt_dev, param_dev = plan.optimizer_device, plan.offload_params
     b_mom = opt.moment_bytes_for(p)
-    sums = [[0, 0, 0], [0, 0, 0], [0, 0, 0], [0, 0, 0]]  # _STATE_KEYS x (gpu, cpu, nvme)
-    for g in groups:
-        placed = (
+    placed = [
+        (
             states.parameter_bytes(g.psi, p.param_bytes, spec.shards_params, g.n, param_dev),
             states.gradient_bytes(g.psi, p.grad_bytes, spec.shards_grads, spec.shards_optimizer, g.n, opt_dev),
             states.master_bytes(g.psi, p.master_bytes, spec.shards_optimizer, g.n, opt_dev),
             states.moment_bytes(g.psi, opt.moments, b_mom, spec.shards_optimizer, g.n, opt_dev),
         )
-        for acc, sb in zip(sums, placed):
-            acc[0] += sb[0]
-            acc[1] += sb[1]
-            acc[2] += sb[2]
-    n = plan.shard_group_size
+        for g in groups
+    ]
+    # _STATE_KEYS x (gpu, cpu, nvme), summed over the groups
+    sums = placed[0] if len(placed) == 1 else [states.StateBytes(*map(sum, zip(*col))) for col in zip(*placed)]
+    rows: list[Row] = []
+    for key, (label, detail, offloaded), (on_gpu, cpu, nvme) in zip(
+        _STATE_KEYS, _state_labels(p, opt, spec, plan.shard_group_size), sums
+    ):
+        rows.append(Row(key, label, on_gpu, "gpu", "model_state", offloaded if on_gpu == 0 and (cpu or nvme) else detail))
+        if cpu:
+            rows.append(Row(key, label, cpu, "cpu", "model_state", "on cpu: " + detail))
+        if nvme:
+            rows.append(Row(key, label, nvme, "nvme", "model_state", "on nvme: " + detail))
+    return rows
+
+
+@lru_cache(maxsize=256)
+def _state_labels(p: Precision, opt: Optimizer, spec: StrategySpec, n: int) -> tuple[tuple[str, str, str], ...]:
+    """(label, detail, detail when offloaded) of each model-state row: the same for every plan that shares them."""
+    b_mom = opt.moment_bytes_for(p)
     div = f"/{n}" if n > 1 else ""
     meta = (
         (f"parameters ({p.low_dtype})", f"{p.param_bytes}Ψ{div if spec.shards_params else ''} (ZeRO §5.3)"),
@@ -103,15 +118,7 @@ def model_state_rows(plan: Plan, groups: list[ParamGroup]) -> list[Row]:
         (f"optimizer moments ({opt.name})",
          f"{opt.moments}x{b_mom}Ψ{div if spec.shards_optimizer else ''} ({opt.source})"),
     )
-    rows: list[Row] = []
-    for key, (label, detail), (on_gpu, cpu, nvme) in zip(_STATE_KEYS, meta, sums):
-        rows.append(Row(key, label, on_gpu, "gpu", "model_state",
-                        "offloaded: " + detail if on_gpu == 0 and (cpu or nvme) else detail))
-        if cpu:
-            rows.append(Row(key, label, cpu, "cpu", "model_state", "on cpu: " + detail))
-        if nvme:
-            rows.append(Row(key, label, nvme, "nvme", "model_state", "on nvme: " + detail))
-    return rows
+    return tuple((label, detail, "offloaded: " + detail) for label, detail in meta)
 
 
 def setting(plan: Plan) -> act.Setting | None:

@@ -6,6 +6,7 @@ turns them into ``memcalc.report.results.MemoryRow`` once. Tuples, because a pla
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
 
@@ -29,11 +30,12 @@ def total(rows: list[Row], key: str, location: str = "gpu") -> int:
     return sum(r.bytes for r in rows if r.key == key and r.location == location)
 
 
-def overhead_rows(cuda_context: int, reserve: int) -> list[Row]:
+@lru_cache(maxsize=64)
+def overhead_rows(cuda_context: int, reserve: int) -> tuple[Row, ...]:
     """GPU memory outside the model: each overhead its own row, with its own input (STYLE: overheads are visible)."""
-    return [
+    return (
         Row("cuda_context", "CUDA context", cuda_context, "gpu", "overhead",
             "CUDA context and loaded kernels (--cuda-context-gib)"),
         Row("allocator_reserve", "allocator reserve", reserve, "gpu", "overhead",
             "fragmentation headroom (--reserve-gib)"),
-    ]
+    )

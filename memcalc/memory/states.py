@@ -29,7 +29,9 @@ class StateBytes(NamedTuple):
 
 
 def _at(location: Location, n_bytes: int) -> StateBytes:
-    return StateBytes(**{location: n_bytes})
+    if location == "gpu":
+        return StateBytes(n_bytes, 0, 0)
+    return StateBytes(0, n_bytes, 0) if location == "cpu" else StateBytes(0, 0, n_bytes)
 
 
 def _device(offload: str) -> Location:
@@ -48,9 +50,9 @@ def parameter_bytes(
     """
     resident = state_bytes(psi, param_bytes, shards_params, n)
     if param_offload == "none":
-        return StateBytes(gpu=resident)
+        return StateBytes(resident, 0, 0)
     on_gpu = 0 if shards_params else psi * param_bytes
-    return StateBytes(gpu=on_gpu, **{param_offload: resident})
+    return StateBytes(on_gpu, resident, 0) if param_offload == "cpu" else StateBytes(on_gpu, 0, resident)
 
 
 def gradient_bytes(
@@ -64,9 +66,9 @@ def gradient_bytes(
     keeps full gradients only where the strategy does not partition them (ZeRO-1, NO_SHARD).
     """
     if optimizer_offload == "none":
-        return StateBytes(gpu=state_bytes(psi, grad_bytes, shards_grads, n))
+        return StateBytes(state_bytes(psi, grad_bytes, shards_grads, n), 0, 0)
     on_gpu = 0 if shards_grads else psi * grad_bytes
-    return StateBytes(gpu=on_gpu, cpu=state_bytes(psi, grad_bytes, shards_optimizer, n))
+    return StateBytes(on_gpu, state_bytes(psi, grad_bytes, shards_optimizer, n), 0)
 
 
 def master_bytes(psi: int, master: int, shards_optimizer: bool, n: int, optimizer_offload: str) -> StateBytes:

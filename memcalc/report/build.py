@@ -21,8 +21,10 @@ from memcalc.report.results import (
     PerGPU,
     PerNode,
     StageMemory,
+    StepTimeInfo,
     StrategyInfo,
     TensorBytes,
+    TimeBreakdown,
     Training,
 )
 from memcalc.units import format_count
@@ -113,9 +115,53 @@ def training(plan: Plan, auto: bool) -> Training:
     )
 
 
-def estimate(inp: EstimateInput, ev: Evaluation, micro_batch_auto: bool = False) -> Estimate:
-    """The public result of one evaluation, with the input it was computed from."""
+def step_time(inp: EstimateInput, ev: Evaluation, timing: dict | None = None) -> tuple[StepTimeInfo | None, str | None]:
+    """(the step time of an evaluation, or None and why). ``timing``: ``cluster``, ``optimizer_impl``, ``tokens``,
+    ``price_per_gpu_hour`` and link overrides (``memcalc.time.estimate.time_evaluation``)."""
+    opts = dict(timing or {})
+    tokens, price = opts.pop("tokens", None), opts.pop("price_per_gpu_hour", None)
     plan = ev.plan
+    if plan.arch is None or plan.work is None:
+        if tokens is not None or price is not None:
+            from memcalc.errors import InputError
+
+            raise InputError("--tokens and --price-per-gpu-hour need a step time: give the model's shape (--model, "
+                             "--hf-config or --layers ...) and --seq-len")
+        why = ("a bare parameter count has no FLOPs: give the model's shape (--model, --hf-config)"
+               if plan.arch is None else "a step needs its tokens: give --seq-len")
+        return None, why
+    from memcalc.time.estimate import time_evaluation, time_fields, time_unavailable
+    from memcalc.time.hardware import cluster_for_gpu
+
+    cluster = opts.get("cluster")
+    why = time_unavailable(ev, gpu=inp.gpu.key, cluster=cluster)
+    if why is not None:
+        if tokens is not None:
+            from memcalc.errors import InputError
+
+            raise InputError(f"--tokens needs a step time: {why}")
+        return None, why
+    st = time_evaluation(ev, gpu=inp.gpu.key, **opts)
+    f = time_fields(st, tokens=tokens, price_per_gpu_hour=price)
+    if f is None:
+        return None, "nothing to time"
+    b = f["breakdown"]
+    return StepTimeInfo(
+        cluster=cluster or cluster_for_gpu(inp.gpu.key), step_s=f["step_s"], tokens_per_step=f["tokens_per_step"],
+        tokens_per_s=f["tokens_per_s"], tokens_per_s_per_gpu=f["tokens_per_s_per_gpu"],
+        model_tflops_per_gpu=f["model_tflops_per_gpu"], peak_tflops_per_gpu=f["peak_tflops_per_gpu"], mfu=f["mfu"],
+        hfu=f["hfu"], flop_convention=f["flop_convention"],
+        breakdown=TimeBreakdown(compute_s=b["compute_s"], memory_bound_s=b["memory_bound_s"],
+                                recompute_s=b["recompute_s"], communication_s=dict(b["communication_s"]),
+                                bubble_s=b["bubble_s"], optimizer_s=b["optimizer_s"], offload_s=b["offload_s"]),
+        time_to_train_s=f["time_to_train_s"], cost=f["cost"],
+    ), None
+
+
+def estimate(inp: EstimateInput, ev: Evaluation, micro_batch_auto: bool = False, timing: dict | None = None) -> Estimate:
+    """The public result of one evaluation, with the input it was computed from and the step's time."""
+    plan = ev.plan
+    time, why = step_time(inp, ev, timing)
     per_gpu = _per_gpu(ev)
     node_rows = [_row(r) for r in ev.node_rows]
     per_node = PerNode(ranks=plan.ranks_per_node, cpu=sum(r.bytes for r in node_rows if r.location == "cpu"),
@@ -139,6 +185,7 @@ def estimate(inp: EstimateInput, ev: Evaluation, micro_batch_auto: bool = False)
         memory=Memory(per_gpu=per_gpu, per_node=per_node, fit=fit, stages=stages, most_loaded_stage=ev.top,
                       activations=_activations(plan)),
         communication=_communication(ev),
-        notes=notes(plan),
+        notes=notes(plan) + ([f"step time: {why}"] if why else []),
         input=inp,
+        time=time,
     )

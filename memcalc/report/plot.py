@@ -89,7 +89,7 @@ def plot_memory(comparison_or_estimates: Comparison | Estimate | Iterable[Estima
     first = estimates[0]
     ax.set_title(f"{first.model.name or 'model'} ({first.model.parameters:,} parameters) on "
                  f"{first.input.cluster.gpus} x {first.input.gpu.name}")  # fmt: skip
-    ax.legend(loc="upper right", fontsize="small")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")  # outside: never over a bar
     return fig
 
 
@@ -135,7 +135,7 @@ def plot_scaling(params: Any = None, strategies: Sequence[str] = SCALING_STRATEG
     ax.set_xlabel("GPUs")
     ax.set_ylabel(f"memory per GPU ({memory_label(u)})")
     ax.set_title(f"{first.model.name or 'model'} ({first.model.parameters:,} parameters) on {first.input.gpu.name}")
-    ax.legend(fontsize="small")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     return fig
 
 

@@ -168,12 +168,63 @@ def links_line(r: Estimate) -> Text:
     )
 
 
+def _s(seconds: float) -> str:
+    return f"{seconds:.3f}" if seconds >= 0.01 else f"{seconds * 1e3:.3f} ms"
+
+
+def _duration(seconds: float) -> str:
+    for div, name in ((86400, "days"), (3600, "hours"), (60, "minutes")):
+        if seconds >= div:
+            return f"{seconds / div:,.1f} {name}"
+    return f"{seconds:.1f} s"
+
+
+def time_table(r: Estimate) -> Table | None:
+    """Where a step's seconds go, and what the step buys."""
+    st = r.time
+    if st is None:
+        return None
+    b = st.breakdown
+    t = Table(title=f"Step time on {st.cluster} (seconds)", title_justify="left")
+    t.add_column("part")
+    t.add_column("s", justify="right")
+    t.add_column("what", style="dim")
+    rows = [("compute", b.compute_s, "matmuls and attention at the GPU's achievable rate for their shapes"),
+            ("memory-bound ops", b.memory_bound_s, "norms, activations, element-wise: bytes over HBM bandwidth"),
+            ("recompute", b.recompute_s, "the forward work recomputation repeats")]
+    rows += [(f"communication: {g}", s, "exposed: not hidden behind compute") for g, s in b.communication_s.items()]
+    rows += [("pipeline bubble", b.bubble_s, "(p-1) micro-batches' worth, / chunks when interleaved"),
+             ("optimizer step", b.optimizer_s, "AdamW on the GPU, or CPU Adam when offloaded"),
+             ("offload copies", b.offload_s, "exposed PCIe / NVMe transfers")]
+    for name, s, what in rows:
+        if s or name == "compute":
+            t.add_row(name, _s(s), what)
+    t.add_section()
+    t.add_row(Text("step", style="bold"), Text(_s(st.step_s), style="bold"), "sum of the parts")
+    return t
+
+
+def throughput_line(r: Estimate) -> Text | None:
+    st = r.time
+    if st is None:
+        return None
+    line = (f"{st.tokens_per_s:,.0f} tokens/s ({st.tokens_per_s_per_gpu:,.0f} per GPU) · "
+            f"{st.model_tflops_per_gpu:,.0f} model TFLOP/s per GPU of {st.peak_tflops_per_gpu:,.0f} peak · "
+            f"MFU {100 * st.mfu:.1f}% · HFU {100 * st.hfu:.1f}%")
+    if st.time_to_train_s is not None:
+        line += f" · time to train {_duration(st.time_to_train_s)}"
+    if st.cost is not None:
+        line += f" · cost {st.cost:,.0f} (the price's currency)"
+    return Text(line, style="bold")
+
+
 def render_estimate(r: Estimate, unit: MemoryUnit = "gib") -> Group:
     parts: list[RenderableType] = [_headline(r, unit), training_line(r), memory_table(r, unit), verdict(r, unit)]
     for extra in (stage_table(r, unit), activation_table(r, unit), host_table(r, unit)):
         if extra is not None:
             parts.append(extra)
     parts += [communication_table(r, unit), links_line(r)]
+    parts += [x for x in (time_table(r), throughput_line(r)) if x is not None]
     parts += [Text(f"note: {n}", style="dim") for n in r.notes]
     return Group(*parts)
 
@@ -188,10 +239,14 @@ def comparison_table(cmp: Comparison, unit: MemoryUnit = "gib") -> Table:
         title_justify="left",
     )
     # Per GPU unless said: host RAM and NVMe per node; communication sent per GPU per step, and its network part.
-    for name in ("strategy", "params", "grads", "optimizer", "activations", "other", "total", "fits",
-                 "host RAM/node", "NVMe/node", "sent/step", "network"):  # fmt: skip
+    timed = any(r.time is not None for r in cmp.estimates)
+    names = ["strategy", "params", "grads", "optimizer", "activations", "other", "total", "fits",
+             "host RAM/node", "NVMe/node", "sent/step", "network"] + (["step s", "tokens/s/GPU"] if timed else [])
+    for name in names:
         t.add_column(name, justify="left" if name == "strategy" else "right", no_wrap=name == "strategy")
     for r in cmp.estimates:
+        times = ([_s(r.time.step_s), f"{r.time.tokens_per_s_per_gpu:,.0f}"] if r.time is not None else ["-", "-"]
+                 ) if timed else []
         g = r.memory.per_gpu
         other = g.total - g.parameters - g.gradients - g.optimizer_states - g.activations
         fits = Text("yes", style="green") if r.memory.fit.fits else Text("no", style="red")
@@ -199,14 +254,25 @@ def comparison_table(cmp: Comparison, unit: MemoryUnit = "gib") -> Table:
         t.add_row(r.strategy.label, _mem(g.parameters, unit), _mem(g.gradients, unit), _mem(g.optimizer_states, unit),
                   _mem(g.activations, unit), _mem(other, unit), Text(_mem(g.total, unit), style="bold"), fits,
                   _mem(r.memory.per_node.cpu, unit), _mem(r.memory.per_node.nvme, unit),
-                  _mem(c.sent_bytes_per_gpu, unit), _mem(c.inter_node_sent_bytes_per_gpu, unit))  # fmt: skip
+                  _mem(c.sent_bytes_per_gpu, unit), _mem(c.inter_node_sent_bytes_per_gpu, unit), *times)  # fmt: skip
     return t
+
+
+def ranking_line(cmp: Comparison) -> Text:
+    """Which strategy needs the least memory, and which is fastest among those that fit."""
+    parts = [f"least memory: {cmp.smallest}"]
+    if cmp.by_time:
+        parts.append(f"fastest that fits: {cmp.fastest_that_fits}" if cmp.fastest_that_fits
+                     else "none that fits has a step time")
+    else:
+        parts.append("no step times: give the model's shape and --seq-len to rank by time")
+    return Text(" · ".join(parts), style="bold")
 
 
 def render(obj: Estimate | Comparison, unit: MemoryUnit = "gib") -> RenderableType:
     kind = type(obj).__name__
     if kind == "Comparison":
-        return comparison_table(obj, unit)  # type: ignore[arg-type]
+        return Group(comparison_table(obj, unit), ranking_line(obj))  # type: ignore[arg-type]
     if kind == "Estimate":
         return render_estimate(obj, unit)  # type: ignore[arg-type]
     raise TypeError(f"cannot render {type(obj).__name__}")

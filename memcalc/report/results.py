@@ -263,6 +263,52 @@ class Training(_Result):
 
 
 @record
+class TimeBreakdown(_Result):
+    """Where one optimizer step's seconds go on the slowest GPU; the parts add up to ``step_s``."""
+
+    compute_s: float
+    """Matmuls and attention at the GPU's achievable rate for their shapes (memcalc/time/flops.py, step.py)."""
+    memory_bound_s: float
+    """Norms, activations, element-wise ops: bytes moved over HBM bandwidth."""
+    recompute_s: float
+    """The forward work recomputation repeats."""
+    communication_s: dict[str, float]
+    """Exposed (not hidden behind compute) time of each group's collectives, seconds."""
+    bubble_s: float
+    """Pipeline bubble: (p - 1) micro-batches' worth for 1F1B, divided by the chunks when interleaved."""
+    optimizer_s: float
+    """The optimizer step (foreach or fused AdamW on the GPU; CPU Adam when offloaded)."""
+    offload_s: float
+    """Exposed host copies (PCIe, NVMe)."""
+
+
+@record
+class StepTimeInfo(_Result):
+    """How long one optimizer step takes, and what that buys (``memcalc.time``)."""
+
+    cluster: str
+    """The cluster preset whose links and calibration timed the step."""
+    step_s: float
+    tokens_per_step: float
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    model_tflops_per_gpu: float
+    """Model FLOPs per GPU per second, in TFLOP/s (``flop_convention``)."""
+    peak_tflops_per_gpu: float
+    """The GPU's dense datasheet rate in the training dtype, TFLOP/s."""
+    mfu: float
+    """Model FLOPs utilisation: model_tflops_per_gpu / peak (no recompute counted)."""
+    hfu: float
+    """Hardware FLOPs utilisation: recomputed work counted too."""
+    flop_convention: str
+    breakdown: TimeBreakdown
+    time_to_train_s: float | None = None
+    """With ``tokens``: seconds to train on them at this rate."""
+    cost: float | None = None
+    """With ``tokens`` and ``price_per_gpu_hour``: price x GPUs x hours, in the price's currency."""
+
+
+@record
 class Estimate(_Result):
     """One strategy's per-GPU memory and per-step communication."""
 
@@ -278,6 +324,9 @@ class Estimate(_Result):
     """What the numbers leave out, and assumptions worth knowing."""
     input: EstimateInput
     """Everything the estimate was computed from."""
+    time: StepTimeInfo | None = None
+    """How long a step takes; None without a model shape and --seq-len, or for a GPU with no calibration (a note
+    says why)."""
 
 
 @record
@@ -286,3 +335,23 @@ class Comparison(_Result):
 
     schema_version: int = 1
     estimates: list[Estimate]
+    by_memory: list[str] = field(default_factory=list)
+    """Strategy labels from the least per-GPU memory to the most."""
+    by_time: list[str] = field(default_factory=list)
+    """Strategy labels from the shortest step to the longest (those with a step time)."""
+    fastest_that_fits: str | None = None
+    """The strategy with the shortest step among those that fit (None: none fits, or no step time)."""
+    smallest: str | None = None
+    """The strategy that needs the least memory per GPU."""
+
+    def __post_init__(self) -> None:
+        # Rankings are derived from the estimates; given ones (a parsed JSON) are kept as they are.
+        if self.estimates and not self.by_memory:
+            es = self.estimates
+            mem = sorted(es, key=lambda e: e.memory.per_gpu.total)
+            timed = sorted((e for e in es if e.time is not None), key=lambda e: e.time.step_s)  # type: ignore[union-attr]
+            fitting = [e for e in timed if e.memory.fit.fits]
+            object.__setattr__(self, "by_memory", [e.strategy.label for e in mem])
+            object.__setattr__(self, "by_time", [e.strategy.label for e in timed])
+            object.__setattr__(self, "fastest_that_fits", fitting[0].strategy.label if fitting else None)
+            object.__setattr__(self, "smallest", mem[0].strategy.label)

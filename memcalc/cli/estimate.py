@@ -1,0 +1,201 @@
+"""``memcalc estimate`` and ``memcalc compare``: one strategy, or several side by side."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from memcalc.cli.app import Command, app, micro_batch_arg, output_format, positive, run_or_fail, show, units_arg
+from memcalc.cli.options import (
+    Params,
+    ModelOpt,
+    HfConfig,
+    Layers,
+    Hidden,
+    Heads,
+    KvHeads,
+    Ffn,
+    Vocab,
+    SeqLen,
+    MicroBatch,
+    Recompute,
+    AttentionOpt,
+    Dropout,
+    Device,
+    Tp,
+    Pp,
+    Cp,
+    Ep,
+    Sp,
+    Vp,
+    AccountingOpt,
+    FsdpVersion,
+    MinNumParams,
+    ReuseDistance,
+    MaxLive,
+    PrefetchBucket,
+    Persistence,
+    Zero3Step,
+    BucketView,
+    ZeroInit,
+    BufferFactor,
+    LargestLayer,
+    MicroBatches,
+    Gpus,
+    GpusPerNode,
+    Gpu,
+    PrecisionOpt,
+    OptimizerOpt,
+    ShardGroup,
+    GradAccum,
+    CudaContext,
+    Reserve,
+    Units,
+    Format,
+    Json,
+)
+from memcalc.errors import InputError
+
+
+@app.command(
+    cls=Command,
+    epilog="Example: memcalc estimate --params 175e9 --stage 3 --gpus 128",
+)
+def estimate(
+    params: Params = None,
+    gpus: Gpus = 1,
+    stage: Annotated[str | None, typer.Option("--stage", "-s", help="DeepSpeed ZeRO stage 0-3 (0 is DDP).")] = None,
+    fsdp: Annotated[str | None, typer.Option("--fsdp", help="FSDP sharding strategy: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, _HYBRID_SHARD_ZERO2 (any case, or 1-5).")] = None,
+    ddp: Annotated[bool, typer.Option("--ddp", help="Plain PyTorch DDP (the default when no strategy is given).")] = False,
+    strategy: Annotated[str | None, typer.Option("--strategy", help="A strategy by name with modifiers, e.g. zero-3+opt-cpu+param-nvme.")] = None,
+    offload_optimizer: Annotated[str, typer.Option("--offload-optimizer", help="none, cpu or nvme (DeepSpeed; nvme needs stage 3).")] = "none",
+    offload_params: Annotated[str, typer.Option("--offload-params", help="none, cpu or nvme (ZeRO-3; FSDP: cpu).")] = "none",
+    shard_group: ShardGroup = None,
+    gpus_per_node: GpusPerNode = 8,
+    gpu: Gpu = "a100-sxm-80gb",
+    precision: PrecisionOpt = "bf16-mixed",
+    optimizer: OptimizerOpt = "adamw",
+    grad_accum: GradAccum = None,
+    cuda_context_gib: CudaContext = None,
+    reserve_gib: Reserve = None,
+    model: ModelOpt = None,
+    hf_config: HfConfig = None,
+    layers: Layers = None,
+    hidden: Hidden = None,
+    heads: Heads = None,
+    kv_heads: KvHeads = None,
+    ffn: Ffn = None,
+    vocab: Vocab = None,
+    seq_len: SeqLen = None,
+    micro_batch: MicroBatch = None,
+    micro_batches: MicroBatches = None,
+    recompute: Recompute = "none",
+    attention: AttentionOpt = "eager",
+    dropout: Dropout = None,
+    device: Device = "cuda",
+    tp: Tp = 1,
+    pp: Pp = 1,
+    cp: Cp = 1,
+    ep: Ep = 1,
+    sequence_parallel: Sp = False,
+    virtual_stages: Vp = 1,
+    accounting: AccountingOpt = "paper",
+    zero_init: ZeroInit = True,
+    buffer_factor: BufferFactor = 1.5,
+    largest_layer_params: LargestLayer = None,
+    fsdp_version: FsdpVersion = 1,
+    bucket_view: BucketView = False,
+    min_num_params: MinNumParams = None,
+    max_reuse_distance: ReuseDistance = None,
+    max_live_parameters: MaxLive = None,
+    prefetch_bucket_size: PrefetchBucket = None,
+    persistence_threshold: Persistence = None,
+    zero3_step: Zero3Step = "steady",
+    units: Units = "gib",
+    json: Json = False,
+    fmt: Format = "table",
+) -> None:
+    """Memory per GPU and communication per step for one strategy."""
+
+    def go() -> None:
+        from memcalc.api import estimate as run
+
+        for flag, value in (("--gpus", gpus), ("--gpus-per-node", gpus_per_node), ("--shard-group", shard_group),
+                            ("--grad-accum", grad_accum), ("--micro-batches", micro_batches), ("--seq-len", seq_len),
+                            ("--tp", tp), ("--pp", pp), ("--cp", cp), ("--ep", ep),
+                            ("--virtual-stages", virtual_stages)):  # fmt: skip
+            positive(flag, value)
+        u = units_arg(units)
+        result = run(
+            params=params, gpus=gpus, gpus_per_node=gpus_per_node, stage=stage, fsdp=fsdp, ddp=ddp,
+            strategy=strategy, offload_optimizer=offload_optimizer.strip().lower(),
+            offload_params=offload_params.strip().lower(), shard_group=shard_group, gpu=gpu, precision=precision,
+            optimizer=optimizer, grad_accum=grad_accum, micro_batches=micro_batches, cuda_context_gib=cuda_context_gib,
+            reserve_gib=reserve_gib, model=model, hf_config=hf_config, layers=layers, hidden=hidden, heads=heads,
+            kv_heads=kv_heads, ffn=ffn, vocab=vocab, seq_len=seq_len, micro_batch=micro_batch_arg(micro_batch),
+            recompute=recompute.strip().lower(), attention=attention.strip().lower(), dropout=dropout,
+            device=device.strip().lower(), tp=tp, pp=pp, cp=cp, ep=ep, sequence_parallel=sequence_parallel,
+            virtual_stages=virtual_stages, accounting=accounting.strip().lower(), zero_init=zero_init,
+            buffer_factor=buffer_factor, largest_layer_params=largest_layer_params, fsdp_version=fsdp_version,
+            bucket_view=bucket_view, min_num_params=min_num_params, max_reuse_distance=max_reuse_distance,
+            max_live_parameters=max_live_parameters, prefetch_bucket_size=prefetch_bucket_size,
+            persistence_threshold=persistence_threshold, zero3_step=zero3_step.strip().lower(),
+        )  # fmt: skip
+        show(result, output_format(fmt, json), u)
+
+    run_or_fail(go)
+
+
+@app.command(
+    cls=Command,
+    epilog="Example: memcalc compare --params 7e9 --gpus 64 --strategies zero-2,zero-3,FULL_SHARD+param-cpu",
+)
+def compare(
+    params: Params = None,
+    gpus: Gpus = 1,
+    strategies: Annotated[str | None, typer.Option("--strategies", help="Comma-separated strategies (default: all); modifiers +opt-cpu, +param-nvme, +offload.")] = None,
+    shard_group: ShardGroup = None,
+    gpus_per_node: GpusPerNode = 8,
+    gpu: Gpu = "a100-sxm-80gb",
+    precision: PrecisionOpt = "bf16-mixed",
+    optimizer: OptimizerOpt = "adamw",
+    grad_accum: GradAccum = None,
+    cuda_context_gib: CudaContext = None,
+    reserve_gib: Reserve = None,
+    model: ModelOpt = None,
+    hf_config: HfConfig = None,
+    seq_len: SeqLen = None,
+    micro_batch: MicroBatch = None,
+    recompute: Recompute = "none",
+    attention: AttentionOpt = "eager",
+    tp: Tp = 1,
+    pp: Pp = 1,
+    sequence_parallel: Sp = False,
+    units: Units = "gib",
+    json: Json = False,
+    fmt: Format = "table",
+) -> None:
+    """Every strategy side by side: memory parts, total, fit, host RAM and communication."""
+
+    def go() -> None:
+        from memcalc.api import compare as run
+
+        for flag, value in (("--gpus", gpus), ("--gpus-per-node", gpus_per_node), ("--shard-group", shard_group),
+                            ("--grad-accum", grad_accum), ("--seq-len", seq_len), ("--tp", tp), ("--pp", pp)):  # fmt: skip
+            positive(flag, value)
+        u = units_arg(units)
+        mb = micro_batch_arg(micro_batch)
+        if mb == "auto":
+            raise InputError("compare takes a fixed --micro-batch; use estimate --micro-batch auto per strategy")
+        chosen = None if strategies is None else [s for s in strategies.split(",") if s.strip()]
+        result = run(
+            params=params, gpus=gpus, gpus_per_node=gpus_per_node, strategies=chosen, shard_group=shard_group,
+            gpu=gpu, precision=precision, optimizer=optimizer, grad_accum=grad_accum,
+            cuda_context_gib=cuda_context_gib, reserve_gib=reserve_gib, model=model, hf_config=hf_config,
+            seq_len=seq_len, micro_batch=mb, recompute=recompute.strip().lower(), attention=attention.strip().lower(),
+            tp=tp, pp=pp, sequence_parallel=sequence_parallel,
+        )  # fmt: skip
+        show(result, output_format(fmt, json), u)
+
+    run_or_fail(go)

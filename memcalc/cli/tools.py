@@ -1,0 +1,173 @@
+"""Commands beside the estimate: ``validate`` (real runs on this machine), ``collectives`` (one message on every
+primitive), ``trace`` (one real step on fake tensors) and ``plot`` (pictures of per-GPU memory)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from memcalc.cli.app import Command, app, console, fail, output_format, run_or_fail, show_rows
+from memcalc.cli.options import Format, Gpu, Gpus, HfConfig, Json, ModelOpt, Params, SeqLen, Units
+from memcalc.errors import InputError
+
+
+@app.command(cls=Command, epilog="Example: memcalc validate --suite quick")
+def validate(
+    suite: Annotated[str, typer.Option("--suite", help="quick (3 configurations) or full (every framework and strategy; DeepSpeed when installed).")] = "quick",
+) -> None:
+    """Measure real DDP/FSDP training steps on this machine and print them beside memcalc's estimate."""
+    try:
+        import torch
+    except ImportError:
+        raise fail("memcalc validate needs torch: pip install torch==2.13.0 '.[validate]' (from this checkout)") from None
+    if suite not in ("quick", "full"):
+        raise fail(f"--suite {suite!r} is not accepted; accepted: quick, full")
+    from rich.progress import Progress
+    from rich.table import Table
+    from rich.text import Text
+
+    from memcalc.validation.suite import QUICK, compare, full
+
+    configs = QUICK if suite == "quick" else full()
+    rows = []
+    out = console()
+    with Progress(console=out, transient=True) as progress:
+        task = progress.add_task("measuring", total=len(configs))
+        for c in configs:
+            progress.update(task, description=f"measuring {c.name} ({c.world} processes, gloo)")
+            rows += compare(c)
+            progress.advance(task)
+    t = Table(title="Predicted (--accounting implementation) vs measured after one step (-stepN: the Nth), rank 0, bytes",
+              title_justify="left")  # fmt: skip
+    for col in ("configuration", "quantity", "predicted", "measured", ""):
+        t.add_column(col, justify="right" if col in ("predicted", "measured") else "left")
+    for r in rows:
+        t.add_row(r.config, r.quantity, f"{r.predicted:,}", f"{r.measured:,}",
+                  Text("=", style="green") if r.match else Text("≠", style="red"))  # fmt: skip
+    out.print(t)
+    if torch.cuda.is_available():
+        from memcalc.validation.cuda import peak_vs_estimate
+
+        measured, est = peak_vs_estimate()
+        out.print(f"CUDA peak (torch.cuda.max_memory_allocated, one GPU): measured {measured:,} bytes, "
+                      f"estimated {est:,} bytes ({(est - measured) / measured:+.1%})")  # fmt: skip
+    bad = sum(not r.match for r in rows)
+    out.print(f"{len(rows) - bad} of {len(rows)} figures match exactly")
+    if bad:
+        raise typer.Exit(1)
+
+
+@app.command(cls=Command, epilog="Example: memcalc collectives --size 1GiB --group 8 --gpu h100")
+def collectives(
+    size: Annotated[str, typer.Option("--size", help="Message size S (nccl-tests' S): 1GiB, 512MiB, 64KB, 1e9 bytes.")] = "1GiB",
+    group: Annotated[int, typer.Option("--group", help="Ranks in the collective.")] = 8,
+    gpu: Annotated[str | None, typer.Option("--gpu", help="GPU preset: times it on the first cluster built from it (h100 -> dgx-h100).")] = None,
+    cluster: Annotated[str | None, typer.Option("--cluster", help="Cluster preset: dgx-a100, dgx-h100, hgx-h200, p4d-a100, p5-h100, or a .toml path.")] = None,
+    gpus_per_node: Annotated[int | None, typer.Option("--gpus-per-node", help="GPUs per node (default: the cluster's).")] = None,
+    across_nodes: Annotated[bool, typer.Option("--across-nodes", help="One rank per node (a data-parallel group under tensor parallelism).")] = False,
+    json: Json = False,
+    fmt: Format = "table",
+) -> None:
+    """Every collective primitive on one message: bytes per rank, algorithm, time and nccl-tests bus bandwidth."""
+
+    def go() -> None:
+        from memcalc.report.collectives import collectives as run
+        from memcalc.report.collectives import collectives_table
+
+        out = output_format(fmt, json)
+        result = run(size, group, gpu=gpu, cluster=cluster, gpus_per_node=gpus_per_node, across_nodes=across_nodes)
+        if out == "json":
+            sys.stdout.write(result.model_dump_json(indent=2) + "\n")
+        elif out in ("csv", "markdown"):
+            rows = [p.model_dump() for p in result.primitives]
+            show_rows("", rows, out)
+        else:
+            console().print(collectives_table(result))
+
+    run_or_fail(go)
+
+
+@app.command(cls=Command, epilog="Example: memcalc trace --hf-config config.json --seq-len 2048 --precision amp-bf16")
+def trace(
+    hf_config: Annotated[str, typer.Option("--hf-config", help="A Hugging Face config.json (the model is built from it, no weights).")],
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")],
+    micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per micro-batch.")] = 1,
+    precision: Annotated[str, typer.Option("--precision", help="fp32, bf16 (pure) or amp-bf16 (fp32 weights under autocast).")] = "amp-bf16",
+    optimizer_impl: Annotated[str, typer.Option("--optimizer-impl", help="foreach, fused or for-loop (torch.optim.AdamW).")] = "foreach",
+    recompute: Annotated[str, typer.Option("--recompute", help="none or full (per decoder layer).")] = "none",
+    attention: Annotated[str, typer.Option("--attention", help="sdpa or eager.")] = "sdpa",
+    world: Annotated[int, typer.Option("--world", help="Ranks; rank 0 is traced with torch's fake process group.")] = 1,
+    fsdp: Annotated[bool, typer.Option("--fsdp", help="FSDP2 fully_shard per decoder layer and the root.")] = False,
+    tp: Annotated[int, typer.Option("--tp", help="DTensor tensor-parallel degree.")] = 1,
+) -> None:
+    """Run one real training step of the model's code on fake tensors (CPU, no GPU, no weights) and print its
+    live bytes: the peak, where it happens, and each phase's peak (needs torch and transformers)."""
+
+    def go() -> None:
+        try:
+            import torch  # noqa: F401
+            import transformers  # noqa: F401
+        except ImportError:
+            raise InputError("memcalc trace needs torch and transformers: pip install torch==2.13.0 "
+                             "'.[validate,hf]' (from this checkout)") from None
+        import json as js
+
+        from memcalc.model.hf_config import read_bounded
+        from memcalc.validation.trace import trace_step, trace_summary
+
+        path, data = read_bounded(hf_config)
+        cfg = js.loads(data.decode("utf-8-sig"))
+        t = trace_step(cfg, seq_len=seq_len, micro_batch=micro_batch, precision=precision,
+                       optimizer_impl=optimizer_impl, recompute=recompute, attention=attention, world=world,
+                       fsdp=fsdp, tp=tp)
+        summary = trace_summary(t)
+        sys.stdout.write(js.dumps(summary, indent=2) + "\n")
+
+    run_or_fail(go)
+
+
+@app.command(cls=Command, epilog="Example: memcalc plot memory --model llama-2-7b --gpus 8 --out memory.png")
+def plot(
+    kind: Annotated[str, typer.Argument(help="memory (per-GPU memory by part, per strategy) or scaling (per-GPU memory vs GPU count).")],
+    out: Annotated[str, typer.Option("--out", "-o", help="The picture to write: .png or .svg.")],
+    params: Params = None,
+    model: ModelOpt = None,
+    hf_config: HfConfig = None,
+    gpus: Gpus = 8,
+    gpu: Gpu = "a100-sxm-80gb",
+    strategies: Annotated[str | None, typer.Option("--strategies", help="Comma-separated strategies (default: memory: all; scaling: ddp, zero-1, zero-2, zero-3).")] = None,
+    gpu_counts: Annotated[str, typer.Option("--gpu-counts", help="scaling: comma-separated GPU counts.")] = "8,16,32,64,128,256",
+    seq_len: SeqLen = None,
+    micro_batch: Annotated[int | None, typer.Option("--micro-batch", help="Sequences per micro-batch (with --seq-len).")] = None,
+    units: Units = "gib",
+) -> None:
+    """Draw per-GPU memory (stacked by part, per strategy) or how it scales with the GPU count (needs matplotlib)."""
+
+    def go() -> None:
+        from memcalc.cli.app import units_arg
+
+        u = units_arg(units)
+        chosen = None if strategies is None else [s.strip() for s in strategies.split(",") if s.strip()]
+        shape = {k: v for k, v in (("params", params), ("model", model), ("hf_config", hf_config), ("gpu", gpu),
+                                   ("seq_len", seq_len), ("micro_batch", micro_batch)) if v is not None}
+        from memcalc.report import plot as p
+
+        if kind == "memory":
+            import memcalc
+
+            fig = p.plot_memory(memcalc.compare(gpus=gpus, strategies=chosen, **shape), unit=u)
+        elif kind == "scaling":
+            try:
+                counts = [int(x) for x in gpu_counts.split(",") if x.strip()]
+            except ValueError:
+                raise InputError(f"--gpu-counts {gpu_counts!r} is not a list of whole numbers; give e.g. 8,16,32") from None
+            extra = {"strategies": chosen} if chosen else {}
+            fig = p.plot_scaling(gpus=counts, unit=u, **extra, **shape)
+        else:
+            raise InputError(f"plot {kind!r} is not a plot; accepted: memory, scaling")
+        written = p.save(fig, out)
+        sys.stdout.write(f"wrote {written}\n")
+
+    run_or_fail(go)

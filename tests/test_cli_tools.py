@@ -1,0 +1,136 @@
+"""The commands beside estimate and compare, output formats, and the step time in results."""
+
+import csv
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+import memcalc
+from memcalc.cli import app
+from memcalc.comm.collectives import bus_factor
+from memcalc.report.collectives import CollectiveTimes, parse_size
+from memcalc.report.results import Comparison, Estimate
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, list(args))
+
+
+def test_memcalc_alone_prints_the_help_not_an_error():
+    p = subprocess.run([sys.executable, "-m", "memcalc"], capture_output=True, text=True, check=False)
+    assert p.returncode == 0 and p.stderr == ""
+    assert "Usage: memcalc" in p.stdout and "estimate" in p.stdout and "collectives" in p.stdout
+
+
+def test_collectives_json_carries_every_primitive_with_time_and_bus_bandwidth():
+    r = run("collectives", "--size", "1GiB", "--group", "8", "--gpu", "h100", "--json")
+    assert r.exit_code == 0, r.output
+    c = CollectiveTimes.model_validate_json(r.stdout)
+    assert c.size_bytes == 2**30 and c.group == 8 and c.cluster == "dgx-h100" and c.nodes == 1
+    names = [p.name for p in c.primitives]
+    assert names == ["broadcast", "scatter", "gather", "reduce", "all-reduce", "all-gather", "reduce-scatter",
+                     "all-to-all", "send/recv"]
+    for p in c.primitives:
+        assert p.time_s > 0
+        # nccl-tests doc/PERFORMANCE.md: busbw = S / t x factor
+        f = bus_factor(p.name, 8) if p.name in ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
+                                                 "broadcast", "reduce") else None
+        if f is not None:
+            assert p.bus_bandwidth == pytest.approx(2**30 / p.time_s * f.numerator / f.denominator, rel=1e-9)
+    ring = {p.name: p for p in c.primitives}
+    assert ring["all-gather"].sent_bytes == 2**30 * 7 // 8  # (n-1)/n S per rank
+
+
+def test_collectives_across_nodes_is_slower_than_inside_one():
+    inside = memcalc.collectives("256MiB", 8, gpu="h100")
+    across = memcalc.collectives("256MiB", 8, gpu="h100", across_nodes=True)
+    t = {p.name: p.time_s for p in inside.primitives}
+    u = {p.name: p.time_s for p in across.primitives}
+    assert across.ranks_per_node == 1 and across.nodes == 8
+    assert u["all-gather"] > 4 * t["all-gather"]  # 50 GB/s NICs against 900 GB/s NVLink
+
+
+@pytest.mark.parametrize(("text", "n"), [("1GiB", 2**30), ("512MiB", 512 * 2**20), ("64KB", 64_000), ("1e9", 10**9),
+                                         (4096, 4096)])
+def test_sizes_parse_in_the_unit_written(text, n):
+    assert parse_size(text) == n
+
+
+@pytest.mark.parametrize("bad", ["0", "-1GiB", "1PB0", "inf", "nan", "1YiB", "", "2e20"])
+def test_bad_sizes_are_one_line_exit_2(bad):
+    r = run("collectives", "--size", bad, "--group", "8")
+    assert r.exit_code == 2 and "--size" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_estimate_formats_csv_and_markdown_carry_the_same_integers():
+    args = ["estimate", "--params", "7e9", "--stage", "3", "--gpus", "8"]
+    as_json = Estimate.model_validate_json(run(*args, "--json").stdout)
+    rows = list(csv.DictReader(io.StringIO(run(*args, "--format", "csv").stdout)))
+    gpu = {r["key"]: int(r["bytes"]) for r in rows if r["section"] == "per_gpu"}
+    assert gpu["parameters"] == as_json.memory.per_gpu.parameters == 2 * 7_000_000_000 // 8
+    md = run(*args, "-f", "markdown").stdout
+    assert md.startswith("#") or "|" in md
+    assert f"{as_json.memory.per_gpu.total / 2**30:,.2f}" in md
+    bad = run(*args, "--format", "yaml")
+    assert bad.exit_code == 2 and "accepted: table, json, csv, markdown" in bad.stderr
+
+
+def test_catalogues_in_every_format():
+    rows = json.loads(run("gpus", "--format", "json").stdout)
+    assert any(r["name"] == "h100-sxm" and r["memory GB"] == 80 for r in rows)
+    assert run("models", "--format", "csv").stdout.startswith("name,parameters,")
+    assert "| zero-3 |" in run("strategies", "--format", "markdown").stdout
+
+
+def test_step_time_in_the_estimate_and_its_json():
+    r = memcalc.estimate(model="llama-3-8b", fsdp="FULL_SHARD", gpus=64, gpu="h100", seq_len=8192)
+    t = r.time
+    assert t is not None and t.cluster == "dgx-h100"
+    b = t.breakdown
+    parts = (b.compute_s + b.memory_bound_s + b.recompute_s + sum(b.communication_s.values()) + b.bubble_s
+             + b.optimizer_s + b.offload_s)
+    assert parts == pytest.approx(t.step_s, rel=1e-9)
+    assert t.tokens_per_step == 64 * 8192
+    assert t.tokens_per_s == pytest.approx(t.tokens_per_step / t.step_s)
+    assert t.tokens_per_s_per_gpu == pytest.approx(t.tokens_per_s / 64)
+    assert 0 < t.mfu <= t.hfu < 1
+    d = json.loads(r.model_dump_json())
+    assert d["time"]["step_s"] == t.step_s and d["time"]["mfu"] == t.mfu
+    assert Estimate.model_validate_json(r.model_dump_json()) == r
+
+
+def test_no_step_time_without_a_shape_says_why():
+    r = memcalc.estimate(params=7e9, stage=3, gpus=8)
+    assert r.time is None
+    assert any(n.startswith("step time: a bare parameter count has no FLOPs") for n in r.notes)
+
+
+def test_compare_ranks_by_memory_and_by_time():
+    c = memcalc.compare(model="llama-3-8b", gpus=64, gpu="h100", seq_len=4096,
+                        strategies=["ddp", "zero-1", "zero-3", "FULL_SHARD"])
+    totals = {e.strategy.label: e.memory.per_gpu.total for e in c.estimates}
+    assert c.by_memory == sorted(totals, key=totals.get)
+    steps = {e.strategy.label: e.time.step_s for e in c.estimates}
+    assert c.by_time == sorted(steps, key=steps.get)
+    fitting = [s for s in c.by_time if next(e for e in c.estimates if e.strategy.label == s).memory.fit.fits]
+    assert c.fastest_that_fits == fitting[0]
+    assert Comparison.model_validate_json(c.model_dump_json()) == c
+    out = run("compare", "--model", "llama-3-8b", "--gpus", "64", "--gpu", "h100", "--seq-len", "4096",
+              "--strategies", "ddp,zero-3").stdout
+    assert "step s" in out and "fastest that fits:" in out
+
+
+def test_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "m.png"
+    r = run("plot", "memory", "--params", "7e9", "--gpus", "8", "--strategies", "ddp,zero-3", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bad = run("plot", "pie", "--params", "7e9", "--out", str(tmp_path / "x.png"))
+    assert bad.exit_code == 2 and "accepted: memory, scaling" in bad.stderr
