@@ -134,3 +134,34 @@ def test_plot_writes_a_png(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     bad = run("plot", "pie", "--params", "7e9", "--out", str(tmp_path / "x.png"))
     assert bad.exit_code == 2 and "accepted: memory, scaling" in bad.stderr
+
+
+CONFIGS = __import__("pathlib").Path(__file__).resolve().parent / "data" / "configs"
+
+
+def test_deepspeed_config_sets_the_strategy_and_typed_flags_win():
+    ds = str(CONFIGS / "deepspeed" / "hf_ds_config_zero3_bf16.json")
+    r = run("estimate", "--model", "llama-2-7b", "--gpus", "8", "--deepspeed", ds, "--json")
+    assert r.exit_code == 0, r.output
+    e = Estimate.model_validate_json(r.stdout)
+    assert e.strategy.name == "zero-3" and e.strategy.offload_optimizer == "cpu" and e.strategy.offload_params == "cpu"
+    assert "not modelled" in r.stderr  # said on stderr, stdout stays JSON
+    typed = Estimate.model_validate_json(run("estimate", "--model", "llama-2-7b", "--gpus", "8", "--deepspeed", ds,
+                                             "--stage", "2", "--json").stdout)
+    assert typed.strategy.name == "zero-2" and typed.strategy.offload_optimizer == "none"
+
+
+def test_torchtitan_config_sets_the_layout():
+    tt = str(CONFIGS / "torchtitan" / "v0.2.2_llama3_70b.toml")
+    e = Estimate.model_validate_json(run("estimate", "--torchtitan-config", tt, "--gpus", "64", "--json").stdout)
+    assert e.model.name == "llama-3-70b" and e.training.tp == 8 and e.training.dp == 8
+    assert e.training.seq_len == 8192 and e.strategy.name == "FULL_SHARD"
+
+
+def test_a_rejected_config_is_one_line_exit_2():
+    bad = str(CONFIGS / "rejected" / "hf_ds_config_zero3.json")
+    r = run("estimate", "--model", "gpt2", "--deepspeed", bad)
+    assert r.exit_code == 2 and "zero_optimization.reduce_bucket_size" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    two = run("estimate", "--model", "gpt2", "--deepspeed", bad, "--torchtitan-config", "x.toml")
+    assert two.exit_code == 2 and "cannot be combined" in two.stderr

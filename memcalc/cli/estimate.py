@@ -7,7 +7,11 @@ from typing import Annotated
 import typer
 
 from memcalc.cli.app import Command, app, micro_batch_arg, output_format, positive, run_or_fail, show, units_arg
+from memcalc.cli.configs import with_config
 from memcalc.cli.options import (
+    AccelerateConfig,
+    DeepSpeedConfig,
+    TorchtitanConfig,
     Params,
     ModelOpt,
     HfConfig,
@@ -63,6 +67,7 @@ from memcalc.errors import InputError
     epilog="Example: memcalc estimate --params 175e9 --stage 3 --gpus 128",
 )
 def estimate(
+    ctx: typer.Context,
     params: Params = None,
     gpus: Gpus = 1,
     stage: Annotated[str | None, typer.Option("--stage", "-s", help="DeepSpeed ZeRO stage 0-3 (0 is DDP).")] = None,
@@ -115,6 +120,9 @@ def estimate(
     units: Units = "gib",
     json: Json = False,
     fmt: Format = "table",
+    deepspeed: DeepSpeedConfig = None,
+    accelerate_config: AccelerateConfig = None,
+    torchtitan_config: TorchtitanConfig = None,
 ) -> None:
     """Memory per GPU and communication per step for one strategy."""
 
@@ -127,7 +135,7 @@ def estimate(
                             ("--virtual-stages", virtual_stages)):  # fmt: skip
             positive(flag, value)
         u = units_arg(units)
-        result = run(
+        kwargs = dict(
             params=params, gpus=gpus, gpus_per_node=gpus_per_node, stage=stage, fsdp=fsdp, ddp=ddp,
             strategy=strategy, offload_optimizer=offload_optimizer.strip().lower(),
             offload_params=offload_params.strip().lower(), shard_group=shard_group, gpu=gpu, precision=precision,
@@ -142,6 +150,7 @@ def estimate(
             max_live_parameters=max_live_parameters, prefetch_bucket_size=prefetch_bucket_size,
             persistence_threshold=persistence_threshold, zero3_step=zero3_step.strip().lower(),
         )  # fmt: skip
+        result = run(**with_config(ctx, kwargs, deepspeed, accelerate_config, torchtitan_config))
         show(result, output_format(fmt, json), u)
 
     run_or_fail(go)

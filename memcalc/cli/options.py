@@ -52,3 +52,6 @@ Reserve = Annotated[float | None, typer.Option("--reserve-gib", help="Allocator 
 Units = Annotated[str, typer.Option("--units", help="Memory units: gib (2^30, as CUDA reports) or gb (10^9, as papers print).")]
 Json = Annotated[bool, typer.Option("--json", help="Print the whole result as JSON (integer bytes); same as --format json.")]
 Format = Annotated[str, typer.Option("--format", "-f", help="table (default), json (integer bytes), csv or markdown.")]
+DeepSpeedConfig = Annotated[str | None, typer.Option("--deepspeed", help="A DeepSpeed JSON (ds_config.json): ZeRO stage, offload, precision, batch, ZeRO-3 knobs; flags you type win.")]
+AccelerateConfig = Annotated[str | None, typer.Option("--accelerate-config", help="An accelerate config YAML (distributed_type, num_processes, fsdp_config or deepspeed_config).")]
+TorchtitanConfig = Annotated[str | None, typer.Option("--torchtitan-config", help="A torchtitan job TOML (parallelism, batch, seq_len, activation checkpointing, model flavor).")]

@@ -1,0 +1,62 @@
+"""``--deepspeed``, ``--accelerate-config``, ``--torchtitan-config``: a framework's own config file as the flags.
+
+The file gives the arguments (``memcalc.configs``); flags typed on the command line win over it. What the file
+holds that memcalc does not model, or that does not change memory, is said on stderr (one line each), so that
+``--json`` on stdout stays clean.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from memcalc.errors import InputError
+
+
+def typed(ctx: Any) -> set[str]:
+    """The parameters the user typed (not left at their defaults)."""
+    from typer._click.core import ParameterSource
+
+    return {k for k in ctx.params if ctx.get_parameter_source(k) is ParameterSource.COMMANDLINE}
+
+
+def with_config(ctx: Any, kwargs: dict[str, Any], deepspeed: str | None, accelerate: str | None,
+                torchtitan: str | None, *, quiet: bool = False) -> dict[str, Any]:
+    """``kwargs`` (the command's arguments for ``memcalc.estimate``) with a config file's arguments beneath them."""
+    files = [(flag, f) for flag, f in (("--deepspeed", deepspeed), ("--accelerate-config", accelerate),
+                                       ("--torchtitan-config", torchtitan)) if f is not None]
+    if not files:
+        return kwargs
+    if len(files) > 1:
+        raise InputError(f"{' and '.join(f for f, _ in files)} cannot be combined; choose one config file")
+    from memcalc.configs import merge_arguments, read_accelerate, read_deepspeed, read_torchtitan
+
+    given = typed(ctx) & set(kwargs)
+    mb = kwargs.get("micro_batch") if "micro_batch" in given and kwargs.get("micro_batch") != "auto" else None
+    hidden = kwargs.get("hidden")
+    if hidden is None and (kwargs.get("model") or kwargs.get("hf_config")):
+        from memcalc.api import resolve_architecture
+
+        arch = resolve_architecture(kwargs.get("model"), kwargs.get("hf_config"))
+        hidden = arch.hidden if arch is not None else None
+    world = kwargs["gpus"] if "gpus" in given else None
+    common = dict(world_size=world, micro_batch=mb, grad_accum=kwargs.get("grad_accum"), hidden=hidden,
+                  seq_len=kwargs.get("seq_len"), accounting=kwargs.get("accounting", "paper"))
+    if deepspeed is not None:
+        reading = read_deepspeed(deepspeed, tp=kwargs["tp"] if "tp" in given else None, pp=kwargs.get("pp", 1),
+                                 **common)
+    elif accelerate is not None:
+        reading = read_accelerate(accelerate, cwd=Path.cwd(), **common)
+    else:
+        reading = read_torchtitan(torchtitan, world_size=world)  # type: ignore[arg-type]
+    if not quiet:
+        for what, items in (("not modelled", reading.unmodelled), ("note", reading.notes)):
+            for item in items:
+                sys.stderr.write(f"memcalc: {reading.source}: {what}: {item}\n")
+        if reading.ignored:
+            sys.stderr.write(f"memcalc: {reading.source}: {len(reading.ignored)} keys do not change memory and are "
+                             f"ignored: {', '.join(x.split(':')[0] for x in reading.ignored)}\n")
+    kept = {k: v for k, v in kwargs.items() if k not in given}
+    merged = merge_arguments(reading.arguments, {k: kwargs[k] for k in given})
+    return {**kept, **merged}
