@@ -38,7 +38,21 @@ def one_line(exc: BaseException) -> str:
 
 
 class Command(TyperCommand):
-    """A command whose --help option is coerced plainly too (it is made on demand, after ``install``)."""
+    """A command whose --help groups its options by topic, and whose --help option is coerced plainly too (it is
+    made on demand, after ``install``)."""
+
+    def format_options(self, ctx: Any, formatter: Any) -> None:
+        from memcalc.cli.options import PANEL_OF, PANELS
+
+        groups: dict[str, list[tuple[str, str]]] = {}
+        for p in self.get_params(ctx):
+            record = p.get_help_record(ctx)
+            if record is not None:
+                groups.setdefault(PANEL_OF.get(p.name or "", "Options"), []).append(record)
+        order = [*PANELS, "Options"]
+        for title, rows in sorted(groups.items(), key=lambda g: order.index(g[0])):
+            with formatter.section(title):
+                formatter.write_dl(rows)
 
     def get_help_option(self, ctx: Any) -> Any:
         from memcalc.cli.coerce import plain

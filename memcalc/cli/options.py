@@ -55,3 +55,21 @@ Format = Annotated[str, typer.Option("--format", "-f", help="table (default), js
 DeepSpeedConfig = Annotated[str | None, typer.Option("--deepspeed", help="A DeepSpeed JSON (ds_config.json): ZeRO stage, offload, precision, batch, ZeRO-3 knobs; flags you type win.")]
 AccelerateConfig = Annotated[str | None, typer.Option("--accelerate-config", help="An accelerate config YAML (distributed_type, num_processes, fsdp_config or deepspeed_config).")]
 TorchtitanConfig = Annotated[str | None, typer.Option("--torchtitan-config", help="A torchtitan job TOML (parallelism, batch, seq_len, activation checkpointing, model flavor).")]
+
+# --help groups the options by topic (plain text: no rich formatting to import for help).
+PANELS: dict[str, tuple[str, ...]] = {
+    "Model": ("params", "model", "hf_config", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab"),
+    "Batch and activations": ("seq_len", "micro_batch", "micro_batches", "grad_accum", "recompute", "attention",
+                              "dropout", "device"),
+    "Layout": ("gpus", "gpus_per_node", "tp", "pp", "cp", "ep", "sequence_parallel", "virtual_stages"),
+    "Strategy": ("stage", "fsdp", "ddp", "strategy", "strategies", "offload_optimizer", "offload_params",
+                 "shard_group"),
+    "Precision and optimizer": ("precision", "optimizer"),
+    "Hardware": ("gpu", "cluster", "cuda_context_gib", "reserve_gib"),
+    "Accounting": ("accounting", "fsdp_version", "bucket_view", "min_num_params", "max_reuse_distance",
+                   "max_live_parameters", "prefetch_bucket_size", "persistence_threshold", "zero3_step", "zero_init",
+                   "buffer_factor", "largest_layer_params"),
+    "Config files": ("deepspeed", "accelerate_config", "torchtitan_config"),
+    "Output": ("units", "json", "fmt", "out"),
+}
+PANEL_OF = {name: panel for panel, names in PANELS.items() for name in names}
