@@ -279,9 +279,15 @@ def render(obj: Estimate | Comparison, unit: MemoryUnit = "gib") -> RenderableTy
 
 
 def to_text_and_html(obj: Estimate | Comparison, width: int = 120) -> tuple[str, str]:
-    """Plain text and HTML of the rendering, for Jupyter/IPython display."""
-    console = Console(record=True, width=width, file=_Null(), force_jupyter=False, markup=False, emoji=False, highlight=False)
-    console.print(render(obj))
+    """Plain text and HTML of the rendering, for Jupyter/IPython display: at least ``width`` columns, wider when a
+    table needs it, so that no number is ever cut."""
+    renderable = render(obj)
+    probe = Console(width=10_000, file=_Null(), markup=False, emoji=False, highlight=False)
+    tables = [r for r in getattr(renderable, "renderables", [renderable]) if isinstance(r, Table)]
+    width = max([width] + [probe.measure(t).maximum for t in tables])
+    console = Console(record=True, width=width, file=_Null(), force_jupyter=False, markup=False, emoji=False,
+                      highlight=False)
+    console.print(renderable)
     return console.export_text(clear=False), console.export_html(inline_styles=True)
 
 
