@@ -9,9 +9,10 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Iterable, Sequence
 
-from memcalc.errors import InputError
+from memcalc.errors import InputError, shown
 from memcalc.model.architecture import Architecture
 from memcalc.inputs import (
     GPU,
@@ -29,9 +30,18 @@ from memcalc.inputs import (
     resolve_optimizer,
     resolve_precision,
 )
+from memcalc.inputs.hardware import MAX_GPUS
 from memcalc.report.results import Comparison, Estimate
 from memcalc.layout.strategies import STRATEGIES, resolve_fsdp, resolve_stage, resolve_strategy
-from memcalc.units import gib, parse_count
+from memcalc.inputs.arguments import choice as _choice, elements as _elements, gib_arg as _gib_arg, keywords as _keywords
+from memcalc.units import parse_count
+
+MAX_COMPARE = 100
+"""Rows of one comparison: 4x every distinct strategy and offload pairing (25)."""
+
+
+def _build_input_names() -> list[str]:
+    return list(inspect.signature(build_input).parameters)
 
 DEFAULT_GPU = "a100-sxm-80gb"
 
@@ -60,7 +70,13 @@ def parse_strategy(text: str, shard_group: int | None = None) -> Strategy:
 
     ``+offload`` alone means the framework's usual CPU offload (DeepSpeed: optimizer; FSDP: params).
     """
-    head, *mods = [part.strip() for part in str(text).split("+")]
+    if type(text) is not str or len(text) > 200:
+        raise InputError(f"--strategy {shown(text)} is not accepted; accepted: a strategy name such as 'zero-3', "
+                         "'zero-3+opt-cpu+param-nvme' or 'FULL_SHARD+param-cpu'")
+    if shard_group is not None and not (type(shard_group) is int and 1 <= shard_group <= MAX_GPUS):
+        raise InputError(f"--shard-group {shown(shard_group)} is not accepted; accepted: a whole number from 1 to "
+                         f"{MAX_GPUS:,}, or None")
+    head, *mods = [part.strip() for part in text.split("+")]
     name = resolve_strategy(head)
     fields: dict[str, str] = {}
     for mod in mods:
@@ -72,6 +88,9 @@ def parse_strategy(text: str, shard_group: int | None = None) -> Strategy:
                 f"unknown strategy modifier {mod!r} in {text!r}; accepted: +opt-cpu, +opt-nvme, +param-cpu, "
                 "+param-nvme, +offload"
             )
+        if ("offload_optimizer" if key == "opt" else "offload_params") in fields:
+            raise InputError(f"strategy {text!r} places the {'optimizer' if key == 'opt' else 'parameters'} twice; "
+                             "accepted: one +opt-... and one +param-... at most")
         fields["offload_optimizer" if key == "opt" else "offload_params"] = device
     group = shard_group if STRATEGIES[name].hybrid else None
     return Strategy(name=name, shard_group=group, **fields)  # type: ignore[arg-type]
@@ -85,6 +104,13 @@ def _strategy(
                                    ("--ddp", ddp), ("--strategy", strategy is not None)) if on]  # fmt: skip
     if len(given) > 1:
         raise InputError(f"{' and '.join(given)} cannot be combined; choose one strategy")
+    if isinstance(strategy, Strategy) or (strategy is not None and "+" in strategy):
+        for name, value, default in (("--offload-optimizer", offload_optimizer, "none"),
+                                     ("--offload-params", offload_params, "none"), ("--shard-group", shard_group, None)):
+            if value != default and not (name == "--shard-group" and not isinstance(strategy, Strategy)):
+                where = "a Strategy" if isinstance(strategy, Strategy) else f"--strategy {strategy!r}"
+                raise InputError(f"{name} {value} cannot be combined with {where}, which places the model states "
+                                 f"itself; accepted: write it in the strategy (e.g. 'zero-3+opt-cpu+param-nvme')")
     if isinstance(strategy, Strategy):
         return strategy
     if stage is not None:
@@ -129,7 +155,7 @@ def resolve_architecture(
     given = {k: v for k, v in shape.items() if v is not None}
     for k, v in given.items():
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise InputError(f"--{k.replace('_', '-')} {v!r} must be a whole number of 1 or more")
+            raise InputError(f"--{k.replace('_', '-')} {shown(v)} must be a whole number of 1 or more")
     if isinstance(model, Architecture):
         base: Architecture | None = model
     elif model is not None:
@@ -156,6 +182,7 @@ def resolve_architecture(
     return dataclasses.replace(base, **given)
 
 
+@_keywords()
 def build_input(
     params: int | float | str | Model | None = None,
     *,
@@ -237,7 +264,8 @@ def build_input(
         _choice("--recompute", recompute, ("none", "selective", "full"))
         _choice("--attention", attention, ("eager", "flash", "sdpa"))
         _choice("--device", device, ("cuda", "cpu"))
-        workload = Workload(seq_len=seq_len, micro_batch=micro_batch or 1, recompute=recompute,  # type: ignore[arg-type]
+        workload = Workload(seq_len=seq_len, micro_batch=1 if micro_batch is None else micro_batch,  # type: ignore[arg-type]
+                            recompute=recompute,  # type: ignore[arg-type]
                             attention=attention, dropout=dropout, device=device)  # type: ignore[arg-type]  # fmt: skip
     elif workload is None and (micro_batch is not None or dropout is not None):
         raise InputError("--micro-batch and --dropout need --seq-len (activations are counted per sequence)")
@@ -276,7 +304,7 @@ def build_input(
         parallelism=parallelism,
         workload=workload,
         overheads=overheads,
-        grad_accum=grad_accum or micro_batches or 1,
+        grad_accum=grad_accum if grad_accum is not None else micro_batches if micro_batches is not None else 1,
     )
 
 
@@ -289,29 +317,7 @@ def estimate_from_input(inp: EstimateInput, micro_batch_auto: bool = False) -> E
     return build.estimate(inp, evaluate(to_plan(inp)), micro_batch_auto)
 
 
-def _choice(flag: str, value: str, accepted: tuple[str, ...]) -> None:
-    if value not in accepted:
-        raise InputError(f"{flag} {value!r} is not accepted; accepted: {', '.join(accepted)}")
-
-
-def _elements(flag: str, value: int | float | str | None) -> int | None:
-    """A count of elements that may be 0 (DeepSpeed's ZeRO-3 knobs), or None for DeepSpeed's default."""
-    if value is None:
-        return None
-    if isinstance(value, (int, float, str)) and not isinstance(value, bool) and str(value).strip() in ("0", "0.0", "0e0"):
-        return 0
-    try:
-        return parse_count(value, flag)
-    except InputError:
-        raise InputError(f"{flag} {value!r} is not accepted; give a count of elements, 0 or more, such as 0, 5e7 or 1e9") from None
-
-
-def _gib_arg(flag: str, value: float) -> int:
-    if not value >= 0 or value == float("inf"):  # also rejects NaN
-        raise InputError(f"{flag} {value!r} must be a finite size in GiB, 0 or more")
-    return gib(value)
-
-
+@_keywords(_build_input_names, values=False)
 def estimate(params: int | float | str | Model | EstimateInput | None = None, **kwargs: object) -> Estimate:
     """Per-GPU memory and per-step communication of one strategy.
 
@@ -361,6 +367,7 @@ def largest_micro_batch(params: object = None, limit: int = 1 << 16, **kwargs: o
     return best
 
 
+@_keywords(lambda: [*_build_input_names(), "strategies"], values=False)
 def compare(
     params: int | float | str | Model | None = None,
     *,
@@ -372,7 +379,18 @@ def compare(
     for key in ("stage", "fsdp", "ddp", "strategy", "offload_optimizer", "offload_params"):  # one strategy's flags
         if kwargs.get(key) not in (None, False, "none"):
             raise InputError(f"compare takes strategies=[...], not {key}")
-    chosen: Sequence[str | Strategy] = list(strategies) if strategies is not None else list(DEFAULT_COMPARE)
+    if strategies is not None and (isinstance(strategies, (str, bytes, dict)) or not isinstance(strategies, Iterable)):
+        raise InputError(f"--strategies {shown(strategies)} is not accepted; accepted: a list of strategy names "
+                         "such as ['zero-2', 'zero-3', 'FULL_SHARD'] or Strategy records")
+    chosen: Sequence[str | Strategy] = []
+    for s in strategies if strategies is not None else DEFAULT_COMPARE:
+        if len(chosen) == MAX_COMPARE:
+            raise InputError(f"--strategies has more than {MAX_COMPARE} entries; accepted: at most {MAX_COMPARE} "
+                             "(4x every distinct strategy and offload pairing)")
+        if not isinstance(s, (str, Strategy)):
+            raise InputError(f"--strategies entry {shown(s)} is not accepted; accepted: a strategy name such as "
+                             "'zero-3+opt-cpu', or a Strategy")
+        chosen.append(s)  # type: ignore[attr-defined]
     if not chosen:
         raise InputError("--strategies is empty; name at least one, e.g. zero-2,zero-3,FULL_SHARD")
     rows = []

@@ -20,14 +20,41 @@ import typing
 from functools import cache
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
-from memcalc.errors import InputError
+from memcalc.errors import InputError, shown
 
 R = TypeVar("R", bound="Record")
+C = TypeVar("C", bound=type)
 
-record = dataclasses.dataclass(kw_only=True, eq=False, repr=False, match_args=False)
-"""The decorator of every record: keyword-only fields. Immutability, equality, hash and repr come from ``Record``
-once, instead of code generated per class (``frozen=True`` alone costs half a millisecond a class at import: more,
-over memcalc's forty records, than a whole estimate takes)."""
+_dataclass = dataclasses.dataclass(kw_only=True, eq=False, repr=False, match_args=False)
+
+
+def record(cls: C) -> C:
+    """The decorator of every record: keyword-only fields. Immutability, equality, hash and repr come from ``Record``
+    once, instead of code generated per class (``frozen=True`` alone costs half a millisecond a class at import: more,
+    over memcalc's forty records, than a whole estimate takes). A positional argument, an unknown field or a missing
+    one is one ``InputError`` line, not Python's ``TypeError``."""
+    cls = _dataclass(cls)
+    generated = cls.__init__  # type: ignore[misc]
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if args:
+            raise InputError(f"{cls.__name__} takes its fields by name ({', '.join(_names(cls))}), "
+                             f"not {len(args)} positional value{'s' if len(args) > 1 else ''}")
+        unknown = [k for k in kwargs if k not in _names(cls)]
+        if unknown:
+            from memcalc.errors import did_you_mean
+
+            raise InputError(f"{cls.__name__} has no field {shown(unknown[0])}{did_you_mean(unknown[0], _names(cls))}; "
+                             f"accepted: {', '.join(_names(cls))}")
+        missing = [k for k in _required(cls) if k not in kwargs]
+        if missing:
+            raise InputError(f"{cls.__name__} needs {', '.join(missing)}; accepted: {', '.join(_names(cls))}")
+        generated(self, **kwargs)
+
+    __init__.__doc__, __init__.__qualname__ = generated.__doc__, generated.__qualname__
+    __init__.__signature__ = __import__("inspect").signature(generated)  # type: ignore[attr-defined]
+    cls.__init__ = __init__  # type: ignore[misc]
+    return cls
 
 
 def bounded(default: Any = dataclasses.MISSING, *, ge: float | None = None, gt: float | None = None,
@@ -91,7 +118,7 @@ def check_fields(obj: Any, where: str | None = None) -> None:
         value = getattr(obj, f.name)
         tp = hints[f.name]
         if not _fits(value, tp):
-            raise InputError(f"{name}.{f.name} {value!r} is not accepted; accepted: {_type_name(tp)}")
+            raise InputError(f"{name}.{f.name} {shown(value)} is not accepted; accepted: {_type_name(tp)}")
         if value is None or not f.metadata or isinstance(value, bool):
             continue
         m = f.metadata
@@ -102,7 +129,7 @@ def check_fields(obj: Any, where: str | None = None) -> None:
         if bad:
             accepted = " and ".join(x for x in (lo, hi) if x)
             why = f" ({m['why']})" if "why" in m else ""
-            raise InputError(f"{name}.{f.name} {value!r} is out of bounds; accepted: {accepted}{why}")
+            raise InputError(f"{name}.{f.name} {shown(value)} is out of bounds; accepted: {accepted}{why}")
 
 
 def _plain(value: Any, exclude: set[str] | None = None) -> Any:
@@ -139,17 +166,6 @@ class Record:
     """Methods every memcalc input and result shares (a mixin for frozen dataclasses)."""
 
     __slots__ = ()
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        # Unknown fields are a user's mistake: one InputError line, not Python's TypeError.
-        unknown = [k for k in kwargs if k not in _names(cls)]
-        if unknown:
-            raise InputError(f"{cls.__name__} has no field {unknown[0]!r}; accepted: {', '.join(_names(cls))}")
-        # (pydantic makes records with a bare __new__(cls), then fills them: only keyword calls are checked)
-        missing = [k for k in _required(cls) if k not in kwargs] if kwargs and not args else []
-        if missing:
-            raise InputError(f"{cls.__name__} needs {', '.join(missing)}")
-        return super().__new__(cls)
 
     def __setattr__(self, name: str, value: Any) -> None:
         # Frozen once made: each field is set once, by __init__ (or by pydantic when it parses JSON).
@@ -203,12 +219,24 @@ class Record:
 def _validated(cls: type[R], how: str, data: Any) -> R:
     from pydantic import ValidationError
 
+    if how == "validate_json" and not isinstance(data, (str, bytes, bytearray)):
+        raise InputError(f"{cls.__name__} JSON {shown(data)} is {type(data).__name__}; accepted: a JSON string or bytes")
+    if how == "validate_json" and len(data) > MAX_JSON_CHARS:
+        raise InputError(f"{cls.__name__} JSON of {len(data):,} characters is too long; accepted: at most "
+                         f"{MAX_JSON_CHARS:,} (an estimate's JSON is a few tens of KB)")
     try:
         return getattr(_adapter(cls), how)(data)  # type: ignore[no-any-return]
     except ValidationError as e:
         first = e.errors()[0]
         if isinstance(first.get("ctx", {}).get("error"), InputError):
             raise first["ctx"]["error"] from None
-        where = ".".join(str(x) for x in first.get("loc", ()))
+        where = ".".join(shown(x) if not isinstance(x, (int, str)) or isinstance(x, str) and not x.isidentifier()
+                         else str(x) for x in first.get("loc", ()))
         raise InputError(f"{cls.__name__}{'.' + where if where else ''}: "
                          f"{' '.join(str(first.get('msg')).split())}") from None
+    except RecursionError:
+        raise InputError(f"{cls.__name__}: the data nests too deeply; accepted: what model_dump gives") from None
+
+
+MAX_JSON_CHARS = 1 << 24
+"""16 Mi characters: an estimate's JSON, every row and stage included, is a few tens of KB."""

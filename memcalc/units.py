@@ -12,7 +12,7 @@ import math
 import re
 from typing import Literal
 
-from memcalc.errors import InputError
+from memcalc.errors import InputError, shown
 
 KiB = 2**10
 MiB = 2**20
@@ -55,30 +55,39 @@ _COUNT_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10*
 _COUNT_RE = re.compile(r"^\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?)\s*([kmbgt]?)\s*$", re.IGNORECASE)
 
 
+MAX_COUNT = 10**14
+"""100 trillion: 60x the largest published model (Switch-C, 1.6T parameters, arXiv 2101.03961 Table 9). At 16 bytes
+of model states per parameter (ZeRO §3.1) that is 1.6e15 bytes, below 2**53: every size stays exact as a float."""
+
+
 def parse_count(text: str | int | float, what: str = "--params") -> int:
     """Parse a parameter count: ``175e9``, ``175B``, ``7b``, ``1.3e9``, ``350M``, ``1.5T``, ``125k``.
 
-    Returns a positive whole number; anything else raises ``InputError`` naming the value.
+    Returns a whole number from 1 to ``MAX_COUNT``; anything else raises ``InputError`` naming the value.
     """
-    accepted = "a positive count such as 175e9, 175B, 7b, 1.3e9 or 350M"
-    if isinstance(text, bool):
-        raise InputError(f"{what} {text!r} is not a number; give {accepted}")
-    if isinstance(text, (int, float)):
-        value = float(text)
-        if isinstance(text, int) and text > 0:
+    accepted = f"a positive count up to {MAX_COUNT:.0e} such as 175e9, 175B, 7b, 1.3e9 or 350M"
+    if isinstance(text, bool) or not isinstance(text, (str, int, float)):
+        raise InputError(f"{what} {shown(text)} is not a number; give {accepted}")
+    if isinstance(text, int):
+        if 0 < text <= MAX_COUNT:
             return text
+        value = float(text) if text.bit_length() < 1000 else (math.inf if text > 0 else -math.inf)
+    elif isinstance(text, float):
+        value = text
     else:
-        m = _COUNT_RE.match(text)
+        m = _COUNT_RE.match(text) if len(text) <= 100 else None
         if not m:
-            raise InputError(f"{what} {text!r} is not a number; give {accepted}")
+            raise InputError(f"{what} {shown(text)} is not a number; give {accepted}")
         value = float(m.group(1)) * _COUNT_SUFFIX[m.group(2).lower()]
-    if math.isnan(value) or math.isinf(value):
-        raise InputError(f"{what} {text!r} is not finite; give {accepted}")
+    if math.isnan(value):
+        raise InputError(f"{what} {shown(text)} is not finite; give {accepted}")
     if value <= 0:
-        raise InputError(f"{what} {text!r} must be positive; give {accepted}")
+        raise InputError(f"{what} {shown(text)} must be positive; give {accepted}")
+    if value > MAX_COUNT:
+        raise InputError(f"{what} {shown(text)} is out of bounds; give {accepted}")
     count = round(value)
     if count < 1 or abs(value - count) > 1e-6 * max(1.0, value):
-        raise InputError(f"{what} {text!r} is not a whole number of parameters; give {accepted}")
+        raise InputError(f"{what} {shown(text)} is not a whole number of parameters; give {accepted}")
     return count
 
 

@@ -3,6 +3,7 @@
 import pytest
 
 import memcalc
+from memcalc.errors import InputError
 from memcalc.model.params import Shard, stage_params
 from memcalc.inputs.presets import load_model
 
@@ -34,11 +35,11 @@ def test_dp_is_world_over_model_parallel_and_zero_shards_over_dp():
     assert r.memory.per_gpu.parameters == 2 * -(-held // 4)
 
 
-def test_bare_count_splits_over_tp_and_pp():
-    r = memcalc.estimate(params=175e9, stage=1, gpus=64, tp=8, pp=2, cuda_context_gib=0)
-    psi = 175_000_000_000 // 16
-    assert r.memory.per_gpu.parameters == 2 * psi
-    assert any("split evenly" in n for n in r.notes)
+def test_bare_count_with_model_parallelism_needs_the_shape():
+    # A bare count has no hidden size to size tensor-parallel traffic with, nor layers to split over stages:
+    # rather than an even split with no traffic, the shape is asked for.
+    with pytest.raises(InputError, match="--tp, --pp needs the model's shape"):
+        memcalc.estimate(params=175e9, stage=1, gpus=64, tp=8, pp=2)
 
 
 def test_expert_parameters_shard_over_the_expert_data_parallel_group():

@@ -11,15 +11,20 @@ from memcalc.inputs.hardware import GPU, Cluster, Overheads
 from memcalc.inputs.model import Model
 from memcalc.inputs.strategy import EstimatorOptions, FrameworkOptions, Parallelism, Strategy
 from memcalc.layout.dtypes import OPTIMIZERS, PRECISIONS, Optimizer, Precision
+from memcalc.model.architecture import MAX_POSITIONS
+
+MAX_MICRO_BATCHES = 2**20
+"""1,048,576 sequences in a micro-batch, or micro-batches in a step: 680x GPT-3's whole batch (3.2M tokens = 1,536
+sequences of 2,048, arXiv 2005.14165 Table 2.1)."""
 
 
 @record
 class Workload(Record):
     """What one micro-batch looks like, for activation memory."""
 
-    seq_len: int = bounded(gt=0)
+    seq_len: int = bounded(gt=0, le=MAX_POSITIONS, why="1.6x the longest advertised context")
     """s: tokens per sequence."""
-    micro_batch: int = bounded(default=1, gt=0)
+    micro_batch: int = bounded(default=1, gt=0, le=MAX_MICRO_BATCHES, why="680x GPT-3's whole batch")
     """b: sequences per micro-batch on one data-parallel rank."""
     recompute: Literal["none", "selective", "full"] = "none"
     """Activation recomputation: none, selective (core attention, Korthikanti §5) or full (every layer)."""
@@ -51,7 +56,7 @@ class EstimateInput(Record):
     workload: Workload | None = None
     """None: model states only (no activations)."""
     overheads: Overheads = Overheads()
-    grad_accum: int = bounded(default=1, gt=0)
+    grad_accum: int = bounded(default=1, gt=0, le=MAX_MICRO_BATCHES, why="680x GPT-3's whole batch")
     """Micro-batches per optimizer step (gradient accumulation; the pipeline's micro-batches)."""
     accounting: Accounting = "paper"
     """Which accounting: ``paper`` is the ZeRO paper's (§5) and Korthikanti et al.'s; ``deepspeed-estimator``
@@ -74,7 +79,10 @@ class EstimateInput(Record):
         if par.virtual_stages > 1 and par.pp == 1:
             raise InputError(f"--virtual-stages {par.virtual_stages} needs pipeline parallelism (--pp > 1)")
         arch = self.model.architecture
-        needs_shape = [flag for flag, on in (("--seq-len", self.workload is not None), ("--cp", par.cp > 1),
+        # A bare count has no layers to place on pipeline stages and no activations for tensor parallelism to
+        # exchange: its tp/pp traffic cannot be counted, so a shape is needed rather than a split without traffic.
+        needs_shape = [flag for flag, on in (("--seq-len", self.workload is not None), ("--tp", par.tp > 1),
+                                             ("--pp", par.pp > 1), ("--cp", par.cp > 1),
                                              ("--ep", par.ep > 1), ("--virtual-stages", par.virtual_stages > 1)) if on]  # fmt: skip
         if arch is None and needs_shape:
             raise InputError(f"{', '.join(needs_shape)} needs the model's shape: give --model, --hf-config or --layers/--hidden/--heads/--vocab")
@@ -88,6 +96,11 @@ class EstimateInput(Record):
                 )
             if par.ep > 1 and (not arch.moe or arch.experts % par.ep):
                 raise InputError(f"ep({par.ep}) needs an MoE model whose experts ({arch.experts}) it divides")
+            if self.workload is not None and arch.position == "learned" and self.workload.seq_len > arch.max_positions:
+                raise InputError(
+                    f"--seq-len {self.workload.seq_len} is longer than {arch.name or 'the model'}'s learned position "
+                    f"table; accepted: at most {arch.max_positions:,} (max_positions)"
+                )
             if self.workload is not None and self.workload.seq_len % par.cp:
                 raise InputError(f"cp({par.cp}) does not divide seq_len({self.workload.seq_len})")
         spec = self.strategy.spec

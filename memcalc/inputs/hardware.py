@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from memcalc.errors import InputError
 from memcalc.record import Record, bounded, check_fields, record
-from memcalc.units import GB, gib
+from memcalc.units import GB, GiB, gib
+
+MAX_GPUS = 2**20
+"""1,048,576 GPUs: 64x the 16,384 H100s that trained Llama 3 405B (arXiv 2407.21783 §3.3.1); bounds the world size,
+the GPUs of a node and a shard group alike."""
+MAX_GIB = 2**20
+"""A size in GiB up to 1 PiB: far beyond any GPU's memory (192 GB on an MI300X), and exact in bytes."""
+MAX_DATASHEET = 1e9
+"""GB, GB/s or TFLOPS on a datasheet: a billion is far beyond any device (an H100 moves 3,350 GB/s)."""
 
 
 @record
@@ -18,25 +26,25 @@ class GPU(Record):
     """The marketing name."""
     aliases: tuple[str, ...] = ()
     """Other names users type (``a100-80g``)."""
-    memory_gb: float = bounded(gt=0)
+    memory_gb: float = bounded(gt=0, le=MAX_DATASHEET)
     """Memory as sold, decimal GB (the datasheet's figure)."""
-    usable_memory_gib: float = bounded(gt=0)
+    usable_memory_gib: float = bounded(gt=0, le=MAX_DATASHEET)
     """Memory the framework can allocate, GiB: the total capacity PyTorch reports for the device."""
-    hbm_gbps: float = bounded(gt=0)
+    hbm_gbps: float = bounded(gt=0, le=MAX_DATASHEET)
     """Peak memory bandwidth, GB/s."""
-    bf16_tflops: float = bounded(ge=0)
+    bf16_tflops: float = bounded(ge=0, le=MAX_DATASHEET)
     """Peak dense BF16 tensor throughput, TFLOPS (0 = not supported)."""
-    fp16_tflops: float = bounded(ge=0)
+    fp16_tflops: float = bounded(ge=0, le=MAX_DATASHEET)
     """Peak dense FP16 tensor throughput, TFLOPS."""
-    fp32_tflops: float = bounded(ge=0)
+    fp32_tflops: float = bounded(ge=0, le=MAX_DATASHEET)
     """Peak FP32 throughput (non-tensor), TFLOPS."""
     intra_node_link: str
     """The GPU-to-GPU link inside a node (``nvlink4``, ``pcie4``, ``infinity-fabric``)."""
-    intra_node_gbps: float = bounded(gt=0)
+    intra_node_gbps: float = bounded(gt=0, le=MAX_DATASHEET)
     """GPU-to-GPU bandwidth inside a node, GB/s, both directions summed as datasheets quote it."""
-    pcie_gbps: float = bounded(gt=0)
+    pcie_gbps: float = bounded(gt=0, le=MAX_DATASHEET)
     """Host link bandwidth each way, GB/s (PCIe Gen4 x16 about 32, Gen5 x16 about 64)."""
-    network_gbps: float = bounded(gt=0)
+    network_gbps: float = bounded(gt=0, le=MAX_DATASHEET)
     """Typical inter-node network bandwidth per GPU each way, GB/s (200 Gb/s HDR = 25)."""
     source: str
     """Where the figures come from."""
@@ -51,15 +59,22 @@ class GPU(Record):
 
     def __post_init__(self) -> None:
         check_fields(self)
+        # Datasheets' "GB" are binary in effect (an A100 80GB reports 79.15 GiB, more than 80e9 bytes), so the
+        # usable GiB can at most equal the datasheet's figure.
+        if self.usable_memory_gib > self.memory_gb:
+            raise InputError(
+                f"GPU {self.key!r}: usable_memory_gib {self.usable_memory_gib!r} is more than its memory_gb "
+                f"{self.memory_gb!r}; accepted: at most {self.memory_gb!r} (the memory the card has)"
+            )
 
 
 @record
 class Cluster(Record):
     """How many GPUs, and how they sit in nodes."""
 
-    gpus: int = bounded(gt=0)
+    gpus: int = bounded(gt=0, le=MAX_GPUS, why="64x the largest published training run")
     """World size W."""
-    gpus_per_node: int = bounded(default=8, gt=0)
+    gpus_per_node: int = bounded(default=8, gt=0, le=MAX_GPUS, why="64x the largest published training run")
     """G: GPUs in one node, behind one NVLink/PCIe domain and one host's RAM."""
 
     def __post_init__(self) -> None:
@@ -84,9 +99,9 @@ class Cluster(Record):
 class Overheads(Record):
     """GPU memory that is not model state; each becomes its own row of the breakdown."""
 
-    cuda_context_bytes: int = bounded(default=gib(0.5), ge=0)
+    cuda_context_bytes: int = bounded(default=gib(0.5), ge=0, le=MAX_GIB * GiB, why="1 PiB")
     """CUDA context and kernels loaded by the framework (about 0.3-0.5 GiB on A100/H100 with lazy loading)."""
-    allocator_reserve_bytes: int = bounded(default=0, ge=0)
+    allocator_reserve_bytes: int = bounded(default=0, ge=0, le=MAX_GIB * GiB, why="1 PiB")
     """Headroom kept for the caching allocator's fragmentation; 0 unless you set it."""
 
     def __post_init__(self) -> None:

@@ -7,18 +7,22 @@ In a wheel the folder ships as ``memcalc/presets``; in a source checkout it is t
 from __future__ import annotations
 
 import dataclasses
+import os
 import tomllib
 from functools import cache
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any, TypeVar
 
 
 from memcalc.model.architecture import Architecture
-from memcalc.errors import InputError, did_you_mean
+from memcalc.errors import InputError, did_you_mean, shown
 from memcalc.inputs import GPU
 
 T = TypeVar("T")
 KINDS = {"gpus": "GPU", "models": "model"}
+MAX_FILE_BYTES = 1 << 20
+"""1 MiB, as for a config.json (``memcalc.model.hf_config.MAX_FILE_BYTES``): a preset is a few hundred bytes."""
 
 
 def presets_dir() -> Path:
@@ -37,21 +41,35 @@ def _read(path: Path) -> dict[str, Any]:
     """The TOML file as a dict (a fresh copy: callers may change it)."""
     try:
         stat = path.stat()
-    except OSError as e:
-        raise InputError(f"cannot read preset file {str(path)!r}: {e.strerror}") from None
-    return dict(_parsed(str(path.resolve()), stat.st_mtime_ns, stat.st_size))
+        resolved = str(path.resolve())
+    except (OSError, ValueError, RuntimeError) as e:  # permissions, a NUL in the path, a symlink loop
+        raise InputError(f"cannot read preset file {str(path)!r} ({' '.join(str(e).split())})") from None
+    if not S_ISREG(stat.st_mode):
+        raise InputError(f"preset file {str(path)!r} is not a regular file; accepted: the path of a .toml file")
+    if stat.st_size > MAX_FILE_BYTES:
+        raise InputError(f"preset file {str(path)!r} has {stat.st_size:,} bytes; accepted: a .toml file of at "
+                         f"most {MAX_FILE_BYTES:,} bytes (presets are a few hundred)")
+    return dict(_parsed(resolved, stat.st_mtime_ns, stat.st_size))
 
 
 @cache
 def _parsed(path: str, mtime_ns: int, size: int) -> dict[str, Any]:
-    """Parsed once per file version (compare reads the same GPU file for every strategy)."""
+    """Parsed once per file version (compare reads the same GPU file for every strategy); at most
+    ``MAX_FILE_BYTES`` are read, as for a config.json (``memcalc.model.hf_config.read_bounded``)."""
+    from memcalc.model.hf_config import MAX_FILE_BYTES, read_bounded
+
+    _, data = read_bounded(path, "preset file")
+    if len(data) > MAX_FILE_BYTES:
+        raise InputError(f"preset file {path!r} has more than {MAX_FILE_BYTES:,} bytes; accepted: a .toml file of at "
+                         f"most {MAX_FILE_BYTES:,} bytes (presets are a few hundred)")
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise InputError(f"preset file {path!r} is not UTF-8 text (byte {e.start}); accepted: a UTF-8 .toml file") from None
     except tomllib.TOMLDecodeError as e:
-        raise InputError(f"preset file {str(path)!r} is not valid TOML: {e}") from None
-    except OSError as e:
-        raise InputError(f"cannot read preset file {str(path)!r}: {e.strerror}") from None
+        raise InputError(f"preset file {path!r} is not valid TOML: {' '.join(str(e).split())}") from None
+    except RecursionError:
+        raise InputError(f"preset file {path!r} nests too deeply; accepted: a flat .toml file of keys and values") from None
 
 
 @cache
@@ -73,6 +91,9 @@ def _from_file(path: Path, cls: type[T], kind: str, key_field: str) -> T:
     data = _read(path)
     data.setdefault(key_field, path.stem)
     if "aliases" in data:
+        if not isinstance(data["aliases"], list):
+            raise InputError(f"{KINDS[kind]} preset {str(path)!r}: aliases {shown(data['aliases'])} is not accepted; "
+                             "accepted: an array of names")
         data["aliases"] = tuple(data["aliases"])
     unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
     if unknown:
@@ -85,10 +106,22 @@ def _from_file(path: Path, cls: type[T], kind: str, key_field: str) -> T:
 
 
 def _load(kind: str, name: str, cls: type[T], key_field: str, flag: str) -> T:
-    text = str(name).strip()
-    if text.endswith(".toml") or "/" in text:
-        path = Path(text).expanduser()
-        if not path.is_file():
+    if isinstance(name, os.PathLike):
+        name = os.fspath(name)  # type: ignore[assignment]
+    if not isinstance(name, str):
+        raise InputError(f"{flag} {shown(name)} is not accepted; accepted: a {KINDS[kind]} name "
+                         f"({', '.join(names(kind)[:3])}, ...) or the path of a .toml file")
+    text = name.strip()
+    if not text or len(text) > 4096 or "\0" in text:
+        raise InputError(f"{flag} {shown(name)} is not accepted; accepted: a {KINDS[kind]} name "
+                         f"({', '.join(names(kind)[:3])}, ...) or the path of a .toml file")
+    if text.endswith(".toml") or "/" in text or os.sep in text:
+        try:
+            path = Path(text).expanduser()
+            exists = path.exists()
+        except (OSError, ValueError, RuntimeError):
+            exists = False
+        if not exists:
             raise InputError(f"{KINDS[kind]} preset file {text!r} does not exist")
         return _from_file(path, cls, kind, key_field)
     direct = presets_dir() / kind / f"{_norm(text)}.toml"

@@ -9,6 +9,9 @@ from memcalc.errors import InputError
 from memcalc.record import Record, bounded, check_fields, record
 from memcalc.layout.strategies import STRATEGIES, OffloadDevice, StrategyName, StrategySpec
 from memcalc.layout.plan import Zero3Settings
+from memcalc.model.architecture import MAX_EXPERTS, MAX_HEADS, MAX_LAYERS, MAX_POSITIONS
+from memcalc.inputs.hardware import MAX_GPUS
+from memcalc.units import MAX_COUNT
 
 
 @record
@@ -20,7 +23,7 @@ class Strategy(Record):
     """Where optimizer states (master copy, moments) and the reduced gradient shard live."""
     offload_params: OffloadDevice = "none"
     """Where the parameter shard lives between uses."""
-    shard_group: int | None = bounded(default=None, gt=0)
+    shard_group: int | None = bounded(default=None, gt=0, le=MAX_GPUS, why="a shard group holds at most every GPU")
     """Hybrid strategies: GPUs in one shard group (default: one node)."""
 
     @property
@@ -80,17 +83,17 @@ class Strategy(Record):
 class Parallelism(Record):
     """Model parallelism. dp = gpus / (tp x pp x cp); ZeRO and FSDP shard over dp only."""
 
-    tp: int = bounded(default=1, gt=0)
+    tp: int = bounded(default=1, gt=0, le=MAX_HEADS, why="tp divides the attention heads")
     """Tensor-parallel degree (Megatron); 1 means disabled."""
-    pp: int = bounded(default=1, gt=0)
+    pp: int = bounded(default=1, gt=0, le=MAX_LAYERS, why="a pipeline stage holds at least one layer")
     """Pipeline stages; 1 means disabled."""
-    cp: int = bounded(default=1, gt=0)
+    cp: int = bounded(default=1, gt=0, le=MAX_POSITIONS, why="cp divides the sequence")
     """Context-parallel degree: the sequence is split over cp ranks; 1 means disabled."""
-    ep: int = bounded(default=1, gt=0)
+    ep: int = bounded(default=1, gt=0, le=MAX_EXPERTS, why="ep divides the experts")
     """Expert-parallel degree: MoE experts are spread over ep data-parallel ranks; 1 means disabled."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism: norms and dropouts split over the tp ranks."""
-    virtual_stages: int = bounded(default=1, gt=0)
+    virtual_stages: int = bounded(default=1, gt=0, le=MAX_LAYERS, why="a model chunk holds at least one layer")
     """Model chunks per pipeline rank (interleaved 1F1B); 1 means the plain schedule."""
 
     @property
@@ -109,15 +112,15 @@ class FrameworkOptions(Record):
     """1: FullyShardedDataParallel (FlatParameter per unit); 2: fully_shard (per-parameter DTensor shards)."""
     bucket_view: bool = False
     """DDP: gradient_as_bucket_view (buckets are the gradients, no second copy)."""
-    min_num_params: int | None = bounded(default=None, gt=0)
+    min_num_params: int | None = bounded(default=None, gt=0, le=MAX_COUNT)
     """FSDP: size_based_auto_wrap_policy's threshold; None wraps one unit per decoder layer."""
-    max_reuse_distance: int | None = bounded(default=None, ge=0)
+    max_reuse_distance: int | None = bounded(default=None, ge=0, le=MAX_COUNT)
     """DeepSpeed ZeRO-3: stage3_max_reuse_distance in elements (None: DeepSpeed's default, 1e9)."""
-    max_live_parameters: int | None = bounded(default=None, ge=0)
+    max_live_parameters: int | None = bounded(default=None, ge=0, le=MAX_COUNT)
     """DeepSpeed ZeRO-3: stage3_max_live_parameters in elements (None: DeepSpeed's default, 1e9)."""
-    prefetch_bucket_size: int | None = bounded(default=None, ge=0)
+    prefetch_bucket_size: int | None = bounded(default=None, ge=0, le=MAX_COUNT)
     """DeepSpeed ZeRO-3: stage3_prefetch_bucket_size in elements (None: DeepSpeed's default, 5e7)."""
-    persistence_threshold: int | None = bounded(default=None, ge=0)
+    persistence_threshold: int | None = bounded(default=None, ge=0, le=MAX_COUNT)
     """DeepSpeed ZeRO-3: stage3_param_persistence_threshold in elements (None: DeepSpeed's default, 1e5)."""
     zero3_step: Literal["steady", "first"] = "steady"
     """DeepSpeed ZeRO-3: which step's gathers to report: any step after the first (``steady``), or the first, in
@@ -144,15 +147,20 @@ class FrameworkOptions(Record):
         check_fields(self)
 
 
+MAX_BUFFER_FACTOR = 1000.0
+"""DeepSpeed's additional_buffer_factor multiplies its CPU figure; its default is 1.5, and 1,000 times any host's
+figure is beyond any host."""
+
+
 @record
 class EstimatorOptions(Record):
     """Arguments of DeepSpeed's estimate_zero{2,3}_model_states_mem_needs (``--accounting deepspeed-estimator``)."""
 
     zero_init: bool = True
     """ZeRO-3: the model was built under deepspeed.zero.Init (DeepSpeed's default)."""
-    buffer_factor: float = bounded(default=1.5, gt=0)
+    buffer_factor: float = bounded(default=1.5, gt=0, le=MAX_BUFFER_FACTOR, why="DeepSpeed's default is 1.5")
     """additional_buffer_factor on the CPU figure."""
-    largest_layer_params: int | None = bounded(default=None, gt=0)
+    largest_layer_params: int | None = bounded(default=None, gt=0, le=MAX_COUNT)
     """ZeRO-3: the most parameters one module owns; taken from the architecture when there is one."""
 
     def __post_init__(self) -> None:

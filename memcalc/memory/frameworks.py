@@ -28,7 +28,8 @@ from math import prod
 
 from memcalc.memory.zero3 import Zero3Settings, persistent, replay
 from memcalc.model.architecture import Architecture
-from memcalc.model.tree import Node, Shape, module_params, module_tree
+from memcalc.model.memo import per_architecture
+from memcalc.model.tree import Node, Shape, module_tree, subtree_numel
 from memcalc.units import ceil_div
 
 
@@ -47,6 +48,12 @@ class Unit:
 
 
 def units(arch: Architecture, min_num_params: int | None = None) -> list[Unit]:
+    """FSDP units, the root first (``_units``; one wrapping per model and policy, made once)."""
+    return list(_units(arch, min_num_params))
+
+
+@per_architecture
+def _units(arch: Architecture, min_num_params: int | None) -> tuple[Unit, ...]:
     """FSDP units, the root first: one per decoder layer (transformer auto-wrap policy, the default), or as
     torch.distributed.fsdp.wrap.size_based_auto_wrap_policy decides with ``min_num_params``.
 
@@ -76,14 +83,17 @@ def units(arch: Architecture, min_num_params: int | None = None) -> list[Unit]:
         if own:  # a module whose parameters all sit in units below gets no FlatParameter
             found.append(Unit(node.name, tuple(own.values())))
 
+    root = module_tree(arch)
+    numel = subtree_numel(root) if min_num_params is not None else {}
+
     def walk(node: Node) -> int:
-        total = sum(prod(s) for s in module_params(node).values())
         if min_num_params is None:  # ModuleWrapPolicy({decoder layer})
             for c in node.children:
                 walk(c)
             if node.layer:
                 make_unit(node)
             return 0
+        total = numel[id(node)]  # sum(numel of module_params(node))
         if total < min_num_params:
             return 0
         wrapped = sum(walk(c) for c in node.children)
@@ -92,9 +102,8 @@ def units(arch: Architecture, min_num_params: int | None = None) -> list[Unit]:
             return total
         return wrapped
 
-    root = module_tree(arch)
     walk(root)
-    return [Unit("root", tuple(free(root).values()), root=True), *found]
+    return (Unit("root", tuple(free(root).values()), root=True), *found)
 
 
 def fsdp1_shard(unit: Unit, n: int) -> int:

@@ -18,7 +18,6 @@ from memcalc.memory import states
 from memcalc.memory.rows import Row
 from memcalc.model.architecture import Architecture
 from memcalc.model.memo import per_architecture
-from memcalc.units import ceil_div
 
 if TYPE_CHECKING:  # loaded on first use: a bare parameter count needs neither
     from memcalc.memory import activations as act
@@ -36,10 +35,8 @@ class ParamGroup(NamedTuple):
 def param_groups(plan: Plan, stage: int) -> tuple[int, list[ParamGroup]]:
     """(parameters on this rank, their sharding groups) for pipeline stage ``stage``."""
     n, arch = plan.shard_group_size, plan.arch
-    if arch is None:
-        # A bare count: the weights split evenly over tp x pp, Ψ/(t·p) (Megatron-LM, arXiv 2104.04473 §2).
-        psi = ceil_div(plan.psi, plan.tp * plan.pp)
-        return psi, [ParamGroup(psi, n)]
+    if arch is None:  # a bare count: no model parallelism (the inputs ask for the shape with tp or pp)
+        return plan.psi, [ParamGroup(plan.psi, n)]
     total, routed = _held(arch, stage, plan.pp, plan.tp, plan.ep)
     groups = [ParamGroup(total - routed, n)]
     if routed:
@@ -190,8 +187,6 @@ def notes(plan: Plan) -> list[str]:
         out.append("offloaded parameters are fetched to the GPU layer by layer; that working copy is not counted")
     if plan.optimizer.note:
         out.append(plan.optimizer.note)
-    if plan.arch is None and plan.model_parallel > 1:
-        out.append("a bare parameter count is split evenly over tp x pp; give the shape for exact per-rank counts")
     if plan.sequence_parallel and plan.tp == 1:
         out.append("sequence parallelism has no effect without tensor parallelism (tp = 1)")
     if plan.gpus < plan.gpus_per_node:

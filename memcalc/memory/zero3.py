@@ -31,6 +31,7 @@ from math import prod
 
 from memcalc.layout.plan import Zero3Settings
 from memcalc.model.architecture import Architecture
+from memcalc.model.memo import per_architecture
 from memcalc.model.tree import Node, module_tree
 from memcalc.units import ceil_div
 
@@ -62,6 +63,7 @@ class _Module:
     """Its inputs need no gradient, so its post-backward hook never fires (DeepSpeed's backward leftovers)."""
 
 
+@per_architecture
 def _called(arch: Architecture) -> tuple[list[tuple[str, str]], dict[str, _Module], dict[str, int]]:
     """Hook events in one step (("fetch" | "release", module)), the modules, and each parameter's numel."""
     numel: dict[str, int] = {}
@@ -124,6 +126,19 @@ def replay(
     ``log``, when given, receives ("ag", step, [parameters]) for each all-gather and ("rel", step, parameter) for
     each release, to set beside DeepSpeed's own debug log when a figure needs explaining.
     """
+    if log is None:  # an estimate asks for the same replay several times (memory, traffic, notes)
+        return _replay_once(arch, dp, s, first_step)
+    return _replay(arch, dp, s, first_step, log)
+
+
+@per_architecture
+def _replay_once(arch: Architecture, dp: int, s: Zero3Settings, first_step: bool) -> Gathers:
+    return _replay(arch, dp, s, first_step, None)
+
+
+def _replay(
+    arch: Architecture, dp: int, s: Zero3Settings, first_step: bool, log: list[tuple[str, int, object]] | None
+) -> Gathers:
     events, mods, numel = _called(arch)
     persist = set(_persistent(numel, s))
     padded = {p: ceil_div(n, dp) * dp for p, n in numel.items()}
@@ -206,16 +221,16 @@ def replay(
                 assert popped == wanted, f"trace replay out of order at {name}"
                 if s.prefetch_bucket_size > 0:
                     budget = min(s.max_live_parameters - live, s.prefetch_bucket_size)
-                    ahead: list[str] = []
+                    ahead: dict[str, None] = {}  # insertion-ordered set
                     n = 0
                     while queue and n < budget:
                         p, at = queue.popleft()
                         fetched_for[p] = max(fetched_for.get(p, -(10**10)), at)
                         if status[p] == NOT_AVAILABLE and p not in ahead:
-                            ahead.append(p)
+                            ahead[p] = None
                             n += numel[p]
                     if n > 0:
-                        gather(ahead)
+                        gather(list(ahead))
             step += 1
         elif kind == "release":
             drop = set(m.params) if first_step else to_release(m, step)

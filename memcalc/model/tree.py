@@ -8,8 +8,11 @@ coordinator (``memcalc.memory.zero3``) walk this tree.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from math import prod
 
+from memcalc.errors import InputError
 from memcalc.model.architecture import Architecture
+from memcalc.model.memo import per_architecture
 from memcalc.model.params import embedding_params, position_params
 
 Shape = tuple[int, ...]
@@ -124,9 +127,13 @@ def _leaf(name: str, shapes: list[Shape]) -> Node:
     return Node(name, tuple((f"{name}.{i}", s) for i, s in enumerate(shapes)))
 
 
-def _layer_node(arch: Architecture, i: int) -> Node:
+def _layer_node(arch: Architecture, i: int, experts: int | None = None, shared: int | None = None) -> Node:
     """One decoder layer, in the order its modules are called: norm, attention (QKV, output), norm, MLP (or
-    router + experts), with the parameter-less modules of the family's Hugging Face layout."""
+    router + experts), with the parameter-less modules of the family's Hugging Face layout.
+
+    ``experts`` and ``shared``, when given, replace the architecture's expert counts (to count modules)."""
+    experts = arch.experts if experts is None else experts
+    shared = arch.shared_experts if shared is None else shared
     h, q, kv, p = arch.hidden, arch.q_width, arch.kv_width, f"layer{i}"
     lay = layout(arch) or Layout()
     if arch.fused_qkv:
@@ -152,10 +159,10 @@ def _layer_node(arch: Architecture, i: int) -> Node:
         return [Node(name, children=tuple(parts))] if lay.mlp_module else parts
 
     if arch.is_moe_layer(i):
-        experts = Node(f"{p}.experts", children=tuple(x for e in range(arch.experts) for x in mlp(f"{p}.expert{e}", arch.expert_ffn_size)),
-                       container=True)  # fmt: skip
-        shared = [x for e in range(arch.shared_experts) for x in mlp(f"{p}.shared{e}", arch.ffn_size)]
-        ffn = [Node(f"{p}.moe", children=(_leaf(f"{p}.router", _linear(arch.experts, h, arch.router_bias)), experts, *shared))]
+        routed = Node(f"{p}.experts", children=tuple(x for e in range(experts) for x in mlp(f"{p}.expert{e}", arch.expert_ffn_size)),
+                      container=True)  # fmt: skip
+        always = [x for e in range(shared) for x in mlp(f"{p}.shared{e}", arch.ffn_size)]
+        ffn = [Node(f"{p}.moe", children=(_leaf(f"{p}.router", _linear(arch.experts, h, arch.router_bias)), routed, *always))]
     else:
         ffn = mlp(f"{p}.mlp", arch.ffn_size)
     norms = [_leaf(f"{p}.norm{k + 1}", _norm(arch)) for k in range(arch.norms_per_layer)]
@@ -167,12 +174,50 @@ def _layer_node(arch: Architecture, i: int) -> Node:
     return Node(p, children=tuple(children), layer=True)
 
 
+MAX_LAYER_MODULES = 10_000
+"""The most decoder-layer modules ``module_tree`` builds: the implementation accounting replays each of them
+(FSDP's wrapping, DeepSpeed ZeRO-3's coordinator, one Python step per hook), and at this size an estimate takes
+at most about 0.8 s on a 2-core machine (the slowest: a generic layout with biases, 1 leaf per module) (tests/test_core_speed_laws.py times the largest accepted shapes)."""
+
+
+def _count(node: Node) -> int:
+    return 1 + sum(_count(c) for c in node.children)
+
+
+def layer_modules(arch: Architecture) -> int:
+    """Modules in the decoder layers, counted without building them: a MoE layer's count is affine in its routed
+    and shared experts (each adds the same modules), so it is read off layers with one and two of each."""
+    moe = arch.moe_layers
+    # Layer 0 is dense whenever any layer is; layer moe_every - 1 is the first MoE layer.
+    total = (arch.layers - moe) * _count(_layer_node(arch, 0)) if moe < arch.layers else 0
+    if moe:
+        first = arch.moe_every - 1
+        base = _count(_layer_node(arch, first, 1, 1))
+        per_routed = _count(_layer_node(arch, first, 2, 1)) - base
+        per_shared = _count(_layer_node(arch, first, 1, 2)) - base
+        total += moe * (base + (arch.experts - 1) * per_routed + (arch.shared_experts - 1) * per_shared)
+    return total
+
+
+def check_replayable(arch: Architecture) -> None:
+    """InputError when the model has more decoder-layer modules than the implementation accounting replays."""
+    n = layer_modules(arch)
+    if n > MAX_LAYER_MODULES:
+        raise InputError(
+            f"--accounting implementation replays every module: at most {MAX_LAYER_MODULES:,} modules in the decoder "
+            f"layers, this model has {n:,} ({arch.layers:,} layers, {arch.experts:,} experts); use --accounting paper"
+        )
+
+
+@per_architecture
 def module_tree(arch: Architecture) -> Node:
     """The model as its modules are called: embeddings, the layers (a ModuleList), the final norm, the head.
 
     Families with a Hugging Face layout (``LAYOUTS``) follow their model class exactly, inner model module and
     parameter-less modules included; others keep the parameter-holding modules and their parents.
+    InputError beyond ``MAX_LAYER_MODULES`` (``check_replayable``).
     """
+    check_replayable(arch)
     width = arch.embedding_dim or arch.hidden
     rows = embedding_params(arch) // width
     lay = layout(arch)
@@ -201,6 +246,36 @@ def module_tree(arch: Architecture) -> Node:
         inner = Node(lay.inner, children=tuple(children), grad_input=False)
         return Node("root", children=(inner, head), grad_input=False)
     return Node("root", children=(*children, head), grad_input=False)
+
+
+def subtree_numel(root: Node) -> dict[int, int]:
+    """Elements of ``module_params(node)`` for every node under ``root`` (keyed by ``id(node)``), in one pass.
+
+    Sums bottom-up; a subtree that holds a parameter registered more than once (a tied head) is counted
+    with ``module_params``, each parameter once.
+    """
+    uses: dict[str, int] = {}
+    stack = [root]
+    while stack:
+        n = stack.pop()
+        for pid, _ in n.params:
+            uses[pid] = uses.get(pid, 0) + 1
+        stack.extend(n.children)
+    shared = {pid for pid, k in uses.items() if k > 1}
+    out: dict[int, int] = {}
+
+    def visit(n: Node) -> bool:
+        """Fill ``out`` under ``n``; whether the subtree holds a shared parameter."""
+        has_shared = any(pid in shared for pid, _ in n.params)
+        total = sum(prod(s) for _, s in n.params)
+        for c in n.children:
+            has_shared |= visit(c)
+            total += out[id(c)]
+        out[id(n)] = sum(prod(s) for s in module_params(n).values()) if has_shared else total
+        return has_shared
+
+    visit(root)
+    return out
 
 
 def module_params(node: Node) -> dict[str, Shape]:

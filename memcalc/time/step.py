@@ -292,6 +292,8 @@ def step_time(arch: Architecture, plan: Plan, machine: Machine, collectives: Ite
                 continue
             each = [_time(c, machine, c.payload_bytes_per_call // units) * c.calls_per_step / m for c in rows]
             unit_comm = sum(each)
+            if unit_comm == 0:  # a group of one rank (one GPU) sends nothing
+                continue
             t = m * (unit_comm + (units - 1) * max(0.0, unit_comm - work / units))
             for c, u in zip(rows, each):  # attributed to groups in proportion to their share of the unit's traffic
                 exposed[c.group] = exposed.get(c.group, 0.0) + t * u / unit_comm
