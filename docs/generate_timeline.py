@@ -1,9 +1,10 @@
 """Regenerate the H100 comparison table of docs/timeline.md: ``python docs/generate_timeline.py``.
 
-For every row of /work/shared/measurements/h100-single-gpu.md (transcribed below with its configuration), the
-timeline's allocated peak (``memcalc.memory.timeline``, device="cuda", no explicit position ids, as the runs
-called the model) against the measured ``max_memory_allocated``, and ``memcalc.memory.allocator.fit``'s verdict
-against the run's status.
+For every single-GPU training step measured on an H100 80GB (torch 2.11, transformers 5.17; Hugging Face models
+from config, the loss inside the model, AdamW foreach; transcribed below with its configuration, the configs in
+tests/data/h100/), what ``memcalc estimate --hf-config ... --gpus 1 --gpu h100 --json`` answers: the realistic
+accounting's ``memory.per_gpu.peak_allocated`` against the measured ``max_memory_allocated``, and
+``memory.fit.verdict`` against the run's status (OOM rows must be oom or at-risk).
 """
 
 from __future__ import annotations
@@ -13,14 +14,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from memcalc.memory.allocator import fit
-from memcalc.memory.timeline import timeline
-from memcalc.model.hf_config import load_hf_config
+import memcalc
 from memcalc.units import GiB
 
-CONFIGS = Path("/work/shared/measurements/configs")
-CAPACITY = 85_017_493_504  # torch.cuda.get_device_properties().total_memory on the H100 measured
-REGIME = {"A": "amp-bf16", "P": "bf16"}
+CONFIGS = Path(__file__).resolve().parent.parent / "tests" / "data" / "h100"
+PRECISION = {"A": "amp-bf16", "P": "bf16"}
+"""A: fp32 weights under torch.autocast(bfloat16), as Trainer(bf16=True) runs; P: pure bf16 weights."""
 
 
 @dataclass(frozen=True)
@@ -68,14 +67,12 @@ class Result:
 
 
 def predict(row: Row) -> Result:
-    arch = load_hf_config(CONFIGS / row.model / "config.json")
-    tl = timeline(arch, family="llama", regime=REGIME[row.regime], attention=row.attention, s=row.seq, b=row.batch,
-                  recompute="full" if row.ckpt else "none", optimizer_impl="foreach", device="cuda",
-                  position_ids=False, use_cache=False)  # the configs set use_cache: false
-    peak = tl.peak
-    largest = max(b for _, b in peak.parts if "gradient" in _ or "logit" in _ or "softmax" in _)
-    f = fit(peak.live_bytes, CAPACITY, largest_request=largest)
-    return Result(row, peak.live_bytes, peak.phase, f.verdict)
+    r = memcalc.estimate(hf_config=str(CONFIGS / row.model / "config.json"), gpus=1, gpu="h100",
+                         precision=PRECISION[row.regime], optimizer_impl="foreach",
+                         attention="flash" if row.attention == "sdpa" else "eager",
+                         recompute="full" if row.ckpt else "none", seq_len=row.seq, micro_batch=row.batch)
+    assert r.accounting == "realistic" and r.memory.timeline is not None
+    return Result(row, r.memory.per_gpu.peak_allocated, r.memory.timeline.peak_phase, r.memory.fit.verdict)
 
 
 def table() -> str:

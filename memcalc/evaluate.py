@@ -8,7 +8,7 @@ No pydantic here: the report floor (``memcalc.report.build``) turns an ``Evaluat
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from memcalc.comm import traffic
 from memcalc.comm.traffic import Collective, HostTransfer
@@ -42,10 +42,24 @@ class Evaluation(NamedTuple):
     """Offloaded states per node: the sum over the node's ranks."""
     collectives: tuple[Collective, ...]
     transfers: tuple[HostTransfer, ...]
+    realistic: Any = None
+    """The realistic accounting's peak, allocator figures, verdict and phase peaks (``memcalc.memory.realistic``)."""
 
     @property
     def total(self) -> int:
         return self.stages[self.top].total
+
+
+def _realistic(plan: Plan) -> tuple[StageLoad, Any]:
+    """One GPU's peak over the step's timeline (the realistic accounting: its rows include the overheads)."""
+    from memcalc.memory import realistic
+
+    r = realistic.evaluate(plan)
+    ms = sum(x.bytes for x in r.rows if x.category == "model_state")
+    a = sum(x.bytes for x in r.rows if x.category == "activation")
+    assert plan.arch is not None
+    psi = paper.param_groups(plan, 0)[0]
+    return StageLoad(0, psi, plan.arch.layers, 1.0, ms, a, sum(x.bytes for x in r.rows)), r
 
 
 def _stage(plan: Plan, k: int, st: object) -> tuple[StageLoad, list[Row], list[Row], list]:
@@ -81,7 +95,12 @@ def _stage(plan: Plan, k: int, st: object) -> tuple[StageLoad, list[Row], list[R
 def evaluate(plan: Plan) -> Evaluation:
     """Per-GPU memory (most loaded pipeline stage) and per-step communication of one plan."""
     st = paper.setting(plan)
-    if plan.pp == 1:
+    real = None
+    if plan.accounting == "realistic":
+        load, real = _realistic(plan)
+        gpu_rows, host_rows, issued = real.rows, [], []
+        stages, top = [load], 0
+    elif plan.pp == 1:
         load, gpu_rows, host_rows, issued = _stage(plan, 0, st)
         stages, top = [load], 0
     else:
@@ -114,7 +133,7 @@ def evaluate(plan: Plan) -> Evaluation:
                                            plan.precision.grad_bytes, opt_state_bytes, opt_device,
                                            plan.offload_params, plan.grad_accum)
     return Evaluation(plan, tuple(stages), top, tuple(gpu_rows), tuple(node_rows), tuple(collectives),
-                      tuple(transfers))
+                      tuple(transfers), real)
 
 
 def _collectives(plan: Plan, issued: list, psi: int, stage: int, st: object) -> list[Collective]:
@@ -153,4 +172,16 @@ def notes(plan: Plan) -> list[str]:
         from memcalc.memory import implementation
 
         return implementation.notes(plan)
-    return paper.notes(plan)
+    if plan.accounting == "realistic":
+        from memcalc.memory import realistic
+
+        return realistic.notes(plan)
+    out = paper.notes(plan)
+    if plan.arch is not None and plan.work is not None:
+        from memcalc.memory.realistic import why_not
+
+        why = why_not(plan.arch, plan.precision.name, plan.optimizer.name, plan.spec.name, plan.work, plan.tp,
+                      plan.pp, plan.cp, plan.ep)
+        if why is not None:
+            out.append(f"realistic accounting (the peak of a real step) not used: {why}")
+    return out

@@ -17,7 +17,9 @@ Ffn = Annotated[int | None, typer.Option("--ffn", help="MLP inner size.")]
 Vocab = Annotated[int | None, typer.Option("--vocab", help="Vocabulary size.")]
 SeqLen = Annotated[int | None, typer.Option("--seq-len", help="Sequence length: counts activations (needs the model's shape).")]
 MicroBatch = Annotated[str | None, typer.Option("--micro-batch", help="Sequences per micro-batch, or auto: the largest that fits.")]
-Recompute = Annotated[str, typer.Option("--recompute", help="Activation recomputation: none, selective, full.")]
+Recompute = Annotated[str, typer.Option("--recompute", help="Activation recomputation: none, selective, full, every:K (every K-th layer), op-sac (torchtitan's per-op policy; realistic accounting).")]
+Loss = Annotated[str, typer.Option("--loss", help="standard (the framework's own: fp32 upcast of the logits), chunked:N (torchtune, N chunks) or fused (the logits never exist). Realistic accounting.")]
+OptimizerImpl = Annotated[str, typer.Option("--optimizer-impl", help="AdamW's implementation: foreach (torch's default on CUDA), fused, for-loop, in-backward (torchtune's optimizer in backward). Realistic accounting; step time.")]
 AttentionOpt = Annotated[str, typer.Option("--attention", help="eager (keeps a·s² scores, as the paper), flash, or sdpa.")]
 Dropout = Annotated[float | None, typer.Option("--dropout", help="Dropout probability (default: the preset's or config's, else 0).")]
 Device = Annotated[str, typer.Option("--device", help="cuda (1-byte dropout masks) or cpu (masks in the activation dtype).")]
@@ -27,7 +29,7 @@ Cp = Annotated[int, typer.Option("--cp", help="Context-parallel degree.")]
 Ep = Annotated[int, typer.Option("--ep", help="Expert-parallel degree (MoE).")]
 Sp = Annotated[bool, typer.Option("--sequence-parallel", help="Megatron sequence parallelism (with --tp).")]
 Vp = Annotated[int, typer.Option("--virtual-stages", help="Model chunks per pipeline rank (interleaved 1F1B).")]
-AccountingOpt = Annotated[str, typer.Option("--accounting", help="paper (ZeRO §5, Korthikanti), implementation (what DDP/FSDP really allocate and send) or deepspeed-estimator (DeepSpeed's own functions).")]
+AccountingOpt = Annotated[str, typer.Option("--accounting", help="auto (default: realistic where it applies, else paper), realistic (the peak of a real step over its timeline, with the allocator), paper (ZeRO §5, Korthikanti), implementation (what DDP/FSDP/DeepSpeed really allocate and send) or deepspeed-estimator (DeepSpeed's own functions).")]
 FsdpVersion = Annotated[int, typer.Option("--fsdp-version", help="implementation accounting: 1 (FullyShardedDataParallel) or 2 (fully_shard).")]
 MinNumParams = Annotated[str | None, typer.Option("--min-num-params", help="implementation accounting, FSDP: size_based_auto_wrap_policy threshold (default: one unit per decoder layer).")]
 ReuseDistance = Annotated[str | None, typer.Option("--max-reuse-distance", help="implementation accounting, ZeRO-3: stage3_max_reuse_distance in elements (default 1e9).")]
@@ -43,7 +45,7 @@ MicroBatches = Annotated[int | None, typer.Option("--micro-batches", help="Micro
 Gpus = Annotated[int, typer.Option("--gpus", "-n", help="World size: GPUs in the job.")]
 GpusPerNode = Annotated[int, typer.Option("--gpus-per-node", help="GPUs per node.")]
 Gpu = Annotated[str, typer.Option("--gpu", help="GPU preset name or alias (a100-80g, h100), or a path to a .toml file.")]
-PrecisionOpt = Annotated[str, typer.Option("--precision", help="fp32, fp16-mixed, bf16-mixed, bf16 (pure).")]
+PrecisionOpt = Annotated[str, typer.Option("--precision", help="bf16-mixed (bf16 params + fp32 master: DeepSpeed, Megatron), fp16-mixed, amp-bf16 / amp-fp16 (fp32 weights under torch.autocast: Trainer(bf16=True)), bf16 (pure), fp32.")]
 OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="adamw (adam), sgd, sgd-momentum, adam-8bit, adafactor, lion.")]
 ShardGroup = Annotated[int | None, typer.Option("--shard-group", help="Hybrid strategies: GPUs per shard group (default: one node).")]
 GradAccum = Annotated[int | None, typer.Option("--grad-accum", help="Micro-batches per optimizer step (gradient accumulation).")]
@@ -60,11 +62,11 @@ TorchtitanConfig = Annotated[str | None, typer.Option("--torchtitan-config", hel
 PANELS: dict[str, tuple[str, ...]] = {
     "Model": ("params", "model", "hf_config", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab"),
     "Batch and activations": ("seq_len", "micro_batch", "micro_batches", "grad_accum", "recompute", "attention",
-                              "dropout", "device"),
+                              "dropout", "device", "loss"),
     "Layout": ("gpus", "gpus_per_node", "tp", "pp", "cp", "ep", "sequence_parallel", "virtual_stages"),
     "Strategy": ("stage", "fsdp", "ddp", "strategy", "strategies", "offload_optimizer", "offload_params",
                  "shard_group"),
-    "Precision and optimizer": ("precision", "optimizer"),
+    "Precision and optimizer": ("precision", "optimizer", "optimizer_impl"),
     "Hardware": ("gpu", "cluster", "cuda_context_gib", "reserve_gib"),
     "Accounting": ("accounting", "fsdp_version", "bucket_view", "min_num_params", "max_reuse_distance",
                    "max_live_parameters", "prefetch_bucket_size", "persistence_threshold", "zero3_step", "zero_init",

@@ -8,6 +8,8 @@ one GPU, ``0`` micro-batches is not one, ``"2"`` GiB is not a size.
 
 from __future__ import annotations
 
+import re
+
 import functools
 import inspect
 import math
@@ -81,7 +83,13 @@ CHECKS: dict[str, tuple[Check, str]] = {
                    none=True),
     "seq_len": _maybe(_whole(1, shape.MAX_POSITIONS, "1.6x the longest advertised context")),
     "micro_batch": _maybe(_whole(1, MAX_MICRO_BATCHES, "680x GPT-3's whole batch")),
-    "recompute": _one_of("none", "selective", "full"),
+    "recompute": ((lambda v: type(v) is str and (v in ("none", "selective", "full", "op-sac")
+                                                  or re.fullmatch(r"every:[1-9][0-9]{0,4}", v) is not None)),
+                  "none, selective, full, every:K (every K-th layer checkpointed), op-sac"),
+    "loss": ((lambda v: type(v) is str and (v in ("standard", "fused")
+                                             or re.fullmatch(r"chunked:[1-9][0-9]{0,3}", v) is not None)),
+             "standard, chunked:N (N chunks, 1-9999), fused"),
+    "optimizer_impl": _one_of("foreach", "fused", "for-loop", "in-backward"),
     "attention": _one_of("eager", "flash", "sdpa"),
     "dropout": _maybe(((lambda v: type(v) in (int, float) and 0 <= v < 1), "a number from 0 up to (not including) 1")),
     "device": _one_of("cuda", "cpu"),
@@ -92,7 +100,7 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "virtual_stages": _whole(1, shape.MAX_LAYERS, "a model chunk holds at least one layer"),
     "parallelism": _kind(Parallelism, text="a Parallelism, or None", none=True),
     "workload": _kind(Workload, text="a Workload, or None", none=True),
-    "accounting": _one_of("paper", "implementation", "deepspeed-estimator"),
+    "accounting": _one_of("auto", "realistic", "paper", "implementation", "deepspeed-estimator"),
     "buffer_factor": _size(0, MAX_BUFFER_FACTOR, True, " (DeepSpeed's default is 1.5)"),
     "largest_layer_params": _kind(int, float, str, text=_COUNT_TEXT + ", or None", none=True),
     "fsdp_version": ((lambda v: type(v) is int and v in (1, 2)), "1, 2"),
@@ -109,11 +117,11 @@ checked where they are read (``resolve_architecture``, ``Architecture``, ``memca
 # A record replaces loose flags; a flag given beside it (not at its default) would be dropped, so it is refused.
 REPLACES = {
     "parallelism": ("tp", "pp", "cp", "ep", "sequence_parallel", "virtual_stages"),
-    "workload": ("seq_len", "micro_batch", "recompute", "attention", "dropout", "device"),
+    "workload": ("seq_len", "micro_batch", "recompute", "attention", "dropout", "device", "loss", "optimizer_impl"),
     "overheads": ("cuda_context_gib", "reserve_gib"),
 }
 # Activation settings that mean nothing without a sequence length (they would be ignored).
-NEEDS_SEQ_LEN = {"recompute": "none", "attention": "eager", "device": "cuda"}
+NEEDS_SEQ_LEN = {"recompute": "none", "attention": "eager", "device": "cuda", "loss": "standard"}
 
 
 def flag(name: str) -> str:

@@ -26,20 +26,43 @@ class Workload(Record):
     """s: tokens per sequence."""
     micro_batch: int = bounded(default=1, gt=0, le=MAX_MICRO_BATCHES, why="680x GPT-3's whole batch")
     """b: sequences per micro-batch on one data-parallel rank."""
-    recompute: Literal["none", "selective", "full"] = "none"
-    """Activation recomputation: none, selective (core attention, Korthikanti §5) or full (every layer)."""
+    recompute: str = "none"
+    """Activation recomputation: none, selective (core attention, Korthikanti §5), full (every layer), every:K
+    (every K-th layer, torchtitan's layer AC) or op-sac (torchtitan's per-op selective AC; realistic accounting)."""
     attention: Literal["eager", "flash", "sdpa"] = "eager"
     """eager keeps the a·s² score matrices (the paper's case); flash does not; sdpa is PyTorch's dispatcher."""
     dropout: float | None = bounded(default=None, ge=0, lt=1)
     """Dropout probability; None takes the architecture's (0 when it has none)."""
     device: Literal["cuda", "cpu"] = "cuda"
     """Where it runs: CUDA keeps 1-byte dropout masks, CPU keeps them in the activation dtype."""
+    loss: str = "standard"
+    """The loss as the training code computes it: standard (the framework's own: Hugging Face upcasts the logits to
+    fp32), chunked:N (torchtune's CEWithChunkedOutputLoss, N chunks) or fused (linear + cross-entropy in one kernel:
+    the logits never exist). Realistic accounting."""
+    optimizer_impl: Literal["foreach", "fused", "for-loop", "in-backward"] = "foreach"
+    """torch.optim.AdamW's implementation: foreach (torch's default on CUDA: temporaries as large as the parameters),
+    fused (none), for-loop (one parameter's worth), in-backward (each gradient freed after its own step)."""
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if not (self.recompute in ("none", "selective", "full", "op-sac") or _every(self.recompute)):
+            raise InputError(f"--recompute {self.recompute!r} is not accepted; accepted: none, selective, full, "
+                             "every:K (K >= 1), op-sac")
+        if not (self.loss in ("standard", "fused") or _chunks(self.loss)):
+            raise InputError(f"--loss {self.loss!r} is not accepted; accepted: standard, chunked:N (N >= 1), fused")
 
 
-Accounting = Literal["paper", "implementation", "deepspeed-estimator"]
+def _every(text: str) -> bool:
+    head, _, k = text.partition(":")
+    return head == "every" and k.isdigit() and 1 <= int(k) <= 100_000
+
+
+def _chunks(text: str) -> bool:
+    head, _, n = text.partition(":")
+    return head == "chunked" and n.isdigit() and 1 <= int(n) <= 10_000
+
+
+Accounting = Literal["realistic", "paper", "implementation", "deepspeed-estimator"]
 
 
 @record
@@ -79,6 +102,7 @@ class EstimateInput(Record):
         if par.virtual_stages > 1 and par.pp == 1:
             raise InputError(f"--virtual-stages {par.virtual_stages} needs pipeline parallelism (--pp > 1)")
         arch = self.model.architecture
+        self._accounting_applies(arch, dp)
         # A bare count has no layers to place on pipeline stages and no activations for tensor parallelism to
         # exchange: its tp/pp traffic cannot be counted, so a shape is needed rather than a split without traffic.
         needs_shape = [flag for flag, on in (("--seq-len", self.workload is not None), ("--tp", par.tp > 1),
@@ -145,6 +169,27 @@ class EstimateInput(Record):
             span = f * par.tp * par.cp
             if span > g and span % g:
                 raise InputError(f"--shard-group {f} spans nodes, so it must fill whole nodes of --gpus-per-node {g}")
+
+    def _accounting_applies(self, arch: object, dp: int) -> None:
+        """The realistic accounting's inputs go with it; its set-ups are the ones it models."""
+        w, par = self.workload, self.parallelism
+        if self.accounting == "realistic":
+            from memcalc.memory.realistic import why_not
+
+            why = why_not(arch, self.precision.name, self.optimizer.name, self.strategy.spec.name, w, par.tp,
+                          par.pp, par.cp, par.ep)
+            if why is not None:
+                raise InputError(f"--accounting realistic: {why}; use --accounting paper")
+        elif w is not None:
+            extra = [f"{flag} {v}" for flag, v, default in (("--loss", w.loss, "standard"),
+                                                          ("--optimizer-impl", w.optimizer_impl, "foreach"))
+                     if v != default]
+            if w.recompute.startswith("every:") or w.recompute == "op-sac":
+                extra.append(f"--recompute {w.recompute}")
+            if extra:
+                raise InputError(f"{', '.join(extra)}: what the step holds moment by moment, modelled by the realistic "
+                                 f"accounting (one GPU or DDP, a Hugging Face family, --precision amp-bf16, amp-fp16, "
+                                 f"bf16 or fp32); --accounting {self.accounting} does not use it")
 
     @property
     def dp(self) -> int:

@@ -13,7 +13,7 @@ from memcalc.errors import InputError, did_you_mean
 
 T = TypeVar("T")
 
-PrecisionName = Literal["fp32", "fp16-mixed", "bf16-mixed", "bf16"]
+PrecisionName = Literal["fp32", "fp16-mixed", "bf16-mixed", "bf16", "amp-bf16", "amp-fp16"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,21 @@ class Precision:
             return "fp32"
         return "fp16" if self.name.startswith("fp16") else "bf16"
 
+    @property
+    def autocast(self) -> bool:
+        """fp32 weights, gradients and optimizer states; matmuls and most activations in 16 bits (torch.autocast)."""
+        return self.name.startswith("amp-")
+
+    @property
+    def compute_dtype(self) -> str:
+        """dtype the matmuls and saved activations run in: autocast's for amp-*, else the working parameters'."""
+        return self.name.removeprefix("amp-") if self.autocast else self.low_dtype
+
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes per element of a saved activation in the compute dtype."""
+        return 4 if self.compute_dtype == "fp32" else 2
+
 
 PRECISIONS: dict[str, Precision] = {
     p.name: p
@@ -59,6 +74,12 @@ PRECISIONS: dict[str, Precision] = {
             name="bf16-mixed", param_bytes=2, grad_bytes=2, master_bytes=4, description="bf16 params/grads + fp32 master"
         ),
         Precision(name="bf16", param_bytes=2, grad_bytes=2, master_bytes=0, description="pure bf16, no master copy"),
+        # torch.autocast (Trainer(bf16=True), Lightning's "bf16-mixed" plugin): fp32 weights and gradients, AdamW
+        # moments fp32 (4 + 4 + 8 B/param); matmuls in bf16/fp16 on bf16/fp16 casts made on the fly (DOMAIN §10).
+        Precision(name="amp-bf16", param_bytes=4, grad_bytes=4, master_bytes=0,
+                  description="fp32 weights under torch.autocast(bfloat16)"),
+        Precision(name="amp-fp16", param_bytes=4, grad_bytes=4, master_bytes=0,
+                  description="fp32 weights under torch.autocast(float16) with a GradScaler"),
     )
 }
 _PRECISION_ALIASES = {
@@ -66,6 +87,7 @@ _PRECISION_ALIASES = {
     "fp16-mixed": "fp16-mixed", "16-mixed": "fp16-mixed", "mixed-fp16": "fp16-mixed", "amp": "fp16-mixed",
     "bf16-mixed": "bf16-mixed", "mixed-bf16": "bf16-mixed",
     "bf16": "bf16", "bf16-true": "bf16", "bfloat16": "bf16", "pure-bf16": "bf16",
+    "amp-bf16": "amp-bf16", "autocast-bf16": "amp-bf16", "amp-fp16": "amp-fp16", "autocast-fp16": "amp-fp16",
 }  # fmt: skip
 
 

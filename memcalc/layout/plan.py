@@ -43,6 +43,10 @@ class Work:
     """The dropout probability in force (the workload's, else the architecture's)."""
     device: str
     """cuda or cpu."""
+    loss: str = "standard"
+    """standard, chunked:N or fused."""
+    optimizer_impl: str = "foreach"
+    """foreach, fused, for-loop or in-backward."""
 
 
 @dataclass(frozen=True)

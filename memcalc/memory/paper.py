@@ -125,7 +125,7 @@ def setting(plan: Plan) -> act.Setting | None:
         return None
     from memcalc.memory import activations as act
 
-    return act.Setting(s=w.seq_len // plan.cp, b=w.micro_batch, dtype_bytes=plan.precision.param_bytes,
+    return act.Setting(s=w.seq_len // plan.cp, b=w.micro_batch, dtype_bytes=plan.precision.activation_bytes,
                        dropout=w.dropout > 0, device=w.device, attention=w.attention,
                        paper=plan.accounting == "paper")
 

@@ -22,6 +22,7 @@ from memcalc.report.results import (
     PerNode,
     StageMemory,
     StepTimeInfo,
+    StepTimeline,
     StrategyInfo,
     TensorBytes,
     TimeBreakdown,
@@ -40,6 +41,9 @@ def _per_gpu(ev: Evaluation) -> PerGPU:
     rows = list(ev.gpu_rows)
     master = total(rows, "master_weights")
     moments = total(rows, "optimizer_moments") + total(rows, "optimizer_steps")
+    # The paper's rows: all but the context and the reserve are tensors the allocator hands out.
+    reserve = total(rows, "allocator_reserve")
+    outside = total(rows, "cuda_context") + reserve
     return PerGPU(
         parameters=total(rows, "parameters"),
         gradients=sum(total(rows, k) for k in _GRADIENT_KEYS),
@@ -51,6 +55,8 @@ def _per_gpu(ev: Evaluation) -> PerGPU:
         allocator_reserve=total(rows, "allocator_reserve"),
         total=ev.total,
         rows=[_row(r) for r in rows],
+        peak_allocated=ev.realistic.peak_allocated if ev.realistic else ev.total - outside,
+        peak_reserved=ev.realistic.peak_reserved if ev.realistic else ev.total - outside + reserve,
     )
 
 
@@ -167,7 +173,12 @@ def estimate(inp: EstimateInput, ev: Evaluation, micro_batch_auto: bool = False,
     per_node = PerNode(ranks=plan.ranks_per_node, cpu=sum(r.bytes for r in node_rows if r.location == "cpu"),
                        nvme=sum(r.bytes for r in node_rows if r.location == "nvme"), rows=node_rows)
     usable = plan.usable_bytes
-    fit = Fit(fits=per_gpu.total <= usable, usable_bytes=usable, headroom_bytes=usable - per_gpu.total)
+    if ev.realistic is not None:
+        fit = Fit(fits=ev.realistic.verdict == "fits", usable_bytes=usable, headroom_bytes=usable - per_gpu.total,
+                  verdict=ev.realistic.verdict)
+    else:
+        fits = per_gpu.total <= usable
+        fit = Fit(fits=fits, usable_bytes=usable, headroom_bytes=usable - per_gpu.total, verdict="fits" if fits else "oom")
     stages = [StageMemory(stage=s.stage, parameters=s.parameters, layers=s.layers,
                           micro_batches_in_flight=s.micro_batches_in_flight, model_states=s.model_states,
                           activations=s.activations, total=s.total) for s in ev.stages]
@@ -183,7 +194,9 @@ def estimate(inp: EstimateInput, ev: Evaluation, micro_batch_auto: bool = False,
         ),
         training=training(plan, micro_batch_auto),
         memory=Memory(per_gpu=per_gpu, per_node=per_node, fit=fit, stages=stages, most_loaded_stage=ev.top,
-                      activations=_activations(plan)),
+                      activations=_activations(plan) if plan.accounting != "realistic" else None,
+                      timeline=StepTimeline(peak_phase=ev.realistic.peak_phase, peak_moment=ev.realistic.peak_moment,
+                                            phases=dict(ev.realistic.phases)) if ev.realistic else None),
         communication=_communication(ev),
         notes=notes(plan) + ([f"step time: {why}"] if why else []),
         input=inp,

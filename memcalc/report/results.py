@@ -64,6 +64,11 @@ class PerGPU(_Result):
     allocator_reserve: int
     total: int
     rows: list[MemoryRow]
+    peak_allocated: int = 0
+    """What ``torch.cuda.max_memory_allocated`` reports at the step's peak (the rows but the allocator's gap, the
+    CUDA context and NCCL's buffers)."""
+    peak_reserved: int = 0
+    """What the caching allocator holds then (``max_memory_reserved``): peak_allocated + its gap."""
 
 
 @record
@@ -88,6 +93,9 @@ class Fit(_Result):
     """What the framework can allocate on this GPU."""
     headroom_bytes: int
     """usable_bytes - total; negative when it does not fit."""
+    verdict: str = "fits"
+    """fits, at-risk (the margin is within the allocator's measured variability: fragmentation may make the step
+    fail) or oom. The paper's accounting has no band: fits or oom."""
 
 
 @record
@@ -126,6 +134,18 @@ class ActivationDetail(_Result):
 
 
 @record
+class StepTimeline(_Result):
+    """When in the step the peak happens (realistic accounting)."""
+
+    peak_phase: str
+    """baseline, input, forward.layer.i, forward.head, loss, backward, backward.layer.i, optimizer, zero_grad."""
+    peak_moment: str
+    """What happens at that moment (e.g. log_softmax's backward)."""
+    phases: dict[str, int]
+    """Each phase's own peak of allocated bytes (forward and backward over all their layers)."""
+
+
+@record
 class Memory(_Result):
     per_gpu: PerGPU
     """The most loaded GPU (the most loaded pipeline stage)."""
@@ -134,6 +154,8 @@ class Memory(_Result):
     stages: list[StageMemory]
     most_loaded_stage: int
     activations: ActivationDetail | None = None
+    timeline: StepTimeline | None = None
+    """Realistic accounting: the moment of the peak and each phase's peak."""
 
 
 @record

@@ -166,7 +166,7 @@ def step_plan(plan: LayoutPlan, optimizer_impl: str = "foreach", flops_attention
     return Plan(
         gpus=plan.gpus, seq=w.seq_len, micro_batch=w.micro_batch, micro_batches=plan.grad_accum, tp=plan.tp,
         pp=plan.pp, cp=plan.cp, ep=plan.ep, virtual=plan.virtual_stages, sp=plan.sequence_parallel,
-        recompute=w.recompute, attention=_ATTENTION[w.attention], dtype=_MATMUL_DTYPE[plan.precision.low_dtype],
+        recompute=w.recompute, attention=_ATTENTION[w.attention], dtype=_MATMUL_DTYPE[plan.precision.compute_dtype],
         dropout=w.dropout > 0, optimizer="cpu" if plan.optimizer_device != "none" else optimizer_impl,
         optimizer_params=optimizer_params(plan), flops_attention=flops_attention,
     )  # fmt: skip

@@ -1,0 +1,97 @@
+"""The realistic accounting through the public API and the CLI: the default where it applies, its JSON fields,
+its verdicts, the options that go with it, and --micro-batch auto on its verdict."""
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import memcalc
+from memcalc.cli import app
+from memcalc.errors import InputError
+from memcalc.units import GiB
+
+H100 = Path(__file__).resolve().parent / "data" / "h100"
+LLAMA1B = str(H100 / "llama-3.2-1b" / "config.json")
+runner = CliRunner()
+
+
+def realistic(**kw):
+    args = dict(hf_config=LLAMA1B, gpus=1, gpu="h100", precision="amp-bf16", seq_len=2048, micro_batch=4,
+                attention="flash") | kw
+    return memcalc.estimate(**args)
+
+
+def test_default_for_a_hugging_face_model_on_one_gpu_is_realistic():
+    r = realistic()
+    assert r.accounting == "realistic"
+    g = r.memory.per_gpu
+    # Measured on an H100 (docs/timeline.md): max_memory_allocated 43.84 GiB for this step.
+    assert g.peak_allocated / GiB == pytest.approx(43.84, abs=0.01)
+    assert g.peak_reserved > g.peak_allocated and g.total > g.peak_reserved
+    assert g.total == sum(row.bytes for row in g.rows)
+    assert r.memory.fit.verdict == "fits" and r.memory.fit.fits
+    assert r.memory.timeline.peak_phase == "backward"
+    assert r.memory.timeline.phases["optimizer"] < r.memory.timeline.phases["backward"]
+
+
+def test_the_json_carries_the_three_figures_and_the_verdict():
+    res = runner.invoke(app, ["estimate", "--hf-config", LLAMA1B, "--gpus", "1", "--gpu", "h100", "--precision",
+                              "amp-bf16", "--optimizer-impl", "foreach", "--attention", "flash", "--recompute", "none",
+                              "--seq-len", "4096", "--micro-batch", "8", "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    per_gpu, fit = d["memory"]["per_gpu"], d["memory"]["fit"]
+    assert all(type(per_gpu[k]) is int for k in ("peak_allocated", "peak_reserved", "total"))
+    assert fit["verdict"] == "oom"  # ran out of memory on the H100 (docs/timeline.md)
+
+
+def test_master_weight_precisions_and_sharded_layouts_take_the_paper_and_say_why():
+    r = memcalc.estimate(hf_config=LLAMA1B, gpus=1, gpu="h100", seq_len=2048)  # bf16-mixed: a master-weight regime
+    assert r.accounting == "paper"
+    assert any("realistic accounting (the peak of a real step) not used: --precision bf16-mixed" in n for n in r.notes)
+    f = memcalc.estimate(hf_config=LLAMA1B, gpus=8, gpu="h100", seq_len=2048, precision="amp-bf16", fsdp="FULL_SHARD")
+    assert f.accounting == "paper" and any("covers one GPU and DDP so far" in n for n in f.notes)
+    with pytest.raises(InputError, match="--accounting realistic: .*covers one GPU and DDP"):
+        memcalc.estimate(hf_config=LLAMA1B, gpus=8, seq_len=2048, precision="amp-bf16", fsdp="FULL_SHARD",
+                         accounting="realistic")
+
+
+def test_ddp_adds_its_gradient_buckets_and_nccl_buffers():
+    one, eight = realistic(), realistic(gpus=8)
+    rows = {row.key: row.bytes for row in eight.memory.per_gpu.rows}
+    assert rows["gradient_buckets"] == rows["parameters"]  # fp32 gradients under autocast, as large as the weights
+    assert rows["nccl_buffers"] == 16 * 2 * 4 * 2**20
+    assert eight.memory.per_gpu.peak_allocated == one.memory.per_gpu.peak_allocated + rows["gradient_buckets"]
+    bucket_view = realistic(gpus=8, bucket_view=True)
+    assert "gradient_buckets" not in {row.key for row in bucket_view.memory.per_gpu.rows}
+
+
+def test_options_change_the_peak_the_way_the_mechanisms_say():
+    base = realistic().memory.per_gpu.peak_allocated
+    assert realistic(loss="fused").memory.per_gpu.peak_allocated < realistic(loss="chunked:8").memory.per_gpu.peak_allocated < base
+    assert realistic(recompute="full").memory.per_gpu.peak_allocated < base
+    assert realistic(optimizer_impl="fused").memory.per_gpu.peak_allocated <= base
+
+
+@pytest.mark.parametrize(("kw", "match"), [
+    (dict(params=7e9, seq_len=2048, recompute="op-sac"), "needs the model's shape|realistic accounting"),
+    (dict(model="llama-2-7b", seq_len=2048, loss="chunked:8", accounting="paper"), "--loss chunked:8: .*realistic"),
+    (dict(model="llama-2-7b", seq_len=2048, optimizer_impl="fused", stage=3), "--optimizer-impl fused"),
+    (dict(model="llama-2-7b", seq_len=2048, recompute="every:0"), "--recompute 'every:0'|recompute"),
+    (dict(model="llama-2-7b", seq_len=2048, loss="chunky"), "loss"),
+])
+def test_options_that_do_not_apply_are_refused_naming_what_would(kw, match):
+    with pytest.raises(InputError, match=match):
+        memcalc.estimate(gpus=1, **kw)
+
+
+def test_micro_batch_auto_stops_at_the_last_that_fits_on_the_realistic_verdict():
+    r = memcalc.estimate(hf_config=LLAMA1B, gpus=1, gpu="h100", precision="amp-bf16", seq_len=2048,
+                         attention="flash", micro_batch="auto")
+    b = r.training.micro_batch
+    assert r.accounting == "realistic" and r.memory.fit.verdict == "fits"
+    over = memcalc.estimate(hf_config=LLAMA1B, gpus=1, gpu="h100", precision="amp-bf16", seq_len=2048,
+                            attention="flash", micro_batch=b + 1)
+    assert over.memory.fit.verdict != "fits"
