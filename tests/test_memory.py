@@ -81,7 +81,7 @@ def test_optimizer_k_values_from_domain():
     # SGD momentum 8; plain SGD 4; Lion 8.
     p = memcalc.PRECISIONS["bf16-mixed"]
     k = {name: opt.state_bytes_per_param(p) for name, opt in memcalc.OPTIMIZERS.items()}
-    assert k == {"adamw": 12, "adam-8bit": 6, "sgd-momentum": 8, "sgd": 4, "lion": 8, "adafactor": 4}
+    assert k == {"adamw": 12, "adam-8bit": 6, "paged-adam-8bit": 6, "sgd-momentum": 8, "sgd": 4, "lion": 8, "adafactor": 4}
 
 
 def test_offload_optimizer_moves_states_and_grad_partition_to_host(est):

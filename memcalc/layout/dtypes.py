@@ -108,7 +108,7 @@ def resolve_precision(text: str) -> Precision:
 # Optimizer: state bytes per parameter.
 # --------------------------------------------------------------------------------------------
 
-OptimizerName = Literal["adamw", "sgd", "sgd-momentum", "adam-8bit", "adafactor", "lion"]
+OptimizerName = Literal["adamw", "sgd", "sgd-momentum", "adam-8bit", "paged-adam-8bit", "adafactor", "lion"]
 
 
 @dataclass(frozen=True)
@@ -147,6 +147,14 @@ OPTIMIZERS: dict[str, Optimizer] = {
             note="8-bit Adam's block-wise quantization statistics (one fp32 per 2048 values) are not counted",
         ),
         Optimizer(
+            name="paged-adam-8bit",
+            moments=2,
+            moment_bytes=1,
+            source="bitsandbytes PagedAdamW8bit: 8-bit m and v in CUDA unified memory (cudaMallocManaged)",
+            note="paged 8-bit states live outside PyTorch's allocator and the driver may evict them to host memory "
+                 "under pressure: the realistic accounting leaves them out of peak_allocated",
+        ),
+        Optimizer(
             name="adafactor",
             moments=0,
             moment_bytes=None,
@@ -159,7 +167,8 @@ OPTIMIZERS: dict[str, Optimizer] = {
 }
 _OPTIMIZER_ALIASES = {"adam": "adamw", "adamw": "adamw", "sgd": "sgd", "sgd-momentum": "sgd-momentum",
                       "momentum": "sgd-momentum", "adam-8bit": "adam-8bit", "adamw-8bit": "adam-8bit",
-                      "adam8bit": "adam-8bit", "8bit-adam": "adam-8bit", "adafactor": "adafactor", "lion": "lion"}  # fmt: skip
+                      "adam8bit": "adam-8bit", "8bit-adam": "adam-8bit",
+                      "paged-adam-8bit": "paged-adam-8bit", "paged-adamw-8bit": "paged-adam-8bit", "adafactor": "adafactor", "lion": "lion"}  # fmt: skip
 
 
 def resolve_optimizer(text: str) -> Optimizer:
