@@ -70,10 +70,22 @@ _KEYS = {"parameters": ("parameters", "model_state"), "optimizer states": ("opti
          ("cublas_workspace", "overhead")}
 
 
+_DETAIL = (
+    ("parameters", "the weights, alive all step (fp32 under autocast)"),
+    ("optimizer states", "AdamW's moments (and 8-bit statistics), alive all step"),
+    ("loss gradients", "log-softmax backward: its fp32 output and input gradients, 8 bytes per logit element"),
+    ("gradients", "accumulated during backward, freed by zero_grad(set_to_none=True)"),
+    ("cuBLAS", "one 32 MiB workspace per thread that runs matmuls (CublasHandlePool.cpp)"),
+    ("layer activations", "what the decoder layers save for backward (memory/saved.py: exact on CPU)"),
+    ("log-softmax", "cross_entropy's saved fp32 log-softmax: 4 bytes per logit element"),
+    ("cast", "autocast's bf16 copy, cached until the autocast block exits"),
+)
+
+
 def _row(name: str, n_bytes: int, plan: Plan) -> Row:
     key, category = _KEYS.get(name, ("activations_" + "_".join(name.split()[:3]).lower(), "activation"))
-    src = "memcalc.memory.timeline: what is alive at the step's peak (saved tensors exact against a CPU census)"
-    return Row(key, name, n_bytes, "gpu", category, src)
+    detail = next((d for k, d in _DETAIL if k in name), "alive at the step's peak (memory/timeline.py)")
+    return Row(key, name, n_bytes, "gpu", category, detail)
 
 
 def evaluate(plan: Plan) -> Realistic:

@@ -1,11 +1,17 @@
-"""Rendering: results -> rich renderables. Returns Tables and Groups; never prints."""
+"""Rendering: results -> rich renderables. Returns Tables and Groups; never prints. What the CLI prints wraps each
+table in ``Fitted``, which lays it out for the console's width without ever cutting a figure."""
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from rich.console import Console, Group, RenderableType
-from rich.table import Table
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, Group, RenderableType
+from rich.measure import Measurement
+from rich.table import Column, Table
 from rich.text import Text
 
 from memcalc.units import MemoryUnit, format_memory, format_rate, memory_label, to_memory_unit
@@ -49,21 +55,21 @@ def memory_table(r: Estimate, unit: MemoryUnit = "gib") -> Table:
 
 
 def verdict(r: Estimate, unit: MemoryUnit = "gib") -> Text:
-    fit, gpu = r.memory.fit, r.input.gpu
-    total = r.memory.per_gpu.total
-    usable = format_memory(fit.usable_bytes, unit)
+    fit, gpu, g = r.memory.fit, r.input.gpu, r.memory.per_gpu
+    total, usable = g.total, format_memory(fit.usable_bytes, unit)
+    tl = r.memory.timeline
+    peak = (f" · peak in {tl.peak_phase} ({tl.peak_moment}): {format_memory(g.peak_allocated, unit)} allocated, "
+            f"{format_memory(g.peak_reserved, unit)} reserved") if tl is not None else ""
+    if fit.verdict == "at-risk":
+        return Text(f"! at risk: {format_memory(total, unit)} of {usable} usable on {gpu.name}, margin "
+                    f"{format_memory(fit.headroom_bytes, unit)} is within the allocator's variability{peak}",
+                    style="bold yellow")
     if fit.fits:
         pct = 100 * total / fit.usable_bytes
-        return Text(
-            f"✓ fits: {format_memory(total, unit)} of {usable} usable on {gpu.name} ({pct:.0f}%), "
-            f"headroom {format_memory(fit.headroom_bytes, unit)}",
-            style="bold green",
-        )
-    return Text(
-        f"✗ does not fit: {format_memory(total, unit)} needed, {usable} usable on {gpu.name}, "
-        f"short by {format_memory(-fit.headroom_bytes, unit)}",
-        style="bold red",
-    )
+        return Text(f"✓ fits: {format_memory(total, unit)} of {usable} usable on {gpu.name} ({pct:.0f}%), "
+                    f"headroom {format_memory(fit.headroom_bytes, unit)}{peak}", style="bold green")
+    return Text(f"✗ does not fit: {format_memory(total, unit)} needed, {usable} usable on {gpu.name}, "
+                f"short by {format_memory(-fit.headroom_bytes, unit)}{peak}", style="bold red")
 
 
 def training_line(r: Estimate) -> Text:
@@ -219,12 +225,14 @@ def throughput_line(r: Estimate) -> Text | None:
 
 
 def render_estimate(r: Estimate, unit: MemoryUnit = "gib") -> Group:
-    parts: list[RenderableType] = [_headline(r, unit), training_line(r), memory_table(r, unit), verdict(r, unit)]
+    parts: list[RenderableType] = [_headline(r, unit), training_line(r), Fitted(memory_table(r, unit)),
+                                   verdict(r, unit)]  # fmt: skip
     for extra in (stage_table(r, unit), activation_table(r, unit), host_table(r, unit)):
         if extra is not None:
-            parts.append(extra)
-    parts += [communication_table(r, unit), links_line(r)]
-    parts += [x for x in (time_table(r), throughput_line(r)) if x is not None]
+            parts.append(Fitted(extra))
+    parts += [Fitted(communication_table(r, unit), keys=2), links_line(r)]
+    time = time_table(r)
+    parts += [x for x in (Fitted(time) if time is not None else None, throughput_line(r)) if x is not None]
     parts += [Text(f"note: {n}", style="dim") for n in r.notes]
     return Group(*parts)
 
@@ -272,7 +280,8 @@ def ranking_line(cmp: Comparison) -> Text:
 def render(obj: Estimate | Comparison, unit: MemoryUnit = "gib") -> RenderableType:
     kind = type(obj).__name__
     if kind == "Comparison":
-        return Group(comparison_table(obj, unit), ranking_line(obj))  # type: ignore[arg-type]
+        table = Fitted(comparison_table(obj, unit), breaks=("host RAM/node", "step s"))  # type: ignore[arg-type]
+        return Group(table, ranking_line(obj))  # type: ignore[arg-type]
     if kind == "Estimate":
         return render_estimate(obj, unit)  # type: ignore[arg-type]
     raise TypeError(f"cannot render {type(obj).__name__}")
@@ -283,12 +292,104 @@ def to_text_and_html(obj: Estimate | Comparison, width: int = 120) -> tuple[str,
     table needs it, so that no number is ever cut."""
     renderable = render(obj)
     probe = Console(width=10_000, file=_Null(), markup=False, emoji=False, highlight=False)
-    tables = [r for r in getattr(renderable, "renderables", [renderable]) if isinstance(r, Table)]
+    tables = [r.table for r in getattr(renderable, "renderables", [renderable]) if isinstance(r, Fitted)]
     width = max([width] + [probe.measure(t).maximum for t in tables])
     console = Console(record=True, width=width, file=_Null(), force_jupyter=False, markup=False, emoji=False,
                       highlight=False)
     console.print(renderable)
     return console.export_text(clear=False), console.export_html(inline_styles=True)
+
+
+class Fitted:
+    """A table laid out for the console's width; a figure (a right-aligned cell) is never wrapped, cut or folded.
+
+    In order: the table as built when it fits whole; else its prose (left-aligned) columns wrapped at spaces, figure
+    columns as wide as their widest figure, headers wrapped at spaces; else stacked tables that each repeat the first
+    ``keys`` columns, cut where a header in ``breaks`` starts a group, groups that fit together kept together, and a
+    group still too wide cut into the fewest even runs of columns that fit.
+    """
+
+    def __init__(self, table: Table, keys: int = 1, breaks: Sequence[str] = ()) -> None:
+        self.table, self.keys, self.breaks = table, keys, tuple(breaks)
+        self.need = [_column_need(c) for c in table.columns]
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement.get(console, options, self.table)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Table]:
+        width = options.max_width
+        if Measurement.get(console, options.update_width(10_000), self.table).maximum <= width:
+            yield self.table
+            return
+        parts = self.parts(width)
+        if parts is None:  # narrower than the keys and one figure column: rich squeezes the table
+            yield self.table
+            return
+        for n, part in enumerate(parts):
+            yield self._build(part, self.widths(part, width) or [], self.table.title if n == 0 else None)
+
+    def widths(self, cols: list[int], width: int) -> list[int] | None:
+        """Content widths of ``cols`` in a table ``width`` wide, or None when even wrapped prose is too wide."""
+        lo, w = [self.need[i][0] for i in cols], [self.need[i][1] for i in cols]
+        # rich's default box and padding: each column has two padding cells and a rule on its left; one rule closes
+        room = width - (3 * len(cols) + 1)
+        if sum(lo) > room:
+            return None
+        while sum(w) > room:  # narrow the widest prose column that can still wrap, as rich does
+            j = max((k for k in range(len(w)) if w[k] > lo[k]), key=lambda k: w[k])
+            w[j] -= 1
+        return w
+
+    def parts(self, width: int) -> list[list[int]] | None:
+        keys, rest = list(range(self.keys)), range(self.keys, len(self.need))
+        if self.widths(keys + list(rest), width) is not None:
+            return [keys + list(rest)]
+        groups: list[list[int]] = []
+        for i in rest:
+            if not groups or _plain(self.table.columns[i].header) in self.breaks:
+                groups.append([])
+            groups[-1].append(i)
+        packed: list[list[int]] = []
+        for g in groups:
+            if packed and self.widths(keys + packed[-1] + g, width) is not None:
+                packed[-1] += g
+            else:
+                packed.append(g)
+        out: list[list[int]] = []
+        for g in packed:
+            runs = [_even(g, k) for k in range(1, len(g) + 1)]
+            fit = next((r for r in runs if all(self.widths(keys + c, width) is not None for c in r)), None)
+            if fit is None:
+                return None
+            out += [keys + c for c in fit]
+        return out
+
+    def _build(self, cols: list[int], widths: list[int], title: object) -> Table:
+        t = copy.copy(self.table)
+        t.title = title  # type: ignore[assignment]
+        # No figure is wider than its column, so none wraps; headers and prose wrap at spaces.
+        t.columns = [replace(c, width=w, min_width=None, max_width=None, overflow="fold", no_wrap=False, _index=n)
+                     for n, (c, w) in enumerate(zip((self.table.columns[i] for i in cols), widths))]  # fmt: skip
+        return t
+
+
+def _plain(cell: object) -> str:
+    return cell.plain if isinstance(cell, Text) else str(cell)
+
+
+def _column_need(col: Column) -> tuple[int, int]:
+    """(narrowest, widest) content width: a figure column's widest cell, or its header's longest word if wider;
+    prose down to its longest word."""
+    cells = [_plain(c) for c in col._cells]
+    lines = [line for text in [*cells, _plain(col.header)] for line in text.splitlines()]
+    word = max((cell_len(w) for line in lines for w in line.split()), default=1)
+    if col.justify == "right":
+        return (w := max([word] + [cell_len(line) for c in cells for line in c.splitlines()])), w
+    return word, max([word] + [cell_len(line) for line in lines])
+
+
+def _even(cols: list[int], k: int) -> list[list[int]]:
+    return [cols[i * len(cols) // k:(i + 1) * len(cols) // k] for i in range(k)]
 
 
 class _Null:
