@@ -26,6 +26,7 @@ from memcalc.inputs import (
     Parallelism,
     Precision,
     Strategy,
+    Timing,
     Workload,
     resolve_optimizer,
     resolve_precision,
@@ -239,6 +240,15 @@ def build_input(
     prefetch_bucket_size: int | float | str | None = None,
     persistence_threshold: int | float | str | None = None,
     zero3_step: str = "steady",
+    cluster: str | None = None,
+    tokens: int | float | str | None = None,
+    price_per_gpu_hour: float | None = None,
+    intra_node_gbps: float | None = None,
+    network_gbits_per_gpu: float | None = None,
+    intra_node_efficiency: float | None = None,
+    network_efficiency: float | None = None,
+    pcie_gbps: float | None = None,
+    host_memory_gbps: float | None = None,
 ) -> EstimateInput:
     """Turn loose arguments (strings, numbers, or the pydantic input objects) into an ``EstimateInput``."""
     arch = resolve_architecture(model, hf_config, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
@@ -253,7 +263,7 @@ def build_input(
         raise InputError("give the model size (--params 7B) or its shape (--model llama-2-7b, --hf-config config.json)")
     else:
         the_model = Model(parameters=parse_count(params, "--params"))  # type: ignore[arg-type]
-    cluster = gpus if isinstance(gpus, Cluster) else Cluster(gpus=gpus, gpus_per_node=gpus_per_node)
+    the_cluster = gpus if isinstance(gpus, Cluster) else Cluster(gpus=gpus, gpus_per_node=gpus_per_node)
     if grad_accum is not None and micro_batches is not None and grad_accum != micro_batches:
         raise InputError(f"--grad-accum {grad_accum} and --micro-batches {micro_batches} name the same thing; give one")
     if workload is None and seq_len is not None:
@@ -313,12 +323,16 @@ def build_input(
         precision=the_precision,
         optimizer=the_optimizer,
         gpu=_gpu(gpu),
-        cluster=cluster,
+        cluster=the_cluster,
         strategy=the_strategy,
         parallelism=parallelism,
         workload=workload,
         overheads=overheads,
         grad_accum=grad_accum if grad_accum is not None else micro_batches if micro_batches is not None else 1,
+        timing=Timing(cluster=cluster, tokens=None if tokens is None else float(parse_count(tokens, "--tokens")),
+                      price_per_gpu_hour=price_per_gpu_hour, intra_node_gbps=intra_node_gbps,
+                      network_gbits_per_gpu=network_gbits_per_gpu, intra_node_efficiency=intra_node_efficiency,
+                      network_efficiency=network_efficiency, pcie_gbps=pcie_gbps, host_memory_gbps=host_memory_gbps),
     )
 
 

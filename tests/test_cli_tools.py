@@ -165,3 +165,35 @@ def test_a_rejected_config_is_one_line_exit_2():
     assert len(r.stderr.strip().splitlines()) == 1
     two = run("estimate", "--model", "gpt2", "--deepspeed", bad, "--torchtitan-config", "x.toml")
     assert two.exit_code == 2 and "cannot be combined" in two.stderr
+
+
+def test_time_to_train_and_cost_from_tokens_and_price():
+    r = memcalc.estimate(model="llama-3-8b", fsdp="FULL_SHARD", gpus=64, gpu="h100", seq_len=8192, tokens="15T",
+                         price_per_gpu_hour=2.5)
+    t = r.time
+    assert t.time_to_train_s == pytest.approx(15e12 / t.tokens_per_s)
+    assert t.cost == pytest.approx(2.5 * 64 * t.time_to_train_s / 3600)
+    assert r.input.timing.tokens == 15e12
+    e = Estimate.model_validate_json(run("estimate", "--model", "llama-3-8b", "--fsdp", "FULL_SHARD", "--gpus", "64",
+                                         "--gpu", "h100", "--seq-len", "8192", "--tokens", "15T", "--json").stdout)
+    assert e.time.time_to_train_s == pytest.approx(t.time_to_train_s)
+
+
+def test_a_slower_network_makes_zero3_slower_and_the_cluster_is_named():
+    args = dict(model="llama-3-8b", fsdp="FULL_SHARD", gpus=64, gpu="h100", seq_len=2048)
+    fast = memcalc.estimate(**args)
+    slow = memcalc.estimate(**args, network_gbits_per_gpu=25)
+    assert slow.time.step_s > fast.time.step_s and fast.time.cluster == "dgx-h100"
+    assert memcalc.estimate(**args, cluster="p5-h100").time.cluster == "p5-h100"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--tokens", "1T"], "need a step time"),
+    (["--model", "llama-3-8b", "--seq-len", "2048", "--price-per-gpu-hour", "2"], "needs --tokens"),
+    (["--model", "llama-3-8b", "--seq-len", "2048", "--cluster", "dgx-h10"], "did you mean 'dgx-h100'"),
+    (["--model", "llama-3-8b", "--seq-len", "2048", "--network-efficiency", "1.5"], "at most 1"),
+    (["--model", "llama-3-8b", "--seq-len", "2048", "--intra-node-gbps", "0"], "more than 0"),
+])
+def test_bad_timing_inputs_are_one_line_exit_2(args, message):
+    r = run("estimate", "--params", "7e9", *args) if "--model" not in args else run("estimate", *args)
+    assert r.exit_code == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -9,6 +9,15 @@ import typer
 from memcalc.cli.app import Command, app, micro_batch_arg, output_format, positive, run_or_fail, show, units_arg
 from memcalc.cli.configs import with_config
 from memcalc.cli.options import (
+    ClusterOpt,
+    HostGbps,
+    IntraEff,
+    IntraGbps,
+    NetEff,
+    NetGbits,
+    PcieGbps,
+    Price,
+    Tokens,
     AccelerateConfig,
     DeepSpeedConfig,
     TorchtitanConfig,
@@ -124,6 +133,15 @@ def estimate(
     units: Units = "gib",
     json: Json = False,
     fmt: Format = "table",
+    cluster: ClusterOpt = None,
+    tokens: Tokens = None,
+    price_per_gpu_hour: Price = None,
+    intra_node_gbps: IntraGbps = None,
+    network_gbits_per_gpu: NetGbits = None,
+    intra_node_efficiency: IntraEff = None,
+    network_efficiency: NetEff = None,
+    pcie_gbps: PcieGbps = None,
+    host_memory_gbps: HostGbps = None,
     deepspeed: DeepSpeedConfig = None,
     accelerate_config: AccelerateConfig = None,
     torchtitan_config: TorchtitanConfig = None,
@@ -153,6 +171,9 @@ def estimate(
             bucket_view=bucket_view, min_num_params=min_num_params, max_reuse_distance=max_reuse_distance,
             max_live_parameters=max_live_parameters, prefetch_bucket_size=prefetch_bucket_size,
             persistence_threshold=persistence_threshold, zero3_step=zero3_step.strip().lower(),
+            cluster=cluster, tokens=tokens, price_per_gpu_hour=price_per_gpu_hour, intra_node_gbps=intra_node_gbps,
+            network_gbits_per_gpu=network_gbits_per_gpu, intra_node_efficiency=intra_node_efficiency,
+            network_efficiency=network_efficiency, pcie_gbps=pcie_gbps, host_memory_gbps=host_memory_gbps,
         )  # fmt: skip
         result = run(**with_config(ctx, kwargs, deepspeed, accelerate_config, torchtitan_config))
         show(result, output_format(fmt, json), u)
@@ -185,11 +206,15 @@ def compare(
     tp: Tp = 1,
     pp: Pp = 1,
     sequence_parallel: Sp = False,
+    cluster: ClusterOpt = None,
+    tokens: Tokens = None,
+    price_per_gpu_hour: Price = None,
+    network_gbits_per_gpu: NetGbits = None,
     units: Units = "gib",
     json: Json = False,
     fmt: Format = "table",
 ) -> None:
-    """Every strategy side by side: memory parts, total, fit, host RAM and communication."""
+    """Every strategy side by side: memory parts, total, fit, host RAM, communication and step time (ranked)."""
 
     def go() -> None:
         from memcalc.api import compare as run
@@ -207,7 +232,8 @@ def compare(
             gpu=gpu, precision=precision, optimizer=optimizer, grad_accum=grad_accum,
             cuda_context_gib=cuda_context_gib, reserve_gib=reserve_gib, model=model, hf_config=hf_config,
             seq_len=seq_len, micro_batch=mb, recompute=recompute.strip().lower(), attention=attention.strip().lower(),
-            tp=tp, pp=pp, sequence_parallel=sequence_parallel,
+            tp=tp, pp=pp, sequence_parallel=sequence_parallel, cluster=cluster, tokens=tokens,
+            price_per_gpu_hour=price_per_gpu_hour, network_gbits_per_gpu=network_gbits_per_gpu,
         )  # fmt: skip
         show(result, output_format(fmt, json), u)
 

@@ -54,6 +54,15 @@ Reserve = Annotated[float | None, typer.Option("--reserve-gib", help="Allocator 
 Units = Annotated[str, typer.Option("--units", help="Memory units: gib (2^30, as CUDA reports) or gb (10^9, as papers print).")]
 Json = Annotated[bool, typer.Option("--json", help="Print the whole result as JSON (integer bytes); same as --format json.")]
 Format = Annotated[str, typer.Option("--format", "-f", help="table (default), json (integer bytes), csv or markdown.")]
+ClusterOpt = Annotated[str | None, typer.Option("--cluster", help="Cluster preset that times the step: dgx-a100, dgx-h100, hgx-h200, p4d-a100, p5-h100, or a .toml path (default: the first built from --gpu).")]
+Tokens = Annotated[str | None, typer.Option("--tokens", help="Tokens to train on (2e12, 15T): adds the time to train.")]
+Price = Annotated[float | None, typer.Option("--price-per-gpu-hour", help="With --tokens: the cost, in the price's currency.")]
+IntraGbps = Annotated[float | None, typer.Option("--intra-node-gbps", help="Override: GPU-to-GPU bandwidth inside a node, GB/s per GPU per direction.")]
+NetGbits = Annotated[float | None, typer.Option("--network-gbits", help="Override: network bandwidth per GPU, Gb/s.")]
+IntraEff = Annotated[float | None, typer.Option("--intra-node-efficiency", help="Override: fraction (0, 1] of the intra-node bandwidth large collectives reach.")]
+NetEff = Annotated[float | None, typer.Option("--network-efficiency", help="Override: fraction (0, 1] of the network bandwidth large collectives reach.")]
+PcieGbps = Annotated[float | None, typer.Option("--pcie-gbps", help="Override: PCIe bandwidth per GPU per direction, GB/s (offload copies).")]
+HostGbps = Annotated[float | None, typer.Option("--host-memory-gbps", help="Override: achievable host memory bandwidth per node, GB/s (CPU Adam).")]
 DeepSpeedConfig = Annotated[str | None, typer.Option("--deepspeed", help="A DeepSpeed JSON (ds_config.json): ZeRO stage, offload, precision, batch, ZeRO-3 knobs; flags you type win.")]
 AccelerateConfig = Annotated[str | None, typer.Option("--accelerate-config", help="An accelerate config YAML (distributed_type, num_processes, fsdp_config or deepspeed_config).")]
 TorchtitanConfig = Annotated[str | None, typer.Option("--torchtitan-config", help="A torchtitan job TOML (parallelism, batch, seq_len, activation checkpointing, model flavor).")]
@@ -71,6 +80,8 @@ PANELS: dict[str, tuple[str, ...]] = {
     "Accounting": ("accounting", "fsdp_version", "bucket_view", "min_num_params", "max_reuse_distance",
                    "max_live_parameters", "prefetch_bucket_size", "persistence_threshold", "zero3_step", "zero_init",
                    "buffer_factor", "largest_layer_params"),
+    "Step time": ("tokens", "price_per_gpu_hour", "intra_node_gbps", "network_gbits_per_gpu",
+                  "intra_node_efficiency", "network_efficiency", "pcie_gbps", "host_memory_gbps"),
     "Config files": ("deepspeed", "accelerate_config", "torchtitan_config"),
     "Output": ("units", "json", "fmt", "out"),
 }

@@ -10,7 +10,7 @@ from __future__ import annotations
 from memcalc.inputs.estimate import Accounting, EstimateInput, Workload
 from memcalc.inputs.hardware import GPU, Cluster, Overheads
 from memcalc.inputs.model import Model
-from memcalc.inputs.strategy import EstimatorOptions, FrameworkOptions, Parallelism, Strategy
+from memcalc.inputs.strategy import EstimatorOptions, FrameworkOptions, Parallelism, Strategy, Timing
 from memcalc.layout.dtypes import (
     OPTIMIZERS,
     PRECISIONS,
@@ -26,5 +26,5 @@ from memcalc.layout.plan import Zero3Settings
 __all__ = [
     "GPU", "OPTIMIZERS", "PRECISIONS", "Accounting", "Cluster", "EstimateInput", "EstimatorOptions",
     "FrameworkOptions", "Model", "Optimizer", "OptimizerName", "Overheads", "Parallelism", "Precision",
-    "PrecisionName", "Strategy", "Workload", "Zero3Settings", "resolve_optimizer", "resolve_precision",
+    "PrecisionName", "Strategy", "Timing", "Workload", "Zero3Settings", "resolve_optimizer", "resolve_precision",
 ]

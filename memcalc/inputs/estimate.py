@@ -9,7 +9,7 @@ from memcalc.errors import InputError
 from memcalc.record import Record, bounded, check_fields, record
 from memcalc.inputs.hardware import GPU, Cluster, Overheads
 from memcalc.inputs.model import Model
-from memcalc.inputs.strategy import EstimatorOptions, FrameworkOptions, Parallelism, Strategy
+from memcalc.inputs.strategy import EstimatorOptions, FrameworkOptions, Parallelism, Strategy, Timing
 from memcalc.layout.dtypes import OPTIMIZERS, PRECISIONS, Optimizer, Precision
 from memcalc.model.architecture import MAX_POSITIONS
 
@@ -86,6 +86,8 @@ class EstimateInput(Record):
     is DeepSpeed's own estimate_zero2/3_model_states_mem_needs."""
     estimator: EstimatorOptions = EstimatorOptions()
     framework: FrameworkOptions = FrameworkOptions()
+    timing: Timing = Timing()
+    """How the step is timed: cluster, link overrides, tokens and price (``memcalc.time``)."""
 
     def __post_init__(self) -> None:
         check_fields(self)

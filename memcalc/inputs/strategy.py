@@ -167,3 +167,30 @@ class EstimatorOptions(Record):
         check_fields(self)
 
 
+
+
+@record
+class Timing(Record):
+    """How the step is timed (``memcalc.time``): the cluster, link overrides, and what to train."""
+
+    cluster: str | None = None
+    """A cluster preset (dgx-a100, dgx-h100, hgx-h200, p4d-a100, p5-h100) or TOML path; None: the first built from
+    the GPU."""
+    intra_node_gbps: float | None = bounded(default=None, gt=0, le=100_000, why="GB/s per GPU per direction")
+    """NVLink/PCIe bandwidth between GPUs of a node, GB/s per GPU per direction (None: the cluster's)."""
+    network_gbits_per_gpu: float | None = bounded(default=None, gt=0, le=100_000, why="Gb/s per GPU")
+    """Network bandwidth per GPU, Gb/s (None: the cluster's)."""
+    intra_node_efficiency: float | None = bounded(default=None, gt=0, le=1, why="a fraction of the link")
+    """Fraction of the NVLink bandwidth large collectives reach (None: the calibration's)."""
+    network_efficiency: float | None = bounded(default=None, gt=0, le=1, why="a fraction of the link")
+    pcie_gbps: float | None = bounded(default=None, gt=0, le=10_000, why="GB/s per direction")
+    host_memory_gbps: float | None = bounded(default=None, gt=0, le=100_000, why="GB/s per node")
+    tokens: float | None = bounded(default=None, gt=0, le=1e18, why="a quintillion tokens")
+    """Tokens to train on: gives the time to train."""
+    price_per_gpu_hour: float | None = bounded(default=None, ge=0, le=1e6, why="per GPU-hour")
+    """With tokens: gives the cost, in the price's currency."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.price_per_gpu_hour is not None and self.tokens is None:
+            raise InputError("--price-per-gpu-hour needs --tokens: the cost is that of training on them")

@@ -167,6 +167,17 @@ def step_time(inp: EstimateInput, ev: Evaluation, timing: dict | None = None) ->
 def estimate(inp: EstimateInput, ev: Evaluation, micro_batch_auto: bool = False, timing: dict | None = None) -> Estimate:
     """The public result of one evaluation, with the input it was computed from and the step's time."""
     plan = ev.plan
+    if timing is None:
+        tm = inp.timing
+        timing = {k: v for k, v in (("cluster", tm.cluster), ("intra_node_gbps", tm.intra_node_gbps),
+                                    ("network_gbits_per_gpu", tm.network_gbits_per_gpu),
+                                    ("intra_node_efficiency", tm.intra_node_efficiency),
+                                    ("network_efficiency", tm.network_efficiency), ("pcie_gbps", tm.pcie_gbps),
+                                    ("host_memory_gbps", tm.host_memory_gbps), ("tokens", tm.tokens),
+                                    ("price_per_gpu_hour", tm.price_per_gpu_hour)) if v is not None}
+        w = plan.work
+        if w is not None and w.optimizer_impl in ("foreach", "fused"):
+            timing["optimizer_impl"] = w.optimizer_impl  # for-loop and in-backward are timed as foreach
     time, why = step_time(inp, ev, timing)
     per_gpu = _per_gpu(ev)
     node_rows = [_row(r) for r in ev.node_rows]
