@@ -289,10 +289,12 @@ def build_input(
                             parallelism.tp, parallelism.pp, parallelism.cp, parallelism.ep) is None
         accounting = "realistic" if realistic else "paper"
     if overheads is None:
-        from memcalc.memory.allocator import CONTEXT_HIGH
-
         # CUDA context: the paper's round 0.5 GiB; the realistic accounting's measured 0.75 GiB (H100, torch 2.11).
-        default_context = CONTEXT_HIGH if accounting == "realistic" else Overheads().cuda_context_bytes
+        default_context = Overheads().cuda_context_bytes
+        if accounting == "realistic":
+            from memcalc.memory.allocator import CONTEXT_HIGH
+
+            default_context = CONTEXT_HIGH
         overheads = Overheads(
             cuda_context_bytes=default_context if cuda_context_gib is None else _gib_arg("--cuda-context-gib", cuda_context_gib),
             allocator_reserve_bytes=0 if reserve_gib is None else _gib_arg("--reserve-gib", reserve_gib),

@@ -32,12 +32,12 @@ STRATEGIES = ("ddp",)
 def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any, tp: int = 1, pp: int = 1,
             cp: int = 1, ep: int = 1) -> str | None:
     """Why the realistic accounting does not apply to this set-up (one line), or None when it does."""
-    from memcalc.memory.saved import FAMILIES
-
     if arch is None:
         return "the realistic accounting needs the model's shape"
     if work is None:
         return "the realistic accounting needs --seq-len"
+    from memcalc.memory.saved import FAMILIES  # loaded only when there is a shape to profile
+
     if arch.family not in FAMILIES or arch.moe:
         return (f"no saved-tensor profile for family {arch.family or 'unset'}{' (MoE)' if arch.moe else ''}; "
                 f"profiles: {', '.join(FAMILIES)}")
