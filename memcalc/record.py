@@ -52,7 +52,7 @@ def record(cls: C) -> C:
         generated(self, **kwargs)
 
     __init__.__doc__, __init__.__qualname__ = generated.__doc__, generated.__qualname__
-    __init__.__signature__ = __import__("inspect").signature(generated)  # type: ignore[attr-defined]
+    __init__.__wrapped__ = generated  # type: ignore[attr-defined]  # inspect.signature follows it, when asked
     cls.__init__ = __init__  # type: ignore[misc]
     return cls
 
