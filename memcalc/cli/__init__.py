@@ -6,6 +6,8 @@ never a traceback. ``app`` (memcalc.cli.app) is the typer application; importing
 
 from __future__ import annotations
 
+import sys
+
 # Importing a command module registers its commands, in the order --help lists them.
 from memcalc.cli import estimate  # noqa: F401, I001
 from memcalc.cli import catalogues  # noqa: F401, I001
@@ -16,6 +18,13 @@ __all__ = ["EXIT_USAGE", "app", "fail", "main"]
 
 
 def main() -> None:
+    # typer builds a click command, option by option, for every registered command before it dispatches: when the
+    # first argument names a command, build only that one (help and mistakes still see them all).
+    argv = sys.argv[1:]
+    if argv and not argv[0].startswith("-"):
+        only = [c for c in app.registered_commands if (c.name or c.callback.__name__).replace("_", "-") == argv[0]]
+        if only:
+            app.registered_commands = only
     app()
 
 

@@ -101,6 +101,12 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
+
+@app.callback()
+def _group() -> None:
+    """Per-GPU memory, per-step communication and step time of DeepSpeed ZeRO, PyTorch FSDP and DDP training."""
+    # A callback keeps `memcalc NAME` a group even when main() registers only the command that runs.
+
 # --- options shared by estimate and compare -------------------------------------------------------
 
 

@@ -105,9 +105,9 @@ def collectives(size: str | int | float, group: int, *, gpu: str | None = None, 
 def collectives_table(c: CollectiveTimes):  # noqa: ANN201 - a rich Table; rich is imported here only
     from rich.table import Table
 
-    from memcalc.units import format_memory
-
-    t = Table(title=f"{format_memory(c.size_bytes)} over {c.group} ranks ({c.nodes} node{'s' * (c.nodes > 1)} of "
+    size = next(f"{c.size_bytes / d:,.3g} {u}" for d, u in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "B"))
+                if c.size_bytes >= d or d == 1)
+    t = Table(title=f"{size} over {c.group} ranks ({c.nodes} node{'s' * (c.nodes > 1)} of "
                     f"{c.ranks_per_node}) on {c.cluster}: {c.intra_node_link} inside a node, {c.network_link} across",
               title_justify="left")
     for name, justify in (("primitive", "left"), ("algorithm", "left"), ("sent/rank GiB", "right"),

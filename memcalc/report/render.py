@@ -312,13 +312,18 @@ class Fitted:
     def __init__(self, table: Table, keys: int = 1, breaks: Sequence[str] = ()) -> None:
         self.table, self.keys, self.breaks = table, keys, tuple(breaks)
         self.need = [_column_need(c) for c in table.columns]
+        # The width the table takes unwrapped, as rich lays it out with its default box and padding: every column's
+        # widest line (header included) + two padding cells and a rule per column + the closing rule. Computed from
+        # the cells' text, without rich's measuring pass.
+        self.natural = sum(max(cell_len(line) for text in [_plain(c.header), *map(_plain, c._cells)]
+                               for line in (text.splitlines() or [""])) for c in table.columns) + 3 * len(table.columns) + 1
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
         return Measurement.get(console, options, self.table)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Table]:
         width = options.max_width
-        if Measurement.get(console, options.update_width(10_000), self.table).maximum <= width:
+        if self.natural <= width:
             yield self.table
             return
         parts = self.parts(width)
