@@ -197,3 +197,16 @@ def test_a_slower_network_makes_zero3_slower_and_the_cluster_is_named():
 def test_bad_timing_inputs_are_one_line_exit_2(args, message):
     r = run("estimate", "--params", "7e9", *args) if "--model" not in args else run("estimate", *args)
     assert r.exit_code == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_shell_completion_completes_commands_and_options():
+    import os
+
+    # As the installed `memcalc` script runs (click names the completion variable after the program).
+    script = [sys.executable, "-c", "import sys; sys.argv[0] = 'memcalc'; from memcalc.cli import main; main()"]
+    env = {**os.environ, "_MEMCALC_COMPLETE": "complete_bash", "COMP_WORDS": "memcalc estimate --gp", "COMP_CWORD": "2"}
+    p = subprocess.run(script, env=env, capture_output=True, text=True, check=False)
+    assert p.stdout.split() == ["--gpus", "--gpus-per-node", "--gpu"]
+    env |= {"COMP_WORDS": "memcalc col", "COMP_CWORD": "1"}
+    p = subprocess.run(script, env=env, capture_output=True, text=True, check=False)
+    assert p.stdout.split() == ["collectives"]

@@ -73,7 +73,8 @@ class OneLineErrors(TyperGroup):
 
         install(self)  # plain coercion for plain options: parsing flags builds no pydantic schema
         argv = sys.argv[1:] if kwargs.get("args") is None and not args else (args[0] if args else kwargs["args"])
-        if not argv:  # `memcalc` alone: the help, as `memcalc --help` prints it
+        completing = any(k.startswith("_") and k.endswith("_COMPLETE") for k in __import__("os").environ)
+        if not argv and not completing:  # `memcalc` alone: the help, as `memcalc --help` prints it
             with self.make_context("memcalc", ["--help"], resilient_parsing=True) as ctx:
                 sys.stdout.write(self.get_help(ctx) + "\n")
             if standalone_mode:
@@ -96,7 +97,7 @@ app = typer.Typer(
     name="memcalc",
     help="Per-GPU memory and per-step communication of DeepSpeed ZeRO, PyTorch FSDP and DDP training.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
