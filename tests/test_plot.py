@@ -96,3 +96,29 @@ def test_bad_inputs_are_refused(gpus, comparison):
         plot_memory([])
     with pytest.raises(InputError, match="unit 'tb' is not accepted"):
         plot_memory(comparison, unit="tb")
+
+
+def test_time_plot_stacks_the_step_breakdown():
+    import memcalc
+    from memcalc.report.plot import plot_time, time_parts
+
+    cmp = memcalc.compare(model="llama-3-8b", gpus=64, gpu="h100", seq_len=4096, strategies=["ddp", "zero-3"])
+    fig = plot_time(cmp)
+    ax = fig.axes[0]
+    tops: dict[float, float] = {}
+    for bar in ax.patches:
+        x = round(bar.get_x() + bar.get_width() / 2)
+        tops[x] = max(tops.get(x, 0.0), bar.get_y() + bar.get_height())
+    for i, e in enumerate(cmp.estimates):
+        assert tops[i] == pytest.approx(e.time.step_s)
+        assert sum(time_parts(e).values()) == pytest.approx(e.time.step_s)
+    with pytest.raises(InputError, match="has no step time"):
+        plot_time(memcalc.estimate(params=7e9, gpus=8))
+
+
+def test_figures_show_inline_in_a_notebook():
+    import memcalc
+    from memcalc.report.plot import plot_memory
+
+    png = plot_memory(memcalc.compare(params=7e9, gpus=8, strategies=["ddp", "zero-3"]))._repr_png_()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"  # what Jupyter shows for the last expression of a cell

@@ -130,7 +130,7 @@ def trace(
 
 @app.command(cls=Command, epilog="Example: memcalc plot memory --model llama-2-7b --gpus 8 --out memory.png")
 def plot(
-    kind: Annotated[str, typer.Argument(help="memory (per-GPU memory by part, per strategy) or scaling (per-GPU memory vs GPU count).")],
+    kind: Annotated[str, typer.Argument(help="memory (per-GPU memory by part, per strategy), scaling (per-GPU memory vs GPU count) or time (a step's seconds by part, per strategy).")],
     out: Annotated[str, typer.Option("--out", "-o", help="The picture to write: .png or .svg.")],
     params: Params = None,
     model: ModelOpt = None,
@@ -143,7 +143,8 @@ def plot(
     micro_batch: Annotated[int | None, typer.Option("--micro-batch", help="Sequences per micro-batch (with --seq-len).")] = None,
     units: Units = "gib",
 ) -> None:
-    """Draw per-GPU memory (stacked by part, per strategy) or how it scales with the GPU count (needs matplotlib)."""
+    """Draw per-GPU memory (stacked by part, per strategy), how it scales with the GPU count, or a step's time by
+    part (needs matplotlib)."""
 
     def go() -> None:
         from memcalc.cli.app import units_arg
@@ -154,10 +155,11 @@ def plot(
                                    ("seq_len", seq_len), ("micro_batch", micro_batch)) if v is not None}
         from memcalc.report import plot as p
 
-        if kind == "memory":
+        if kind in ("memory", "time"):
             import memcalc
 
-            fig = p.plot_memory(memcalc.compare(gpus=gpus, strategies=chosen, **shape), unit=u)
+            cmp = memcalc.compare(gpus=gpus, strategies=chosen, **shape)
+            fig = p.plot_memory(cmp, unit=u) if kind == "memory" else p.plot_time(cmp)
         elif kind == "scaling":
             try:
                 counts = [int(x) for x in gpu_counts.split(",") if x.strip()]
@@ -166,7 +168,7 @@ def plot(
             extra = {"strategies": chosen} if chosen else {}
             fig = p.plot_scaling(gpus=counts, unit=u, **extra, **shape)
         else:
-            raise InputError(f"plot {kind!r} is not a plot; accepted: memory, scaling")
+            raise InputError(f"plot {kind!r} is not a plot; accepted: memory, scaling, time")
         written = p.save(fig, out)
         sys.stdout.write(f"wrote {written}\n")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterable, Sequence
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,9 +37,25 @@ def _figure() -> Any:
     headless = sys.platform.startswith("linux") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
     if headless and "matplotlib.pyplot" not in sys.modules:
         matplotlib.use("Agg")  # no display: render to files only
+    return _inline_figure()(figsize=(9, 5), layout="constrained")
+
+
+@cache
+def _inline_figure() -> Any:
+    """A matplotlib Figure that notebooks show inline as PNG, without pyplot's figure registry."""
     from matplotlib.figure import Figure
 
-    return Figure(figsize=(9, 5), layout="constrained")
+    class InlineFigure(Figure):
+        def _repr_png_(self) -> bytes:
+            import io
+
+            from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+            buf = io.BytesIO()
+            FigureCanvasAgg(self).print_png(buf)
+            return buf.getvalue()
+
+    return InlineFigure
 
 
 def _unit(unit: str) -> MemoryUnit:
@@ -90,6 +107,44 @@ def plot_memory(comparison_or_estimates: Comparison | Estimate | Iterable[Estima
     ax.set_title(f"{first.model.name or 'model'} ({first.model.parameters:,} parameters) on "
                  f"{first.input.cluster.gpus} x {first.input.gpu.name}")  # fmt: skip
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")  # outside: never over a bar
+    return fig
+
+
+def time_parts(r: Estimate) -> dict[str, float]:
+    """Seconds of each stacked part of one step (``memcalc.report.results.TimeBreakdown``); they sum to step_s."""
+    if r.time is None:
+        raise InputError(f"{r.strategy.label} has no step time: give the model's shape and --seq-len")
+    b = r.time.breakdown
+    parts = {"compute": b.compute_s, "memory-bound ops": b.memory_bound_s, "recompute": b.recompute_s}
+    parts |= {f"communication: {g}": s for g, s in b.communication_s.items()}
+    return parts | {"pipeline bubble": b.bubble_s, "optimizer step": b.optimizer_s, "offload copies": b.offload_s}
+
+
+def plot_time(comparison_or_estimates: Comparison | Estimate | Iterable[Estimate]) -> Figure:
+    """Stacked bars of one step's seconds by part (compute, exposed communication per group, bubble, optimizer,
+    offload), per strategy, with tokens per second per GPU over each bar."""
+    estimates = _estimates(comparison_or_estimates)
+    parts = [time_parts(r) for r in estimates]
+    names = list(dict.fromkeys(k for p in parts for k in p))
+    fig = _figure()
+    ax = fig.add_subplot()
+    x = list(range(len(estimates)))
+    bottom = [0.0] * len(estimates)
+    for name in names:
+        heights = [p.get(name, 0.0) for p in parts]
+        if any(heights):
+            ax.bar(x, heights, bottom=bottom, label=name)
+            bottom = [b + h for b, h in zip(bottom, heights)]
+    for i, r in enumerate(estimates):
+        ax.annotate(f"{r.time.tokens_per_s_per_gpu:,.0f} tok/s/GPU", (i, bottom[i]), ha="center", va="bottom",  # type: ignore[union-attr]
+                    fontsize="x-small")
+    ax.set_xticks(x, [r.strategy.label for r in estimates], rotation=30 if len(estimates) > 4 else 0, ha="right"
+                  if len(estimates) > 4 else "center")  # fmt: skip
+    ax.set_ylabel("seconds per optimizer step")
+    first = estimates[0]
+    ax.set_title(f"{first.model.name or 'model'} on {first.input.cluster.gpus} x {first.input.gpu.name}: step time "
+                 f"({first.time.cluster})")  # type: ignore[union-attr]
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     return fig
 
 
