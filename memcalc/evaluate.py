@@ -181,7 +181,7 @@ def notes(plan: Plan) -> list[str]:
         from memcalc.memory.realistic import why_not
 
         why = why_not(plan.arch, plan.precision.name, plan.optimizer.name, plan.spec.name, plan.work, plan.tp,
-                      plan.pp, plan.cp, plan.ep)
+                      plan.pp, plan.cp, plan.ep, plan.fsdp_version)
         if why is not None:
             out.append(f"realistic accounting (the peak of a real step) not used: {why}")
     return out

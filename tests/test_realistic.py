@@ -51,11 +51,25 @@ def test_master_weight_precisions_and_sharded_layouts_take_the_paper_and_say_why
     r = memcalc.estimate(hf_config=LLAMA1B, gpus=1, gpu="h100", seq_len=2048)  # bf16-mixed: a master-weight regime
     assert r.accounting == "paper"
     assert any("realistic accounting (the peak of a real step) not used: --precision bf16-mixed" in n for n in r.notes)
-    f = memcalc.estimate(hf_config=LLAMA1B, gpus=8, gpu="h100", seq_len=2048, precision="amp-bf16", fsdp="FULL_SHARD")
-    assert f.accounting == "paper" and any("covers one GPU and DDP so far" in n for n in f.notes)
-    with pytest.raises(InputError, match="--accounting realistic: .*covers one GPU and DDP"):
-        memcalc.estimate(hf_config=LLAMA1B, gpus=8, seq_len=2048, precision="amp-bf16", fsdp="FULL_SHARD",
+    f1 = memcalc.estimate(hf_config=LLAMA1B, gpus=8, gpu="h100", seq_len=2048, precision="amp-bf16", fsdp="FULL_SHARD")
+    assert f1.accounting == "paper" and any("give --fsdp-version 2" in n for n in f1.notes)  # FSDP1: not traced
+    with pytest.raises(InputError, match="--accounting realistic: .*covers one GPU, DDP and FSDP FULL_SHARD"):
+        memcalc.estimate(hf_config=LLAMA1B, gpus=8, seq_len=2048, precision="amp-bf16", fsdp="SHARD_GRAD_OP",
                          accounting="realistic")
+
+
+def test_fsdp2_full_shard_is_realistic_with_and_without_a_mixed_precision_policy():
+    args = dict(hf_config=LLAMA1B, gpus=8, gpu="h100", seq_len=2048, micro_batch=4, fsdp="FULL_SHARD", fsdp_version=2,
+                attention="flash")
+    amp = memcalc.estimate(precision="amp-bf16", **args)
+    mixed = memcalc.estimate(precision="bf16-mixed", **args)
+    assert amp.accounting == mixed.accounting == "realistic"
+    assert any("FULL_SHARD: FSDP2" in n and "no MixedPrecisionPolicy" in n for n in amp.notes)
+    assert any("MixedPrecisionPolicy(param_dtype=bf16)" in n for n in mixed.notes)
+    # bf16 compute copies instead of autocast over fp32 gathered weights: less at the peak; the same fp32 shards.
+    assert mixed.memory.per_gpu.peak_allocated < amp.memory.per_gpu.peak_allocated
+    single = realistic()
+    assert amp.memory.per_gpu.peak_allocated < single.memory.per_gpu.peak_allocated  # states sharded over 8
 
 
 def test_ddp_adds_its_gradient_buckets_and_nccl_buffers():

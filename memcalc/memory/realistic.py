@@ -25,12 +25,15 @@ the GradScaler's scale and found-inf flags are a few bytes)."""
 OPTIMIZER_STATES = {"adamw": "adamw", "adam-8bit": "adamw-8bit", "paged-adam-8bit": "paged-adamw-8bit"}
 ATTENTION = {"eager": "eager", "sdpa": "sdpa", "flash": "sdpa"}
 """flash: SDPA's flash kernel, which saves what CPU's SDPA saves (output and log-sum-exp; DOMAIN §13)."""
-STRATEGIES = ("ddp",)
-"""Replicated model states; sharded layouts (FSDP, ZeRO, tensor parallelism) take the paper's accounting for now."""
+STRATEGIES = ("ddp", "FULL_SHARD")
+"""Replicated model states (one GPU, DDP) and FSDP2 FULL_SHARD (``fully_shard`` per decoder layer and on the root,
+exact against the tracer's FSDP2 rank 0); the other sharded and model-parallel layouts take the paper's."""
+SHARDED_FAMILIES = ("llama", "mistral", "qwen2")
+"""Families whose FSDP2 step was checked against the tracer (Llama-style decoder layers)."""
 
 
 def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any, tp: int = 1, pp: int = 1,
-            cp: int = 1, ep: int = 1) -> str | None:
+            cp: int = 1, ep: int = 1, fsdp_version: int = 2) -> str | None:
     """Why the realistic accounting does not apply to this set-up (one line), or None when it does."""
     if arch is None:
         return "the realistic accounting needs the model's shape"
@@ -41,13 +44,24 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
     if arch.family not in FAMILIES or arch.moe:
         return (f"no saved-tensor profile for family {arch.family or 'unset'}{' (MoE)' if arch.moe else ''}; "
                 f"profiles: {', '.join(FAMILIES)}")
-    if precision not in REGIME:
+    if precision not in REGIME and not (strategy == "FULL_SHARD" and precision == "bf16-mixed"):
         return (f"--precision {precision} is a master-weight regime (DeepSpeed, Megatron); the realistic accounting "
                 "models what Hugging Face runs: amp-bf16 (Trainer(bf16=True)), amp-fp16, bf16, fp32")
     if optimizer not in OPTIMIZER_STATES:
         return f"--optimizer {optimizer}: the realistic accounting models AdamW (torch, or bitsandbytes 8-bit)"
     if strategy not in STRATEGIES or max(tp, pp, cp, ep) > 1:
-        return "the realistic accounting covers one GPU and DDP so far; sharded and model-parallel layouts take paper's"
+        return ("the realistic accounting covers one GPU, DDP and FSDP FULL_SHARD so far; other sharded and "
+                "model-parallel layouts take the paper's")
+    if strategy == "FULL_SHARD":
+        if fsdp_version != 2:
+            return ("FULL_SHARD: the realistic accounting follows FSDP2 (fully_shard, traced); FSDP1's flat parameters "
+                    "were not traced: give --fsdp-version 2")
+        if arch.family not in SHARDED_FAMILIES:
+            return f"FULL_SHARD: the realistic accounting models {', '.join(SHARDED_FAMILIES)} layers under FSDP2"
+        if optimizer != "adamw" or getattr(work, "optimizer_impl", "foreach") not in ("foreach", "fused"):
+            return "FULL_SHARD: the realistic accounting models torch AdamW, foreach or fused"
+        if getattr(work, "recompute", "none") not in ("none", "full"):
+            return "FULL_SHARD: the realistic accounting models recompute none or full"
     return None
 
 
@@ -95,14 +109,21 @@ def evaluate(plan: Plan) -> Realistic:
 
     arch, w, p = plan.arch, plan.work, plan.precision
     assert arch is not None and w is not None
-    tl = timeline(arch, family=arch.family or "", regime=REGIME[p.name], attention=ATTENTION[w.attention],
+    sharded = plan.spec.name == "FULL_SHARD"
+    # FSDP's mixed precision (bf16-mixed: fp32 sharded parameters, the master copy, gathered and computed in bf16)
+    # is MixedPrecisionPolicy(param_dtype=bf16): activations as pure bf16, states fp32 (the traces of fp32 and of
+    # autocast under that policy are identical).
+    policy = "bf16" if sharded and p.name == "bf16-mixed" else None
+    regime = "amp-bf16" if policy else REGIME[p.name]
+    tl = timeline(arch, family=arch.family or "", regime=regime, attention=ATTENTION[w.attention],
                   s=w.seq_len, b=w.micro_batch, recompute=w.recompute, optimizer_impl=w.optimizer_impl,
                   optimizer_states=OPTIMIZER_STATES[plan.optimizer.name], loss=w.loss, device=w.device,
-                  position_ids=False, use_cache=False)
+                  position_ids=False, use_cache=False,
+                  world=plan.shard_group_size if sharded else 1, fsdp_param_dtype=policy)
     peak = tl.peak
     rows = [_row(name, n, plan) for name, n in peak.parts]
     allocated = peak.live_bytes
-    if plan.dp > 1 and not plan.bucket_view:
+    if plan.dp > 1 and not plan.bucket_view and not sharded:
         # torch DDP (torch/nn/parallel/distributed.py): gradient buckets are a second copy of the gradients, made at
         # construction and alive for the whole run (gradient_as_bucket_view=False, the default).
         grads = sum(n for name, n in peak.parts if name == "parameters")
@@ -112,7 +133,7 @@ def evaluate(plan: Plan) -> Realistic:
     # The largest single request at the peak: log-softmax's fp32 output is one tensor of 4 bytes per logit element
     # (its two fp32 gradients are each as large); layer activations are many small tensors.
     largest = dict(peak.parts).get("log-softmax output (fp32)", 0)
-    # NCCL: one communicator for DDP's ring, NCCL_BUFFSIZE per channel and ring peer (2); 16 channels on NVLink.
+    # NCCL: one communicator for DDP's ring (FSDP: the data-parallel group's, not measured), NCCL_BUFFSIZE per channel and ring peer (2); 16 channels on NVLink.
     comm = nccl_buffers(1, 16, 2) if plan.dp > 1 else 0
     context = plan.cuda_context
     f = fit(allocated, plan.usable_bytes, largest_request=largest, context=context, communication=comm)
@@ -144,6 +165,12 @@ def notes(plan: Plan) -> list[str]:
            "peak_allocated is what torch.cuda.max_memory_allocated reports; peak_reserved adds the caching allocator's "
            "least measured gap (0.3 GiB); the verdict is at-risk when the margin left is under the largest measured "
            "gap (7.8 GiB) or the largest single request at the peak, oom when it is under 0.3 GiB"]
+    if plan.spec.name == "FULL_SHARD":
+        policy = ("MixedPrecisionPolicy(param_dtype=bf16) over fp32 shards" if plan.precision.name == "bf16-mixed"
+                  else "no MixedPrecisionPolicy")
+        out.append(f"FULL_SHARD: FSDP2 fully_shard per decoder layer and on the root over {plan.shard_group_size} "
+                   "ranks (rank 0's padded shards; the root stays gathered from forward to backward; one layer "
+                   f"gathered and the next prefetched; {policy}); NCCL buffers counted as for one communicator")
     if plan.precision.name == "amp-fp16":
         out.append("amp-fp16 saves what amp-bf16 does (2-byte casts); the GradScaler's few bytes are left out")
     return out

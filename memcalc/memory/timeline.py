@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from memcalc.errors import InputError
 from memcalc.memory.saved import FAMILIES, LLAMA_LIKE, REGIMES, _check, loss_transient, shape
 from memcalc.memory.timeline_layers import checkpointed, layer_sizes, parse_recompute
-from memcalc.memory.timeline_states import param_tensors, states
+from memcalc.memory.timeline_states import FsdpOverlay, param_tensors, states
 from memcalc.model.architecture import Architecture
 
 LOSS_HELP = "standard, chunked:N, fused"
@@ -66,7 +66,8 @@ def _moment(phase: str, label: str, parts: list[tuple[str, int]]) -> Moment:
 def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s: int, b: int,
              recompute: str = "none", optimizer_impl: str = "foreach", optimizer_states: str = "adamw",
              loss: str = "standard", device: str = "cpu", position_ids: bool = True, use_cache: bool = True,
-             rotary_dims: int | None = None) -> Timeline:  # fmt: skip
+             rotary_dims: int | None = None, world: int = 1,
+             fsdp_param_dtype: str | None = None) -> Timeline:  # fmt: skip
     """Moments of one training step of a Hugging Face ``family`` model on one GPU.
 
     regime: fp32 | bf16 (pure: weights, gradients, AdamW moments bf16) | amp-bf16 (fp32 weights, autocast).
@@ -78,6 +79,9 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     saves bf16 casts; they live until the forward returns.
     position_ids: the batch passes b × s position ids (the tracer does; a plain ``model(input_ids)`` call makes
     1 × s ones, so the rotary tables are b times smaller).
+    world: above 1, FSDP2 ``fully_shard`` per decoder layer and on the root over ``world`` data-parallel ranks
+    (``memcalc.memory.timeline_states.FsdpOverlay``); fsdp_param_dtype: None or "bf16"
+    (``MixedPrecisionPolicy(param_dtype=)``).
     """
     _check(family, regime, attention)
     if device not in ("cpu", "cuda"):
@@ -88,9 +92,15 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     loss_transient(1, 1, regime, loss)  # validates the loss option
     x = shape(arch, s, b, rotary_dims)
     t, h, v, n = x.t, x.h, x.vocab, x.t * x.vocab
-    d, r, amp = {"fp32": (4, 4, False), "bf16": (2, 2, False), "amp-bf16": (2, 4, True)}[regime]
     w = 2 if regime == "bf16" else 4
-    st = states(arch, family, w, optimizer_impl, optimizer_states)
+    # FSDP2's MixedPrecisionPolicy(param_dtype=bf16) gathers bf16 weights (under autocast nothing is cast) and the
+    # embedding's bf16 output makes every activation what pure bf16 saves (the sharded states stay fp32)
+    act = "bf16" if fsdp_param_dtype == "bf16" else regime
+    d, r, amp = {"fp32": (4, 4, False), "bf16": (2, 2, False), "amp-bf16": (2, 4, True)}[act]
+    st = full_st = states(arch, family, w, optimizer_impl, optimizer_states)
+    fs = FsdpOverlay.make(arch, family, regime, world, fsdp_param_dtype, optimizer_impl, optimizer_states)
+    if fs is not None:
+        st = fs.states
     model_states = [("parameters", st.params), ("optimizer states", st.optimizer), ("buffers", st.buffers)]
     if device == "cuda":
         model_states.append(("cuBLAS workspaces (forward, backward threads)", 2 * CUBLAS_WORKSPACE))
@@ -104,31 +114,36 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     if arch.position == "rotary":
         rows = b if position_ids else 1
         prologue.append(("rotary cos, sin", 2 * rows * s * x.rot * r))
-    layers = [layer_sizes(arch, family=family, regime=regime, attention=attention, s=s, b=b, policy=policy,
+    layers = [layer_sizes(arch, family=family, regime=act, attention=attention, s=s, b=b, policy=policy,
                           index=i, device=device, rotary_dims=rotary_dims) for i in range(arch.layers)]  # fmt: skip
     kept = 0
     cache = 0  # autocast's cast cache beyond what the matmuls save: bf16 copies of recomputed layers' weights
     for i, ly in enumerate(layers):
+        if fs is not None:
+            moments.append(_moment(f"forward.layer.{i}", f"layer {i}: parameters gathered",
+                                   base + prologue[1:] + [(f"activations kept (layers 0..{i - 1})", kept),
+                                   ("layer input", ly.residual), ("autocast cast cache", cache)]
+                                   + FsdpOverlay.gather(fs, i)))  # fmt: skip
         kept += ly.kept + ly.kept_casts  # each layer's kept tensors include its input (the previous output)
         cache += ly.casts - ly.kept_casts
         if amp and use_cache and policy.kind == "none" and family in LLAMA_LIKE:
             cache += 2 * 4 * t * x.kvw
         acts = [(f"activations kept (layers 0..{i})", kept), ("layer output (residual stream)", ly.residual),
-                ("autocast cast cache (recomputed layers' weights)", cache)]
+                ("autocast cast cache (recomputed layers' weights)", cache)] + FsdpOverlay.forward(fs)
         moments.append(_moment(f"forward.layer.{i}", f"layer {i}: down projection's output before the residual add",
                                base + prologue[1:] + acts + [("down projection output", d * t * h)]))  # fmt: skip
     resid = layers[-1].residual
     layers_kept = kept + resid
-    head = _head(x, family, regime, loss)
+    head = _head(x, family, act, loss)
     last = len(layers) - 1
     after_norm = base + prologue[1:] + [("layer activations", layers_kept), ("autocast cast cache", cache)]
-    after_norm += [head[0], ("last hidden state (model output)", r * t * h)]
+    after_norm += [head[0], ("last hidden state (model output)", r * t * h)] + FsdpOverlay.after_layers(fs)
     moments.append(_moment(f"forward.layer.{last}", "the final norm, its variance not yet freed",
                            after_norm + [("norm variance (fp32)", 4 * t if family in LLAMA_LIKE else 0)]))
     logits = [("logits", 0 if loss == "fused" else d * n)]
     moments.append(_moment("forward.head", "the head's logits", after_norm + head[1:] + logits))
     labels = [("labels padded (int64)", 8 * b * (s + 1)), ("shift labels (int64)", 8 * t)]
-    lp = loss_transient(t, v, regime, loss)
+    lp = loss_transient(t, v, act, loss)
     fwd_loss = after_norm + head[1:] + logits + labels
     fwd_loss += [("fp32 logits copy", _chunk(lp, 1)), ("log-softmax output (fp32)", _chunk(lp, 2)),
                  ("loss, total weight", 8)]
@@ -138,6 +153,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     saved_end = base + prologue[1:] + [("layer activations", layers_kept)] + head
     saved_end += [] if amp else [("head input (the last hidden state)", d * t * h)]
     saved_end += [("log-softmax output (fp32)", _chunk(lp, 2)), ("loss and its gradient", 8)]
+    saved_end += FsdpOverlay.after_layers(fs)
     moments.append(_moment("backward", "log_softmax backward: its output gradient and its input gradient",
                            saved_end + [("loss gradients (fp32)", _chunk(lp, 3))]))  # fmt: skip
 
@@ -147,15 +163,20 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     late = sum(e for name, e in tensors if name.startswith(("embedding", "position embedding")))
     if arch.tied_embeddings:  # the head's gradient is the embedding's, made by the head's backward
         late -= arch.padded_vocab * h
-    before_layers = st.grads - per_layer * arch.layers - late * w
+    before_layers = full_st.grads - per_layer * arch.layers - late * w
     held_grads = 0 if optimizer_impl == "in-backward" else before_layers
     remaining = kept
     for i in reversed(range(arch.layers)):
         ly = layers[i]
+        entry = base + prologue[1:] + [("loss and its gradient", 8), (f"layer activations (layers 0..{i})", remaining),
+                                       ("gradient of the residual stream", resid)]  # fmt: skip
+        if fs is not None:
+            moments.append(_moment(f"backward.layer.{i}", f"backward of layer {i}: parameters gathered",
+                                   entry + FsdpOverlay.backward(fs, i, held_grads, before_layers, gather=True)))
         parts = base + prologue[1:] + [("loss and its gradient", 8),
                                        ("layer activations (layers 0..%d)" % i, remaining),
                                        ("gradient of the residual stream", resid),
-                                       ("parameter gradients so far", held_grads),
+                                       ] + FsdpOverlay.backward(fs, i, held_grads, before_layers) + [
                                        ("recomputed activations of this layer", ly.recomputed),
                                        ("recomputed weight casts", ly.casts - ly.kept_casts),
                                        ("layer backward transient (MLP gradients)", ly.backward_extra)]  # fmt: skip
@@ -169,7 +190,8 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
         held_grads += 0 if optimizer_impl == "in-backward" else per_layer
 
     # ---- optimizer and zero_grad -------------------------------------------------------------------------------
-    with_grads = base + [("gradients", 0 if optimizer_impl == "in-backward" else st.grads)]
+    grads = 0 if optimizer_impl == "in-backward" else st.grads
+    with_grads = base + [("gradients (shards)" if fs else "gradients", grads)]
     moments.append(_moment("optimizer", "optimizer.step()", with_grads + [("step temporaries", st.step_temporary)]))
     moments.append(_moment("zero_grad", "after the step, before zero_grad", with_grads))
     return Timeline(tuple(moments))

@@ -123,6 +123,10 @@ def layer_sizes(arch, *, family: str, regime: str, attention: str, s: int, b: in
     w = 2 if regime == "bf16" else 4
     residual = r * x.t * x.h
     extra = _mlp_backward_extra(arch, family, d, w, x.t)
+    if regime == "amp-bf16" and casts and family in LLAMA_LIKE:
+        # down's bf16 weight copy, saved by its matmul, is released once down's backward ran (autograd frees a
+        # node's saved tensors after it runs; autocast's cache was cleared when the forward's block exited)
+        extra -= 2 * x.h * x.ffn
     mlp_params = (3 if arch.gated_mlp else 2) * x.h * x.ffn
     attn = _attention_backward(saved, x, d, w, mlp_params) if attention == "eager" else 0
     if checkpointed(policy, index):

@@ -103,3 +103,153 @@ def states(arch: Architecture, family: str, width: int, impl: str = "foreach", k
     if kind != "adamw":
         temp = 0  # bitsandbytes runs one fused kernel per parameter (optimizer_update_8bit_blockwise)
     return States(width * p, width * p, moments + scalars, paged, buffer_bytes(arch, family), temp, width * big)
+
+
+def _dim0(arch: Architecture, name: str, elements: int) -> int:
+    """Rows (dim 0) of a parameter tensor as torch stores it: ``nn.Linear.weight`` is (out, in), ``nn.Embedding``
+    (vocab, width); norms and biases are 1-D."""
+    last = name.split()[-1]
+    if last in ("weight", "bias") or name.endswith(" bias"):
+        return elements
+    rows = {"embedding": arch.padded_vocab, "head": arch.padded_vocab, "q": arch.q_width, "k": arch.kv_width,
+            "v": arch.kv_width, "qkv": arch.q_width + 2 * arch.kv_width, "o": arch.hidden, "gate": arch.ffn_size,
+            "up": arch.ffn_size, "fc1": arch.ffn_size, "down": arch.hidden, "fc2": arch.hidden}  # fmt: skip
+    if name == "position embedding":
+        return arch.max_positions + arch.position_offset
+    return rows[last]
+
+
+@dataclass(frozen=True)
+class ShardUnits:
+    """FSDP2 ``fully_shard`` per decoder layer and on the root, as rank 0 of ``world`` ranks, in elements.
+
+    torch ``distributed/fsdp/_fully_shard/_fsdp_param.py``: each parameter is chunked on dim 0 into ``world``
+    pieces, padded to ``ceil(dim0 / world)`` rows on every rank; the all-gather output is one flat buffer of
+    ``world`` × the padded shards of the unit (``_fsdp_collectives.py: foreach_all_gather``)."""
+
+    world: int
+    root: int
+    """Unsharded elements of the root's own parameters (embedding, final norm, head)."""
+    layer: int
+    """Unsharded elements of one decoder layer."""
+    root_shard: int
+    layer_shard: int
+    tensors: int
+
+
+def shard_units(arch: Architecture, world: int) -> ShardUnits:
+    if world < 1:
+        raise InputError(f"world {world} must be at least 1")
+    root = root_shard = layer = layer_shard = 0
+    tensors = param_tensors(arch)
+    for name, n in tensors:
+        d0 = _dim0(arch, name, n)
+        piece = -(-d0 // world) * (n // d0)
+        if name.startswith("layer 0 "):
+            layer, layer_shard = layer + n, layer_shard + piece
+        elif not name.startswith("layer "):
+            root, root_shard = root + n, root_shard + piece
+    return ShardUnits(world, root, layer, root_shard, layer_shard, len(tensors))
+
+
+def sharded_states(arch: Architecture, family: str, width: int, units: ShardUnits, impl: str = "foreach") -> States:
+    """Rank 0's model states under FSDP2: sharded parameters, gradients and AdamW moments (rank 0 holds full
+    chunks, so its moments equal its padded shards), a step scalar per parameter, replicated buffers."""
+    if impl not in ("foreach", "fused"):
+        raise InputError(f"optimizer implementation {impl!r} under FSDP: accepted foreach, fused")
+    p = units.root_shard + units.layer_shard * arch.layers
+    temp = {"foreach": width * p, "fused": 0}[impl]
+    return States(width * p, width * p, 2 * width * p + 4 * units.tensors, 0, buffer_bytes(arch, family), temp, 0)
+
+
+@dataclass(frozen=True)
+class FsdpOverlay:
+    """What FSDP2 adds to a moment of the step, and its sharded states (None: no sharding; every helper then
+    returns the single-GPU parts). Order of events, torch ``distributed/fsdp/_fully_shard`` (``_fsdp_param_group.py``,
+    ``_fsdp_state.py``), as the tracer sees them:
+
+    - the root (embedding, final norm, head) is gathered at the forward's start and stays gathered until its
+      post-backward (``reshard_after_forward`` is False for the root, ``_fsdp_state._lazy_init``);
+    - each layer is gathered before its forward and resharded after it; the flat all-gather output of the last
+      gather stays alive until the next gather's copy-out (``FSDPCommContext.all_gather_state``), and the last
+      layer's until the root's post-forward: during the head and the loss it is still alive;
+    - backward: the root's pre-backward prefetches the last layer's all-gather; each layer's pre-backward copies
+      its gather out and prefetches the next layer's (``_backward_prefetch``); its post-backward reduce-scatters
+      the unsharded gradients, whose flat input lives until the next reduce-scatter (``reduce_scatter_state``),
+      and keeps the gradient shard."""
+
+    states: States
+    gathered_width: int
+    """Bytes per element of the unsharded parameters and their gradients (``param_dtype`` or the storage's)."""
+    root: int
+    """Bytes of the root's unsharded parameters: padded like the all-gather output (``_fsdp_param.py``:
+    ``padded_unsharded_size``; the unpadded parameter is a view of it)."""
+    layer: int
+    """Bytes of one layer's unsharded parameters (padded)."""
+    layer_flat: int
+    """Bytes of one layer's all-gather output (and reduce-scatter input): world × padded shard."""
+    layer_grad_shard: int
+    width: int
+    layer_grads: int
+    """Bytes of one layer's gradients at the storage's width without sharding (the single-GPU timeline's)."""
+    root_flat: int
+    """Bytes of the root's all-gather output."""
+
+    @staticmethod
+    def make(arch: Architecture, family: str, regime: str, world: int, param_dtype: str | None, impl: str,
+             kind: str) -> FsdpOverlay | None:  # fmt: skip
+        if world == 1 and param_dtype is None:
+            return None
+        if world < 2:
+            raise InputError(f"fsdp_param_dtype {param_dtype!r} needs world >= 2 (FSDP2 ranks); got world {world}")
+        if param_dtype not in (None, "bf16"):
+            raise InputError(f"fsdp_param_dtype {param_dtype!r} is not one of None, bf16")
+        if kind != "adamw":
+            raise InputError(f"optimizer states {kind!r} under FSDP: accepted adamw")
+        width = 2 if regime == "bf16" else 4
+        g = 2 if param_dtype == "bf16" else width
+        u = shard_units(arch, world)
+        st = sharded_states(arch, family, width, u, impl)
+        flat = g * world * u.layer_shard
+        root = g * world * u.root_shard
+        return FsdpOverlay(st, g, root, flat, flat, width * u.layer_shard, width, width * u.layer, root)
+
+    @staticmethod
+    def forward(fs: FsdpOverlay | None) -> list[tuple[str, int]]:
+        """During a layer's forward: the root, this layer gathered, and its flat all-gather output."""
+        if fs is None:
+            return []
+        return [("root parameters (gathered)", fs.root), ("this layer's parameters (gathered)", fs.layer),
+                ("all-gather output (this layer)", fs.layer_flat)]
+
+    @staticmethod
+    def gather(fs: FsdpOverlay, i: int) -> list[tuple[str, int]]:
+        """Layer ``i``'s forward all-gather copied out while the previous gather's output (the root's before
+        layer 0) is still alive."""
+        previous = fs.root_flat if i == 0 else fs.layer_flat
+        return FsdpOverlay.forward(fs) + [("all-gather output (previous unit)", previous)]
+
+    @staticmethod
+    def after_layers(fs: FsdpOverlay | None) -> list[tuple[str, int]]:
+        """From the final norm to the loss's gradients: the root gathered; the last layer's all-gather output
+        (freed at the root's post-forward, then prefetched again by the root's pre-backward)."""
+        if fs is None:
+            return []
+        return [("root parameters (gathered)", fs.root), ("all-gather output (last layer)", fs.layer_flat)]
+
+    @staticmethod
+    def backward(fs: FsdpOverlay | None, i: int, held: int, root_grads: int, gather: bool = False
+                 ) -> list[tuple[str, int]]:  # fmt: skip
+        """During layer ``i``'s backward; ``held``: the single-GPU gradients so far, ``root_grads`` of them the
+        root's (head, final norm: unsharded until the root's post-backward). ``gather``: at its pre-backward, the
+        prefetched all-gather copied out and not yet freed (the next layer's prefetch comes after)."""
+        if fs is None:
+            return [("parameter gradients so far", held)]
+        done = (held - root_grads) // fs.layer_grads  # layers above i, already reduce-scattered
+        root = root_grads // fs.width * fs.gathered_width
+        return [("root parameters (gathered)", fs.root), ("root gradients (unsharded)", root),
+                ("this layer's parameters (gathered)", fs.layer),
+                ("all-gather output (this layer)" if gather else "all-gather output (next layer, prefetched)",
+                 fs.layer_flat if i > 0 or gather else 0),
+                ("gradient shards of the layers above", done * fs.layer_grad_shard),
+                ("reduce-scatter input (layer above)", fs.layer_flat if done else 0)]

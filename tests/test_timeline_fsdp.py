@@ -1,0 +1,121 @@
+"""The step timeline under FSDP2 FULL_SHARD (``timeline(..., world=N)``) against the tracer's FSDP2 rank 0.
+
+Exact: the peak and its phase, plus the baseline, input, optimizer and zero_grad phase peaks, byte for byte.
+The trace's "forward" phase (the embedding and the rotary tables before layer 0) is not a moment of the timeline.
+Bounded: full recompute with fp32 gathered weights (fp32, amp-bf16 without MixedPrecisionPolicy) peaks inside the
+recomputed layer's backward, which the timeline orders at layer granularity (the single-GPU bound, here +16 KiB).
+"""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from memcalc.errors import InputError
+from memcalc.memory.timeline import timeline
+from memcalc.memory.timeline_states import shard_units
+from memcalc.model.hf_config import architecture_from_config
+from memcalc.validation.trace import trace_step
+
+LLAMA = dict(model_type="llama", hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=128, max_position_embeddings=256)
+QWEN2 = dict(model_type="qwen2", hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=128, max_position_embeddings=256, tie_word_embeddings=True)
+LLAMA3 = dict(LLAMA, hidden_size=96, intermediate_size=200, num_hidden_layers=3, num_attention_heads=6, vocab_size=130)
+BIGVOCAB = dict(LLAMA, vocab_size=2000, num_hidden_layers=4)  # peaks at the loss's gradients
+L4 = dict(LLAMA, num_hidden_layers=4, hidden_size=128, intermediate_size=344, vocab_size=250)
+QBIG = dict(QWEN2, vocab_size=1500, num_hidden_layers=3)
+CONFIGS = {"llama": LLAMA, "qwen2": QWEN2, "llama3": LLAMA3, "bigvocab": BIGVOCAB, "l4": L4, "qbig": QBIG}
+S, B = 32, 2
+
+
+def both(name, world, precision, mp=None, recompute="none", opt="fused", s=S):
+    """The traced FSDP2 rank 0 and the timeline for the same step."""
+    cfg = CONFIGS[name]
+    tr = trace_step(cfg, seq_len=s, micro_batch=B, precision=precision, world=world, fsdp=True, fsdp_param_dtype=mp,
+                    optimizer_impl=opt, recompute=recompute)  # fmt: skip
+    tl = timeline(architecture_from_config(cfg), family=cfg["model_type"], regime=precision, attention="sdpa", s=s,
+                  b=B, recompute=recompute, optimizer_impl=opt, world=world, fsdp_param_dtype=mp)  # fmt: skip
+    return tr, tl
+
+
+EXACT = [  # (config, world, precision, fsdp_param_dtype, recompute, optimizer, traced peak bytes)
+    ("llama", 4, "fp32", None, "none", "fused", 1_614_172),
+    ("llama", 8, "fp32", None, "none", "foreach", 1_450_876),
+    ("llama", 4, "amp-bf16", None, "none", "foreach", 1_517_916),
+    ("qwen2", 8, "amp-bf16", None, "none", "fused", None),
+    ("llama", 4, "amp-bf16", "bf16", "none", "fused", 1_005_148),
+    ("qwen2", 4, "amp-bf16", "bf16", "none", "fused", 965_488),
+    ("llama", 8, "fp32", "bf16", "none", "fused", 841_852),
+    ("llama", 4, "bf16", None, "none", "foreach", 841_852),
+    ("qwen2", 8, "bf16", None, "none", "fused", None),
+    ("llama", 4, "bf16", None, "full", "fused", 691_388),
+    ("llama", 4, "amp-bf16", "bf16", "full", "fused", 877_788),
+    ("llama3", 4, "fp32", None, "none", "fused", None),
+    ("llama3", 8, "amp-bf16", None, "none", "foreach", None),
+    ("bigvocab", 4, "amp-bf16", None, "none", "fused", None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,world,precision,s", [("bigvocab", 8, "fp32", 64), ("bigvocab", 4, "amp-bf16", 64),
+                                                    ("l4", 8, "fp32", 64), ("llama", 4, "amp-bf16", S)])
+def test_fsdp_every_phase_equals_trace(name, world, precision, s):
+    # without recompute, fp32 or autocast over fp32 gathered weights: every phase's peak, not only the step's
+    tr, tl = both(name, world, precision, s=s)
+    assert {k: tl.phase_peaks[k] for k in tr.phase_peaks if k != "forward"} == {
+        k: v for k, v in tr.phase_peaks.items() if k != "forward"}
+
+
+@pytest.mark.parametrize("name,world,precision,mp,recompute,opt,peak", EXACT)
+def test_fsdp_peak_equals_trace(name, world, precision, mp, recompute, opt, peak):
+    tr, tl = both(name, world, precision, mp, recompute, opt)
+    assert (tl.peak.live_bytes, tl.peak.phase) == (tr.peak, tr.peak_phase)
+    if peak is not None:
+        assert tr.peak == peak
+    for phase in ("baseline", "input", "optimizer", "zero_grad"):
+        assert tl.phase_peaks[phase] == tr.phase_peaks[phase]
+    assert all(m.live_bytes == sum(n for _, n in m.parts) for m in tl.moments)
+
+
+BOUNDED = [  # (config, world, precision, recompute, phase, bound): the single-GPU timeline's own bounds
+    ("llama", 4, "fp32", "full", "backward.layer.0", 0.015),  # the recomputed layer's backward, at layer grain
+    ("llama", 4, "amp-bf16", "full", "backward.layer.0", 0.015),
+    ("qbig", 8, "amp-bf16", "full", "loss", 0.001),  # qwen2 under autocast (tests/test_timeline.py BOUNDED)
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,world,precision,recompute,phase,bound", BOUNDED)
+def test_fsdp_peak_within_bound(name, world, precision, recompute, phase, bound):
+    tr, tl = both(name, world, precision, recompute=recompute)
+    assert tl.peak.phase == tr.peak_phase == phase
+    assert abs(tl.peak.live_bytes - tr.peak) <= bound * tr.peak
+
+
+def test_shards_pad_dim0_to_world():
+    # vocab 130 over 8 ranks: ceil(130 / 8) = 17 rows of 96 on every rank, for the embedding and the head
+    u = shard_units(architecture_from_config(LLAMA3), 8)
+    assert u.root == 2 * 130 * 96 + 96
+    assert u.root_shard == 2 * 17 * 96 + 12
+    # norms 96 -> 12 each; q, o 96 rows -> 12; k, v 32 rows -> 4; gate, up 200 rows -> 25; down 96 rows of 200
+    assert u.layer_shard == 2 * 12 + (12 + 4 + 4 + 12 + 25 + 25) * 96 + 12 * 200 == 10_296
+
+
+def test_fsdp_rejects_what_it_does_not_model():
+    arch = architecture_from_config(LLAMA)
+    with pytest.raises(InputError):
+        timeline(arch, family="llama", regime="fp32", attention="sdpa", s=S, b=B, world=4, optimizer_impl="for-loop")
+    with pytest.raises(InputError):
+        timeline(arch, family="llama", regime="fp32", attention="sdpa", s=S, b=B, world=4, fsdp_param_dtype="fp16")
+
+
+def test_estimate_full_shard_is_realistic(tmp_path):
+    import json
+
+    import memcalc
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(dict(LLAMA, num_hidden_layers=16, hidden_size=2048, intermediate_size=8192,
+                                   num_attention_heads=32, num_key_value_heads=8, vocab_size=128256)))  # fmt: skip
+    e = memcalc.estimate(hf_config=str(cfg), fsdp="FULL_SHARD", fsdp_version=2, gpus=8, precision="amp-bf16",
+                         seq_len=2048, micro_batch=4)  # fmt: skip
+    assert e.model_dump()["accounting"] == "realistic"
