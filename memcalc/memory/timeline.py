@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from memcalc.errors import InputError
 from memcalc.memory.saved import FAMILIES, LLAMA_LIKE, REGIMES, _check, loss_transient, shape
-from memcalc.memory.timeline_layers import checkpointed, layer_sizes, parse_recompute
+from memcalc.memory.timeline_layers import layer_sizes, parse_recompute
 from memcalc.memory.timeline_states import FsdpOverlay, param_tensors, states
 from memcalc.model.architecture import Architecture
 
