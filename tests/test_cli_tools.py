@@ -188,7 +188,8 @@ def test_a_slower_network_makes_zero3_slower_and_the_cluster_is_named():
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--tokens", "1T"], "need a step time"),
+    (["--tokens", "1T"], "--tokens needs a step time"),
+    (["--cluster", "dgx-h100"], "--cluster needs a step time"),
     (["--model", "llama-3-8b", "--seq-len", "2048", "--price-per-gpu-hour", "2"], "needs --tokens"),
     (["--model", "llama-3-8b", "--seq-len", "2048", "--cluster", "dgx-h10"], "did you mean 'dgx-h100'"),
     (["--model", "llama-3-8b", "--seq-len", "2048", "--network-efficiency", "1.5"], "at most 1"),

@@ -128,11 +128,14 @@ def step_time(inp: EstimateInput, ev: Evaluation, timing: dict | None = None) ->
     tokens, price = opts.pop("tokens", None), opts.pop("price_per_gpu_hour", None)
     plan = ev.plan
     if plan.arch is None or plan.work is None:
-        if tokens is not None or price is not None:
+        given = [name for name, v in (("tokens", tokens), ("price_per_gpu_hour", price), *opts.items())
+                 if v is not None and name != "optimizer_impl"]
+        if given:  # timing flags with nothing to time would be ignored
             from memcalc.errors import InputError
 
-            raise InputError("--tokens and --price-per-gpu-hour need a step time: give the model's shape (--model, "
-                             "--hf-config or --layers ...) and --seq-len")
+            flags = ", ".join("--" + n.replace("_", "-").replace("network-gbits-per-gpu", "network-gbits") for n in given)
+            raise InputError(f"{flags} need{'s' * (len(given) == 1)} a step time: give the model's shape (--model, --hf-config or "
+                             "--layers ...) and --seq-len")
         why = ("a bare parameter count has no FLOPs: give the model's shape (--model, --hf-config)"
                if plan.arch is None else "a step needs its tokens: give --seq-len")
         return None, why
