@@ -111,3 +111,13 @@ def test_records_take_keywords_only_and_name_missing_fields():
 
 def test_messages_are_one_line_even_when_a_cause_is_not():
     assert str(InputError("a\nb\r\nc")) == "a b c"
+
+
+@pytest.mark.parametrize(("kw", "match"), [
+    (dict(params=7e9, stage=3, fsdp_version=2), "--fsdp-version 2 describes FSDP"),
+    (dict(params=7e9, stage=2, bucket_view=True), "--bucket-view is DDP's"),
+    (dict(params=7e9, stage=3, buffer_factor=2.0), "used only with --accounting deepspeed-estimator"),
+])
+def test_framework_settings_that_nothing_reads_are_refused(kw, match):
+    with pytest.raises(memcalc.InputError, match=match):
+        memcalc.estimate(gpus=8, **kw)

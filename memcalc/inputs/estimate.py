@@ -156,6 +156,16 @@ class EstimateInput(Record):
                              f"and --accounting implementation (got {spec.label}"
                              f"{', --fsdp-version 2' if spec.framework == 'fsdp' and self.framework.fsdp_version == 2 else ''}, "
                              f"--accounting {self.accounting})")  # fmt: skip
+        # Framework settings that no accounting of this set-up reads would be ignored: refuse them, naming the use.
+        fw, est = self.framework, self.estimator
+        if fw.fsdp_version == 2 and spec.framework != "fsdp":
+            raise InputError(f"--fsdp-version 2 describes FSDP (fully_shard); it needs --fsdp (got {spec.label})")
+        if fw.bucket_view and spec.framework != "ddp":
+            raise InputError(f"--bucket-view is DDP's gradient_as_bucket_view; it needs --ddp (got {spec.label})")
+        if (est.buffer_factor != 1.5 or not est.zero_init or est.largest_layer_params is not None) \
+                and self.accounting != "deepspeed-estimator":
+            raise InputError("--buffer-factor, --no-zero-init, --largest-layer-params: arguments of DeepSpeed's "
+                             f"estimator, used only with --accounting deepspeed-estimator (got {self.accounting})")
         z3 = self.framework.zero3_flags
         if z3 and (spec.name != "zero-3" or self.accounting != "implementation"):
             raise InputError(f"{', '.join(z3)}: DeepSpeed ZeRO-3 coordinator settings, used only with --stage 3 "
