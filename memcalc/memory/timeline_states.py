@@ -164,7 +164,7 @@ def sharded_states(arch: Architecture, family: str, width: int, units: ShardUnit
 
 @dataclass(frozen=True)
 class FsdpOverlay:
-    """What FSDP2 adds to a moment of the step, and its sharded states (None: no sharding; every helper then
+    """What FSDP2 adds to a moment of the step, and its sharded states (None: no sharding; every method then
     returns the single-GPU parts). Order of events, torch ``distributed/fsdp/_fully_shard`` (``_fsdp_param_group.py``,
     ``_fsdp_state.py``), as the tracer sees them:
 
