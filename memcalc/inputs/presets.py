@@ -17,12 +17,11 @@ from typing import Any, TypeVar
 
 from memcalc.model.architecture import Architecture
 from memcalc.errors import InputError, did_you_mean, shown
+from memcalc.files import MAX_FILE_BYTES, read_bounded
 from memcalc.inputs import GPU
 
 T = TypeVar("T")
 KINDS = {"gpus": "GPU", "models": "model"}
-MAX_FILE_BYTES = 1 << 20
-"""1 MiB, as for a config.json (``memcalc.model.hf_config.MAX_FILE_BYTES``): a preset is a few hundred bytes."""
 
 
 def presets_dir() -> Path:
@@ -55,9 +54,7 @@ def _read(path: Path) -> dict[str, Any]:
 @cache
 def _parsed(path: str, mtime_ns: int, size: int) -> dict[str, Any]:
     """Parsed once per file version (compare reads the same GPU file for every strategy); at most
-    ``MAX_FILE_BYTES`` are read, as for a config.json (``memcalc.model.hf_config.read_bounded``)."""
-    from memcalc.model.hf_config import MAX_FILE_BYTES, read_bounded
-
+    ``MAX_FILE_BYTES`` are read (``memcalc.files.read_bounded``)."""
     _, data = read_bounded(path, "preset file")
     if len(data) > MAX_FILE_BYTES:
         raise InputError(f"preset file {path!r} has more than {MAX_FILE_BYTES:,} bytes; accepted: a .toml file of at "

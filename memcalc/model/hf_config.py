@@ -19,20 +19,16 @@ import math
 import os
 import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 
 from memcalc.errors import InputError
+from memcalc.files import MAX_FILE_BYTES, read_bounded  # noqa: F401 - read_bounded is used here and re-exported
 from memcalc.model import architecture as shape
 from memcalc.model.architecture import Architecture
-from memcalc.units import MiB
 
 Config = dict[str, Any]
 
-MAX_FILE_BYTES = 1 * MiB
-"""Published config.json files are 0.5-60 KB (multimodal ones with label maps are the largest); reading stops one
-byte past this, so a device such as /dev/zero is refused at once instead of filling memory."""
 MAX_DEPTH = 32
 """Real configs nest 3-4 levels (text_config -> rope_scaling -> ...); this is checked before parsing, far below
 the depth at which Python's JSON parser runs out of recursion."""
@@ -367,23 +363,6 @@ def parse_config(data: bytes, where: str = "config.json") -> Config:
     if not isinstance(cfg, dict):
         raise InputError(f"{where} does not hold a JSON object (it holds {_kind(cfg)}); accepted: a config.json")
     return cfg
-
-
-def read_bounded(path: str | os.PathLike[str], flag: str = "--hf-config") -> tuple[Path, bytes]:
-    """At most ``MAX_FILE_BYTES + 1`` bytes of the file at ``path``; a missing path or a folder is an InputError."""
-    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
-        raise InputError(f"{flag} {_show(path)} is {_kind(path)}, not a path; accepted: the path of a config.json file")
-    where = f"{flag} {str(path)!r}"
-    try:
-        p = Path(path).expanduser()
-        if p.is_dir():
-            raise InputError(f"{where} is a folder; accepted: the path of a config.json file (such as {str(p / 'config.json')!r})")
-        with p.open("rb") as f:
-            return p, f.read(MAX_FILE_BYTES + 1)
-    except FileNotFoundError:
-        raise InputError(f"{where} does not exist; accepted: the path of a config.json file") from None
-    except (OSError, ValueError, RuntimeError) as e:  # permissions, a NUL in the path, ~user unknown
-        raise InputError(f"{where} cannot be read ({' '.join(str(e).split())}); accepted: a readable config.json file") from None
 
 
 def load_hf_config(path: str | os.PathLike[str]) -> Architecture:
