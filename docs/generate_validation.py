@@ -1,6 +1,6 @@
 """Write docs/validation.md: every configuration memcalc is proven against, predicted vs measured.
 
-    python docs/generate_validation.py        (needs torch: pip install torch==2.13.0 'memcalc[validate]')
+    python docs/generate_validation.py        (needs torch: pip install torch==2.13.0, then '.[validate,hf]' from this checkout)
 
 Runs the full framework suite (DDP, FSDP1's five strategies, FSDP2; DeepSpeed and Hugging Face models when
 installed; torch.distributed with gloo on CPU) and the

@@ -1,4 +1,4 @@
-"""Plots of results, with matplotlib as an optional dependency (``pip install 'memcalc[plot]'``).
+"""Plots of results, with matplotlib as an optional dependency (``pip install '.[plot]'`` from this checkout, or matplotlib).
 
 Each function returns a ``matplotlib.figure.Figure`` built without pyplot (no global figure registry, no GUI):
 notebooks display it, ``save(fig, "memory.png")`` writes it.
@@ -33,7 +33,7 @@ def _figure() -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise InputError("plotting needs matplotlib: pip install 'memcalc[plot]' (or pip install matplotlib)") from None
+        raise InputError("plotting needs matplotlib: pip install matplotlib (or '.[plot]' from this checkout)") from None
     headless = sys.platform.startswith("linux") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
     if headless and "matplotlib.pyplot" not in sys.modules:
         matplotlib.use("Agg")  # no display: render to files only
