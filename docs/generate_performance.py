@@ -11,6 +11,7 @@ is memcalc's own (``Evaluation.collectives``) and each group is placed in nodes 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import memcalc
@@ -19,8 +20,8 @@ from memcalc.evaluate import evaluate
 from memcalc.inputs.plan import to_plan
 from memcalc.model.architecture import Architecture
 from memcalc.model.params import Shard, stage_params
-from memcalc.time.estimate import time_evaluation
-from memcalc.time.hardware import load_machine
+from memcalc.time.estimate import machine_for, placed, step_plan, time_evaluation
+from memcalc.time.hardware import cluster_for_gpu, load_calibration, load_machine
 from memcalc.time.step import Plan, step_time
 
 # Narayanan et al. 2021 (arXiv 2104.04473) Table 1, as recorded in /work/shared/measurements/published.md
@@ -67,11 +68,21 @@ def narayanan_bridge(L: int, h: int, a: int, gpus: int, tp: int, pp: int, batch:
     return time_evaluation(evaluate(to_plan(inp)), gpu=inp.gpu.key)
 
 
-def torchtitan_bridge(model: str, gpus: int, micro_batch: int, recompute: str, gpu: str):
+def torchtitan_bridge(model: str, gpus: int, micro_batch: int, recompute: str, gpu: str, op_ac: bool = False,
+                      calibration: str | None = None):
+    """``op_ac``: time torchtitan's per-op selective AC (memcalc.time.flops.op_recomputed) in place of memcalc's
+    selective; ``calibration``: the GPU's rates from that calibration preset (links from the GPU's cluster)."""
     inp = memcalc.build_input(model=model, fsdp="FULL_SHARD", fsdp_version=2, gpus=gpus, precision="bf16-mixed",
                               seq_len=8192, micro_batch=micro_batch, recompute=recompute, attention="sdpa",
                               gpu=gpu)  # fmt: skip
-    return time_evaluation(evaluate(to_plan(inp)), gpu=inp.gpu.key)
+    ev = evaluate(to_plan(inp))
+    rc = "op" if op_ac else None
+    if calibration is None:
+        return time_evaluation(ev, gpu=inp.gpu.key, recompute=rc)
+    plan = ev.plan
+    machine = replace(machine_for(cluster_for_gpu(inp.gpu.key), plan.ranks_per_node),
+                      calibration=load_calibration(calibration))  # fmt: skip
+    return step_time(plan.arch, step_plan(plan, recompute=rc), machine, placed(ev.collectives, plan), ev.transfers)
 
 
 def gpt(layers: int, hidden: int, heads: int, vocab: int, multiple: int) -> Architecture:
@@ -132,6 +143,18 @@ def main() -> None:
         tps = st.tokens_per_s_per_gpu
         print(f"| {name} | {source} | {pub:,} | {tps:,.0f} | {100 * (tps / pub - 1):+.0f} % | {100 * st.mfu:.1f} % | "
               f"{st.step_s:.2f} |")  # fmt: skip
+    print()
+    print("| torchtitan H100 run, corrected inputs | published tokens/s/GPU | memcalc selective, h100-sxm | op AC, "
+          "h100-sxm | op AC, h100-sxm-hbm2e-500w | error | recompute s | memory-bound s | step s |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, source, model, gpus, b, rc, gpu, pub in TORCHTITAN:
+        if gpu != "h100":
+            continue
+        a, o, t = (torchtitan_bridge(model, gpus, b, rc, gpu), torchtitan_bridge(model, gpus, b, rc, gpu, True),
+                   torchtitan_bridge(model, gpus, b, rc, gpu, True, "h100-sxm-hbm2e-500w"))  # fmt: skip
+        tps = t.tokens_per_s_per_gpu
+        print(f"| {name} | {pub:,} | {a.tokens_per_s_per_gpu:,.0f} | {o.tokens_per_s_per_gpu:,.0f} | {tps:,.0f} | "
+              f"{100 * (tps / pub - 1):+.0f} % | {t.recompute_s:.3f} | {t.memory_bound_s:.3f} | {t.step_s:.2f} |")
 
 
 if __name__ == "__main__":

@@ -112,3 +112,34 @@ def test_bad_inputs():
         step_time(LLAMA, Plan(gpus=1, seq=128, micro_batch=1, optimizer="fusd"), H100)
     with pytest.raises(InputError, match="group"):
         step_time(LLAMA, Plan(gpus=1, seq=128, micro_batch=1), H100, [col("all-reduce", "backward", "x", 2, 1)])
+
+
+def test_op_recompute_is_every_second_matmul_and_the_elementwise_forward():
+    # torchtitan per-op selective AC: k, o, up (2nd, 4th, 6th mm of q, k, v, o, gate, up, down) run again; the
+    # attention output is saved, so unlike memcalc's selective no attention is recomputed.
+    from memcalc.time.flops import layer_gemms, op_recomputed, step_flops
+    from memcalc.time.step import layer_time
+
+    assert [g.name for g in op_recomputed(layer_gemms(LLAMA, False))] == ["k", "o", "up"]
+    extra = step_flops(LLAMA, 8192, 2, "op").recompute
+    assert extra == 2 * 8192 * 32 * 2 * 4096 * (1024 + 4096 + 14336)  # tokens x layers x 2·k·n summed
+    lt = layer_time(LLAMA, False, H100.calibration, "bf16", 8192, 2)
+    assert 0 < lt.matmul_op_recompute < lt.matmul_fwd / 2
+    assert lt.recompute("op") == lt.matmul_op_recompute + lt.memory_fwd
+    plan = Plan(gpus=1, seq=8192, micro_batch=2)
+    op = step_time(LLAMA, replace(plan, recompute="op"), H100)
+    assert op.recompute_s == pytest.approx(32 * (lt.matmul_op_recompute + lt.memory_fwd))
+    assert op.compute_s == step_time(LLAMA, plan, H100).compute_s
+    with pytest.raises(InputError, match="none, selective, full, op"):
+        step_time(LLAMA, replace(plan, recompute="ops"), H100)
+
+
+def test_hbm2e_calibration_only_slows_memory_bound_work():
+    # torchtitan's H100 benchmarks: 96GB HBM2e, 2.4 TB/s; compute fractions inherited from h100-sxm.
+    from memcalc.time.hardware import load_calibration
+
+    slow = replace(H100, calibration=load_calibration("h100-sxm-hbm2e-500w"))
+    plan = Plan(gpus=1, seq=8192, micro_batch=1)
+    a, b = step_time(LLAMA, plan, H100), step_time(LLAMA, plan, slow)
+    assert b.compute_s == a.compute_s and b.peak_flops == 989e12
+    assert b.memory_bound_s == pytest.approx(a.memory_bound_s * 3350 / 2400)

@@ -191,3 +191,35 @@ def test_explicit_cluster_and_bad_inputs():
                         ({"price_per_gpu_hour": 2.0}, "needs tokens")):  # fmt: skip
         with pytest.raises(InputError, match=message):
             time_fields(st, **kw)
+
+
+def test_recompute_override_times_torchtitan_op_ac():
+    import memcalc
+    from memcalc.evaluate import evaluate
+    from memcalc.inputs.plan import to_plan
+    from memcalc.time.estimate import time_evaluation
+
+    inp = memcalc.build_input(model="llama-3-8b", fsdp="FULL_SHARD", fsdp_version=2, gpus=8, precision="bf16-mixed",
+                              seq_len=8192, micro_batch=2, recompute="selective", attention="sdpa", gpu="h100")
+    ev = evaluate(to_plan(inp))
+    sel, op = time_evaluation(ev, gpu=inp.gpu.key), time_evaluation(ev, gpu=inp.gpu.key, recompute="op")
+    assert op.compute_s == sel.compute_s and op.recompute_s > sel.recompute_s
+    assert op.hardware_flops - op.model_flops == 16 * 8192 * 32 * 2 * 4096 * (1024 + 4096 + 14336)
+    with pytest.raises(InputError, match="recompute 'attn'"):
+        time_evaluation(ev, gpu=inp.gpu.key, recompute="attn")
+
+
+def test_recompute_policies_of_the_memory_side_time_per_layer():
+    import memcalc
+
+    def step(rc):
+        return memcalc.estimate(hf_config=str(__import__("pathlib").Path(__file__).parent / "data" / "h100" /
+                                              "llama-3.2-1b" / "config.json"), gpus=1, gpu="h100",
+                                precision="amp-bf16", seq_len=2048, micro_batch=2, attention="flash",
+                                recompute=rc).time
+
+    none, full, every1, every2, op = (step(r) for r in ("none", "full", "every:1", "every:2", "op-sac"))
+    assert every1.step_s == full.step_s and every1.hfu == full.hfu  # every layer checkpointed = full
+    assert none.step_s < every2.step_s < full.step_s  # 8 of 16 layers recomputed
+    assert every2.breakdown.recompute_s == pytest.approx(full.breakdown.recompute_s / 2, rel=1e-9)
+    assert none.step_s < op.step_s < full.step_s and op.mfu == pytest.approx(none.mfu * none.step_s / op.step_s)

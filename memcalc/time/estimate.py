@@ -27,6 +27,7 @@ from memcalc.time.hardware import (
     load_calibration,
     load_cluster,
 )
+from memcalc.time.flops import policy_name
 from memcalc.time.step import Plan, StepTime, step_time
 from memcalc.units import ceil_div
 
@@ -156,8 +157,12 @@ def machine_for(cluster: str, ranks_per_node: int, intra_node_gbps: float | None
     return Machine(c, cal)
 
 
-def step_plan(plan: LayoutPlan, optimizer_impl: str = "foreach", flops_attention: str = "full") -> Plan:
-    """The step model's plan from the core's: layout, batch, recompute, kernels, dtype and optimizer."""
+def step_plan(plan: LayoutPlan, optimizer_impl: str = "foreach", flops_attention: str = "full",
+              recompute: str | None = None) -> Plan:
+    """The step model's plan from the core's: layout, batch, recompute, kernels, dtype and optimizer. ``recompute``
+    replaces the plan's policy in time only: "op" is torchtitan's per-op selective AC (memcalc.time.flops)."""
+    if recompute is not None:
+        policy_name(recompute)
     if optimizer_impl not in OPTIMIZER_IMPLS:
         raise InputError(f"optimizer implementation {optimizer_impl!r} is not one of "
                          f"{', '.join(OPTIMIZER_IMPLS)}{did_you_mean(optimizer_impl, OPTIMIZER_IMPLS)}")  # fmt: skip
@@ -166,7 +171,8 @@ def step_plan(plan: LayoutPlan, optimizer_impl: str = "foreach", flops_attention
     return Plan(
         gpus=plan.gpus, seq=w.seq_len, micro_batch=w.micro_batch, micro_batches=plan.grad_accum, tp=plan.tp,
         pp=plan.pp, cp=plan.cp, ep=plan.ep, virtual=plan.virtual_stages, sp=plan.sequence_parallel,
-        recompute=w.recompute, attention=_ATTENTION[w.attention], dtype=_MATMUL_DTYPE[plan.precision.compute_dtype],
+        recompute=w.recompute if recompute is None else recompute,
+        attention=_ATTENTION[w.attention], dtype=_MATMUL_DTYPE[plan.precision.compute_dtype],
         dropout=w.dropout > 0, optimizer="cpu" if plan.optimizer_device != "none" else optimizer_impl,
         optimizer_params=optimizer_params(plan), flops_attention=flops_attention,
     )  # fmt: skip
@@ -185,6 +191,7 @@ def time_evaluation(
     network_efficiency: float | None = None,
     pcie_gbps: float | None = None,
     host_memory_gbps: float | None = None,
+    recompute: str | None = None,
 ) -> StepTime | None:
     """One optimizer step of ``ev`` (a ``memcalc.evaluate.Evaluation``) on one GPU of the slowest pipeline stage.
 
@@ -210,7 +217,7 @@ def time_evaluation(
     name = cluster if cluster is not None else cluster_for_gpu(gpu)  # type: ignore[arg-type]
     machine = machine_for(name, plan.ranks_per_node, intra_node_gbps, network_gbits_per_gpu, intra_node_efficiency,
                           network_efficiency, pcie_gbps, host_memory_gbps)  # fmt: skip
-    sp = step_plan(plan, optimizer_impl, flops_attention)
+    sp = step_plan(plan, optimizer_impl, flops_attention, recompute)
     return step_time(plan.arch, sp, machine, placed(ev.collectives, plan), ev.transfers)
 
 

@@ -10,7 +10,9 @@ Sources:
   sequence. torchtitan and PaLM (Chowdhery et al. 2022, Appendix B) use the same convention: 6·N + 12·L·h·s per token.
 - ``attention="causal"`` counts the work a causal kernel really does: s(s+1)/2 query-key pairs instead of s².
 - MFU counts model FLOPs (no recompute); HFU adds what recompute runs again: a whole forward of every layer (full) or
-  the attention core (selective, Korthikanti §5), never the output head.
+  the attention core (selective, Korthikanti §5), or every second weight matmul of a layer in call order (op:
+  torchtitan's per-op selective AC, torchtitan/parallelisms/parallelize_llama.py ``_custom_policy``, "Saves output of
+  all compute ops, except every second mm"; SDPA's output is saved), never the output head.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from memcalc.model.architecture import Architecture
 from memcalc.model.params import kv_heads_per_rank
 
 AttentionCount = Literal["full", "causal"]
-Recompute = Literal["none", "selective", "full"]
+Recompute = Literal["none", "selective", "full", "op"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,12 @@ def layer_gemms(arch: Architecture, moe: bool, tp: int = 1) -> tuple[Gemm, ...]:
     if arch.shared_experts:
         out += mlp("shared ", arch.ffn_size, arch.shared_experts)
     return tuple(out)
+
+
+def op_recomputed(gemms: tuple[Gemm, ...]) -> tuple[Gemm, ...]:
+    """The matmuls torchtitan's per-op selective AC runs again in backward: the 2nd, 4th, ... in forward call order
+    (q, k, v, o, gate, up, down: k, o, up), its mm counter restarting in each block."""
+    return gemms[1::2]
 
 
 def head_gemm(arch: Architecture, tp: int = 1) -> Gemm:
@@ -112,8 +120,7 @@ def step_flops(arch: Architecture, seq: int, sequences: int, recompute: Recomput
     """FLOPs of a training step of ``sequences`` x ``seq`` tokens (global batch)."""
     if seq < 1 or sequences < 1:
         raise InputError(f"seq {seq} and sequences {sequences} must be positive")
-    if recompute not in ("none", "selective", "full"):
-        raise InputError(f"recompute {recompute!r} is not one of none, selective, full")
+    recompute = policy_name(recompute)  # type: ignore[assignment]
     if attention not in ("full", "causal"):
         raise InputError(f"attention count {attention!r} is not one of full, causal")
     tokens = seq * sequences
@@ -121,8 +128,37 @@ def step_flops(arch: Architecture, seq: int, sequences: int, recompute: Recomput
     layers = per_token * tokens
     attn = arch.layers * sequences * attention_core_flops(arch, seq, attention)
     head = head_gemm(arch).flops_per_token * tokens
-    extra = {"none": 0, "selective": attn, "full": layers + attn}[recompute]
+    extra = 0
+    attn_layer = attn // arch.layers
+    for i in range(arch.layers):
+        how = layer_policy(recompute, i)
+        gemms = layer_gemms(arch, arch.is_moe_layer(i))
+        if how == "op":
+            extra += tokens * sum(g.flops_per_token for g in op_recomputed(gemms))
+        elif how == "selective":
+            extra += attn_layer
+        elif how == "full":
+            extra += tokens * sum(g.flops_per_token for g in gemms) + attn_layer
     return StepFlops(layers, attn, head, extra, attention)
+
+
+def policy_name(recompute: str) -> str:
+    """A recompute policy as the step model names it: none, selective, full, op (torchtitan's per-op selective AC;
+    ``op-sac`` as the memory side names it) or every:K (every K-th layer fully, torchtitan's layer AC)."""
+    if recompute == "op-sac":
+        return "op"
+    head, _, k = recompute.partition(":")
+    if recompute in ("none", "selective", "full", "op") or (head == "every" and k.isdigit() and int(k) >= 1):
+        return recompute
+    raise InputError(f"recompute {recompute!r} is not one of none, selective, full, op (op-sac), every:K")
+
+
+def layer_policy(recompute: str, index: int) -> str:
+    """What layer ``index`` recomputes: every:K checkpoints the layers whose index is a multiple of K (torchtitan
+    ``apply_ac``: ``if layer_id % ac_freq == 0``), fully; the other policies apply to every layer."""
+    if recompute.startswith("every:"):
+        return "full" if index % int(recompute[6:]) == 0 else "none"
+    return "op" if recompute == "op-sac" else recompute
 
 
 def model_flops_per_token(arch: Architecture, seq: int, attention: AttentionCount = "full") -> float:

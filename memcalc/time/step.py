@@ -5,7 +5,9 @@ Sources and rules (each also in docs/performance-model.md):
   efficiency); backward = 2 x forward (flash/cuDNN: the measured fwd+bwd = 3.5 x forward FLOPs); both curves from
   presets/calibration (measured H100 kernels). Memory-bound ops (norms, residual adds, dropout, activations, rotary,
   eager softmax, cross-entropy) = bytes moved / achievable HBM bandwidth; their backward moves twice the forward bytes.
-- Recompute (Korthikanti et al. 2022, §5): full adds each layer's forward again; selective adds the attention core.
+- Recompute (Korthikanti et al. 2022, §5): full adds each layer's forward again; selective adds the attention core;
+  op (torchtitan's per-op selective AC) adds every second weight matmul (k, o, up) and every memory-bound forward op,
+  keeping the attention output (torchtitan parallelize_llama.py: save list = mm, SDPA flash/efficient, reduce-scatter).
 - Pipeline (Narayanan et al. 2021, §2.2): 1F1B bubble = (p-1) x (time of one micro-batch on a stage), interleaved
   (p-1)/v x it; the slowest stage (uneven layer split, output head and loss on the last) sets the pace.
 - Overlap (DOMAIN.md §11): tensor-parallel, expert all-to-all and pipeline send/recv are on the critical path of every
@@ -27,7 +29,15 @@ from memcalc.comm.timing import Group, primitive_time
 from memcalc.errors import InputError
 from memcalc.model.architecture import Architecture
 from memcalc.model.params import model_params
-from memcalc.time.flops import attention_core_flops, head_gemm, layer_gemms, step_flops
+from memcalc.time.flops import (
+    attention_core_flops,
+    head_gemm,
+    layer_gemms,
+    layer_policy,
+    op_recomputed,
+    policy_name,
+    step_flops,
+)
 from memcalc.time.hardware import Calibration, Machine
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DistributedDataParallel bucket_cap_mb=25 (the last bucket cannot overlap)
@@ -78,6 +88,8 @@ class LayerTime:
     attention_fwd: float
     attention_bwd: float
     memory_fwd: float
+    matmul_op_recompute: float = 0.0
+    """Forward seconds of the matmuls per-op selective AC runs again (every second one in call order)."""
 
     @property
     def forward(self) -> float:
@@ -88,6 +100,8 @@ class LayerTime:
         return 2 * self.matmul_fwd + self.attention_bwd + 2 * self.memory_fwd
 
     def recompute(self, how: str) -> float:
+        if how == "op":
+            return self.matmul_op_recompute + self.memory_fwd
         return {"none": 0.0, "selective": self.attention_fwd, "full": self.forward}[how]
 
 
@@ -152,14 +166,18 @@ def layer_time(arch: Architecture, moe: bool, cal: Calibration, dtype: str, seq:
     """One decoder layer for one micro-batch of ``micro_batch`` x ``seq`` tokens on one TP/CP/EP rank."""
     peak, e = cal.peak(dtype), _DTYPE_BYTES[dtype]
     m = seq // cp * micro_batch  # tokens on this rank
-    mm = 0.0
-    for g in layer_gemms(arch, moe, tp):
+    mm = op = 0.0
+    gemms = layer_gemms(arch, moe, tp)
+    again = set(op_recomputed(gemms))
+    for g in gemms:
         if g.name.startswith("expert "):
             # Balanced routing: each of the E/ep local experts receives top_k·ep·m/E tokens (arXiv 2006.16668 §2.2).
             rows = g.count * ep * m / arch.experts
-            mm += arch.experts // ep * _gemm_s(cal, peak, 2 * rows * g.k * g.n)
+            t = arch.experts // ep * _gemm_s(cal, peak, 2 * rows * g.k * g.n)
         else:
-            mm += g.count * _gemm_s(cal, peak, 2 * m * g.k * g.n)
+            t = g.count * _gemm_s(cal, peak, 2 * m * g.k * g.n)
+        mm += t
+        op += t if g in again else 0.0
     # Context parallelism: this rank's s/cp queries against the whole sequence = 1/cp of the pairs.
     if attention in ("flash", "cudnn"):
         fwd = micro_batch * attention_core_flops(arch, seq, "causal", tp) / cp
@@ -181,7 +199,7 @@ def layer_time(arch: Architecture, moe: bool, cal: Calibration, dtype: str, seq:
     if arch.position == "rotary":
         split += 2 * e * (arch.q_width + 2 * arch.kv_width)  # read and write q and k (kv_width counted twice: k only)
     per_token = replicated / (tp if sp else 1) + split / tp
-    return LayerTime(mm, attn_f, attn_b, m * per_token / cal.hbm_bytes_per_s)
+    return LayerTime(mm, attn_f, attn_b, m * per_token / cal.hbm_bytes_per_s, op)
 
 
 def head_time(arch: Architecture, cal: Calibration, dtype: str, tokens: int, tp: int) -> tuple[float, float]:
@@ -208,9 +226,10 @@ def _stage_profile(arch: Architecture, cal: Calibration, plan: Plan) -> tuple[fl
                             p.attention, p.dropout)  # fmt: skip
             comp += 3 * lt.matmul_fwd + lt.attention_fwd + lt.attention_bwd
             mem += 3 * lt.memory_fwd
-            rec += lt.recompute(p.recompute)
+            again = lt.recompute(layer_policy(p.recompute, i))
+            rec += again
             fwd += lt.forward
-            bwd += lt.backward + lt.recompute(p.recompute)
+            bwd += lt.backward + again
             attn += lt.attention_fwd + lt.attention_bwd
         start += n
         if stage == p.pp - 1:
@@ -256,8 +275,7 @@ def step_time(arch: Architecture, plan: Plan, machine: Machine, collectives: Ite
     if p.virtual > 1 and p.micro_batches % p.pp:
         raise InputError(f"interleaved pipeline: micro_batches({p.micro_batches}) must be a multiple of pp({p.pp}) "
                          f"(Megatron-LM's rule)")  # fmt: skip
-    if p.recompute not in ("none", "selective", "full"):
-        raise InputError(f"recompute {p.recompute!r} is not one of none, selective, full")
+    policy_name(p.recompute)  # an unknown policy is one line
     m = p.micro_batches
     profile, model_fl, hardware_fl, n_opt, peak = _plan_profile(arch, cal, p)
     comp, mem, rec, fwd, bwd, attn, units = profile
