@@ -49,7 +49,7 @@ def main() -> None:
         ("memcalc estimate --hf-config <Llama-3-8B> ... --json", [*hf, "--json"], 1.3),
         ("memcalc --help", [args.memcalc, "--help"], 1.1),
     ]
-    env_note = " (PYTHONDONTWRITEBYTECODE is set: every run compiles from source)" if os.environ.get(
+    env_note = " (PYTHONDONTWRITEBYTECODE is set: a module without a .pyc from the install compiles on every run)" if os.environ.get(
         "PYTHONDONTWRITEBYTECODE") else ""
     for _, cmd, _ in cases:  # warm the page cache and the bytecode cache
         once(cmd)
