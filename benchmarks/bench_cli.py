@@ -49,8 +49,9 @@ def main() -> None:
         ("memcalc estimate --hf-config <Llama-3-8B> ... --json", [*hf, "--json"], 1.3),
         ("memcalc --help", [args.memcalc, "--help"], 1.1),
     ]
-    env_note = " (PYTHONDONTWRITEBYTECODE is set: a module without a .pyc from the install compiles on every run)" if os.environ.get(
-        "PYTHONDONTWRITEBYTECODE") else ""
+    env_note = ""
+    if os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        env_note = " (PYTHONDONTWRITEBYTECODE is set: a module without a .pyc from the install compiles on every run)"
     for _, cmd, _ in cases:  # warm the page cache and the bytecode cache
         once(cmd)
     floor_t: list[float] = []
