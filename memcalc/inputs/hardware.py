@@ -4,6 +4,7 @@ from __future__ import annotations
 
 
 from memcalc.errors import InputError
+from memcalc.layout import plan
 from memcalc.record import Record, bounded, check_fields, record
 from memcalc.units import GB, GiB, gib
 
@@ -87,12 +88,12 @@ class Cluster(Record):
 
     @property
     def nodes(self) -> int:
-        return max(1, self.gpus // self.gpus_per_node)
+        return plan.nodes(self.gpus, self.gpus_per_node)
 
     @property
     def ranks_per_node(self) -> int:
         """GPUs actually used in each node: G, or W when the job is smaller than a node."""
-        return min(self.gpus, self.gpus_per_node)
+        return plan.ranks_per_node(self.gpus, self.gpus_per_node)
 
 
 @record

@@ -14,6 +14,16 @@ from memcalc.layout.strategies import StrategySpec
 from memcalc.model.architecture import Architecture
 
 
+def nodes(gpus: int, gpus_per_node: int) -> int:
+    """Nodes a job of ``gpus`` fills (one when it is smaller than a node)."""
+    return max(1, gpus // gpus_per_node)
+
+
+def ranks_per_node(gpus: int, gpus_per_node: int) -> int:
+    """GPUs actually used in each node: G, or W when the job is smaller than a node."""
+    return min(gpus, gpus_per_node)
+
+
 @dataclass(frozen=True)
 class Zero3Settings:
     """DeepSpeed's zero_optimization settings that decide what ZeRO-3 gathers, in elements (defaults: DeepSpeed
@@ -114,12 +124,11 @@ class Plan:
 
     @property
     def nodes(self) -> int:
-        return max(1, self.gpus // self.gpus_per_node)
+        return nodes(self.gpus, self.gpus_per_node)
 
     @property
     def ranks_per_node(self) -> int:
-        """GPUs actually used in each node: G, or W when the job is smaller than a node."""
-        return min(self.gpus, self.gpus_per_node)
+        return ranks_per_node(self.gpus, self.gpus_per_node)
 
     @property
     def dp_per_node(self) -> int:
