@@ -25,35 +25,20 @@ from memcalc.errors import InputError, shown
 R = TypeVar("R", bound="Record")
 C = TypeVar("C", bound=type)
 
-_dataclass = dataclasses.dataclass(kw_only=True, eq=False, repr=False, match_args=False)
+_dataclass = dataclasses.dataclass(kw_only=True, init=False, eq=False, repr=False, match_args=False)
+_MISSING = dataclasses.MISSING
 
 
 def record(cls: C) -> C:
-    """The decorator of every record: keyword-only fields. Immutability, equality, hash and repr come from ``Record``
-    once, instead of code generated per class (``frozen=True`` alone costs half a millisecond a class at import: more,
-    over memcalc's forty records, than a whole estimate takes). A positional argument, an unknown field or a missing
-    one is one ``InputError`` line, not Python's ``TypeError``."""
+    """The decorator of every record: keyword-only fields. Immutability, equality, hash, repr and ``__init__`` come
+    from ``Record`` once, instead of code generated per class (``frozen=True`` alone costs half a millisecond a class
+    at import and the generated ``__init__`` another tenth: more, over memcalc's forty records, than a whole estimate
+    takes). A positional argument, an unknown field or a missing one is one ``InputError`` line, not Python's
+    ``TypeError``."""
     cls = _dataclass(cls)
-    generated = cls.__init__  # type: ignore[misc]
-
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        if args:
-            raise InputError(f"{cls.__name__} takes its fields by name ({', '.join(_names(cls))}), "
-                             f"not {len(args)} positional value{'s' if len(args) > 1 else ''}")
-        unknown = [k for k in kwargs if k not in _names(cls)]
-        if unknown:
-            from memcalc.errors import did_you_mean
-
-            raise InputError(f"{cls.__name__} has no field {shown(unknown[0])}{did_you_mean(unknown[0], _names(cls))}; "
-                             f"accepted: {', '.join(_names(cls))}")
-        missing = [k for k in _required(cls) if k not in kwargs]
-        if missing:
-            raise InputError(f"{cls.__name__} needs {', '.join(missing)}; accepted: {', '.join(_names(cls))}")
-        generated(self, **kwargs)
-
-    __init__.__doc__, __init__.__qualname__ = generated.__doc__, generated.__qualname__
-    __init__.__wrapped__ = generated  # type: ignore[attr-defined]  # inspect.signature follows it, when asked
-    cls.__init__ = __init__  # type: ignore[misc]
+    # (name, default, default factory) per field, in order, for Record.__init__.
+    cls.__record_fields__ = tuple((f.name, f.default, f.default_factory)  # type: ignore[attr-defined]
+                                  for f in cls.__dataclass_fields__.values())  # type: ignore[attr-defined]
     return cls
 
 
@@ -111,25 +96,53 @@ def _fits(value: Any, tp: Any) -> bool:
 
 def check_fields(obj: Any, where: str | None = None) -> None:
     """Every field of dataclass ``obj`` has its annotated type and lies within its bounds, else ``InputError``."""
-    cls = type(obj)
-    name = where or cls.__name__
-    hints = _hints(cls)
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        tp = hints[f.name]
-        if not _fits(value, tp):
-            raise InputError(f"{name}.{f.name} {shown(value)} is not accepted; accepted: {_type_name(tp)}")
-        if value is None or not f.metadata or isinstance(value, bool):
+    for name, fits, tp, m in _checks(type(obj)):
+        value = getattr(obj, name)
+        if not fits(value):
+            raise InputError(f"{where or type(obj).__name__}.{name} {shown(value)} is not accepted; "
+                             f"accepted: {_type_name(tp)}")
+        if not m or value is None or isinstance(value, bool):
             continue
-        m = f.metadata
-        lo = (f"more than {m['gt']:,}" if "gt" in m else f"at least {m['ge']:,}" if "ge" in m else "")
-        hi = (f"less than {m['lt']:,}" if "lt" in m else f"at most {m['le']:,}" if "le" in m else "")
         bad = (("gt" in m and not value > m["gt"]) or ("ge" in m and not value >= m["ge"])
                or ("lt" in m and not value < m["lt"]) or ("le" in m and not value <= m["le"]))
         if bad:
+            lo = (f"more than {m['gt']:,}" if "gt" in m else f"at least {m['ge']:,}" if "ge" in m else "")
+            hi = (f"less than {m['lt']:,}" if "lt" in m else f"at most {m['le']:,}" if "le" in m else "")
             accepted = " and ".join(x for x in (lo, hi) if x)
             why = f" ({m['why']})" if "why" in m else ""
-            raise InputError(f"{name}.{f.name} {shown(value)} is out of bounds; accepted: {accepted}{why}")
+            raise InputError(f"{where or type(obj).__name__}.{name} {shown(value)} is out of bounds; "
+                             f"accepted: {accepted}{why}")
+
+
+@cache
+def _checks(cls: type) -> tuple[tuple[str, Any, Any, Any], ...]:
+    """Per field of ``cls``: (name, type test, annotated type, bounds), built once per class."""
+    hints = _hints(cls)
+    return tuple((f.name, _test(hints[f.name]), hints[f.name], f.metadata) for f in dataclasses.fields(cls))
+
+
+def _test(tp: Any) -> Any:
+    """``_fits(value, tp)`` as a function of the value alone, with the annotation taken apart once."""
+    if tp is Any:
+        return lambda v: True
+    if tp is type(None):
+        return lambda v: v is None
+    if tp is bool:
+        return lambda v: v is True or v is False
+    if tp is int:
+        return lambda v: type(v) is int or isinstance(v, int) and not isinstance(v, bool)
+    if tp is str:
+        return lambda v: isinstance(v, str)
+    if tp is float:
+        return lambda v: type(v) is float and math.isfinite(v) or _fits(v, float)
+    origin = get_origin(tp)
+    if origin is Literal:
+        allowed = {(type(a), a) for a in get_args(tp)}
+        return lambda v: isinstance(v, (str, int)) and (type(v), v) in allowed
+    if origin in (Union, types.UnionType):
+        tests = tuple(_test(a) for a in get_args(tp))
+        return lambda v: any(t(v) for t in tests)
+    return lambda v: _fits(v, tp)
 
 
 def _plain(value: Any, exclude: set[str] | None = None) -> Any:
@@ -166,6 +179,30 @@ class Record:
     """Methods every memcalc input and result shares (a mixin for frozen dataclasses)."""
 
     __slots__ = ()
+    __record_fields__: tuple[tuple[str, Any, Any], ...] = ()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        cls = type(self)
+        if args:
+            raise InputError(f"{cls.__name__} takes its fields by name ({', '.join(_names(cls))}), "
+                             f"not {len(args)} positional value{'s' if len(args) > 1 else ''}")
+        put = object.__setattr__
+        given = 0
+        for name, default, factory in cls.__record_fields__:
+            if name in kwargs:
+                put(self, name, kwargs[name])
+                given += 1
+            elif default is not _MISSING:
+                put(self, name, default)
+            elif factory is not _MISSING:
+                put(self, name, factory())
+            else:
+                _refuse(cls, kwargs)
+        if given < len(kwargs):
+            _refuse(cls, kwargs)
+        post = getattr(self, "__post_init__", None)
+        if post is not None:
+            post()
 
     def __setattr__(self, name: str, value: Any) -> None:
         # Frozen once made: each field is set once, by __init__ (or by pydantic when it parses JSON).
@@ -214,6 +251,18 @@ class Record:
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+
+
+def _refuse(cls: type, kwargs: dict[str, Any]) -> None:
+    """The one-line error for an unknown field (first) or a missing one."""
+    unknown = [k for k in kwargs if k not in _names(cls)]
+    if unknown:
+        from memcalc.errors import did_you_mean
+
+        raise InputError(f"{cls.__name__} has no field {shown(unknown[0])}{did_you_mean(unknown[0], _names(cls))}; "
+                         f"accepted: {', '.join(_names(cls))}")
+    missing = [k for k in _required(cls) if k not in kwargs]
+    raise InputError(f"{cls.__name__} needs {', '.join(missing)}; accepted: {', '.join(_names(cls))}")
 
 
 def _validated(cls: type[R], how: str, data: Any) -> R:

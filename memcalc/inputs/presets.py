@@ -24,7 +24,9 @@ T = TypeVar("T")
 KINDS = {"gpus": "GPU", "models": "model"}
 
 
+@cache
 def presets_dir() -> Path:
+    """The folder of the shipped presets (found once per process)."""
     here = Path(__file__).resolve().parent
     for candidate in (here.parent / "presets", here.parent.parent / "presets"):
         if candidate.is_dir():

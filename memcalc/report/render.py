@@ -315,8 +315,9 @@ class Fitted:
         # The width the table takes unwrapped, as rich lays it out with its default box and padding: every column's
         # widest line (header included) + two padding cells and a rule per column + the closing rule. Computed from
         # the cells' text, without rich's measuring pass.
-        self.natural = sum(max(cell_len(line) for text in [_plain(c.header), *map(_plain, c._cells)]
-                               for line in (text.splitlines() or [""])) for c in table.columns) + 3 * len(table.columns) + 1
+        self.widest = [max(cell_len(line) for text in [_plain(c.header), *map(_plain, c._cells)]
+                           for line in (text.splitlines() or [""])) for c in table.columns]
+        self.natural = sum(self.widest) + 3 * len(table.columns) + 1
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
         return Measurement.get(console, options, self.table)
@@ -324,7 +325,8 @@ class Fitted:
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Table]:
         width = options.max_width
         if self.natural <= width:
-            yield self.table
+            # Whole: every column at its widest line, given to rich, which then skips measuring every cell.
+            yield self._build(list(range(len(self.need))), self.widest, self.table.title, wrap=False)
             return
         parts = self.parts(width)
         if parts is None:  # narrower than the keys and one figure column: rich squeezes the table
@@ -369,12 +371,13 @@ class Fitted:
             out += [keys + c for c in fit]
         return out
 
-    def _build(self, cols: list[int], widths: list[int], title: object) -> Table:
+    def _build(self, cols: list[int], widths: list[int], title: object, wrap: bool = True) -> Table:
         t = copy.copy(self.table)
         t.title = title  # type: ignore[assignment]
-        # No figure is wider than its column, so none wraps; headers and prose wrap at spaces.
-        t.columns = [replace(c, width=w, min_width=None, max_width=None, overflow="fold", no_wrap=False, _index=n)
-                     for n, (c, w) in enumerate(zip((self.table.columns[i] for i in cols), widths))]  # fmt: skip
+        # No figure is wider than its column, so none wraps; headers and prose wrap at spaces (when they must).
+        picked = zip((self.table.columns[i] for i in cols), widths)
+        t.columns = [replace(c, width=w, min_width=None, max_width=None, overflow="fold", no_wrap=not wrap, _index=n)
+                     for n, (c, w) in enumerate(picked)]
         return t
 
 
