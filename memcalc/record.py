@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import types
 import typing
 from functools import cache
@@ -53,7 +54,14 @@ def bounded(default: Any = dataclasses.MISSING, *, ge: float | None = None, gt: 
 
 @cache
 def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+    """Each field's annotation, evaluated in its class's module (a third of ``typing.get_type_hints``'s time, paid
+    once per record class on the command line); ``get_type_hints`` where that is not enough."""
+    space = sys.modules[cls.__module__].__dict__
+    try:
+        return {f.name: eval(f.type, space) if isinstance(f.type, str) else f.type  # noqa: S307 (annotations)
+                for f in dataclasses.fields(cls)}
+    except NameError:
+        return typing.get_type_hints(cls)
 
 
 def _type_name(tp: Any) -> str:

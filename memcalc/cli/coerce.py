@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import math
 import types
-from dataclasses import dataclass
 from typing import Any, Union, get_args, get_origin
 
 from typer._click.exceptions import BadParameter
 from typer._coercion import RuntimeParam
+
+from memcalc.frozen import frozen
 
 _NAMES = {int: "integer", float: "float", str: "string", bool: "boolean"}
 
@@ -28,7 +29,7 @@ def _plain_type(annotation: Any) -> type | None:
     return annotation if annotation in _NAMES else None
 
 
-@dataclass(frozen=True)
+@frozen
 class PlainRuntimeParam(RuntimeParam):
     """Coerce a command-line string to a plain scalar, as typer's pydantic adapter would."""
 

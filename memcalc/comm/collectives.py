@@ -9,16 +9,21 @@ factor, and with a ring each rank sends factor x S bytes:
 
 from __future__ import annotations
 
-from fractions import Fraction
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from memcalc.units import ceil_div
+
+if TYPE_CHECKING:
+    from fractions import Fraction
 
 CollectiveOp = Literal["all-reduce", "reduce-scatter", "all-gather", "all-to-all", "broadcast", "reduce"]
 
 
 def bus_factor(op: CollectiveOp, n: int) -> Fraction:
-    """nccl-tests' bus-bandwidth factor for ``op`` on ``n`` ranks."""
+    """nccl-tests' bus-bandwidth factor for ``op`` on ``n`` ranks (exact; ``fractions`` and the ``decimal`` module it
+    loads are imported here, not by every estimate: 2 ms)."""
+    from fractions import Fraction
+
     if n < 1:
         raise ValueError(f"a collective needs at least one rank, got {n}")
     if op == "all-reduce":

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass
 from functools import cache
 
 from memcalc.comm.collectives import bus_factor
 from memcalc.errors import InputError, did_you_mean
+from memcalc.frozen import frozen
 
 PRIMITIVES = ("broadcast", "scatter", "gather", "reduce", "all-reduce", "all-gather", "reduce-scatter", "all-to-all",
               "send/recv")  # fmt: skip
@@ -28,7 +28,7 @@ _ALIASES = {"allreduce": "all-reduce", "allgather": "all-gather", "reducescatter
             "p2p": "send/recv"}  # fmt: skip
 
 
-@dataclass(frozen=True)
+@frozen
 class Link:
     """One GPU's port on one kind of link."""
 
@@ -47,7 +47,7 @@ class Link:
         return self.bandwidth * self.efficiency
 
 
-@dataclass(frozen=True)
+@frozen
 class Group:
     """The ranks of one collective: ``n`` in all, ``per_node`` of them inside each node."""
 
@@ -67,7 +67,7 @@ class Group:
         return cls(n, min(n, gpus_per_node))
 
 
-@dataclass(frozen=True)
+@frozen
 class PrimitiveTime:
     """One collective on a message of ``size_bytes`` (nccl-tests' S) over a group."""
 

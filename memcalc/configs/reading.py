@@ -12,11 +12,12 @@ import difflib
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 from memcalc.errors import InputError
+from memcalc.frozen import frozen
 
 MAX_BYTES = 1 << 20
 """Files larger than 1 MiB are refused before they are read (real configs are a few KiB)."""
@@ -24,7 +25,7 @@ MAX_DEPTH = 64
 """Nesting deeper than this is refused (real configs nest 3-4 levels)."""
 
 
-@dataclass(frozen=True)
+@frozen
 class ConfigReading:
     """One framework config file read into ``memcalc.estimate(**arguments)``."""
 

@@ -6,17 +6,17 @@ Plain frozen dataclasses: the inputs floor validates names against these tables,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 from memcalc.errors import InputError, did_you_mean
+from memcalc.frozen import frozen
 
 T = TypeVar("T")
 
 PrecisionName = Literal["fp32", "fp16-mixed", "bf16-mixed", "bf16", "amp-bf16", "amp-fp16"]
 
 
-@dataclass(frozen=True)
+@frozen
 class Precision:
     """Bytes per element of each model-state tensor under one training precision."""
 
@@ -111,7 +111,7 @@ def resolve_precision(text: str) -> Precision:
 OptimizerName = Literal["adamw", "sgd", "sgd-momentum", "adam-8bit", "paged-adam-8bit", "adafactor", "lion"]
 
 
-@dataclass(frozen=True)
+@frozen
 class Optimizer:
     """The optimizer's per-parameter state, apart from the master copy (which belongs to the precision)."""
 

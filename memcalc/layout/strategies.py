@@ -14,10 +14,10 @@ Sources:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 from memcalc.errors import InputError, did_you_mean
+from memcalc.frozen import frozen
 from memcalc.units import ceil_div
 
 Framework = Literal["ddp", "deepspeed", "fsdp"]
@@ -37,7 +37,7 @@ StrategyName = Literal[
 ]
 
 
-@dataclass(frozen=True)
+@frozen
 class StrategySpec:
     """One row of the strategy table."""
 

@@ -15,9 +15,9 @@ and SDPA's math fallback in fp32 on CPU when dropout is on.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
+from memcalc.frozen import frozen
 from memcalc.model.architecture import Architecture
 from memcalc.model.params import kv_heads_per_rank
 from memcalc.units import ceil_div
@@ -29,7 +29,7 @@ Split = Literal["tp", "seq", "none"]
 """tp: split over tensor-parallel ranks; seq: replicated under TP, split by sequence parallelism."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Saved:
     """One tensor kept for backward, per micro-batch, before TP/SP splitting."""
 
@@ -40,7 +40,7 @@ class Saved:
     """Part of core attention (QKᵀ, softmax, dropout, ·V): dropped by selective recompute."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Setting:
     """How the block runs: everything but the shape."""
 
@@ -189,7 +189,7 @@ def split_bytes(x: Saved, tp: int, sp: bool) -> int:
     return x.bytes
 
 
-@dataclass(frozen=True)
+@frozen
 class LayerActivations:
     """One layer's activations on one rank, per micro-batch."""
 

@@ -18,9 +18,9 @@ communicator (NCCL docs, env.html).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from memcalc.errors import InputError
+from memcalc.frozen import frozen
 from memcalc.units import GiB
 
 MIN_BLOCK = 512
@@ -77,7 +77,7 @@ def nccl_buffers(communicators: int, channels: int, peers: int, buffsize: int = 
     return communicators * channels * peers * buffsize
 
 
-@dataclass(frozen=True)
+@frozen
 class Fit:
     peak_allocated: int
     peak_reserved: int

@@ -9,10 +9,10 @@ owns directly (``recurse=False``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from memcalc.frozen import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class DeepSpeedEstimate:
     cpu: int
     """Host RAM per node, bytes."""

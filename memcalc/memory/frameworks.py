@@ -23,9 +23,9 @@ Measured on torch 2.13 (CPU, gloo; ``tests/validation``) and read from the code 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from math import prod
 
+from memcalc.frozen import frozen
 from memcalc.memory.zero3 import Zero3Settings, persistent, replay
 from memcalc.model.architecture import Architecture
 from memcalc.model.memo import per_architecture
@@ -33,7 +33,7 @@ from memcalc.model.tree import Node, Shape, module_tree, subtree_numel
 from memcalc.units import ceil_div
 
 
-@dataclass(frozen=True)
+@frozen
 class Unit:
     """One FSDP unit: a decoder layer, or the root (everything outside the layers)."""
 
@@ -130,7 +130,7 @@ def fsdp2_local(unit: Unit, n: int, rank: int) -> int:
     return total
 
 
-@dataclass(frozen=True)
+@frozen
 class Held:
     """Bytes one rank holds after an optimizer step."""
 
@@ -151,7 +151,7 @@ class Held:
     """DeepSpeed ZeRO-3: the most gathered parameter bytes held at once (its coordinator's live count)."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Issued:
     """One collective as the framework issues it, summed over calls in one step."""
 

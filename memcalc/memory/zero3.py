@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import deque
-from dataclasses import dataclass
 from math import prod
 
+from memcalc.frozen import frozen
 from memcalc.layout.plan import Zero3Settings
 from memcalc.model.architecture import Architecture
 from memcalc.model.memo import per_architecture
@@ -40,7 +40,7 @@ __all__ = ["Gathers", "Zero3Settings", "persistent", "replay"]
 AVAILABLE, INFLIGHT, NOT_AVAILABLE = "available", "inflight", "not available"
 
 
-@dataclass(frozen=True)
+@frozen
 class Gathers:
     """Elements all-gathered in one training step (each parameter padded to a multiple of dp), by phase."""
 
@@ -55,7 +55,7 @@ class Gathers:
     """The most elements the coordinator held gathered at once (its ``n_available_params``)."""
 
 
-@dataclass(frozen=True)
+@frozen
 class _Module:
     name: str
     params: tuple[str, ...]

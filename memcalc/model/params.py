@@ -10,14 +10,14 @@ split along the vocabulary.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
+from memcalc.frozen import frozen
 from memcalc.model.architecture import Architecture
 from memcalc.model.memo import per_architecture
 from memcalc.errors import InputError
 
 
-@dataclass(frozen=True)
+@frozen
 class Shard:
     """Tensor- and expert-parallel degrees a rank's weights are split by."""
 
@@ -66,7 +66,7 @@ def norm_params(arch: Architecture) -> int:
     return arch.hidden * (2 if arch.norm == "layernorm" and arch.norm_bias else 1)
 
 
-@dataclass(frozen=True)
+@frozen
 class LayerParams:
     attention: int
     mlp: int
@@ -100,7 +100,7 @@ def layer_params(arch: Architecture, moe: bool, shard: Shard = Shard()) -> Layer
     return LayerParams(attn, routed + shared, router, norms, one, routed)
 
 
-@dataclass(frozen=True)
+@frozen
 class ModelParams:
     """Every parameter group of a model (or of one rank's part of it)."""
 

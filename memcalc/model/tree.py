@@ -7,10 +7,11 @@ coordinator (``memcalc.memory.zero3``) walk this tree.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from math import prod
 
 from memcalc.errors import InputError
+from memcalc.frozen import frozen
 from memcalc.model.architecture import Architecture
 from memcalc.model.memo import per_architecture
 from memcalc.model.params import embedding_params, position_params
@@ -52,7 +53,7 @@ def layer_shapes(arch: Architecture, moe: bool) -> list[Shape]:
     return shapes
 
 
-@dataclass(frozen=True)
+@frozen
 class Node:
     """A module of the model as it is called: the parameters it registers itself, and its children in call order."""
 
@@ -71,7 +72,7 @@ class Node:
     """Its output needs a gradient, so it takes part in backward (not so for a rotary embedding's cos/sin)."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Layout:
     """How a Hugging Face model class calls its modules, parameter-less ones included: they run hooks too, and
     DeepSpeed ZeRO-3 prefetches at every hook (memcalc.memory.zero3). Read from transformers' modeling code; the forward

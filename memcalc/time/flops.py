@@ -17,11 +17,11 @@ Sources:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import cache
 from typing import Literal
 
 from memcalc.errors import InputError
+from memcalc.frozen import frozen
 from memcalc.model.architecture import Architecture
 from memcalc.model.params import kv_heads_per_rank
 
@@ -29,7 +29,7 @@ AttentionCount = Literal["full", "causal"]
 Recompute = Literal["none", "selective", "full", "op"]
 
 
-@dataclass(frozen=True)
+@frozen
 class Gemm:
     """A weight matmul one token goes through: (1 x k) @ (k x n), ``count`` times (MoE: top_k experts)."""
 
@@ -83,7 +83,7 @@ def attention_core_flops(arch: Architecture, seq: int, attention: AttentionCount
     return 2 * 2 * pairs * (arch.q_width // tp)
 
 
-@dataclass(frozen=True)
+@frozen
 class StepFlops:
     """FLOPs of one step over ``sequences`` sequences of ``seq`` tokens, whole model (all ranks together)."""
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass
 from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
 from memcalc.comm.timing import Link, interpolate
 from memcalc.errors import InputError, did_you_mean
+from memcalc.frozen import frozen
 
 Curve = tuple[tuple[float, float], ...]
 DTYPES = ("bf16", "fp16", "fp8", "tf32")
@@ -107,7 +107,7 @@ def _curve(points: list, where: str, key: str) -> Curve:
     return tuple(out)
 
 
-@dataclass(frozen=True)
+@frozen
 class Cluster:
     """One kind of node and the network between nodes."""
 
@@ -126,7 +126,7 @@ class Cluster:
     """Per node, achievable (theoretical x host_memory_efficiency)."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Calibration:
     """Achievable rates of one GPU, each traced to a measurement or datasheet in its file."""
 
@@ -237,7 +237,7 @@ def load_calibration(gpu: str) -> Calibration:
     )  # fmt: skip
 
 
-@dataclass(frozen=True)
+@frozen
 class Machine:
     """A cluster with its GPU's calibration: the links as collectives see them."""
 
