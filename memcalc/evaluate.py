@@ -87,7 +87,7 @@ def _stage(plan: Plan, k: int, st: object) -> tuple[StageLoad, list[Row], list[R
             a += r.bytes
         gpu += acts
     gpu += overhead_rows(plan.cuda_context, plan.reserve)
-    layers = plan.arch.layers // plan.pp if plan.arch else 0
+    layers = paper.layer_count(plan, k) if plan.arch else 0
     load = StageLoad(k, psi_k, layers, flight, ms, a, ms + a + plan.cuda_context + plan.reserve)
     return load, gpu, host, issued
 
@@ -144,16 +144,23 @@ def _collectives(plan: Plan, issued: list, psi: int, stage: int, st: object) -> 
 
         rows = [implementation.collective(x, plan) for x in issued]
     else:
-        rows = traffic.data_parallel_collectives(psi, plan.spec, plan.shard_group_size, plan.replicas, plan.dp,
-                                                 plan.gpus_per_node, p.param_bytes, p.grad_bytes, p.low_dtype,
-                                                 plan.grad_accum, plan.intra_link, stride=plan.tp * plan.cp)
+        # Gradients are reduced over the shard domain: dp x cp ranks (stride tp) under shard_over dp-cp, else dp.
+        trainable = gathered = None
+        if plan.lora is not None and arch is not None:
+            from memcalc.model import lora as lr  # LoRA: only the adapters have gradients to reduce
+
+            sp = lr.split(psi, arch.layers, lr.layer_lora(arch, plan.lora), plan.lora.quantize, p.param_bytes)
+            trainable, gathered = sp.adapters, sp.frozen_bytes + sp.adapters * p.param_bytes
+        rows = traffic.data_parallel_collectives(psi, plan.spec, plan.shard_group_size, plan.replicas,
+                                                 plan.shard_domain, plan.gpus_per_node, p.param_bytes, p.grad_bytes,
+                                                 p.low_dtype, plan.grad_accum, plan.intra_link,
+                                                 stride=plan.domain_stride, trainable=trainable, gathered_bytes=gathered)
         if arch is None or st is None or (plan.model_parallel == 1 and plan.ep == 1):
             return rows  # already in step order, and no model-parallel traffic to merge
     if arch is not None and st is not None:
-        layers = paper.stage_layers(plan, stage)
         rows += traffic.model_parallel_collectives(
             tp=plan.tp, pp=plan.pp, cp=plan.cp, ep=plan.ep, dp=plan.dp, sp=plan.sequence_parallel, stage=stage,
-            virtual=plan.virtual_stages, layers=len(layers), moe_layers=paper.moe_layers(plan, stage),
+            virtual=plan.virtual_stages, layers=paper.layer_count(plan, stage), moe_layers=paper.moe_layers(plan, stage),
             tokens=st.s * st.b, hidden=arch.hidden, kv_width=arch.kv_width, top_k=arch.top_k,  # type: ignore[attr-defined]
             act_bytes=st.dtype_bytes, dtype=p.low_dtype, micro_batches=plan.grad_accum,  # type: ignore[attr-defined]
             full_recompute=plan.work is not None and plan.work.recompute == "full",
@@ -181,7 +188,7 @@ def notes(plan: Plan) -> list[str]:
         from memcalc.memory.realistic import why_not
 
         why = why_not(plan.arch, plan.precision.name, plan.optimizer.name, plan.spec.name, plan.work, plan.tp,
-                      plan.pp, plan.cp, plan.ep, plan.fsdp_version)
+                      plan.pp, plan.cp, plan.ep, plan.fsdp_version, lora=plan.lora)
         if why is not None:
             out.append(f"realistic accounting (the peak of a real step) not used: {why}")
     return out

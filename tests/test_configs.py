@@ -153,7 +153,8 @@ def test_accelerate_fsdp_samples() -> None:
                            "precision": "bf16-mixed", "gpus": 8}  # fmt: skip
     r = read_accelerate(DATA / "accelerate" / "nd.yaml")
     assert r.arguments["cp"] == 4 and r.arguments["fsdp"] == "FULL_SHARD"
-    assert any("dp_shard x cp = 8" in u for u in r.unmodelled)
+    # FSDP2 shards over accelerate's dp_shard_cp dimension, which memcalc now models (memcalc.layout.compose).
+    assert r.arguments["framework"] == "hf" and any("dp_shard x cp = 8" in u for u in r.notes)
     r = read_accelerate(DATA / "accelerate" / "multi_node.yaml")
     assert r.arguments == {"gpus_per_node": 4, "ddp": True, "precision": "fp32", "gpus": 8}
 
@@ -162,7 +163,8 @@ def test_torchtitan_llama3_samples() -> None:
     r = read_torchtitan(DATA / "torchtitan" / "v0.2.2_llama3_70b.toml", world_size=64)
     assert r.arguments == {"model": "llama-3-70b", "gpus": 64, "fsdp": "FULL_SHARD", "fsdp_version": 2, "tp": 8,
                            "sequence_parallel": True, "precision": "bf16-mixed", "seq_len": 8192, "micro_batch": 8,
-                           "recompute": "full", "optimizer": "adamw", "attention": "sdpa"}  # fmt: skip
+                           "recompute": "full", "optimizer": "adamw", "attention": "sdpa",
+                           "framework": "torchtitan"}  # fmt: skip  # its composition rules (memcalc.layout.compose)
     r = read_torchtitan(DATA / "torchtitan" / "v0.1.0_llama3_8b.toml", world_size=64)
     assert r.arguments["recompute"] == "selective" and r.arguments["micro_batch"] == 1
     assert not any("float8" in u for u in r.unmodelled)  # [float8] present, converter commented out

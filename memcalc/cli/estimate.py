@@ -1,6 +1,8 @@
-"""``memcalc estimate`` and ``memcalc compare``: one strategy, or several side by side."""
+"""``memcalc estimate`` and ``memcalc compare``: one strategy, or several side by side.
 
-from __future__ import annotations
+No ``from __future__ import annotations`` here: typer reads every option's annotation on each run, and evaluated
+annotations spare it evaluating seventy strings twice.
+"""
 
 from typing import Annotated
 
@@ -44,6 +46,9 @@ from memcalc.cli.options import (
     Ep,
     Sp,
     Vp,
+    FrameworkOpt,
+    ShardOver,
+    StageLayers,
     AccountingOpt,
     FsdpVersion,
     MinNumParams,
@@ -69,6 +74,9 @@ from memcalc.cli.options import (
     Units,
     Format,
     Json,
+    LoraRank,
+    LoraTargets,
+    Quantize,
 )
 from memcalc.errors import InputError
 
@@ -118,6 +126,9 @@ def estimate(
     ep: Ep = 1,
     sequence_parallel: Sp = False,
     virtual_stages: Vp = 1,
+    framework: FrameworkOpt = None,
+    shard_over: ShardOver = None,
+    stage_layers: StageLayers = None,
     accounting: AccountingOpt = "auto",
     zero_init: ZeroInit = True,
     buffer_factor: BufferFactor = 1.5,
@@ -145,6 +156,9 @@ def estimate(
     deepspeed: DeepSpeedConfig = None,
     accelerate_config: AccelerateConfig = None,
     torchtitan_config: TorchtitanConfig = None,
+    lora_rank: LoraRank = None,
+    lora_targets: LoraTargets = None,
+    quantize: Quantize = "none",
 ) -> None:
     """Memory per GPU and communication per step for one strategy."""
 
@@ -165,8 +179,10 @@ def estimate(
             reserve_gib=reserve_gib, model=model, hf_config=hf_config, layers=layers, hidden=hidden, heads=heads,
             kv_heads=kv_heads, ffn=ffn, vocab=vocab, seq_len=seq_len, micro_batch=micro_batch_arg(micro_batch),
             recompute=recompute.strip().lower(), attention=attention.strip().lower(), dropout=dropout,
-            device=device.strip().lower(), loss=loss.strip().lower(), optimizer_impl=optimizer_impl.strip().lower(), tp=tp, pp=pp, cp=cp, ep=ep, sequence_parallel=sequence_parallel,
-            virtual_stages=virtual_stages, accounting=accounting.strip().lower(), zero_init=zero_init,
+            device=device.strip().lower(), loss=loss.strip().lower(), optimizer_impl=optimizer_impl.strip().lower(),
+            tp=tp, pp=pp, cp=cp, ep=ep, sequence_parallel=sequence_parallel,
+            virtual_stages=virtual_stages, framework=framework, shard_over=shard_over, stage_layers=stage_layers,
+            accounting=accounting.strip().lower(), zero_init=zero_init,
             buffer_factor=buffer_factor, largest_layer_params=largest_layer_params, fsdp_version=fsdp_version,
             bucket_view=bucket_view, min_num_params=min_num_params, max_reuse_distance=max_reuse_distance,
             max_live_parameters=max_live_parameters, prefetch_bucket_size=prefetch_bucket_size,
@@ -174,6 +190,7 @@ def estimate(
             cluster=cluster, tokens=tokens, price_per_gpu_hour=price_per_gpu_hour, intra_node_gbps=intra_node_gbps,
             network_gbits_per_gpu=network_gbits_per_gpu, intra_node_efficiency=intra_node_efficiency,
             network_efficiency=network_efficiency, pcie_gbps=pcie_gbps, host_memory_gbps=host_memory_gbps,
+            lora_rank=lora_rank, lora_targets=lora_targets, quantize=quantize.strip().lower(),
         )  # fmt: skip
         result = run(**with_config(ctx, kwargs, deepspeed, accelerate_config, torchtitan_config))
         show(result, output_format(fmt, json), u)
@@ -205,7 +222,11 @@ def compare(
     attention: AttentionOpt = "eager",
     tp: Tp = 1,
     pp: Pp = 1,
+    cp: Cp = 1,
     sequence_parallel: Sp = False,
+    framework: FrameworkOpt = None,
+    shard_over: ShardOver = None,
+    stage_layers: StageLayers = None,
     cluster: ClusterOpt = None,
     tokens: Tokens = None,
     price_per_gpu_hour: Price = None,
@@ -213,6 +234,9 @@ def compare(
     units: Units = "gib",
     json: Json = False,
     fmt: Format = "table",
+    lora_rank: LoraRank = None,
+    lora_targets: LoraTargets = None,
+    quantize: Quantize = "none",
 ) -> None:
     """Every strategy side by side: memory parts, total, fit, host RAM, communication and step time (ranked)."""
 
@@ -220,7 +244,7 @@ def compare(
         from memcalc.api import compare as run
 
         for flag, value in (("--gpus", gpus), ("--gpus-per-node", gpus_per_node), ("--shard-group", shard_group),
-                            ("--grad-accum", grad_accum), ("--seq-len", seq_len), ("--tp", tp), ("--pp", pp)):  # fmt: skip
+                            ("--grad-accum", grad_accum), ("--seq-len", seq_len), ("--tp", tp), ("--pp", pp), ("--cp", cp)):  # fmt: skip
             positive(flag, value)
         u = units_arg(units)
         mb = micro_batch_arg(micro_batch)
@@ -232,8 +256,10 @@ def compare(
             gpu=gpu, precision=precision, optimizer=optimizer, grad_accum=grad_accum,
             cuda_context_gib=cuda_context_gib, reserve_gib=reserve_gib, model=model, hf_config=hf_config,
             seq_len=seq_len, micro_batch=mb, recompute=recompute.strip().lower(), attention=attention.strip().lower(),
-            tp=tp, pp=pp, sequence_parallel=sequence_parallel, cluster=cluster, tokens=tokens,
+            tp=tp, pp=pp, cp=cp, sequence_parallel=sequence_parallel, framework=framework, shard_over=shard_over,
+            stage_layers=stage_layers, cluster=cluster, tokens=tokens,
             price_per_gpu_hour=price_per_gpu_hour, network_gbits_per_gpu=network_gbits_per_gpu,
+            lora_rank=lora_rank, lora_targets=lora_targets, quantize=quantize.strip().lower(),
         )  # fmt: skip
         show(result, output_format(fmt, json), u)
 

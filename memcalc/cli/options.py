@@ -29,6 +29,9 @@ Cp = Annotated[int, typer.Option("--cp", help="Context-parallel degree.")]
 Ep = Annotated[int, typer.Option("--ep", help="Expert-parallel degree (MoE).")]
 Sp = Annotated[bool, typer.Option("--sequence-parallel", help="Megatron sequence parallelism (with --tp).")]
 Vp = Annotated[int, typer.Option("--virtual-stages", help="Model chunks per pipeline rank (interleaved 1F1B).")]
+FrameworkOpt = Annotated[str | None, typer.Option("--framework", help="The framework whose composition applies: hf, torchtitan, torchtune, megatron, deepspeed (what it can run, the group it shards over, its pipeline split).")]
+ShardOver = Annotated[str | None, typer.Option("--shard-over", help="Override: shard model states over dp-cp (data x context ranks, every CP framework's default) or dp (data-parallel ranks only).")]
+StageLayers = Annotated[str | None, typer.Option("--stage-layers", help="Decoder layers per pipeline stage, pp x virtual-stages entries adding up to the layers, e.g. 15,16,16,16,16,16,16,15.")]
 AccountingOpt = Annotated[str, typer.Option("--accounting", help="auto (default: realistic where it applies, else paper), realistic (the peak of a real step over its timeline, with the allocator), paper (ZeRO §5, Korthikanti), implementation (what DDP/FSDP/DeepSpeed really allocate and send) or deepspeed-estimator (DeepSpeed's own functions).")]
 FsdpVersion = Annotated[int, typer.Option("--fsdp-version", help="implementation accounting: 1 (FullyShardedDataParallel) or 2 (fully_shard).")]
 MinNumParams = Annotated[str | None, typer.Option("--min-num-params", help="implementation accounting, FSDP: size_based_auto_wrap_policy threshold (default: one unit per decoder layer).")]
@@ -66,16 +69,21 @@ HostGbps = Annotated[float | None, typer.Option("--host-memory-gbps", help="Over
 DeepSpeedConfig = Annotated[str | None, typer.Option("--deepspeed", help="A DeepSpeed JSON (ds_config.json): ZeRO stage, offload, precision, batch, ZeRO-3 knobs; flags you type win.")]
 AccelerateConfig = Annotated[str | None, typer.Option("--accelerate-config", help="An accelerate config YAML (distributed_type, num_processes, fsdp_config or deepspeed_config).")]
 TorchtitanConfig = Annotated[str | None, typer.Option("--torchtitan-config", help="A torchtitan job TOML (parallelism, batch, seq_len, activation checkpointing, model flavor).")]
+LoraRank = Annotated[int | None, typer.Option("--lora-rank", help="LoRA: train rank-R adapters (A: R x in, B: out x R) on a frozen base; needs the model's shape.")]
+LoraTargets = Annotated[str | None, typer.Option("--lora-targets", help="LoRA: projections that get adapters, comma-separated from q,k,v,o,gate,up,down (default: all of the family's, as peft's all-linear minus the head).")]
+Quantize = Annotated[str, typer.Option("--quantize", help="QLoRA: none or nf4 (the frozen base's linear weights in bitsandbytes NF4 with double quantization); needs --lora-rank.")]
 
 # --help groups the options by topic (plain text: no rich formatting to import for help).
 PANELS: dict[str, tuple[str, ...]] = {
     "Model": ("params", "model", "hf_config", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab"),
     "Batch and activations": ("seq_len", "micro_batch", "micro_batches", "grad_accum", "recompute", "attention",
                               "dropout", "device", "loss"),
-    "Layout": ("gpus", "gpus_per_node", "tp", "pp", "cp", "ep", "sequence_parallel", "virtual_stages"),
+    "Layout": ("gpus", "gpus_per_node", "tp", "pp", "cp", "ep", "sequence_parallel", "virtual_stages", "framework",
+               "shard_over", "stage_layers"),
     "Strategy": ("stage", "fsdp", "ddp", "strategy", "strategies", "offload_optimizer", "offload_params",
                  "shard_group"),
     "Precision and optimizer": ("precision", "optimizer", "optimizer_impl"),
+    "Fine-tuning": ("lora_rank", "lora_targets", "quantize"),
     "Hardware": ("gpu", "cluster", "cuda_context_gib", "reserve_gib"),
     "Accounting": ("accounting", "fsdp_version", "bucket_view", "min_num_params", "max_reuse_distance",
                    "max_live_parameters", "prefetch_bucket_size", "persistence_threshold", "zero3_step", "zero_init",

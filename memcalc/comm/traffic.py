@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from memcalc.comm.collectives import CollectiveOp, sent_bytes_per_rank
 from memcalc.layout.strategies import StrategySpec, shard_numel
+from memcalc.units import ceil_div
 
 
 class Collective(NamedTuple):
@@ -86,29 +87,42 @@ def data_parallel_collectives(
     grad_accum: int,
     intra_link: str,
     stride: int = 1,
+    trainable: int | None = None,
+    gathered_bytes: int | None = None,
 ) -> list[Collective]:
     """Collectives one GPU takes part in per optimizer step.
+
+    ``trainable`` (default Ψ) is the elements that have gradients to reduce and ``gathered_bytes`` (default
+    Ψ x param bytes) what one all-gather of the parameters carries: under LoRA only the adapters are reduced, while
+    ZeRO-3/FSDP gather the frozen base (NF4-packed under QLoRA) with them. (FSDP1 with one flat parameter mixing
+    frozen and trainable weights reduces the flat gradient, zeros included; peft's FSDP recipes wrap the adapters
+    apart from the base, which this follows.)
 
     ``n`` is the shard group (ZeRO's N; 1 when nothing is sharded), ``replicas`` the copies across
     which hybrid strategies all-reduce. Gathered/scattered tensors are padded to ⌈Ψ/n⌉·n elements,
     as the flat buffers the frameworks shard are. Groups of one rank send nothing and are left out.
-    ``world`` is the data-parallel degree; its ranks stand ``stride`` = tp x cp apart.
+    ``world`` is the size of the group that reduces gradients: dp x cp ranks standing ``stride`` = tp apart when
+    the frameworks' flattened data x context group shards (torchtitan ``dp_shard_cp``, Megatron-LM's data-parallel
+    group with context parallelism; ``memcalc.layout.compose``), else dp ranks standing tp x cp apart.
     """
     rows: list[Collective] = []
     sharded = spec.shards_params or spec.shards_grads or spec.shards_optimizer
     micro = grad_accum if spec.reduce_each_micro_batch else 1
+    grads = psi if trainable is None else trainable
 
     if not sharded:
         # DDP / ZeRO-0 / NO_SHARD: one all-reduce of all gradients per step (accumulated under no_sync).
         if world > 1:
             rows.append(
                 collective("all-reduce", "backward", "gradients", "data-parallel", world,
-                           _group_crosses_nodes(world * stride, gpus_per_node), intra_link, dtype, psi * grad_bytes, micro)
+                           _group_crosses_nodes(world * stride, gpus_per_node), intra_link, dtype, grads * grad_bytes, micro)
             )  # fmt: skip
         return rows
 
     group = "shard group" if spec.hybrid else "data-parallel"
     padded = shard_numel(psi, n) * n
+    gathered = padded * param_bytes if gathered_bytes is None else ceil_div(gathered_bytes, n) * n
+    reduced = shard_numel(grads, n) * n * grad_bytes
     crosses = _group_crosses_nodes(n * stride, gpus_per_node)
     gather = spec.param_gather
     # Appended in step order (forward, backward, optimizer step), as ``in_step_order`` would sort them.
@@ -116,16 +130,16 @@ def data_parallel_collectives(
         if gather in ("forward", "forward_and_backward"):
             rows.append(
                 collective("all-gather", "forward", "parameters", group, n, crosses, intra_link, dtype,
-                           padded * param_bytes, grad_accum)
+                           gathered, grad_accum)
             )  # fmt: skip
         if gather == "forward_and_backward":
             rows.append(
                 collective("all-gather", "backward", "parameters", group, n, crosses, intra_link, dtype,
-                           padded * param_bytes, grad_accum)
+                           gathered, grad_accum)
             )  # fmt: skip
         rows.append(
             collective("reduce-scatter", "backward", "gradients", group, n, crosses, intra_link, dtype,
-                       padded * grad_bytes, micro)
+                       reduced, micro)
         )  # fmt: skip
     if spec.hybrid and replicas > 1:
         # Each GPU all-reduces its 1/n gradient shard with the same shard on the other replicas; the
@@ -133,12 +147,12 @@ def data_parallel_collectives(
         rows.append(
             collective("all-reduce", "backward", "gradients", "replica group", replicas,
                        _group_crosses_nodes(world * stride, gpus_per_node), intra_link, dtype,
-                       shard_numel(psi, n) * grad_bytes, micro)
+                       shard_numel(grads, n) * grad_bytes, micro)
         )  # fmt: skip
     if n > 1 and gather == "after_step":
         rows.append(
             collective("all-gather", "optimizer step", "parameters", group, n, crosses, intra_link, dtype,
-                       padded * param_bytes, 1)
+                       shard_numel(grads, n) * n * param_bytes, 1)
         )  # fmt: skip
     return rows
 

@@ -279,19 +279,21 @@ def _fsdp(c: Collector, data: Mapping[str, Any], world: int | None, accounting: 
     c.arguments["fsdp_version"] = version
     strategy = _sharding(c, fsdp, version)
     replicate, shard, tp, cp = _mesh(c, data, version, world)
-    if replicate > 1 and shard > 1:
+    # accelerate's FSDP2 mesh is (dp_replicate, dp_shard_cp): the shard group spans dp_shard x cp ranks
+    # (src/accelerate/parallelism_config.py, dp_shard_cp_dim_names), which memcalc's --shard-group counts.
+    if replicate > 1 and shard * cp > 1:
         strategy = "HYBRID_SHARD" if strategy in ("FULL_SHARD", "HYBRID_SHARD") else "_HYBRID_SHARD_ZERO2"
-        c.arguments["shard_group"] = shard
-        c.note(f"dp_replicate {replicate} x dp_shard {shard}: hybrid sharding, shard group {shard}")
+        c.arguments["shard_group"] = shard * cp
+        within = f"dp_shard {shard}" + (f" x cp {cp}" if cp > 1 else "")
+        c.note(f"dp_replicate {replicate} x {within}: hybrid sharding, shard group {shard * cp}")
     elif replicate > 1:
         strategy = "NO_SHARD"
     c.arguments["fsdp"] = strategy
     if tp > 1:
         c.arguments["tp"] = tp
     if cp > 1:
-        c.arguments["cp"] = cp
-        c.unmodelled("parallelism_config.parallelism_config_cp_size",
-                     f"FSDP shards over dp_shard x cp = {shard * cp} ranks; memcalc shards over the data-parallel ranks only")
+        c.arguments.update(cp=cp, framework="hf")
+        c.note(f"FSDP2 shards over dp_shard x cp = {shard * cp} ranks (accelerate's dp_shard_cp mesh dimension)")
     for full, (key, value) in fsdp.items():
         path = f"fsdp_config.{key}"
         if full in ("fsdp_version", "fsdp_sharding_strategy", "fsdp_reshard_after_forward"):

@@ -61,7 +61,7 @@ def read_torchtitan(path: str | os.PathLike[str], *, world_size: int | None = No
         strategy = "SHARD_GRAD_OP" if keep else "FULL_SHARD"
         if replicate > 1:
             strategy = "_HYBRID_SHARD_ZERO2" if keep else "HYBRID_SHARD"
-            c.arguments["shard_group"] = shard
+            c.arguments["shard_group"] = shard * cp  # fully_shard on (dp_replicate, dp_shard_cp)
         c.arguments.update(fsdp=strategy, fsdp_version=2)
         if keep and reshard == "default":
             c.note("fsdp_reshard_after_forward 'default' keeps parameters gathered after forward under pipeline parallelism")
@@ -74,8 +74,9 @@ def read_torchtitan(path: str | os.PathLike[str], *, world_size: int | None = No
         c.arguments["sequence_parallel"] = True
         c.note("torchtitan's tensor parallelism always shards norms and dropouts over the sequence (sequence parallel)")
     if cp > 1:
-        c.unmodelled("parallelism.context_parallel_degree",
-                     f"FSDP shards over dp_shard x cp = {shard * cp} ranks; memcalc shards over dp = {replicate * shard} only")
+        c.note(f"FSDP shards over dp_shard x cp = {shard * cp} ranks (torchtitan's dp_shard_cp mesh dimension)")
+    c.arguments["framework"] = "torchtitan"
+    _pipeline(c, flat, pp)
     ep = get("parallelism.expert_parallel_degree", 1)
     if ep > 1:
         c.arguments["ep"] = ep
@@ -301,6 +302,57 @@ def _recompute(c: Collector, flat: Mapping[str, Any]) -> None:
         c.arguments["recompute"] = "none"
         if mode == "memory_budget":
             c.unmodelled("activation_checkpoint.mode", "memory-budget AC picks what to save at compile time")
+
+
+# torchtitan/distributed/pipeline_parallel.py: schedules that run one stage per rank (the rest run two by default).
+_SINGLE_STAGE_SCHEDULES = ("1f1b", "gpipe")
+
+
+def _pipeline(c: Collector, flat: Mapping[str, Any], pp: int) -> None:
+    """The stage split torchtitan's ``pipeline_llm`` builds (torchtitan/distributed/pipeline_parallel.py): the
+    modules listed per part (``module_fqns_per_model_part``), else ``generate_llm_fqn_per_model_part`` over
+    pp x stages-per-rank stages (``pipeline_parallel_layers_per_stage``: ceil((L + first + last) / it) stages)."""
+    keys = ("parallelism.pipeline_parallel_schedule", "parallelism.pipeline_parallel_first_stage_less_layers",
+            "parallelism.pipeline_parallel_last_stage_less_layers", "parallelism.pipeline_parallel_layers_per_stage",
+            "parallelism.module_fqns_per_model_part")  # fmt: skip
+    if pp <= 1:
+        return
+    for key in keys:
+        if key in flat:
+            c.used(key)
+    schedule = str(flat.get(keys[0], "1F1B"))
+    first, last, per, parts = (flat.get(k) for k in keys[1:])
+    first, last = (1 if first is None else first), (1 if last is None else last)
+    if "zbv" in schedule.lower() or "dualpipe" in schedule.lower():
+        c.unmodelled(keys[0], f"{schedule} places stages in a V (rank k runs stages k and 2pp-1-k); memcalc "
+                              "places them in a loop")  # fmt: skip
+    if parts:
+        split = tuple(sum(1 for m in part if str(m).startswith("layers.")) for part in parts)
+    else:
+        from memcalc.inputs.presets import load_model
+        from memcalc.layout.compose import torchtitan_split
+
+        preset = c.arguments.get("model")
+        if preset is None:
+            c.note("pipeline split: torchtitan's default weights assumed (the model has no memcalc preset)")
+            if per is None:
+                stages = pp * (1 if schedule.lower() in _SINGLE_STAGE_SCHEDULES else 2)
+                if stages > pp:
+                    c.arguments["virtual_stages"] = stages // pp
+            return
+        layers = load_model(preset).layers
+        if per is not None:
+            stages = -(-(layers + first + last) // per)
+        else:
+            stages = pp * (1 if schedule.lower() in _SINGLE_STAGE_SCHEDULES else 2)
+        if stages % pp:
+            raise c.fail(keys[3], f"{stages} stages do not divide over pp({pp})")
+        split = torchtitan_split(stages, layers, first, last)
+    if len(split) % pp:
+        raise c.fail(keys[4], f"{len(split)} model parts do not divide over pp({pp})")
+    if len(split) > pp:
+        c.arguments["virtual_stages"] = len(split) // pp
+    c.arguments["stage_layers"] = ",".join(map(str, split))
 
 
 def _leftovers(c: Collector, flat: Mapping[str, Any]) -> None:

@@ -98,6 +98,11 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "cp": _whole(1, shape.MAX_POSITIONS, "cp divides the sequence"),
     "ep": _whole(1, shape.MAX_EXPERTS, "ep divides the experts"),
     "virtual_stages": _whole(1, shape.MAX_LAYERS, "a model chunk holds at least one layer"),
+    "framework": ((lambda v: v is None or type(v) is str), "hf, torchtitan, torchtune, megatron, deepspeed, or None"),
+    "shard_over": ((lambda v: v is None or type(v) is str), "dp, dp-cp, or None"),
+    "stage_layers": ((lambda v: v is None or type(v) is str or (isinstance(v, (list, tuple))
+                                                               and all(type(n) is int for n in v))),
+                     "decoder layers per pipeline stage: '15,16,16,15', a list of whole numbers, or None"),
     "parallelism": _kind(Parallelism, text="a Parallelism, or None", none=True),
     "workload": _kind(Workload, text="a Workload, or None", none=True),
     "accounting": _one_of("auto", "realistic", "paper", "implementation", "deepspeed-estimator"),
@@ -112,13 +117,20 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "zero3_step": _one_of("steady", "first"),
     "cluster": _kind(*_PATH, text="a cluster preset such as 'dgx-h100', the path of a .toml file, or None", none=True),
     "tokens": _kind(int, float, str, text="a count of tokens such as 2e12 or 15T, or None", none=True),
+    "lora_rank": _maybe(_whole(1, 65_536, "LoRA's r; wider than any model's hidden size")),
+    "lora_targets": ((lambda v: v is None or type(v) is str or (isinstance(v, (list, tuple))
+                                                               and all(type(t) is str for t in v))),
+                     "comma-separated projection names such as 'q,k,v,o' (q, k, v, o, gate, up, down), a list of "
+                     "them, or None"),
+    "quantize": _kind(str, text="none, nf4"),
 }
 """Keywords of ``build_input`` checked here: (accepts?, what is accepted). The shape flags and ``hf_config`` are
 checked where they are read (``resolve_architecture``, ``Architecture``, ``memcalc.model.hf_config.read_bounded``)."""
 
 # A record replaces loose flags; a flag given beside it (not at its default) would be dropped, so it is refused.
 REPLACES = {
-    "parallelism": ("tp", "pp", "cp", "ep", "sequence_parallel", "virtual_stages"),
+    "parallelism": ("tp", "pp", "cp", "ep", "sequence_parallel", "virtual_stages", "framework", "shard_over",
+                    "stage_layers"),
     "workload": ("seq_len", "micro_batch", "recompute", "attention", "dropout", "device", "loss", "optimizer_impl"),
     "overheads": ("cuda_context_gib", "reserve_gib"),
 }

@@ -8,6 +8,7 @@ from typing import Literal
 from memcalc.errors import InputError
 from memcalc.record import Record, bounded, check_fields, record
 from memcalc.inputs.hardware import GPU, Cluster, Overheads
+from memcalc.inputs.finetune import Lora
 from memcalc.inputs.model import Model
 from memcalc.inputs.strategy import EstimatorOptions, FrameworkOptions, Parallelism, Strategy, Timing
 from memcalc.layout.dtypes import OPTIMIZERS, PRECISIONS, Optimizer, Precision
@@ -88,6 +89,8 @@ class EstimateInput(Record):
     framework: FrameworkOptions = FrameworkOptions()
     timing: Timing = Timing()
     """How the step is timed: cluster, link overrides, tokens and price (``memcalc.time``)."""
+    lora: Lora | None = None
+    """LoRA/QLoRA fine-tuning of a frozen base (``memcalc.model.lora``); None: every parameter trains."""
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -104,6 +107,8 @@ class EstimateInput(Record):
         if par.virtual_stages > 1 and par.pp == 1:
             raise InputError(f"--virtual-stages {par.virtual_stages} needs pipeline parallelism (--pp > 1)")
         arch = self.model.architecture
+        if self.lora is not None:
+            self._lora_applies(arch)
         self._accounting_applies(arch, dp)
         # A bare count has no layers to place on pipeline stages and no activations for tensor parallelism to
         # exchange: its tp/pp traffic cannot be counted, so a shape is needed rather than a split without traffic.
@@ -116,10 +121,7 @@ class EstimateInput(Record):
             from memcalc.model.params import check_tp
 
             check_tp(arch, par.tp)
-            if arch.layers % (par.pp * par.virtual_stages):
-                raise InputError(
-                    f"layers({arch.layers}) is not divisible by pp({par.pp}) * virtual_stages({par.virtual_stages})"
-                )
+            _ = self.stage_layers  # a split that does not add up, or one the framework would not make: one line
             if par.ep > 1 and (not arch.moe or arch.experts % par.ep):
                 raise InputError(f"ep({par.ep}) needs an MoE model whose experts ({arch.experts}) it divides")
             if self.workload is not None and arch.position == "learned" and self.workload.seq_len > arch.max_positions:
@@ -170,17 +172,43 @@ class EstimateInput(Record):
         if z3 and (spec.name != "zero-3" or self.accounting != "implementation"):
             raise InputError(f"{', '.join(z3)}: DeepSpeed ZeRO-3 coordinator settings, used only with --stage 3 "
                              f"--accounting implementation (got {spec.label}, --accounting {self.accounting})")  # fmt: skip
+        if par.stage_layers is not None and arch is None:
+            raise InputError("--stage-layers needs the model's shape: give --model, --hf-config or --layers/--hidden/...")
         if self.strategy.shard_group is not None and not spec.hybrid:
             raise InputError(
                 f"--shard-group applies to HYBRID_SHARD and _HYBRID_SHARD_ZERO2 only, not {spec.label}"
             )
         if spec.hybrid:
-            f = self.shard_group_size
-            if f > dp or dp % f:
-                raise InputError(f"--shard-group {f} must divide the data-parallel size {dp}")
-            span = f * par.tp * par.cp
+            f, domain = self.shard_group_size, self.shard_domain
+            if f > domain or domain % f:
+                what = f"dp({dp}) x cp({par.cp})" if self.shard_over == "dp-cp" and par.cp > 1 else f"{dp}"
+                raise InputError(f"--shard-group {f} must divide the data-parallel size {what}")
+            span = f * self.domain_stride
             if span > g and span % g:
                 raise InputError(f"--shard-group {f} spans nodes, so it must fill whole nodes of --gpus-per-node {g}")
+
+    def _lora_applies(self, arch: object) -> None:
+        """LoRA needs the shape (its targets are the model's projections) and the layouts its counts cover."""
+        from memcalc.model.lora import resolve_targets
+
+        assert self.lora is not None
+        resolve_targets(arch, self.lora.targets)  # type: ignore[arg-type]
+        par = self.parallelism
+        if par.tp > 1 or par.pp > 1 or par.ep > 1:
+            raise InputError(f"--lora-rank with --tp {par.tp} --pp {par.pp} --ep {par.ep}: adapters under tensor, "
+                             "pipeline or expert parallelism are not modelled; accepted: --tp 1 --pp 1 --ep 1")
+        if self.accounting in ("implementation", "deepspeed-estimator"):
+            raise InputError(f"--lora-rank: --accounting {self.accounting} replays full fine-tuning; accepted with "
+                             "LoRA: --accounting paper or realistic")
+
+    @property
+    def lora_plan(self) -> object:
+        """The core's ``LoraPlan`` (targets resolved against the shape), or None."""
+        if self.lora is None:
+            return None
+        from memcalc.model.lora import resolve_targets
+
+        return self.lora.plan(resolve_targets(self.model.architecture, self.lora.targets))
 
     def _accounting_applies(self, arch: object, dp: int) -> None:
         """The realistic accounting's inputs go with it; its set-ups are the ones it models."""
@@ -189,7 +217,7 @@ class EstimateInput(Record):
             from memcalc.memory.realistic import why_not
 
             why = why_not(arch, self.precision.name, self.optimizer.name, self.strategy.spec.name, w, par.tp,
-                          par.pp, par.cp, par.ep, self.framework.fsdp_version)
+                          par.pp, par.cp, par.ep, self.framework.fsdp_version, lora=self.lora)
             if why is not None:
                 raise InputError(f"--accounting realistic: {why}; use --accounting paper")
         elif w is not None:
@@ -214,22 +242,55 @@ class EstimateInput(Record):
         return max(1, min(self.dp, self.cluster.gpus_per_node // (self.parallelism.tp * self.parallelism.cp)))
 
     @property
+    def shard_over(self) -> str:
+        """dp-cp or dp: the override, else the framework's, else dp-cp (memcalc.layout.compose)."""
+        from memcalc.layout.compose import framework, shard_over
+
+        return shard_over(self.parallelism.shard_over, framework(self.parallelism.framework))
+
+    @property
+    def shard_domain(self) -> int:
+        """Ranks holding (shards of) one copy of the model states: dp x cp, or dp under ``shard_over`` dp."""
+        return self.dp * self.parallelism.cp if self.shard_over == "dp-cp" else self.dp
+
+    @property
+    def domain_stride(self) -> int:
+        """Ranks between neighbouring members of the shard domain (Megatron-LM's order tp, cp, dp, pp)."""
+        par = self.parallelism
+        return par.tp if self.shard_over == "dp-cp" else par.tp * par.cp
+
+    @property
+    def stage_layers(self) -> tuple[int, ...] | None:
+        """Decoder layers per model chunk: the explicit split, else the framework's (None: even); one line when
+        the split does not add up or the framework would not make it."""
+        from memcalc.layout.compose import check_stage_layers, default_split, framework
+
+        par, arch = self.parallelism, self.model.architecture
+        if arch is None:
+            return None
+        if par.stage_layers is not None:
+            check_stage_layers(par.stage_layers, arch.layers, par.pp, par.virtual_stages)
+            return par.stage_layers
+        return default_split(framework(par.framework), arch.layers, par.pp, par.virtual_stages)
+
+    @property
     def shard_group_size(self) -> int:
         """N in the ZeRO formulas: the ranks one copy of the model states is sharded over."""
         spec = self.strategy.spec
         if not (spec.shards_params or spec.shards_grads or spec.shards_optimizer):
             return 1
         if spec.hybrid:
-            return self.strategy.shard_group or self.dp_per_node
-        return self.dp
+            return self.strategy.shard_group or max(1, min(self.shard_domain,
+                                                           self.cluster.gpus_per_node // self.domain_stride))
+        return self.shard_domain
 
     @property
     def replicas(self) -> int:
-        """Copies of the sharded model states: dp / shard group for hybrids, 1 for plain sharding."""
+        """Copies of the sharded model states: domain / shard group for hybrids, 1 for plain sharding."""
         spec = self.strategy.spec
         if spec.hybrid:
-            return self.dp // self.shard_group_size
-        return self.dp if self.shard_group_size == 1 else 1
+            return self.shard_domain // self.shard_group_size
+        return self.shard_domain if self.shard_group_size == 1 else 1
 
     @property
     def dropout(self) -> float:

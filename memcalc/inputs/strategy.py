@@ -81,7 +81,8 @@ class Strategy(Record):
 
 @record
 class Parallelism(Record):
-    """Model parallelism. dp = gpus / (tp x pp x cp); ZeRO and FSDP shard over dp only."""
+    """Model parallelism. dp = gpus / (tp x pp x cp); ZeRO and FSDP shard over dp x cp (the frameworks' flattened
+    data x context group; ``shard_over="dp"`` for dp only)."""
 
     tp: int = bounded(default=1, gt=0, le=MAX_HEADS, why="tp divides the attention heads")
     """Tensor-parallel degree (Megatron); 1 means disabled."""
@@ -95,6 +96,13 @@ class Parallelism(Record):
     """Megatron sequence parallelism: norms and dropouts split over the tp ranks."""
     virtual_stages: int = bounded(default=1, gt=0, le=MAX_LAYERS, why="a model chunk holds at least one layer")
     """Model chunks per pipeline rank (interleaved 1F1B); 1 means the plain schedule."""
+    framework: Literal["hf", "torchtitan", "torchtune", "megatron", "deepspeed"] | None = None
+    """The framework whose composition applies (memcalc.layout.compose): what it can run, the group it shards over,
+    how it splits layers over pipeline stages. None: dp x cp sharding, the even split."""
+    shard_over: Literal["dp", "dp-cp"] | None = None
+    """Override: the ranks model states are sharded over, dp or dp-cp (None: the framework's, else dp-cp)."""
+    stage_layers: tuple[int, ...] | None = None
+    """Decoder layers per pipeline stage (pp x virtual_stages entries, in stage order); None: the framework's split."""
 
     @property
     def model_parallel(self) -> int:
@@ -102,6 +110,9 @@ class Parallelism(Record):
 
     def __post_init__(self) -> None:
         check_fields(self)
+        from memcalc.layout.compose import check_framework, framework
+
+        check_framework(framework(self.framework), self.cp, self.pp)
 
 
 @record

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from memcalc.frozen import frozen
 from memcalc.layout.dtypes import Optimizer, Precision
 from memcalc.layout.strategies import StrategySpec
 from memcalc.model.architecture import Architecture
+from memcalc.model.lora import LoraPlan
 
 
 def nodes(gpus: int, gpus_per_node: int) -> int:
@@ -24,7 +26,7 @@ def ranks_per_node(gpus: int, gpus_per_node: int) -> int:
     return min(gpus, gpus_per_node)
 
 
-@dataclass(frozen=True)
+@frozen
 class Zero3Settings:
     """DeepSpeed's zero_optimization settings that decide what ZeRO-3 gathers, in elements (defaults: DeepSpeed
     0.19's, runtime/zero/config.py)."""
@@ -39,7 +41,7 @@ class Zero3Settings:
     """stage3_param_persistence_threshold: parameters of at most this many elements stay whole on every rank."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Work:
     """One micro-batch: what activation memory depends on."""
 
@@ -59,9 +61,12 @@ class Work:
     """foreach, fused, for-loop or in-backward."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Plan:
-    """Everything the core needs for one estimate, as numbers, strings and small frozen tables."""
+    """Everything the core needs for one estimate, as numbers, strings and small frozen tables.
+
+    Compared by identity (``eq=False``): a plan is evaluated, not looked up, and the 38-field ``__eq__`` and
+    ``__hash__`` dataclasses would generate cost a millisecond at every start of the command line."""
 
     psi: int
     """Ψ for a bare parameter count; 0 when ``arch`` gives the shape."""
@@ -97,26 +102,46 @@ class Plan:
     zero_init: bool = True
     buffer_factor: float = 1.5
     largest_layer_params: int | None = None
+    shard_over: str = "dp-cp"
+    """The ranks model states are sharded and gradients reduced over: dp-cp (data x context ranks, as torchtitan,
+    Megatron-LM, DeepSpeed-Ulysses and accelerate do: memcalc.layout.compose) or dp (data-parallel ranks only)."""
+    stage_layers: tuple[int, ...] | None = None
+    """Decoder layers of each model chunk (pp x virtual_stages entries, chunk c on pipeline rank c % pp); None: the
+    even split."""
+    lora: LoraPlan | None = None
+    """LoRA adapters on a frozen base (QLoRA: the base's linear weights in NF4); None: every parameter trains."""
     dp: int = field(init=False, repr=False, compare=False)
     """Data-parallel degree: gpus / (tp x pp x cp). Derived, like ``shard_group_size`` and ``replicas``."""
     shard_group_size: int = field(init=False, repr=False, compare=False)
     """N in the ZeRO formulas: the ranks one copy of the model states is sharded over."""
     replicas: int = field(init=False, repr=False, compare=False)
-    """Copies of the sharded model states: dp / shard group for hybrids, dp when nothing is sharded, else 1."""
+    """Copies of the sharded model states: domain / shard group for hybrids, the domain when nothing is sharded,
+    else 1 (the domain: dp x cp ranks under ``shard_over`` dp-cp, else dp)."""
+    shard_domain: int = field(init=False, repr=False, compare=False)
+    """Ranks that hold (shards of) the same model states and reduce gradients together: dp x cp or dp."""
 
     def __post_init__(self) -> None:
         # Derived once per plan (the core reads them many times per evaluation).
         dp = self.gpus // (self.tp * self.pp * self.cp)
+        domain = dp * self.cp if self.shard_over == "dp-cp" else dp
         spec = self.spec
         if not (spec.shards_params or spec.shards_grads or spec.shards_optimizer):
             n = 1
         elif spec.hybrid:
-            n = self.shard_group or max(1, min(dp, self.gpus_per_node // (self.tp * self.cp)))
+            # One node's worth of the domain's ranks (its members stand domain_stride ranks apart).
+            n = self.shard_group or max(1, min(domain, self.gpus_per_node // self.domain_stride))
         else:
-            n = dp
+            n = domain
         object.__setattr__(self, "dp", dp)
+        object.__setattr__(self, "shard_domain", domain)
         object.__setattr__(self, "shard_group_size", n)
-        object.__setattr__(self, "replicas", dp // n if spec.hybrid else (dp if n == 1 else 1))
+        object.__setattr__(self, "replicas", domain // n if spec.hybrid else (domain if n == 1 else 1))
+
+    @property
+    def domain_stride(self) -> int:
+        """Ranks between neighbouring members of the shard domain in Megatron-LM's order (tp, cp, dp, pp): tp when
+        the domain is the flattened dp x cp group, tp x cp when it is dp alone."""
+        return self.tp if self.shard_over == "dp-cp" else self.tp * self.cp
 
     @property
     def model_parallel(self) -> int:

@@ -37,7 +37,10 @@ def param_groups(plan: Plan, stage: int) -> tuple[int, list[ParamGroup]]:
     n, arch = plan.shard_group_size, plan.arch
     if arch is None:  # a bare count: no model parallelism (the inputs ask for the shape with tp or pp)
         return plan.psi, [ParamGroup(plan.psi, n)]
-    total, routed = _held(arch, stage, plan.pp, plan.tp, plan.ep)
+    if plan.stage_layers is None:
+        total, routed = _held(arch, stage, plan.pp, plan.tp, plan.ep)
+    else:
+        total, routed = _held_split(arch, stage, plan.pp, plan.tp, plan.ep, plan.stage_layers)
     groups = [ParamGroup(total - routed, n)]
     if routed:
         # Megatron-LM's expert-data-parallel group: routed experts are replicated over dp/ep ranks only.
@@ -52,6 +55,24 @@ def _held(arch: Architecture, stage: int, pp: int, tp: int, ep: int) -> tuple[in
 
     held = stage_params(arch, stage, pp, Shard(tp, ep))
     return held.total, sum(x.routed for x in held.layers)
+
+
+@per_architecture
+def _held_split(arch: Architecture, stage: int, pp: int, tp: int, ep: int, split: tuple[int, ...]) -> tuple[int, int]:
+    """``_held`` under an explicit split: the rank's chunks' layers, the embeddings on rank 0, the final norm and
+    head on the last rank (a tied head is a copy of the embedding there when pp > 1, as ``stage_params`` counts)."""
+    from memcalc.layout.compose import rank_layers
+    from memcalc.model.params import Shard, embedding_params, model_params
+
+    whole = model_params(arch, Shard(tp, ep))
+    layers = [whole.layers[i] for r in rank_layers(split, pp, stage) for i in r]
+    total, routed = sum(x.total for x in layers), sum(x.routed for x in layers)
+    if stage == 0:
+        total += whole.embeddings + whole.positions + whole.embedding_norm
+    if stage == pp - 1:
+        head = whole.head if not arch.tied_embeddings else (embedding_params(arch, tp) if pp > 1 else 0)
+        total += whole.final_norm + head
+    return total, routed
 
 
 @per_architecture
@@ -71,12 +92,13 @@ def _layer_bytes(arch: Architecture, st: act.Setting, tp: int, sp: bool, recompu
 def moe_layers(plan: Plan, stage: int) -> int:
     """MoE layers on pipeline stage ``stage``."""
     assert plan.arch is not None
-    layers = stage_layers(plan, stage)
-    return _moe_layers(plan.arch, layers.start, layers.stop)
+    return sum(_moe_layers(plan.arch, r.start, r.stop) for r in stage_chunks(plan, stage))
 
 
 def model_state_rows(plan: Plan, groups: list[ParamGroup]) -> list[Row]:
     """Every model-state tensor of one rank, one row per tensor per location it occupies."""
+    if plan.lora is not None:
+        return lora_state_rows(plan, groups[0])
     p, opt, spec = plan.precision, plan.optimizer, plan.spec
     opt_dev, param_dev = plan.optimizer_device, plan.offload_params
     b_mom = opt.moment_bytes_for(p)
@@ -96,6 +118,52 @@ def model_state_rows(plan: Plan, groups: list[ParamGroup]) -> list[Row]:
         _STATE_KEYS, _state_labels(p, opt, spec, plan.shard_group_size), sums
     ):
         rows.append(Row(key, label, on_gpu, "gpu", "model_state", offloaded if on_gpu == 0 and (cpu or nvme) else detail))
+        if cpu:
+            rows.append(Row(key, label, cpu, "cpu", "model_state", "on cpu: " + detail))
+        if nvme:
+            rows.append(Row(key, label, nvme, "nvme", "model_state", "on nvme: " + detail))
+    return rows
+
+
+def lora_state_rows(plan: Plan, group: ParamGroup) -> list[Row]:
+    """LoRA (Hu et al. 2021 §4): the frozen base has no gradient, master copy or optimizer state and is sharded like
+    any parameter (ZeRO-3, FULL_SHARD); the adapters are trainable parameters under the ZeRO rows (§3.1, §5). QLoRA:
+    the base's linear weights in NF4 (``memcalc.model.lora.nf4_bytes``)."""
+    from memcalc.model import lora as lr
+
+    arch, lp = plan.arch, plan.lora
+    assert arch is not None and lp is not None
+    p, opt, spec, n = plan.precision, plan.optimizer, plan.spec, group.n
+    opt_dev, param_dev = plan.optimizer_device, plan.offload_params
+    layer = lr.layer_lora(arch, lp)
+    sp = lr.split(group.psi, arch.layers, layer, lp.quantize, p.param_bytes)
+    a, div = sp.adapters, f"/{n}" if n > 1 else ""
+    b_mom = opt.moment_bytes_for(p)
+    base = "nf4" if lp.quantize == "nf4" else p.low_dtype
+    how = (f"NF4 linear weights (bitsandbytes, double quantization) + the rest at {p.param_bytes} B"
+           if lp.quantize == "nf4" else f"{p.param_bytes}Ψ_frozen")
+    src = f"r = {lp.rank} on {','.join(lp.targets)} x {arch.layers} layers"
+    placed = (
+        ("parameters_frozen", f"parameters (frozen base, {base})",
+         states.parameter_bytes(sp.frozen_bytes, 1, spec.shards_params, n, param_dev),
+         f"{how}{div if spec.shards_params else ''}; no gradients or optimizer states"),
+        ("parameters_adapters", f"parameters (LoRA adapters, {p.low_dtype})",
+         states.parameter_bytes(a, p.param_bytes, spec.shards_params, n, param_dev),
+         f"{p.param_bytes}Ψ_lora{div if spec.shards_params else ''}, Ψ_lora = {a:,} ({src})"),
+        ("gradients", f"gradients (LoRA adapters, {p.low_dtype})",
+         states.gradient_bytes(a, p.grad_bytes, spec.shards_grads, spec.shards_optimizer, n, opt_dev),
+         f"{p.grad_bytes}Ψ_lora{div if spec.shards_grads else ''} (ZeRO §5.2; adapters only)"),
+        ("master_weights", "master weights (LoRA adapters, fp32)",
+         states.master_bytes(a, p.master_bytes, spec.shards_optimizer, n, opt_dev),
+         f"{p.master_bytes}Ψ_lora{div if spec.shards_optimizer else ''} (ZeRO §3.1; adapters only)"),
+        ("optimizer_moments", f"optimizer moments (LoRA adapters, {opt.name})",
+         states.moment_bytes(a, opt.moments, b_mom, spec.shards_optimizer, n, opt_dev),
+         f"{opt.moments}x{b_mom}Ψ_lora{div if spec.shards_optimizer else ''} ({opt.source}; adapters only)"),
+    )
+    rows: list[Row] = []
+    for key, label, (on_gpu, cpu, nvme), detail in placed:
+        rows.append(Row(key, label, on_gpu, "gpu", "model_state",
+                        ("offloaded: " if on_gpu == 0 and (cpu or nvme) else "") + detail))
         if cpu:
             rows.append(Row(key, label, cpu, "cpu", "model_state", "on cpu: " + detail))
         if nvme:
@@ -137,6 +205,21 @@ def stage_layers(plan: Plan, stage: int) -> range:
     return range(stage * per, (stage + 1) * per)
 
 
+def stage_chunks(plan: Plan, stage: int) -> tuple[range, ...]:
+    """The decoder layers pipeline rank ``stage`` runs, one range per model chunk: the plan's explicit split
+    (``memcalc.layout.compose.rank_layers``), else the even split as one range."""
+    if plan.stage_layers is None:
+        return (stage_layers(plan, stage),)
+    from memcalc.layout.compose import rank_layers
+
+    return rank_layers(plan.stage_layers, plan.pp, stage)
+
+
+def layer_count(plan: Plan, stage: int) -> int:
+    """Decoder layers on pipeline rank ``stage``."""
+    return sum(len(r) for r in stage_chunks(plan, stage))
+
+
 def activation_rows(plan: Plan, stage: int, st: act.Setting) -> tuple[list[Row], float]:
     """Activation rows of one pipeline stage's GPU, and the micro-batches it holds in flight."""
     from memcalc.memory import activations as act
@@ -144,9 +227,8 @@ def activation_rows(plan: Plan, stage: int, st: act.Setting) -> tuple[list[Row],
     arch, w = plan.arch, plan.work
     assert arch is not None and w is not None
     tp, sp = plan.tp, plan.sequence_parallel
-    indices = stage_layers(plan, stage)
-    per = len(indices)
-    n_moe = _moe_layers(arch, indices.start, indices.stop)
+    per = layer_count(plan, stage)
+    n_moe = moe_layers(plan, stage)
     dense = _layer_bytes(arch, st, tp, sp, w.recompute, False)
     moe = _layer_bytes(arch, st, tp, sp, w.recompute, True) if n_moe else 0
     flight = act.pipeline_in_flight(stage, plan.pp, plan.grad_accum, plan.virtual_stages)
@@ -166,11 +248,26 @@ def activation_rows(plan: Plan, stage: int, st: act.Setting) -> tuple[list[Row],
                         "final norm and output head input"))
         rows.append(Row("activations_logits", "activations: logits + fp32 loss copy", logits, "gpu", "activation",
                         f"s·b·v x {st.dtype_bytes} + 4·s·b·v (v = {arch.padded_vocab}{', /tp' if tp > 1 else ''})"))
+    if plan.lora is not None:
+        # peft's LoRA Linear: lora_B(lora_A(x)) saves x (the tensor the frozen matmul would have saved for its
+        # weight gradient: same storage, already counted above) and A's output, r wide, for B's weight gradient.
+        from memcalc.model.lora import targeted
+
+        r_wide = len(targeted(arch, plan.lora)) * st.s * st.b * plan.lora.rank * st.dtype_bytes
+        rows.append(Row("activations_lora", f"activations: LoRA x·A ({per} layers)", round(per * r_wide * flight),
+                        "gpu", "activation", f"s·b·r x {st.dtype_bytes} per target per layer (A's output, saved for "
+                        "B's gradient); the layers' rows keep the frozen projections' inputs (an upper bound where "
+                        "a projection has no adapter)"))
     rot = sum(x.bytes for x in act.rotary_saved(arch, st))
     if rot:
         rows.append(Row("activations_rotary", "activations: rotary tables", rot, "gpu", "activation",
                         "cos, sin shared by every layer"))
     return rows, flight
+
+
+LORA_COMM_NOTE = ("LoRA: only the adapters' gradients are reduced; ZeRO-3/FSDP gather the frozen base with them "
+                  "(NF4-packed under QLoRA), and FSDP1 wrapping base and adapters in one flat parameter would "
+                  "reduce the whole flat gradient")
 
 
 def notes(plan: Plan) -> list[str]:
@@ -187,6 +284,8 @@ def notes(plan: Plan) -> list[str]:
         out.append("offloaded parameters are fetched to the GPU layer by layer; that working copy is not counted")
     if plan.optimizer.note:
         out.append(plan.optimizer.note)
+    if plan.lora is not None and plan.shard_domain > 1:
+        out.append(LORA_COMM_NOTE)
     if plan.sequence_parallel and plan.tp == 1:
         out.append("sequence parallelism has no effect without tensor parallelism (tp = 1)")
     if plan.gpus < plan.gpus_per_node:

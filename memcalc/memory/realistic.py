@@ -33,8 +33,12 @@ SHARDED_FAMILIES = ("llama", "mistral", "qwen2")
 
 
 def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any, tp: int = 1, pp: int = 1,
-            cp: int = 1, ep: int = 1, fsdp_version: int = 2) -> str | None:
+            cp: int = 1, ep: int = 1, fsdp_version: int = 2, lora: Any = None) -> str | None:
     """Why the realistic accounting does not apply to this set-up (one line), or None when it does."""
+    if lora is not None:
+        why = _why_not_lora(arch, strategy, work)
+        if why is not None:
+            return why
     if arch is None:
         return "the realistic accounting needs the model's shape"
     if work is None:
@@ -65,6 +69,19 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
     return None
 
 
+def _why_not_lora(arch: Any, strategy: str, work: Any) -> str | None:
+    """LoRA's step (peft on Hugging Face code) is modelled for Llama-style layers on one GPU or DDP."""
+    from memcalc.memory.saved import LLAMA_LIKE
+
+    if arch is not None and arch.family not in LLAMA_LIKE:
+        return f"LoRA: the realistic accounting models peft on {', '.join(LLAMA_LIKE)} layers"
+    if strategy != "ddp":
+        return "LoRA: the realistic accounting covers one GPU and DDP so far"
+    if work is not None and getattr(work, "recompute", "none") not in ("none", "full"):
+        return "LoRA: the realistic accounting models recompute none or full"
+    return None
+
+
 class Realistic(NamedTuple):
     rows: list[Row]
     """The parts alive at the peak moment, then the allocator's, the context's and NCCL's."""
@@ -79,12 +96,18 @@ class Realistic(NamedTuple):
     """Each phase's own peak of allocated bytes (layers folded into forward and backward)."""
 
 
-_KEYS = {"parameters": ("parameters", "model_state"), "optimizer states": ("optimizer_moments", "model_state"),
+_KEYS = {"parameters": ("parameters", "model_state"),
+         "parameters (frozen base)": ("parameters_frozen", "model_state"),
+         "parameters (frozen base, nf4)": ("parameters_frozen", "model_state"),
+         "parameters (LoRA adapters)": ("parameters_adapters", "model_state"), "optimizer states": ("optimizer_moments", "model_state"),
          "gradients": ("gradients", "model_state"), "cuBLAS workspaces (forward, backward threads)":
          ("cublas_workspace", "overhead")}
 
 
 _DETAIL = (
+    ("frozen base, nf4", "bitsandbytes NF4, double quantization (model/lora.py nf4_bytes); the rest in the weight dtype"),
+    ("frozen base", "the frozen weights: no gradients, no optimizer states"),
+    ("LoRA adapters", "A (r x in) and B (out x r) of each target; their gradients and AdamW states are the only ones"),
     ("parameters", "the weights, alive all step (fp32 under autocast)"),
     ("optimizer states", "AdamW's moments (and 8-bit statistics), alive all step"),
     ("loss gradients", "log-softmax backward: its fp32 output and input gradients, 8 bytes per logit element"),
@@ -119,14 +142,14 @@ def evaluate(plan: Plan) -> Realistic:
                   s=w.seq_len, b=w.micro_batch, recompute=w.recompute, optimizer_impl=w.optimizer_impl,
                   optimizer_states=OPTIMIZER_STATES[plan.optimizer.name], loss=w.loss, device=w.device,
                   position_ids=False, use_cache=False,
-                  world=plan.shard_group_size if sharded else 1, fsdp_param_dtype=policy)
+                  world=plan.shard_group_size if sharded else 1, fsdp_param_dtype=policy, lora=plan.lora)
     peak = tl.peak
     rows = [_row(name, n, plan) for name, n in peak.parts]
     allocated = peak.live_bytes
     if plan.dp > 1 and not plan.bucket_view and not sharded:
         # torch DDP (torch/nn/parallel/distributed.py): gradient buckets are a second copy of the gradients, made at
         # construction and alive for the whole run (gradient_as_bucket_view=False, the default).
-        grads = sum(n for name, n in peak.parts if name == "parameters")
+        grads = sum(n for name, n in peak.parts if name in ("parameters", "parameters (LoRA adapters)"))
         rows.append(Row("gradient_buckets", "DDP gradient buckets", grads, "gpu", "model_state",
                         "a copy of the gradients, as large as the parameters (gradient_as_bucket_view=False)"))
         allocated += grads
@@ -171,6 +194,21 @@ def notes(plan: Plan) -> list[str]:
         out.append(f"FULL_SHARD: FSDP2 fully_shard per decoder layer and on the root over {plan.shard_group_size} "
                    "ranks (rank 0's padded shards; the root stays gathered from forward to backward; one layer "
                    f"gathered and the next prefetched; {policy}); NCCL buffers counted as for one communicator")
+    if plan.lora is not None:
+        lp = plan.lora
+        out.append(f"LoRA r = {lp.rank} on {','.join(lp.targets)}{' over an NF4 base (QLoRA)' if lp.quantize == 'nf4' else ''}: "
+                   "peft with lora_dropout=0 and enable_input_require_grads(); layer saved tensors exact against a "
+                   "census of a peft model on CPU; the layers' backward transients are the full model's (an upper "
+                   "bound)" + ("; a dequantized weight bitsandbytes' kernels may make per use (at most the largest "
+                              "linear in the compute dtype) is not counted" if lp.quantize == "nf4" else ""))
+        if plan.precision.name == "bf16":
+            out.append("LoRA under pure bf16: adapters in bf16 (peft get_peft_model(autocast_adapter_dtype=False)); "
+                       "peft's default keeps them in fp32, and each lora_A then saves an fp32 copy of its input "
+                       "(a Llama layer saves 1.77x as much, measured on CPU): not modelled")
+        if plan.dp > 1:
+            from memcalc.memory.paper import LORA_COMM_NOTE
+
+            out.append(LORA_COMM_NOTE)
     if plan.precision.name == "amp-fp16":
         out.append("amp-fp16 saves what amp-bf16 does (2-byte casts); the GradScaler's few bytes are left out")
     return out

@@ -28,10 +28,10 @@ SDPA on CUDA runs the memory-efficient kernel instead of math: not modelled (use
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from memcalc.errors import InputError
+from memcalc.frozen import frozen
 from memcalc.model.architecture import Architecture
 
 Regime = Literal["fp32", "bf16", "amp-bf16"]
@@ -41,7 +41,7 @@ FAMILIES = (*LLAMA_LIKE, "gpt2", "gpt_neox", "opt", "bloom", "falcon")
 REGIMES = ("fp32", "bf16", "amp-bf16")
 
 
-@dataclass(frozen=True)
+@frozen
 class SavedTensor:
     """One storage kept for backward, per micro-batch."""
 
@@ -51,7 +51,7 @@ class SavedTensor:
     """``weight_cast``: a bf16 copy of a weight that autocast made and a matmul saved (scales with parameters)."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Shape:
     """The numbers the formulas read, from an ``Architecture`` and (s, b)."""
 
@@ -166,13 +166,16 @@ def _weight_casts(x: Shape, family: str) -> list[SavedTensor]:
 
 def layer_saved(arch: Architecture, *, family: str, regime: Regime, attention: str, s: int, b: int,
                 recompute: bool = False, device: str = "cpu",
-                rotary_dims: int | None = None) -> list[SavedTensor]:  # fmt: skip
-    """Every storage one decoder layer of ``family`` saves for backward, per micro-batch."""
+                rotary_dims: int | None = None, lora: Any = None) -> list[SavedTensor]:  # fmt: skip
+    """Every storage one decoder layer of ``family`` saves for backward, per micro-batch (``lora``: a
+    ``memcalc.model.lora.LoraPlan``, peft adapters on a frozen base: ``_lora_layer``)."""
     _check(family, regime, attention)
     d, r, amp = _dtypes(regime)
     x, cuda = shape(arch, s, b, rotary_dims), device == "cuda"
     if recompute:
         return [SavedTensor("layer input (checkpoint)", r * x.t * x.h)]
+    if lora is not None:
+        return _lora_layer(arch, x, family, attention, d, r, amp, cuda, lora)
     out = _norm(x, family, r, amp, "norm 1", cuda=cuda)
     if family in LLAMA_LIKE or family == "opt":
         out += _inputs(x, d, amp, ("q", "k", "v"))
@@ -189,6 +192,44 @@ def layer_saved(arch: Architecture, *, family: str, regime: Regime, attention: s
     out += _mlp(x, family, d, amp, cuda)
     if amp:
         out += _weight_casts(x, family)
+    return out
+
+
+def _lora_layer(arch: Architecture, x: Shape, family: str, attention: str, d: int, r: int, amp: bool, cuda: bool,
+                lora: Any) -> list[SavedTensor]:  # fmt: skip
+    """A Llama-style layer under peft LoRA (``tuners/lora/layer.py`` ``Linear.forward``: ``base_layer(x) +
+    lora_B(lora_A(dropout(x))) * scaling``, ``lora_dropout=0`` is ``nn.Identity``), with the embedding output
+    requiring grad (``enable_input_require_grads``, as ``prepare_model_for_kbit_training`` sets up; without it
+    layer 0 saves less). Census: ``memcalc.validation.lora``. A frozen weight needs no saved input (derivatives.yaml
+    ``mm``: ``self`` is saved for ``mat2``'s gradient only): the norms' ``weight * normalized`` keeps nothing, a
+    projection without an adapter keeps nothing, and lora_A keeps the very tensor the full model's projection kept
+    (one storage for q, k, v). lora_A's output (r wide) is saved for B's gradient. Under autocast each lora_A casts
+    its fp32 input to bf16 itself and the frozen weights' bf16 casts are made per use (autocast caches casts of
+    leaves that require grad only) and saved for the input gradient; NF4 weights are dequantized per use and
+    bitsandbytes' ``MatMul4Bit`` keeps only the packed weight."""
+    if family not in LLAMA_LIKE:
+        raise InputError(f"LoRA's saved tensors are modelled for {', '.join(LLAMA_LIKE)}; got {family}")
+    from memcalc.model.lora import layer_lora, targeted
+
+    t = set(lora.targets)
+    out = [k for k in _norm(x, family, r, amp, "norm 1") if "normalized" not in k.name]
+    out += _inputs(x, d, amp, tuple(n for n in ("q", "k", "v") if n in t)) if t & {"q", "k", "v"} else []
+    attn = _attention(x, family, attention, d, r)
+    out += [k for k in attn if "o" in t or k.name != "output projection input"]
+    if amp and "o" in t and attention == "sdpa":
+        # peft casts the bf16 attention output to lora_A's fp32 (``_cast_input_dtype``) and autocast casts it back:
+        # A saves that new bf16 copy while SDPA keeps its own output (eager: the frozen o_proj no longer keeps its input)
+        out.append(SavedTensor("o input (bf16 re-cast for LoRA A)", 2 * x.t * x.qw))
+    out += [k for k in _norm(x, family, r, amp, "norm 2") if "normalized" not in k.name]
+    out += _inputs(x, d, amp, tuple(n for n in ("gate", "up") if n in t)) if t & {"gate", "up"} else []
+    out.append(SavedTensor("gate output, SiLU output, up output" + (", down input" if "down" in t else ""),
+                           (4 if "down" in t else 3) * d * x.t * x.ffn))
+    out.append(SavedTensor("LoRA A outputs (r wide)", len(targeted(arch, lora)) * d * x.t * lora.rank))
+    if amp:
+        ll = layer_lora(arch, lora)
+        if lora.quantize != "nf4":
+            out.append(SavedTensor("frozen weights (bf16 casts, per use)", 2 * ll.linear, "weight_cast"))
+        out.append(SavedTensor("LoRA A, B (bf16 casts)", 2 * ll.adapters, "weight_cast"))
     return out
 
 
@@ -233,7 +274,7 @@ def loss_saved(tokens: int, vocab: int, option: str = "standard") -> list[SavedT
             SavedTensor("total weight (fp32 scalar)", 4)]  # fmt: skip
 
 
-@dataclass(frozen=True)
+@frozen
 class LossPeak:
     """Bytes of logit-sized tensors alive at the two loss moments, beyond the saved activations of the layers."""
 

@@ -12,12 +12,12 @@ Allocator rounding, reserved memory, the CUDA context and NCCL buffers are ``mem
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from memcalc.errors import InputError
+from memcalc.frozen import frozen
 from memcalc.memory.saved import FAMILIES, LLAMA_LIKE, REGIMES, _check, loss_transient, shape
 from memcalc.memory.timeline_layers import layer_sizes, parse_recompute
-from memcalc.memory.timeline_states import FsdpOverlay, param_tensors, states
+from memcalc.memory.timeline_states import FsdpOverlay, lora_states, param_tensors, states
 from memcalc.model.architecture import Architecture
 
 LOSS_HELP = "standard, chunked:N, fused"
@@ -27,7 +27,7 @@ CUBLAS_WORKSPACE = 32 * 1024 * 1024
 thread and autograd's backward thread each hold one, so 2 × 32 MiB of allocated memory on an H100."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Moment:
     """The bytes alive at one point of the step."""
 
@@ -38,7 +38,7 @@ class Moment:
     """What the live bytes consist of (sums to ``live_bytes``)."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Timeline:
     moments: tuple[Moment, ...]
 
@@ -67,7 +67,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
              recompute: str = "none", optimizer_impl: str = "foreach", optimizer_states: str = "adamw",
              loss: str = "standard", device: str = "cpu", position_ids: bool = True, use_cache: bool = True,
              rotary_dims: int | None = None, world: int = 1,
-             fsdp_param_dtype: str | None = None) -> Timeline:  # fmt: skip
+             fsdp_param_dtype: str | None = None, lora=None) -> Timeline:  # fmt: skip
     """Moments of one training step of a Hugging Face ``family`` model on one GPU.
 
     regime: fp32 | bf16 (pure: weights, gradients, AdamW moments bf16) | amp-bf16 (fp32 weights, autocast).
@@ -81,7 +81,9 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     1 × s ones, so the rotary tables are b times smaller).
     world: above 1, FSDP2 ``fully_shard`` per decoder layer and on the root over ``world`` data-parallel ranks
     (``memcalc.memory.timeline_states.FsdpOverlay``); fsdp_param_dtype: None or "bf16"
-    (``MixedPrecisionPolicy(param_dtype=)``).
+    (``MixedPrecisionPolicy(param_dtype=)``). lora: a ``memcalc.model.lora.LoraPlan`` (peft adapters on a frozen
+    base, one GPU or DDP): adapter states only, the layers' LoRA saved tensors, a frozen head and final norm that
+    keep no input; the layer backward transients stay the full model's (an upper bound).
     """
     _check(family, regime, attention)
     if device not in ("cpu", "cuda"):
@@ -97,11 +99,15 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     # embedding's bf16 output makes every activation what pure bf16 saves (the sharded states stay fp32)
     act = "bf16" if fsdp_param_dtype == "bf16" else regime
     d, r, amp = {"fp32": (4, 4, False), "bf16": (2, 2, False), "amp-bf16": (2, 4, True)}[act]
-    st = full_st = states(arch, family, w, optimizer_impl, optimizer_states)
+    st = full_st = (states(arch, family, w, optimizer_impl, optimizer_states) if lora is None
+                    else lora_states(arch, family, w, optimizer_impl, optimizer_states, lora))
     fs = FsdpOverlay.make(arch, family, regime, world, fsdp_param_dtype, optimizer_impl, optimizer_states)
     if fs is not None:
         st = fs.states
     model_states = [("parameters", st.params), ("optimizer states", st.optimizer), ("buffers", st.buffers)]
+    if lora is not None:  # the frozen base and the adapters, apart (adapter parameters are as large as their grads)
+        base = "frozen base, nf4" if lora.quantize == "nf4" else "frozen base"
+        model_states[:1] = [(f"parameters ({base})", st.params - st.grads), ("parameters (LoRA adapters)", st.grads)]
     if device == "cuda":
         model_states.append(("cuBLAS workspaces (forward, backward threads)", 2 * CUBLAS_WORKSPACE))
     moments = [_moment("baseline", "before the step (no gradients after zero_grad)", model_states)]
@@ -115,7 +121,8 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
         rows = b if position_ids else 1
         prologue.append(("rotary cos, sin", 2 * rows * s * x.rot * r))
     layers = [layer_sizes(arch, family=family, regime=act, attention=attention, s=s, b=b, policy=policy,
-                          index=i, device=device, rotary_dims=rotary_dims) for i in range(arch.layers)]  # fmt: skip
+                          index=i, device=device, rotary_dims=rotary_dims, lora=lora)
+              for i in range(arch.layers)]  # fmt: skip
     kept = 0
     cache = 0  # autocast's cast cache beyond what the matmuls save: bf16 copies of recomputed layers' weights
     for i, ly in enumerate(layers):
@@ -128,6 +135,10 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
         cache += ly.casts - ly.kept_casts
         if amp and use_cache and policy.kind == "none" and family in LLAMA_LIKE:
             cache += 2 * 4 * t * x.kvw
+        elif lora is not None and attention == "eager" and x.kv < x.heads and use_cache and policy.kind == "none":
+            # DynamicCache keeps this layer's K, V (kv width) until the forward returns; eager attention saves their
+            # repeat_kv copies instead (traced with peft: memcalc.validation.lora.trace_lora_step)
+            cache += 2 * d * t * x.kvw
         acts = [(f"activations kept (layers 0..{i})", kept), ("layer output (residual stream)", ly.residual),
                 ("autocast cast cache (recomputed layers' weights)", cache)] + FsdpOverlay.forward(fs)
         moments.append(_moment(f"forward.layer.{i}", f"layer {i}: down projection's output before the residual add",
@@ -135,6 +146,9 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     resid = layers[-1].residual
     layers_kept = kept + resid
     head = _head(x, family, act, loss)
+    if lora is not None:  # frozen final norm weight and head: no normalized tensor, no head input kept
+        head = [(n, b - (4 if act != "bf16" else 2) * t * h if n == "final norm saved" else b) for n, b in head
+                if n != "head input (bf16 cast)"]
     last = len(layers) - 1
     after_norm = base + prologue[1:] + [("layer activations", layers_kept), ("autocast cast cache", cache)]
     after_norm += [head[0], ("last hidden state (model output)", r * t * h)] + FsdpOverlay.after_layers(fs)
@@ -151,7 +165,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
 
     # ---- start of backward: the loss's fp32 gradients ----------------------------------------------------------
     saved_end = base + prologue[1:] + [("layer activations", layers_kept)] + head
-    saved_end += [] if amp else [("head input (the last hidden state)", d * t * h)]
+    saved_end += [] if amp or lora is not None else [("head input (the last hidden state)", d * t * h)]
     saved_end += [("log-softmax output (fp32)", _chunk(lp, 2)), ("loss and its gradient", 8)]
     saved_end += FsdpOverlay.after_layers(fs)
     moments.append(_moment("backward", "log_softmax backward: its output gradient and its input gradient",
@@ -163,6 +177,8 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     late = sum(e for name, e in tensors if name.startswith(("embedding", "position embedding")))
     if arch.tied_embeddings:  # the head's gradient is the embedding's, made by the head's backward
         late -= arch.padded_vocab * h
+    if lora is not None:  # only the adapters have gradients, made layer by layer
+        per_layer, late = full_st.grads // arch.layers, 0
     before_layers = full_st.grads - per_layer * arch.layers - late * w
     held_grads = 0 if optimizer_impl == "in-backward" else before_layers
     remaining = kept

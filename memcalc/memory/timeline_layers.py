@@ -10,15 +10,15 @@ gradients of its inputs while the output gradient is still alive.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from memcalc.errors import InputError
+from memcalc.frozen import frozen
 from memcalc.memory.saved import LLAMA_LIKE, SavedTensor, layer_saved, shape, total
 
 RECOMPUTE_HELP = "none, full, every:K, selective, op-sac"
 
 
-@dataclass(frozen=True)
+@frozen
 class Policy:
     kind: str
     every: int = 1
@@ -43,7 +43,7 @@ def checkpointed(policy: Policy, index: int) -> bool:
     return policy.kind == "full" or (policy.kind == "every" and index % policy.every == 0)
 
 
-@dataclass(frozen=True)
+@frozen
 class LayerSizes:
     """Bytes for one decoder layer, per micro-batch."""
 
@@ -114,9 +114,9 @@ def _attention_backward(saved: list[SavedTensor], x, d: int, w: int, mlp_params:
 
 
 def layer_sizes(arch, *, family: str, regime: str, attention: str, s: int, b: int, policy: Policy, index: int,
-                device: str = "cpu", rotary_dims: int | None = None) -> LayerSizes:  # fmt: skip
+                device: str = "cpu", rotary_dims: int | None = None, lora=None) -> LayerSizes:  # fmt: skip
     kw = dict(family=family, regime=regime, attention=attention, s=s, b=b, device=device, rotary_dims=rotary_dims)
-    saved = layer_saved(arch, **kw)
+    saved = layer_saved(arch, **kw, lora=lora)  # LoRA: the backward transients below stay the full model's (a bound)
     full, casts = total(saved), total(saved, "weight_cast")
     x = shape(arch, s, b, rotary_dims)
     d, r = {"fp32": (4, 4), "bf16": (2, 2), "amp-bf16": (2, 4)}[regime]

@@ -12,9 +12,9 @@ The tensor lists are those of the Hugging Face modules and sum to ``memcalc.mode
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from memcalc.errors import InputError
+from memcalc.frozen import frozen
 from memcalc.model.architecture import Architecture
 
 OPTIMIZER_IMPLS = ("foreach", "fused", "for-loop", "in-backward")
@@ -64,7 +64,7 @@ def buffer_bytes(arch: Architecture, family: str) -> int:
     return 0
 
 
-@dataclass(frozen=True)
+@frozen
 class States:
     """Bytes of the model states and the optimizer's step, per GPU."""
 
@@ -105,6 +105,28 @@ def states(arch: Architecture, family: str, width: int, impl: str = "foreach", k
     return States(width * p, width * p, moments + scalars, paged, buffer_bytes(arch, family), temp, width * big)
 
 
+def lora_states(arch: Architecture, family: str, width: int, impl: str, kind: str, lora) -> States:
+    """Model states of peft LoRA on a frozen base (``memcalc.model.lora``): the base at ``width`` bytes (QLoRA: its
+    linear weights in NF4), the adapters trainable at ``width`` with their gradients, AdamW moments, a step scalar per
+    adapter tensor and the optimizer's temporaries (foreach: one per adapter parameter); the base has none."""
+    from memcalc.model.lora import layer_lora, split, targeted
+
+    if kind not in OPTIMIZER_STATES:
+        raise InputError(f"optimizer states {kind!r} are not one of {', '.join(OPTIMIZER_STATES)}")
+    ly = layer_lora(arch, lora)
+    sp = split(sum(n for _, n in param_tensors(arch)), arch.layers, ly, lora.quantize, width)
+    a, big = sp.adapters, ly.largest_adapter
+    temp = {"foreach": width * a, "fused": 0, "for-loop": 3 * width * big, "in-backward": 3 * width * big}[impl]
+    scalars = 4 * ly.adapter_tensors * arch.layers
+    moments, paged = 2 * width * a, 0
+    if kind != "adamw":  # bitsandbytes 8-bit states per adapter tensor (A: r x in, B: out x r), as ``states`` counts
+        sizes = [lora.rank * n for p in targeted(arch, lora) for n in (p.fan_in, p.fan_out)] * arch.layers
+        moments = sum(2 * n + 2 * 4 * -(-n // BNB_BLOCK) if n >= BNB_MIN_8BIT else 2 * 4 * n for n in sizes)
+        moments, paged, temp = (0, moments, 0) if kind.startswith("paged") else (moments, 0, 0)
+    return States(sp.frozen_bytes + width * a, width * a, moments + scalars, paged, buffer_bytes(arch, family),
+                  temp, width * big)
+
+
 def _dim0(arch: Architecture, name: str, elements: int) -> int:
     """Rows (dim 0) of a parameter tensor as torch stores it: ``nn.Linear.weight`` is (out, in), ``nn.Embedding``
     (vocab, width); norms and biases are 1-D."""
@@ -119,7 +141,7 @@ def _dim0(arch: Architecture, name: str, elements: int) -> int:
     return rows[last]
 
 
-@dataclass(frozen=True)
+@frozen
 class ShardUnits:
     """FSDP2 ``fully_shard`` per decoder layer and on the root, as rank 0 of ``world`` ranks, in elements.
 
@@ -162,7 +184,7 @@ def sharded_states(arch: Architecture, family: str, width: int, units: ShardUnit
     return States(width * p, width * p, 2 * width * p + 4 * units.tensors, 0, buffer_bytes(arch, family), temp, 0)
 
 
-@dataclass(frozen=True)
+@frozen
 class FsdpOverlay:
     """What FSDP2 adds to a moment of the step, and its sharded states (None: no sharding; every method then
     returns the single-GPU parts). Order of events, torch ``distributed/fsdp/_fully_shard`` (``_fsdp_param_group.py``,

@@ -45,7 +45,7 @@ def _per_gpu(ev: Evaluation) -> PerGPU:
     reserve = total(rows, "allocator_reserve")
     outside = total(rows, "cuda_context") + reserve
     return PerGPU(
-        parameters=total(rows, "parameters"),
+        parameters=sum(total(rows, k) for k in ("parameters", "parameters_frozen", "parameters_adapters")),
         gradients=sum(total(rows, k) for k in _GRADIENT_KEYS),
         optimizer_states=master + moments,
         master_weights=master,
@@ -167,6 +167,22 @@ def step_time(inp: EstimateInput, ev: Evaluation, timing: dict | None = None) ->
     ), None
 
 
+def _layout_notes(ev: Evaluation) -> list[str]:
+    """How the layout composes: the group that shards under context parallelism, the pipeline split and its peak."""
+    plan, out = ev.plan, []
+    if plan.cp > 1:
+        group = "dp x cp" if plan.shard_over == "dp-cp" else "dp"
+        out.append(f"gradients reduced (and model states sharded, where the strategy shards) over {group} = "
+                   f"{plan.shard_domain} ranks (--shard-over {plan.shard_over}; memcalc.layout.compose)")
+    if plan.pp > 1 and plan.arch is not None and plan.accounting != "realistic":
+        from memcalc.memory.paper import layer_count
+
+        split = ",".join(str(layer_count(plan, k)) for k in range(plan.pp))
+        out.append(f"pipeline: decoder layers per stage {split} (embedding on stage 0, final norm and head on stage "
+                   f"{plan.pp - 1}); the most loaded is stage {ev.top}, shown")
+    return out
+
+
 def estimate(inp: EstimateInput, ev: Evaluation, micro_batch_auto: bool = False, timing: dict | None = None) -> Estimate:
     """The public result of one evaluation, with the input it was computed from and the step's time."""
     plan = ev.plan
@@ -212,7 +228,7 @@ def estimate(inp: EstimateInput, ev: Evaluation, micro_batch_auto: bool = False,
                       timeline=StepTimeline(peak_phase=ev.realistic.peak_phase, peak_moment=ev.realistic.peak_moment,
                                             phases=dict(ev.realistic.phases)) if ev.realistic else None),
         communication=_communication(ev),
-        notes=notes(plan) + ([f"step time: {why}"] if why else []),
+        notes=notes(plan) + _layout_notes(ev) + ([f"step time: {why}"] if why else []),
         input=inp,
         time=time,
     )

@@ -67,9 +67,10 @@ def group_stride(group: str, plan: LayoutPlan) -> int:
     the shard group is consecutive data-parallel ranks, the replica group strides over whole shard groups;
     expert parallelism subdivides the data-parallel ranks, as ``memcalc.comm.traffic`` lays it out)."""
     tp, cp = plan.tp, plan.cp
+    d = plan.domain_stride  # the gradient-reducing group: dp x cp ranks tp apart (shard_over dp-cp), else tp x cp
     strides = {
-        "tensor-parallel": 1, "context-parallel": tp, "data-parallel": tp * cp, "shard group": tp * cp,
-        "expert-parallel": tp * cp, "replica group": tp * cp * plan.shard_group_size, "pipeline": tp * cp * plan.dp,
+        "tensor-parallel": 1, "context-parallel": tp, "data-parallel": d, "shard group": d,
+        "expert-parallel": tp * cp, "replica group": d * plan.shard_group_size, "pipeline": tp * cp * plan.dp,
     }  # fmt: skip
     if group not in strides:
         raise InputError(f"unknown communication group {group!r}{did_you_mean(group, strides)}; "
@@ -96,6 +97,11 @@ def optimizer_params(plan: LayoutPlan) -> int:
     """Parameters this rank's optimizer updates, on the stage that holds the most: ⌈Ψ_group/N⌉ per sharding group
     when the strategy shards optimizer states (ZeRO-1/2/3, FSDP; routed experts over N/ep), else all it holds."""
     best = 0
+    if plan.lora is not None and plan.arch is not None:  # only the adapters have optimizer states
+        from memcalc.model.lora import layer_lora
+
+        a = layer_lora(plan.arch, plan.lora).adapters * plan.arch.layers // plan.pp
+        return ceil_div(a, plan.shard_group_size) if plan.spec.shards_optimizer else a
     for stage in range(plan.pp):
         _, groups = param_groups(plan, stage)
         n = sum(ceil_div(g.psi, g.n) if plan.spec.shards_optimizer else g.psi for g in groups)
@@ -174,8 +180,19 @@ def step_plan(plan: LayoutPlan, optimizer_impl: str = "foreach", flops_attention
         recompute=w.recompute if recompute is None else recompute,
         attention=_ATTENTION[w.attention], dtype=_MATMUL_DTYPE[plan.precision.compute_dtype],
         dropout=w.dropout > 0, optimizer="cpu" if plan.optimizer_device != "none" else optimizer_impl,
-        optimizer_params=optimizer_params(plan), flops_attention=flops_attention,
+        optimizer_params=optimizer_params(plan), flops_attention=flops_attention, stage_layers=plan.stage_layers,
+        **_lora_fields(plan),
     )  # fmt: skip
+
+
+def _lora_fields(plan: LayoutPlan) -> dict:
+    """The step model's LoRA fields: a frozen base, and the adapters' forward FLOPs per token per layer."""
+    if plan.lora is None or plan.arch is None:
+        return {}
+    from memcalc.model.lora import targeted
+
+    flops = sum(2 * plan.lora.rank * (p.fan_in + p.fan_out) for p in targeted(plan.arch, plan.lora))
+    return {"frozen_base": True, "lora_flops_per_token": flops}
 
 
 def time_evaluation(

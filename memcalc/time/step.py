@@ -21,12 +21,12 @@ Sources and rules (each also in docs/performance-model.md):
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 from memcalc.comm.timing import Group, primitive_time
 from memcalc.errors import InputError
+from memcalc.frozen import frozen
 from memcalc.model.architecture import Architecture
 from memcalc.model.params import model_params
 from memcalc.time.flops import (
@@ -47,7 +47,7 @@ _CRITICAL_GROUPS = ("tensor-parallel", "expert-parallel", "pipeline")
 _DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 2, "tf32": 4}  # fp8 GEMMs keep 16-bit activations between ops
 
 
-@dataclass(frozen=True)
+@frozen
 class Plan:
     """One parallel layout and batch, as plain numbers."""
 
@@ -74,13 +74,22 @@ class Plan:
     """Parameters this rank's optimizer updates; default Ψ/(tp·pp) (nothing sharded over data parallelism)."""
     flops_attention: str = "full"
     """Attention convention of the reported model FLOPs: full (Megatron, PaLM, torchtitan) or causal."""
+    stage_layers: tuple[int, ...] | None = None
+    """Decoder layers of each model chunk (pp x virtual entries; chunk c runs on pipeline rank c % pp, as
+    memcalc.layout.compose.rank_layers places them); None: divmod, the first stages taking one more layer."""
+    frozen_base: bool = False
+    """LoRA: the base weights are frozen, so backward runs only the input-gradient GEMM of each weight matmul
+    (derivatives.yaml ``mm``: ``mat2``'s gradient only when it requires grad): backward = 1x forward, not 2x."""
+    lora_flops_per_token: int = 0
+    """Forward FLOPs per token of one layer's adapters: 2·r·(in + out) per target (x·A, then ·B); their backward is
+    2x (input and weight gradients), like any trainable matmul."""
 
     @property
     def dp(self) -> int:
         return self.gpus // (self.tp * self.pp * self.cp)
 
 
-@dataclass(frozen=True)
+@frozen
 class LayerTime:
     """Seconds for one layer and one micro-batch on one rank."""
 
@@ -105,7 +114,7 @@ class LayerTime:
         return {"none": 0.0, "selective": self.attention_fwd, "full": self.forward}[how]
 
 
-@dataclass(frozen=True)
+@frozen
 class StepTime:
     """One optimizer step on one GPU of the slowest pipeline stage. Seconds unless named otherwise."""
 
@@ -213,15 +222,21 @@ def head_time(arch: Architecture, cal: Calibration, dtype: str, tokens: int, tp:
 def _stage_profile(arch: Architecture, cal: Calibration, plan: Plan) -> tuple[float, float, float, float, float, float, int]:
     """(compute, memory, recompute, fwd, bwd, attention) seconds per micro-batch on the slowest stage, and its layers."""
     p = plan
-    if arch.layers < p.pp * p.virtual:
+    if p.stage_layers is None and arch.layers < p.pp * p.virtual:
         raise InputError(f"layers({arch.layers}) < pp({p.pp}) x virtual({p.virtual}); give fewer stages")
-    base, extra = divmod(arch.layers, p.pp)
+    if p.stage_layers is not None:
+        from memcalc.layout.compose import rank_layers
+
+        ranks = [[i for r in rank_layers(p.stage_layers, p.pp, k) for i in r] for k in range(p.pp)]
+    else:
+        base, extra = divmod(arch.layers, p.pp)  # uneven split: the first stages take one more layer
+        bounds = [0, *(base * (k + 1) + min(k + 1, extra) for k in range(p.pp))]
+        ranks = [list(range(bounds[k], bounds[k + 1])) for k in range(p.pp)]
     best: tuple[float, float, float, float, float, float, int] | None = None
-    start = 0
     for stage in range(p.pp):
-        n = base + (1 if stage < extra else 0)  # uneven split: the first stages take one more layer
+        n = len(ranks[stage])
         comp = mem = rec = fwd = bwd = attn = 0.0
-        for i in range(start, start + n):
+        for i in ranks[stage]:
             lt = layer_time(arch, arch.is_moe_layer(i), cal, p.dtype, p.seq, p.micro_batch, p.tp, p.cp, p.ep, p.sp,
                             p.attention, p.dropout)  # fmt: skip
             comp += 3 * lt.matmul_fwd + lt.attention_fwd + lt.attention_bwd
@@ -230,12 +245,18 @@ def _stage_profile(arch: Architecture, cal: Calibration, plan: Plan) -> tuple[fl
             rec += again
             fwd += lt.forward
             bwd += lt.backward + again
+            if p.frozen_base:  # no weight-gradient GEMMs for the base; the adapters' three GEMM passes instead
+                ad = _gemm_s(cal, cal.peak(p.dtype), p.seq // p.cp * p.micro_batch * p.lora_flops_per_token)
+                comp += 3 * ad - lt.matmul_fwd
+                fwd += ad
+                bwd += 2 * ad - lt.matmul_fwd
             attn += lt.attention_fwd + lt.attention_bwd
-        start += n
         if stage == p.pp - 1:
             head_mm, loss = head_time(arch, cal, p.dtype, p.seq // p.cp * p.micro_batch, p.tp)
-            comp, mem, fwd, bwd = comp + head_mm, mem + loss, fwd + head_mm / 3 + loss / 3, bwd + 2 * head_mm / 3 + 2 * loss / 3
-        row = (comp, mem, rec, fwd, bwd, attn, n)
+            one = head_mm / 3  # forward, input gradient, weight gradient (a frozen head skips the last)
+            passes = 2 if p.frozen_base else 3
+            comp, mem, fwd, bwd = comp + passes * one, mem + loss, fwd + one + loss / 3, bwd + (passes - 1) * one + 2 * loss / 3
+        row = (comp, mem, rec, fwd, bwd, attn, max(1, n))  # a stage of embedding or head alone: one unit
         if best is None or comp + mem + rec > best[0] + best[1] + best[2]:
             best = row
     assert best is not None
@@ -261,7 +282,12 @@ def _plan_profile(arch: Architecture, cal: Calibration, plan: Plan) -> tuple[tup
     p = plan
     fl = step_flops(arch, p.seq, p.dp * p.micro_batch * p.micro_batches, p.recompute, p.flops_attention)  # type: ignore[arg-type]
     n_opt = p.optimizer_params if p.optimizer_params is not None else model_params(arch).total // (p.tp * p.pp)
-    return _stage_profile(arch, cal, p), fl.model, fl.hardware, n_opt, cal.peak(p.dtype)
+    model, hardware = fl.model, fl.hardware
+    if p.frozen_base:  # skipped weight gradients of the base (layers and head); the adapters' 3 passes added
+        tokens = p.seq * p.dp * p.micro_batch * p.micro_batches
+        delta = 3 * arch.layers * p.lora_flops_per_token * tokens - fl.layer_matmul_forward - fl.head_forward
+        model, hardware = model + delta, hardware + delta
+    return _stage_profile(arch, cal, p), model, hardware, n_opt, cal.peak(p.dtype)
 
 
 def step_time(arch: Architecture, plan: Plan, machine: Machine, collectives: Iterable[Any] = (),

@@ -1,0 +1,363 @@
+"""Loose arguments (strings, numbers, presets, config values, or the input records themselves) turned into one
+validated ``EstimateInput``: what ``memcalc.estimate``, ``memcalc.compare`` and the command line take."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from memcalc.errors import InputError, shown
+from memcalc.inputs import (
+    GPU,
+    Cluster,
+    EstimateInput,
+    EstimatorOptions,
+    FrameworkOptions,
+    Model,
+    Optimizer,
+    Overheads,
+    Parallelism,
+    Precision,
+    Strategy,
+    Timing,
+    Workload,
+    resolve_optimizer,
+    resolve_precision,
+)
+from memcalc.inputs.arguments import choice as _choice, elements as _elements, gib_arg as _gib_arg, keywords as _keywords
+from memcalc.inputs.hardware import MAX_GPUS
+from memcalc.layout.strategies import STRATEGIES, resolve_fsdp, resolve_stage, resolve_strategy
+from memcalc.model.architecture import Architecture
+from memcalc.units import parse_count
+
+if TYPE_CHECKING:
+    from memcalc.inputs.finetune import Lora
+
+MAX_COMPARE = 100
+"""Rows of one comparison: 4x every distinct strategy and offload pairing (25)."""
+
+
+def _build_input_names() -> list[str]:
+    return list(inspect.signature(build_input).parameters)
+
+DEFAULT_GPU = "a100-sxm-80gb"
+
+# `memcalc compare` rows by default: every strategy, and the offload variants people step through
+# when memory runs out (DeepSpeed's advice: ZeRO-2 -> +offload_optimizer -> ZeRO-3 -> +offload_param).
+DEFAULT_COMPARE = (
+    "ddp",
+    "zero-1",
+    "zero-2",
+    "zero-2+opt-cpu",
+    "zero-3",
+    "zero-3+opt-cpu",
+    "zero-3+opt-cpu+param-cpu",
+    "zero-3+opt-nvme+param-nvme",
+    "FULL_SHARD",
+    "FULL_SHARD+param-cpu",
+    "SHARD_GRAD_OP",
+    "NO_SHARD",
+    "HYBRID_SHARD",
+    "_HYBRID_SHARD_ZERO2",
+)
+
+
+def parse_strategy(text: str, shard_group: int | None = None) -> Strategy:
+    """``zero-3+opt-cpu+param-nvme``, ``FULL_SHARD+param-cpu``, ``hybrid_shard`` -> ``Strategy``.
+
+    ``+offload`` alone means the framework's usual CPU offload (DeepSpeed: optimizer; FSDP: params).
+    """
+    if type(text) is not str or len(text) > 200:
+        raise InputError(f"--strategy {shown(text)} is not accepted; accepted: a strategy name such as 'zero-3', "
+                         "'zero-3+opt-cpu+param-nvme' or 'FULL_SHARD+param-cpu'")
+    if shard_group is not None and not (type(shard_group) is int and 1 <= shard_group <= MAX_GPUS):
+        raise InputError(f"--shard-group {shown(shard_group)} is not accepted; accepted: a whole number from 1 to "
+                         f"{MAX_GPUS:,}, or None")
+    head, *mods = [part.strip() for part in text.split("+")]
+    name = resolve_strategy(head)
+    fields: dict[str, str] = {}
+    for mod in mods:
+        key, _, device = mod.lower().partition("-")
+        if key == "offload" and not device:
+            key, device = ("param" if STRATEGIES[name].offload_together else "opt"), "cpu"
+        if key not in ("opt", "param") or device not in ("cpu", "nvme", "none"):
+            raise InputError(
+                f"unknown strategy modifier {mod!r} in {text!r}; accepted: +opt-cpu, +opt-nvme, +param-cpu, "
+                "+param-nvme, +offload"
+            )
+        if ("offload_optimizer" if key == "opt" else "offload_params") in fields:
+            raise InputError(f"strategy {text!r} places the {'optimizer' if key == 'opt' else 'parameters'} twice; "
+                             "accepted: one +opt-... and one +param-... at most")
+        fields["offload_optimizer" if key == "opt" else "offload_params"] = device
+    group = shard_group if STRATEGIES[name].hybrid else None
+    return Strategy(name=name, shard_group=group, **fields)  # type: ignore[arg-type]
+
+
+def _strategy(
+    stage: int | str | None, fsdp: str | None, ddp: bool, strategy: str | Strategy | None,
+    offload_optimizer: str, offload_params: str, shard_group: int | None,
+) -> Strategy:  # fmt: skip
+    given = [flag for flag, on in (("--stage", stage is not None), ("--fsdp", fsdp is not None),
+                                   ("--ddp", ddp), ("--strategy", strategy is not None)) if on]  # fmt: skip
+    if len(given) > 1:
+        raise InputError(f"{' and '.join(given)} cannot be combined; choose one strategy")
+    if isinstance(strategy, Strategy) or (strategy is not None and "+" in strategy):
+        for name, value, default in (("--offload-optimizer", offload_optimizer, "none"),
+                                     ("--offload-params", offload_params, "none"), ("--shard-group", shard_group, None)):
+            if value != default and not (name == "--shard-group" and not isinstance(strategy, Strategy)):
+                where = "a Strategy" if isinstance(strategy, Strategy) else f"--strategy {strategy!r}"
+                raise InputError(f"{name} {value} cannot be combined with {where}, which places the model states "
+                                 f"itself; accepted: write it in the strategy (e.g. 'zero-3+opt-cpu+param-nvme')")
+    if isinstance(strategy, Strategy):
+        return strategy
+    if stage is not None:
+        name = resolve_stage(stage)
+    elif fsdp is not None:
+        name = resolve_fsdp(fsdp)
+    elif strategy is not None:
+        base = parse_strategy(strategy, shard_group)
+        if "+" in str(strategy):
+            return base
+        name = base.name
+    else:
+        name = "ddp"
+    for flag, value in (("--offload-optimizer", offload_optimizer), ("--offload-params", offload_params)):
+        if value not in ("none", "cpu", "nvme"):
+            raise InputError(f"{flag} {value!r} is not an offload device; accepted: none, cpu, nvme")
+    return Strategy(
+        name=name,  # type: ignore[arg-type]
+        offload_optimizer=offload_optimizer,  # type: ignore[arg-type]
+        offload_params=offload_params,  # type: ignore[arg-type]
+        shard_group=shard_group,
+    )
+
+
+def _gpu(gpu: str | GPU) -> GPU:
+    if isinstance(gpu, GPU):
+        return gpu
+    from memcalc.inputs.presets import load_gpu
+
+    return load_gpu(gpu)
+
+
+SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
+
+
+def resolve_architecture(
+    model: str | Architecture | None = None, hf_config: str | None = None, **shape: int | None
+) -> Architecture | None:
+    """A preset (``--model``), a config.json (``--hf-config``) or explicit shape flags, flags overriding the first two."""
+    if model is not None and hf_config is not None:
+        raise InputError("--model and --hf-config cannot be combined; choose one")
+    given = {k: v for k, v in shape.items() if v is not None}
+    for k, v in given.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise InputError(f"--{k.replace('_', '-')} {shown(v)} must be a whole number of 1 or more")
+    if isinstance(model, Architecture):
+        base: Architecture | None = model
+    elif model is not None:
+        from memcalc.inputs.presets import load_model
+
+        base = load_model(model)
+    elif hf_config is not None:
+        from memcalc.model.hf_config import load_hf_config
+
+        base = load_hf_config(hf_config)
+    else:
+        base = None
+    if base is None:
+        if not given:
+            return None
+        missing = [f"--{k}" for k in ("layers", "hidden", "heads", "vocab") if k not in given]
+        if missing:
+            raise InputError(f"a model shape needs {', '.join(missing)} too (or start from --model NAME)")
+        return Architecture(name="custom", max_positions=0, position="rotary", **given)  # type: ignore[arg-type]
+    if not given:
+        return base
+    if "hidden" in given or "heads" in given:
+        given["head_dim"] = None  # a new width or head count re-derives head_dim = hidden / heads
+    return dataclasses.replace(base, **given)
+
+
+@_keywords()
+def build_input(
+    params: int | float | str | Model | None = None,
+    *,
+    gpus: int | Cluster = 1,
+    gpus_per_node: int = 8,
+    stage: int | str | None = None,
+    fsdp: str | None = None,
+    ddp: bool = False,
+    strategy: str | Strategy | None = None,
+    offload_optimizer: str = "none",
+    offload_params: str = "none",
+    shard_group: int | None = None,
+    gpu: str | GPU = DEFAULT_GPU,
+    precision: str | Precision = "bf16-mixed",
+    optimizer: str | Optimizer = "adamw",
+    grad_accum: int | None = None,
+    micro_batches: int | None = None,
+    cuda_context_gib: float | None = None,
+    reserve_gib: float | None = None,
+    overheads: Overheads | None = None,
+    model: str | Architecture | None = None,
+    hf_config: str | None = None,
+    layers: int | None = None,
+    hidden: int | None = None,
+    heads: int | None = None,
+    kv_heads: int | None = None,
+    ffn: int | None = None,
+    vocab: int | None = None,
+    seq_len: int | None = None,
+    micro_batch: int | None = None,
+    recompute: str = "none",
+    attention: str = "eager",
+    dropout: float | None = None,
+    device: str = "cuda",
+    loss: str = "standard",
+    optimizer_impl: str = "foreach",
+    tp: int = 1,
+    pp: int = 1,
+    cp: int = 1,
+    ep: int = 1,
+    sequence_parallel: bool = False,
+    virtual_stages: int = 1,
+    framework: str | None = None,
+    shard_over: str | None = None,
+    stage_layers: str | Sequence[int] | None = None,
+    parallelism: Parallelism | None = None,
+    workload: Workload | None = None,
+    accounting: str = "auto",
+    zero_init: bool = True,
+    buffer_factor: float = 1.5,
+    largest_layer_params: int | float | str | None = None,
+    fsdp_version: int = 1,
+    bucket_view: bool = False,
+    min_num_params: int | float | str | None = None,
+    max_reuse_distance: int | float | str | None = None,
+    max_live_parameters: int | float | str | None = None,
+    prefetch_bucket_size: int | float | str | None = None,
+    persistence_threshold: int | float | str | None = None,
+    zero3_step: str = "steady",
+    cluster: str | None = None,
+    tokens: int | float | str | None = None,
+    price_per_gpu_hour: float | None = None,
+    intra_node_gbps: float | None = None,
+    network_gbits_per_gpu: float | None = None,
+    intra_node_efficiency: float | None = None,
+    network_efficiency: float | None = None,
+    pcie_gbps: float | None = None,
+    host_memory_gbps: float | None = None,
+    lora_rank: int | None = None,
+    lora_targets: str | Sequence[str] | None = None,
+    quantize: str = "none",
+) -> EstimateInput:
+    """Turn loose arguments (strings, numbers, or the pydantic input objects) into an ``EstimateInput``."""
+    arch = resolve_architecture(model, hf_config, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
+                                ffn=ffn, vocab=vocab)  # fmt: skip
+    if isinstance(params, Model):
+        the_model = params
+    elif arch is not None:
+        if params is not None:
+            raise InputError("give --params or a model shape (--model, --hf-config, --layers ...), not both")
+        the_model = Model(architecture=arch, name=arch.name)
+    elif params is None:
+        raise InputError("give the model size (--params 7B) or its shape (--model llama-2-7b, --hf-config config.json)")
+    else:
+        the_model = Model(parameters=parse_count(params, "--params"))  # type: ignore[arg-type]
+    the_cluster = gpus if isinstance(gpus, Cluster) else Cluster(gpus=gpus, gpus_per_node=gpus_per_node)
+    if grad_accum is not None and micro_batches is not None and grad_accum != micro_batches:
+        raise InputError(f"--grad-accum {grad_accum} and --micro-batches {micro_batches} name the same thing; give one")
+    if workload is None and seq_len is not None:
+        _choice("--attention", attention, ("eager", "flash", "sdpa"))
+        _choice("--device", device, ("cuda", "cpu"))
+        workload = Workload(seq_len=seq_len, micro_batch=1 if micro_batch is None else micro_batch,  # type: ignore[arg-type]
+                            recompute=recompute, attention=attention, dropout=dropout, device=device,  # type: ignore[arg-type]
+                            loss=loss, optimizer_impl=optimizer_impl)  # type: ignore[arg-type]  # fmt: skip
+    elif workload is None and (micro_batch is not None or dropout is not None):
+        raise InputError("--micro-batch and --dropout need --seq-len (activations are counted per sequence)")
+    if parallelism is None:
+        from memcalc.layout.compose import framework as _framework, parse_stage_layers, shard_over as _shard_over
+
+        fw = _framework(framework)
+        parallelism = Parallelism(tp=tp, pp=pp, cp=cp, ep=ep, sequence_parallel=sequence_parallel,
+                                  virtual_stages=virtual_stages, framework=None if fw is None else fw.name,  # type: ignore[arg-type]
+                                  shard_over=None if shard_over is None else _shard_over(shard_over.strip().lower() if isinstance(shard_over, str) else shard_over, fw),  # type: ignore[arg-type]
+                                  stage_layers=parse_stage_layers(stage_layers))  # fmt: skip
+    _choice("--accounting", accounting, ("auto", "realistic", "paper", "implementation", "deepspeed-estimator"))
+    the_precision = precision if isinstance(precision, Precision) else resolve_precision(precision)
+    the_optimizer = optimizer if isinstance(optimizer, Optimizer) else resolve_optimizer(optimizer)
+    the_strategy = _strategy(stage, fsdp, ddp, strategy, offload_optimizer, offload_params, shard_group)
+    the_lora = _lora(lora_rank, lora_targets, quantize)
+    if accounting == "auto":
+        # The realistic answer wherever memcalc models the step's timeline; the paper's elsewhere (a note says why).
+        from memcalc.memory.realistic import why_not
+
+        realistic = why_not(the_model.architecture, the_precision.name, the_optimizer.name, the_strategy.spec.name, workload,
+                            parallelism.tp, parallelism.pp, parallelism.cp, parallelism.ep, fsdp_version,
+                            lora=the_lora) is None
+        accounting = "realistic" if realistic else "paper"
+    if overheads is None:
+        # CUDA context: the paper's round 0.5 GiB; the realistic accounting's measured 0.75 GiB (H100, torch 2.11).
+        default_context = Overheads().cuda_context_bytes
+        if accounting == "realistic":
+            from memcalc.memory.allocator import CONTEXT_HIGH
+
+            default_context = CONTEXT_HIGH
+        overheads = Overheads(
+            cuda_context_bytes=default_context if cuda_context_gib is None else _gib_arg("--cuda-context-gib", cuda_context_gib),
+            allocator_reserve_bytes=0 if reserve_gib is None else _gib_arg("--reserve-gib", reserve_gib),
+        )  # fmt: skip
+    _choice("--zero3-step", zero3_step, ("steady", "first"))
+    if fsdp_version not in (1, 2):
+        raise InputError(f"--fsdp-version {fsdp_version!r} is not accepted; accepted: 1, 2")
+    if not buffer_factor > 0:
+        raise InputError(f"--buffer-factor {buffer_factor!r} must be positive")
+    estimator = EstimatorOptions(
+        zero_init=zero_init, buffer_factor=buffer_factor,
+        largest_layer_params=None if largest_layer_params is None else parse_count(largest_layer_params, "--largest-layer-params"),
+    )  # fmt: skip
+    return EstimateInput(
+        accounting=accounting,  # type: ignore[arg-type]
+        estimator=estimator,
+        framework=FrameworkOptions(
+            fsdp_version=fsdp_version,  # type: ignore[arg-type]
+            bucket_view=bucket_view,
+            min_num_params=None if min_num_params is None else parse_count(min_num_params, "--min-num-params"),
+            max_reuse_distance=_elements("--max-reuse-distance", max_reuse_distance),
+            max_live_parameters=_elements("--max-live-parameters", max_live_parameters),
+            prefetch_bucket_size=_elements("--prefetch-bucket-size", prefetch_bucket_size),
+            persistence_threshold=_elements("--persistence-threshold", persistence_threshold),
+            zero3_step=zero3_step,  # type: ignore[arg-type]
+        ),
+        model=the_model,
+        precision=the_precision,
+        optimizer=the_optimizer,
+        gpu=_gpu(gpu),
+        cluster=the_cluster,
+        strategy=the_strategy,
+        parallelism=parallelism,
+        workload=workload,
+        overheads=overheads,
+        grad_accum=grad_accum if grad_accum is not None else micro_batches if micro_batches is not None else 1,
+        lora=the_lora,
+        timing=Timing(cluster=cluster, tokens=None if tokens is None else float(parse_count(tokens, "--tokens")),
+                      price_per_gpu_hour=price_per_gpu_hour, intra_node_gbps=intra_node_gbps,
+                      network_gbits_per_gpu=network_gbits_per_gpu, intra_node_efficiency=intra_node_efficiency,
+                      network_efficiency=network_efficiency, pcie_gbps=pcie_gbps, host_memory_gbps=host_memory_gbps),
+    )
+
+
+def _lora(rank: int | None, targets: str | Sequence[str] | None, quantize: str) -> Lora | None:
+    """``--lora-rank``, ``--lora-targets``, ``--quantize`` -> a ``Lora`` record (targets and nf4 need a rank)."""
+    from memcalc.inputs.finetune import Lora, parse_quantize, parse_targets
+
+    q = parse_quantize(quantize)
+    if rank is None:
+        if targets is not None or q != "none":
+            given = "--lora-targets" if targets is not None else f"--quantize {q}"
+            raise InputError(f"{given} needs --lora-rank R (adapters train on the frozen, quantized base: QLoRA)")
+        return None
+    return Lora(rank=rank, targets=parse_targets(targets), quantize=q)  # type: ignore[arg-type]

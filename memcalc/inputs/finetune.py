@@ -1,0 +1,54 @@
+"""Fine-tuning a frozen base: LoRA adapters (``--lora-rank``, ``--lora-targets``) and QLoRA (``--quantize nf4``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from memcalc.errors import InputError
+from memcalc.model.lora import MAX_RANK, TARGETS, LoraPlan
+from memcalc.record import Record, bounded, check_fields, record
+
+
+@record
+class Lora(Record):
+    """LoRA adapters of rank r on the target projections; the base model is frozen (Hu et al. 2021, peft)."""
+
+    rank: int = bounded(gt=0, le=MAX_RANK, why="wider than any model's hidden size")
+    """r: A is r x in, B is out x r."""
+    targets: tuple[str, ...] | None = None
+    """Neutral projection names (q, k, v, o, gate, up, down); None: every projection of the layers (peft's
+    "all-linear" without the head). Checked against the model's shape by ``EstimateInput``."""
+    quantize: Literal["none", "nf4"] = "none"
+    """none: the frozen base in the compute dtype; nf4: QLoRA, its linear weights stored by bitsandbytes in NF4 with
+    double quantization (blocks of 64, 8-bit absmax per 256 blocks)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        for t in self.targets or ():
+            if t not in TARGETS:
+                raise InputError(f"--lora-targets {t!r} is not accepted; accepted: a comma-separated subset of "
+                                 f"{','.join(TARGETS)}")
+
+    def plan(self, targets: tuple[str, ...]) -> LoraPlan:
+        return LoraPlan(rank=self.rank, targets=targets, quantize=self.quantize)
+
+
+def parse_quantize(text: str) -> str:
+    """``--quantize``: none or nf4; int8 (LLM.int8, outlier columns kept in fp16 at a count that depends on the
+    weights) is refused rather than guessed."""
+    key = str(text).strip().lower()
+    if key not in ("none", "nf4"):
+        extra = " (int8 keeps a data-dependent number of fp16 outlier columns: not modelled)" if key == "int8" else ""
+        raise InputError(f"--quantize {text!r} is not accepted{extra}; accepted: none, nf4")
+    return key
+
+
+def parse_targets(text: str | tuple[str, ...] | list[str] | None) -> tuple[str, ...] | None:
+    """``q,k,v`` -> ('q', 'k', 'v'); None stays None (every projection)."""
+    if text is None:
+        return None
+    parts = text.split(",") if isinstance(text, str) else list(text)
+    out = tuple(str(t).strip().lower() for t in parts if str(t).strip())
+    if not out:
+        raise InputError(f"--lora-targets is empty; accepted: a comma-separated subset of {','.join(TARGETS)}")
+    return out

@@ -1,0 +1,199 @@
+"""How each training framework composes data, context and pipeline parallelism: the ranks that shard the model
+states, and how decoder layers are split over pipeline stages.
+
+Shard group (the ranks one copy of the model states is sharded over), read in each framework's source:
+- torchtitan: FSDP2 over the flattened ``dp_shard_cp`` mesh dimension, which "includes ``cp`` even if ``cp`` is 1"
+  (torchtitan/distributed/parallel_dims.py ``build_mesh``; torchtitan/models/llama3/infra/parallelize.py applies
+  ``fully_shard`` on ``("dp_replicate", "dp_shard_cp")`` for HSDP, ``("dp_shard_cp",)`` otherwise).
+- Megatron-LM: the distributed optimizer shards over ``get_data_parallel_group(with_context_parallel=True)``
+  (megatron/core/optimizer/__init__.py ``get_megatron_optimizer``), and DDP reduces gradients over the same group
+  (megatron/core/distributed/distributed_data_parallel.py).
+- DeepSpeed (Ulysses sequence parallelism): ZeRO partitions over ``seq_data_parallel_group`` = dp x sp
+  (deepspeed/runtime/engine.py ``_configure_zero_optimizer``: ``dp_process_group=self.seq_data_parallel_group``).
+- Hugging Face (Trainer through accelerate): ``ParallelismConfig`` builds the FSDP2 mesh ``dp_shard_cp`` from
+  dp_shard x cp (src/accelerate/parallelism_config.py ``dp_shard_cp_dim_names``, ``build_device_mesh``);
+  context parallelism there needs FSDP2.
+- torchtune: ``ParallelDims(dp_replicate, dp_shard, tp)`` has no context or pipeline dimension
+  (torchtune/training/_distributed.py): it shards over dp only, and cannot run --cp or --pp.
+Every framework that runs context parallelism shards over dp x cp, so ``dp-cp`` is memcalc's default too; ``dp``
+remains as an override (``--shard-over dp``) for a layout that replicates states across the context ranks.
+
+Pipeline split (decoder layers per stage, embedding on the first, final norm + head on the last):
+- torchtitan: ``generate_llm_fqn_per_model_part`` (torchtitan/distributed/pipeline_parallel.py) weighs the input
+  and output modules as ``pipeline_parallel_first_stage_less_layers`` / ``..._last_stage_less_layers`` layers
+  (default 1 each), splits L + 2 evenly, extra units to the first stages, and takes the weights off the first and
+  last stage; stage ids go to ranks in ``loop`` style (rank k runs stages k, k + pp, ...; ``stage_ids_this_rank``).
+- Megatron-LM: an even split; uneven only with ``--decoder-first-pipeline-num-layers`` /
+  ``--decoder-last-pipeline-num-layers`` (megatron/core/transformer/transformer_block.py
+  ``get_num_layers_to_build``), which memcalc takes as an explicit ``--stage-layers``.
+- DeepSpeed: ``PipelineModule(partition_method="parameters")`` balances parameter counts of the user's layer specs
+  (deepspeed/runtime/pipe/module.py); memcalc splits evenly and asks for ``--stage-layers`` otherwise.
+"""
+
+from __future__ import annotations
+
+from itertools import accumulate
+
+from memcalc.errors import InputError, did_you_mean, shown
+from memcalc.frozen import frozen
+
+SHARD_OVER = ("dp", "dp-cp")
+"""dp: the data-parallel ranks only; dp-cp: the data x context ranks, as one flattened group."""
+DEFAULT_SHARD_OVER = "dp-cp"
+MAX_STAGES = 100_000
+"""Entries of --stage-layers at most: 10x memcalc.model.architecture.MAX_LAYERS (stages may hold no layer)."""
+
+
+@frozen
+class Framework:
+    """What one framework's composition decides."""
+
+    name: str
+    shard_over: str
+    """The group model states are sharded over (and gradients reduced over): dp or dp-cp."""
+    context_parallel: bool
+    """Whether it runs context (sequence) parallelism at all."""
+    pipeline: str
+    """none (no pipeline parallelism), weighted (torchtitan's split), even (Megatron, DeepSpeed)."""
+    uneven: str
+    """What it does when the layers do not divide the stages (for the one-line refusal), or "" when it splits."""
+
+
+FRAMEWORKS: dict[str, Framework] = {
+    "hf": Framework("hf", "dp-cp", True, "none", ""),
+    "torchtitan": Framework("torchtitan", "dp-cp", True, "weighted", ""),
+    "torchtune": Framework("torchtune", "dp", False, "none", ""),
+    "megatron": Framework("megatron", "dp-cp", True, "even",
+                          "Megatron-LM splits layers evenly unless the first and last stages are given "
+                          "(--decoder-first/last-pipeline-num-layers)"),
+    "deepspeed": Framework("deepspeed", "dp-cp", True, "even",
+                           "DeepSpeed's PipelineModule balances the parameters of your layer specs "
+                           "(partition_method='parameters'), which memcalc does not replay"),
+}  # fmt: skip
+
+
+def framework(name: str | None) -> Framework | None:
+    """The framework named ``name`` (None: none given), or one InputError line listing the known ones."""
+    if name is None:
+        return None
+    key = name.strip().lower() if isinstance(name, str) and len(name) < 100 else ""
+    if key not in FRAMEWORKS:
+        raise InputError(f"--framework {shown(name)} is not known{did_you_mean(key, FRAMEWORKS)}; accepted: "
+                         f"{', '.join(FRAMEWORKS)}")  # fmt: skip
+    return FRAMEWORKS[key]
+
+
+def check_framework(fw: Framework | None, cp: int, pp: int) -> None:
+    """Refuse a layout the framework cannot run, naming the frameworks that can."""
+    if fw is None:
+        return
+    if cp > 1 and not fw.context_parallel:
+        can = ", ".join(n for n, f in FRAMEWORKS.items() if f.context_parallel)
+        raise InputError(f"--framework {fw.name} has no context parallelism (--cp {cp}); use --cp 1, or one of: {can}")
+    if pp > 1 and fw.pipeline == "none":
+        can = ", ".join(n for n, f in FRAMEWORKS.items() if f.pipeline != "none")
+        raise InputError(f"--framework {fw.name} has no pipeline parallelism for training (--pp {pp}); use --pp 1, "
+                         f"or one of: {can}")  # fmt: skip
+
+
+def shard_over(given: str | None, fw: Framework | None) -> str:
+    """The group that shards: the override, else the framework's, else dp x cp (what every CP framework does)."""
+    if given is not None:
+        if given not in SHARD_OVER:
+            raise InputError(f"--shard-over {shown(given)} is not accepted; accepted: {', '.join(SHARD_OVER)}")
+        return given
+    return fw.shard_over if fw is not None else DEFAULT_SHARD_OVER
+
+
+def torchtitan_split(stages: int, layers: int, input_weight: int = 1, output_weight: int = 1) -> tuple[int, ...]:
+    """Decoder layers per stage as torchtitan's ``generate_llm_fqn_per_model_part`` assigns them
+    (torchtitan/distributed/pipeline_parallel.py): the embedding counts as ``input_weight`` layers on the first
+    stage, norm + output as ``output_weight`` on the last; L + weights split evenly, the remainder to the first
+    stages. 126 layers over 8 stages: 128 units, 16 each: 15, 16 x 6, 15."""
+    if stages == 1:
+        return (layers,)
+    units = layers + input_weight + output_weight
+    per, extra = divmod(units, stages)
+    if per == 0 or input_weight > per or output_weight > per:
+        raise InputError(f"torchtitan cannot split {layers} layers (+{input_weight} input, +{output_weight} output) "
+                         f"over {stages} stages: each stage needs at least one unit and more than the input/output "
+                         f"weight; give fewer stages or --stage-layers")  # fmt: skip
+    out, left = [], layers
+    for k in range(stages):
+        n = per + (1 if k < extra else 0)
+        n -= input_weight if k == 0 else output_weight if k == stages - 1 else 0
+        n = min(n, left)
+        out.append(n)
+        left -= n
+    return tuple(out)
+
+
+def check_stage_layers(stage_layers: tuple[int, ...], layers: int, pp: int, virtual: int) -> None:
+    """``--stage-layers``: pp x virtual_stages entries, each >= 0, adding up to the model's layers."""
+    want = pp * virtual
+    if len(stage_layers) != want:
+        raise InputError(f"--stage-layers has {len(stage_layers)} entries; accepted: pp({pp}) x virtual_stages("
+                         f"{virtual}) = {want} entries adding up to layers({layers})")  # fmt: skip
+    if any(n < 0 or n > layers for n in stage_layers):
+        raise InputError(f"--stage-layers {shown(stage_layers)} has an entry below 0 or above layers({layers}); "
+                         f"accepted: {want} counts >= 0 adding up to {layers}")  # fmt: skip
+    if sum(stage_layers) != layers:
+        raise InputError(f"--stage-layers adds up to {sum(stage_layers)}, not layers({layers}); accepted: {want} "
+                         f"counts >= 0 adding up to {layers}")  # fmt: skip
+
+
+def default_split(fw: Framework | None, layers: int, pp: int, virtual: int) -> tuple[int, ...] | None:
+    """Layers per stage (pp x virtual entries) as the framework splits them, or None for the even split
+    (layers divisible by the stages); one InputError line when the framework would not split them."""
+    stages = pp * virtual
+    if pp == 1 and virtual == 1:
+        return None
+    if fw is not None and fw.pipeline == "weighted":
+        return torchtitan_split(stages, layers)
+    if layers % stages == 0:
+        return None
+    why = fw.uneven if fw is not None else "memcalc splits evenly unless told"
+    alt = " or --framework torchtitan" if fw is None else ""
+    raise InputError(f"layers({layers}) is not divisible by pp({pp}) * virtual_stages({virtual}): {why}; give "
+                     f"--stage-layers (e.g. {','.join(map(str, _example(layers, stages)))}){alt}")
+
+
+def _example(layers: int, stages: int) -> tuple[int, ...]:
+    per, extra = divmod(layers, stages)
+    return tuple(per + (1 if k < extra else 0) for k in range(stages))
+
+
+def parse_stage_layers(text: str | tuple[int, ...] | list[int] | None) -> tuple[int, ...] | None:
+    """``15,16,16`` (or a sequence of whole numbers) -> a tuple; one InputError line otherwise."""
+    if text is None:
+        return None
+    bad = InputError(f"--stage-layers {shown(text)} is not accepted; accepted: decoder layers per stage as whole "
+                     "numbers, e.g. 15,16,16,15")  # fmt: skip
+    if not isinstance(text, (str, tuple, list)) or len(text) > MAX_STAGES * 8:
+        raise bad
+    items = text.split(",") if isinstance(text, str) else list(text)
+    if len(items) > MAX_STAGES:
+        raise bad
+    out = []
+    for x in items:
+        s = x.strip() if isinstance(x, str) else x
+        if isinstance(s, str) and s.lstrip("-").isdigit() and len(s) < 10:
+            s = int(s)
+        if not isinstance(s, int) or isinstance(s, bool):
+            raise bad
+        out.append(s)
+    if not out:
+        raise InputError("--stage-layers is empty; accepted: decoder layers per stage, e.g. 15,16,16,15")
+    return tuple(out)
+
+
+def chunk_starts(stage_layers: tuple[int, ...]) -> tuple[int, ...]:
+    """The first decoder layer of each model chunk."""
+    return (0, *accumulate(stage_layers))[:-1]
+
+
+def rank_layers(stage_layers: tuple[int, ...], pp: int, rank: int) -> tuple[range, ...]:
+    """The decoder layers pipeline rank ``rank`` runs, one range per model chunk: chunks rank, rank + pp, ...
+    (torchtitan's ``stage_ids_this_rank`` loop style; Megatron's interleaved schedule places chunks the same way)."""
+    starts = chunk_starts(stage_layers)
+    return tuple(range(starts[c], starts[c] + stage_layers[c]) for c in range(rank, len(stage_layers), pp))

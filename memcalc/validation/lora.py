@@ -1,0 +1,84 @@
+"""A census of what a peft LoRA model saves for backward, on this CPU (``memcalc.validation.saved``'s machinery).
+
+Wraps the tiny Hugging Face model of ``memcalc.validation.saved.build`` in ``peft.get_peft_model`` with
+``LoraConfig(r, target_modules=<the family's module names>, lora_dropout=0, bias="none")`` and
+``autocast_adapter_dtype=False`` (adapters in the regime's dtype: fp32, or bf16 under pure bf16), turns on
+``enable_input_require_grads()`` (what ``prepare_model_for_kbit_training`` and gradient checkpointing do) and records
+every tensor autograd packs. Under autocast the frozen weights' bf16 casts have no ``grad_fn`` (the weight does not
+require grad): they are told apart by their shape, that of a frozen weight, and counted as ``weight_cast``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from memcalc.model.lora import LoraPlan, projections
+from memcalc.validation import saved as sv
+
+
+def build(family: str, regime: sv.Regime, attention: str, lora: LoraPlan, recompute: bool = False):
+    """The tiny ``family`` model with peft LoRA adapters on ``lora.targets``."""
+    from peft import LoraConfig, get_peft_model
+
+    from memcalc.model.hf_config import architecture_from_config
+
+    model = sv.build(family, regime, attention, recompute)
+    arch = architecture_from_config(sv.tiny_config(family))
+    modules = sorted({p.module.split(".")[-1] for p in projections(arch) if p.names[0] in lora.targets})
+    cfg = LoraConfig(r=lora.rank, lora_alpha=2 * lora.rank, target_modules=modules, lora_dropout=0.0, bias="none")
+    peft_model = get_peft_model(model, cfg, autocast_adapter_dtype=False)
+    peft_model.enable_input_require_grads()
+    return peft_model
+
+
+def census(family: str, regime: sv.Regime, attention: str, s: int, b: int, lora: LoraPlan) -> sv.Census:
+    model = build(family, regime, attention, lora)
+    frozen = {tuple(sorted(p.shape)) for p in model.parameters() if not p.requires_grad and p.dim() == 2}
+    c = sv.census(family, regime, attention, s, b, model=model)
+    records = tuple(
+        dataclasses.replace(r, kind="weight_cast")
+        if r.kind == "activation" and r.dtype == "bfloat16" and regime == "amp-bf16" and len(r.shape) == 2
+        and tuple(sorted(r.shape)) in frozen and r.part.startswith("layer.") and "lora_" not in r.module
+        else r for r in c.records)
+    return sv.Census(records, c.layers)
+
+
+def trainable(family: str, lora: LoraPlan) -> tuple[int, int]:
+    """(trainable, all) parameters as peft counts them (``get_nb_trainable_parameters``)."""
+    model = build(family, "fp32", "sdpa", lora)
+    return model.get_nb_trainable_parameters()
+
+
+def trace_lora_step(hf_config: dict, lora: LoraPlan, *, seq_len: int, micro_batch: int = 1, precision: str = "fp32",
+                    optimizer_impl: str = "foreach", attention: str = "sdpa", recompute: str = "none",
+                    steps: int = 2, fake: bool = True):  # fmt: skip
+    """The last of ``steps`` training steps of a peft LoRA model on one device, traced by
+    ``memcalc.validation.trace_step`` (fake tensors, or real ones with ``fake=False``); AdamW over the trainable
+    parameters only, as ``Trainer.create_optimizer`` builds it."""
+    import contextlib
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from memcalc.model.hf_config import architecture_from_config
+    from memcalc.validation.trace_step import StepSpec, batch, build_model, traced_steps
+
+    spec = StepSpec(seq_len, micro_batch, precision, optimizer_impl, recompute, attention)
+    spec.check()
+    arch = architecture_from_config(hf_config)
+    modules = sorted({p.module.split(".")[-1] for p in projections(arch) if p.names[0] in lora.targets})
+    torch.manual_seed(0)
+    with FakeTensorMode() if fake else contextlib.nullcontext():
+        model = build_model(hf_config, spec)
+        cfg = LoraConfig(r=lora.rank, lora_alpha=2 * lora.rank, target_modules=modules, lora_dropout=0.0, bias="none")
+        peft_model = get_peft_model(model, cfg, autocast_adapter_dtype=False)
+        model.enable_input_require_grads()
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=1e-4, foreach=optimizer_impl == "foreach",
+                                      fused=optimizer_impl == "fused")
+        ids, pos = batch(hf_config, spec)
+        tracker = traced_steps(model, optimizer, ids, pos, spec, steps)
+    result = tracker.result(f"lora r={lora.rank} {','.join(lora.targets)} {precision} {attention}", tracker.seconds)
+    del peft_model, model, optimizer
+    return result
