@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 
 from memcalc.errors import InputError, shown
@@ -122,5 +123,10 @@ def compare(
             kwargs["accounting"] = "paper"
         elif kwargs.get("lora_rank") is not None and any(s.name != "ddp" for s in strategies_):
             kwargs["accounting"] = "paper"  # the realistic accounting models LoRA on one GPU or DDP only
-    rows = [estimate_from_input(build_input(params, strategy=s, **kwargs)) for s in strategies_]  # type: ignore[arg-type]
+    first = build_input(params, strategy=strategies_[0], **kwargs)  # type: ignore[arg-type]
+    if kwargs.get("accounting", "auto") == "auto":  # each row's accounting follows its strategy
+        inputs = [first, *(build_input(params, strategy=s, **kwargs) for s in strategies_[1:])]  # type: ignore[arg-type]
+    else:  # one accounting: the rows differ in the strategy alone (the input's checks run again for each)
+        inputs = [first, *(dataclasses.replace(first, strategy=s) for s in strategies_[1:])]
+    rows = [estimate_from_input(inp) for inp in inputs]
     return Comparison(estimates=rows)

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 import memcalc
-from memcalc.report.render import Fitted, render
+from memcalc.report.render import Fitted, comparison_table, render
 
 WIDTHS = (80, 100, 120)
 _RULES = str.maketrans({c: " " for c in "│┃┆┊║"})
@@ -67,7 +67,8 @@ def _comparison_figures(cmp) -> list[str]:
     for r in cmp.estimates:
         g, c = r.memory.per_gpu, r.communication
         other = g.total - g.parameters - g.gradients - g.optimizer_states - g.activations
-        out += [_gib(b) for b in (g.parameters, g.gradients, g.optimizer_states, g.activations, other, g.total,
+        acts = (g.activations,) if r.input.workload is not None else ()  # no column when none were counted
+        out += [_gib(b) for b in (g.parameters, g.gradients, g.optimizer_states, *acts, other, g.total,
                                   r.memory.per_node.cpu, r.memory.per_node.nvme, c.sent_bytes_per_gpu,
                                   c.inter_node_sent_bytes_per_gpu)]  # fmt: skip
         out += r.strategy.label.split()
@@ -141,3 +142,11 @@ def test_pipeline_stage_table_keeps_every_figure_at_80_columns() -> None:
     want += Counter(["micro-batches", "in", "flight", "model", "states", "most", "loaded"])
     assert not want - words
     assert "…" not in text and max(cell_len(line) for line in text.splitlines()) <= 80
+
+
+def test_compare_has_an_activations_column_only_when_activations_are_counted() -> None:
+    bare = comparison_table(memcalc.compare(params=7e9, gpus=8, strategies=["zero-2", "zero-3"]))
+    shaped = comparison_table(memcalc.compare(model="llama-2-7b", seq_len=2048, gpus=8, strategies=["zero-2", "zero-3"]))
+    assert [str(c.header) for c in bare.columns][:5] == ["strategy", "params", "grads", "optimizer", "other"]
+    assert [str(c.header) for c in shaped.columns][:6] == ["strategy", "params", "grads", "optimizer", "activations",
+                                                           "other"]

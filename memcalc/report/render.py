@@ -248,8 +248,10 @@ def comparison_table(cmp: Comparison, unit: MemoryUnit = "gib") -> Table:
     )
     # Per GPU unless said: host RAM and NVMe per node; communication sent per GPU per step, and its network part.
     timed = any(r.time is not None for r in cmp.estimates)
-    names = ["strategy", "params", "grads", "optimizer", "activations", "other", "total", "fits",
-             "host RAM/node", "NVMe/node", "sent/step", "network"] + (["step s", "tokens/s/GPU"] if timed else [])
+    # No activations column when none were counted (no --seq-len): a column of zeros would read as "none needed".
+    counted = inp.workload is not None
+    names = ["strategy", "params", "grads", "optimizer", *(["activations"] if counted else []), "other", "total",
+             "fits", "host RAM/node", "NVMe/node", "sent/step", "network"] + (["step s", "tokens/s/GPU"] if timed else [])
     for name in names:
         t.add_column(name, justify="left" if name == "strategy" else "right", no_wrap=name == "strategy")
     for r in cmp.estimates:
@@ -259,8 +261,9 @@ def comparison_table(cmp: Comparison, unit: MemoryUnit = "gib") -> Table:
         other = g.total - g.parameters - g.gradients - g.optimizer_states - g.activations
         fits = Text("yes", style="green") if r.memory.fit.fits else Text("no", style="red")
         c = r.communication
+        acts = [_mem(g.activations, unit)] if counted else []
         t.add_row(r.strategy.label, _mem(g.parameters, unit), _mem(g.gradients, unit), _mem(g.optimizer_states, unit),
-                  _mem(g.activations, unit), _mem(other, unit), Text(_mem(g.total, unit), style="bold"), fits,
+                  *acts, _mem(other, unit), Text(_mem(g.total, unit), style="bold"), fits,
                   _mem(r.memory.per_node.cpu, unit), _mem(r.memory.per_node.nvme, unit),
                   _mem(c.sent_bytes_per_gpu, unit), _mem(c.inter_node_sent_bytes_per_gpu, unit), *times)  # fmt: skip
     return t
@@ -326,7 +329,7 @@ class Fitted:
         width = options.max_width
         if self.natural <= width:
             # Whole: every column at its widest line, given to rich, which then skips measuring every cell.
-            yield self._build(list(range(len(self.need))), self.widest, self.table.title, wrap=False)
+            yield self._whole() or self._build(list(range(len(self.need))), self.widest, self.table.title, wrap=False)
             return
         parts = self.parts(width)
         if parts is None:  # narrower than the keys and one figure column: rich squeezes the table
@@ -371,6 +374,23 @@ class Fitted:
             out += [keys + c for c in fit]
         return out
 
+    def _whole(self) -> Table | None:
+        """The whole table with every cell already padded and justified to its column's width: what rich would draw
+        (same characters, same styles), without its per-cell padding and wrapping passes. None when a cell has
+        more than one line or a column is centred (rich lays those out itself)."""
+        cols = self.table.columns
+        if any(c.justify not in ("left", "right") for c in cols):
+            return None
+        cells = [[c.header, *c._cells] for c in cols]
+        if any("\n" in _plain(x) for col in cells for x in col):
+            return None
+        t = copy.copy(self.table)
+        t.padding = (0, 0, 0, 0)
+        t.columns = [replace(c, header=_fill(c.header, w, c.justify), _cells=[_fill(x, w, c.justify) for x in c._cells],
+                             width=w + 2, min_width=None, max_width=None, justify="left", no_wrap=True, _index=n)
+                     for n, (c, w) in enumerate(zip(cols, self.widest))]
+        return t
+
     def _build(self, cols: list[int], widths: list[int], title: object, wrap: bool = True) -> Table:
         t = copy.copy(self.table)
         t.title = title  # type: ignore[assignment]
@@ -379,6 +399,19 @@ class Fitted:
         t.columns = [replace(c, width=w, min_width=None, max_width=None, overflow="fold", no_wrap=not wrap, _index=n)
                      for n, (c, w) in enumerate(picked)]
         return t
+
+
+def _fill(cell: object, width: int, justify: str) -> object:
+    """A one-line cell as rich draws it in a column ``width`` wide with one space of padding each side."""
+    if isinstance(cell, Text):
+        out = cell.copy()
+        gap = width - cell_len(out.plain)
+        out.pad_left(1 + (gap if justify == "right" else 0))
+        out.pad_right(1 + (gap if justify == "left" else 0))
+        return out
+    text = str(cell)
+    gap = " " * (width - cell_len(text))
+    return f" {gap}{text} " if justify == "right" else f" {text}{gap} "
 
 
 def _plain(cell: object) -> str:
