@@ -39,8 +39,9 @@ def main() -> None:
     args = ap.parse_args()
     floor = [sys.executable, "-c", "import typer, rich.table, pydantic"]
     mission = [args.memcalc, "estimate", "--params", "175e9", "--stage", "3", "--gpus", "128"]
-    hf = [args.memcalc, "estimate", "--hf-config", str(CONFIG), "--fsdp", "FULL_SHARD", "--gpus", "8",
-          "--gpu", "h100", "--seq-len", "8192", "--micro-batch", "1"]
+    # The realistic accounting (the step's timeline): FSDP2 FULL_SHARD on 8 GPUs.
+    hf = [args.memcalc, "estimate", "--hf-config", str(CONFIG), "--fsdp", "FULL_SHARD", "--fsdp-version", "2",
+          "--gpus", "8", "--gpu", "h100", "--seq-len", "8192", "--micro-batch", "1"]
     cases = [
         ("memcalc estimate --params 175e9 --stage 3 --gpus 128", mission, 1.3),
         ("memcalc estimate ... --json", [*mission, "--json"], 1.3),
