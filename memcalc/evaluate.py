@@ -188,7 +188,7 @@ def notes(plan: Plan) -> list[str]:
         from memcalc.memory.realistic import why_not
 
         why = why_not(plan.arch, plan.precision.name, plan.optimizer.name, plan.spec.name, plan.work, plan.tp,
-                      plan.pp, plan.cp, plan.ep, plan.fsdp_version, lora=plan.lora)
+                      plan.pp, plan.cp, plan.ep, plan.fsdp_version, lora=plan.lora, framework=plan.framework)
         if why is not None:
             out.append(f"realistic accounting (the peak of a real step) not used: {why}")
     return out

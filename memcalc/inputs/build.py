@@ -297,7 +297,7 @@ def build_input(
 
         realistic = why_not(the_model.architecture, the_precision.name, the_optimizer.name, the_strategy.spec.name, workload,
                             parallelism.tp, parallelism.pp, parallelism.cp, parallelism.ep, fsdp_version,
-                            lora=the_lora) is None
+                            lora=the_lora, framework=parallelism.framework) is None
         accounting = "realistic" if realistic else "paper"
     if overheads is None:
         # CUDA context: the paper's round 0.5 GiB; the realistic accounting's measured 0.75 GiB (H100, torch 2.11).

@@ -217,7 +217,8 @@ class EstimateInput(Record):
             from memcalc.memory.realistic import why_not
 
             why = why_not(arch, self.precision.name, self.optimizer.name, self.strategy.spec.name, w, par.tp,
-                          par.pp, par.cp, par.ep, self.framework.fsdp_version, lora=self.lora)
+                          par.pp, par.cp, par.ep, self.framework.fsdp_version, lora=self.lora,
+                          framework=par.framework)
             if why is not None:
                 raise InputError(f"--accounting realistic: {why}; use --accounting paper")
         elif w is not None:

@@ -25,5 +25,5 @@ def to_plan(inp: EstimateInput) -> Plan:
         bucket_view=f.bucket_view, min_num_params=f.min_num_params, zero3=f.zero3(), zero3_step=f.zero3_step,
         zero_init=e.zero_init, buffer_factor=e.buffer_factor, largest_layer_params=e.largest_layer_params,
         lora=inp.lora_plan,  # type: ignore[arg-type]
-        shard_over=inp.shard_over, stage_layers=inp.stage_layers,
+        shard_over=inp.shard_over, stage_layers=inp.stage_layers, framework=par.framework,
     )

@@ -110,6 +110,9 @@ class Plan:
     even split."""
     lora: LoraPlan | None = None
     """LoRA adapters on a frozen base (QLoRA: the base's linear weights in NF4); None: every parameter trains."""
+    framework: str | None = None
+    """Whose training code (``--framework``): torchtitan's model code changes what the layers save (the realistic
+    accounting's ``code``); None and the others run Hugging Face's."""
     dp: int = field(init=False, repr=False, compare=False)
     """Data-parallel degree: gpus / (tp x pp x cp). Derived, like ``shard_group_size`` and ``replicas``."""
     shard_group_size: int = field(init=False, repr=False, compare=False)

@@ -33,8 +33,15 @@ SHARDED_FAMILIES = ("llama", "mistral", "qwen2")
 
 
 def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any, tp: int = 1, pp: int = 1,
-            cp: int = 1, ep: int = 1, fsdp_version: int = 2, lora: Any = None) -> str | None:
+            cp: int = 1, ep: int = 1, fsdp_version: int = 2, lora: Any = None, framework: str | None = None
+            ) -> str | None:  # fmt: skip
     """Why the realistic accounting does not apply to this set-up (one line), or None when it does."""
+    if framework == "torchtitan" and arch is not None and work is not None:
+        from memcalc.memory.saved import LLAMA_LIKE
+
+        if arch.family not in LLAMA_LIKE or precision.startswith("amp") or work.attention == "eager" or lora:
+            return ("--framework torchtitan: its model code is profiled for Llama-style layers in fp32, bf16 or "
+                    "bf16-mixed (FSDP2) with flash/sdpa attention and no LoRA")
     if lora is not None:
         why = _why_not_lora(arch, strategy, work)
         if why is not None:
@@ -142,7 +149,8 @@ def evaluate(plan: Plan) -> Realistic:
                   s=w.seq_len, b=w.micro_batch, recompute=w.recompute, optimizer_impl=w.optimizer_impl,
                   optimizer_states=OPTIMIZER_STATES[plan.optimizer.name], loss=w.loss, device=w.device,
                   position_ids=False, use_cache=False,
-                  world=plan.shard_group_size if sharded else 1, fsdp_param_dtype=policy, lora=plan.lora)
+                  world=plan.shard_group_size if sharded else 1, fsdp_param_dtype=policy, lora=plan.lora,
+                  code="torchtitan" if plan.framework == "torchtitan" else "hf")
     peak = tl.peak
     rows = [_row(name, n, plan) for name, n in peak.parts]
     allocated = peak.live_bytes

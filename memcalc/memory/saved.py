@@ -164,16 +164,33 @@ def _weight_casts(x: Shape, family: str) -> list[SavedTensor]:
             SavedTensor("MLP weights (bf16 casts)", 2 * mlp, "weight_cast")]  # fmt: skip
 
 
+CODES = ("hf", "torchtitan")
+"""Whose model code runs the layers: Hugging Face transformers' modeling files, or torchtitan's Llama 3."""
+
+
+def check_code(code: str, family: str, regime: str, attention: str) -> None:
+    """torchtitan's model code is Llama 3's, trained in fp32 or bf16 (FSDP2 param_dtype), with flex or SDPA."""
+    if code not in CODES:
+        raise InputError(f"model code {code!r} has no saved-tensor profile; known: {', '.join(CODES)}")
+    if code == "torchtitan" and (family not in LLAMA_LIKE or regime == "amp-bf16" or attention != "sdpa"):
+        raise InputError(f"torchtitan's model code is Llama's in fp32 or bf16 with flex/SDPA attention; got {family}, "
+                         f"{regime}, {attention}")
+
+
 def layer_saved(arch: Architecture, *, family: str, regime: Regime, attention: str, s: int, b: int,
                 recompute: bool = False, device: str = "cpu",
-                rotary_dims: int | None = None, lora: Any = None) -> list[SavedTensor]:  # fmt: skip
+                rotary_dims: int | None = None, lora: Any = None, code: str = "hf") -> list[SavedTensor]:  # fmt: skip
     """Every storage one decoder layer of ``family`` saves for backward, per micro-batch (``lora``: a
-    ``memcalc.model.lora.LoraPlan``, peft adapters on a frozen base: ``_lora_layer``)."""
+    ``memcalc.model.lora.LoraPlan``, peft adapters on a frozen base: ``_lora_layer``; ``code``: whose modeling
+    code, ``hf`` or ``torchtitan``: ``_torchtitan_layer``)."""
     _check(family, regime, attention)
+    check_code(code, family, regime, attention)
     d, r, amp = _dtypes(regime)
     x, cuda = shape(arch, s, b, rotary_dims), device == "cuda"
     if recompute:
         return [SavedTensor("layer input (checkpoint)", r * x.t * x.h)]
+    if code == "torchtitan":
+        return _torchtitan_layer(x, d, cuda)
     if lora is not None:
         return _lora_layer(arch, x, family, attention, d, r, amp, cuda, lora)
     out = _norm(x, family, r, amp, "norm 1", cuda=cuda)
@@ -193,6 +210,36 @@ def layer_saved(arch: Architecture, *, family: str, regime: Regime, attention: s
     if amp:
         out += _weight_casts(x, family)
     return out
+
+
+def _torchtitan_norm(x: Shape, d: int, cuda: bool, label: str) -> list[SavedTensor]:
+    """torchtitan's ``nn.RMSNorm`` (``F.rms_norm``). On CPU the composite upcasts, multiplies by rstd and by the
+    weight in fp32 and keeps the fp32 input, rstd and the fp32 normalized tensor in both regimes (census:
+    ``memcalc.validation.saved_torchtitan``). On CUDA ``rms_norm`` dispatches to ``_fused_rms_norm``, whose
+    derivative keeps its input and rstd only (pytorch aten/src/ATen/native/layer_norm.cpp ``rms_norm_symint``;
+    tools/autograd/derivatives.yaml ``_fused_rms_norm``): derived from the source, not measured on a GPU."""
+    t, h = x.t, x.h
+    if cuda:
+        return [SavedTensor(f"{label} input", d * t * h), SavedTensor(f"{label} rstd (fp32)", 4 * t)]
+    return [SavedTensor(f"{label} input (fp32)", 4 * t * h), SavedTensor(f"{label} rstd (fp32)", 4 * t),
+            SavedTensor(f"{label} normalized (fp32)", 4 * t * h)]  # fmt: skip
+
+
+def _torchtitan_layer(x: Shape, d: int, cuda: bool) -> list[SavedTensor]:
+    """One torchtitan Llama 3 block (torchtitan 0.3.0 models/llama3/model.py; census on CPU with its own modules,
+    fp32 and bf16: ``memcalc.validation.saved_torchtitan``). Against Hugging Face's llama layer: the norms above;
+    q, k, v from one fused ``wqkv`` (one saved input, as HF's three projections share theirs); the rotary table
+    gathered per layer by the trainer's positions (complex64, 8 bytes per T·hd/2: 4·T·hd; models/common/rope.py),
+    where HF shares cos, sin outside the layers; flex attention (or SDPA) keeps q, k, v at their widths, the output
+    (the ``wo`` input) and the fp32 log-sum-exp, as HF's SDPA does; SwiGLU keeps w1's, SiLU's and w3's outputs and
+    their product."""
+    t = x.t
+    return [*_torchtitan_norm(x, d, cuda, "attention norm"), SavedTensor("wqkv input", d * t * x.h),
+            SavedTensor("rotary table (complex64, gathered per layer)", 4 * t * x.hd),
+            SavedTensor("Q", d * t * x.qw), SavedTensor("K, V", 2 * d * t * x.kvw),
+            SavedTensor("attention output (wo input)", d * t * x.qw), SavedTensor("log-sum-exp (fp32)", 4 * x.heads * t),
+            *_torchtitan_norm(x, d, cuda, "ffn norm"), SavedTensor("w1/w3 input", d * t * x.h),
+            SavedTensor("w1 output, SiLU output, w3 output, w2 input", 4 * d * t * x.ffn)]  # fmt: skip
 
 
 def _lora_layer(arch: Architecture, x: Shape, family: str, attention: str, d: int, r: int, amp: bool, cuda: bool,

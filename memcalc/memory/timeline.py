@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from memcalc.errors import InputError
 from memcalc.frozen import frozen
-from memcalc.memory.saved import FAMILIES, LLAMA_LIKE, REGIMES, _check, loss_transient, shape
+from memcalc.memory.saved import FAMILIES, LLAMA_LIKE, REGIMES, _check, check_code, loss_transient, shape
 from memcalc.memory.timeline_layers import layer_sizes, parse_recompute
 from memcalc.memory.timeline_states import FsdpOverlay, lora_states, param_tensors, states
 from memcalc.model.architecture import Architecture
@@ -67,7 +67,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
              recompute: str = "none", optimizer_impl: str = "foreach", optimizer_states: str = "adamw",
              loss: str = "standard", device: str = "cpu", position_ids: bool = True, use_cache: bool = True,
              rotary_dims: int | None = None, world: int = 1,
-             fsdp_param_dtype: str | None = None, lora=None) -> Timeline:  # fmt: skip
+             fsdp_param_dtype: str | None = None, lora=None, code: str = "hf") -> Timeline:  # fmt: skip
     """Moments of one training step of a Hugging Face ``family`` model on one GPU.
 
     regime: fp32 | bf16 (pure: weights, gradients, AdamW moments bf16) | amp-bf16 (fp32 weights, autocast).
@@ -84,8 +84,12 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     (``MixedPrecisionPolicy(param_dtype=)``). lora: a ``memcalc.model.lora.LoraPlan`` (peft adapters on a frozen
     base, one GPU or DDP): adapter states only, the layers' LoRA saved tensors, a frozen head and final norm that
     keep no input; the layer backward transients stay the full model's (an upper bound).
+    code: whose model code runs the layers, ``hf`` or ``torchtitan`` (its Llama 3: ``memcalc.memory.saved``'s
+    ``_torchtitan_layer``; the rotary table is gathered per layer, the final norm is its ``nn.RMSNorm``; the loss
+    stays Hugging Face's, whose logits outlive the forward where torchtitan deletes them: a bound of d·T·V).
     """
     _check(family, regime, attention)
+    check_code(code, family, "bf16" if fsdp_param_dtype == "bf16" else regime, attention)
     if device not in ("cpu", "cuda"):
         raise InputError(f"device {device!r} is not one of cpu, cuda")
     if s < 1 or b < 1:
@@ -117,11 +121,11 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
 
     # ---- forward ---------------------------------------------------------------------------------------------
     prologue = [("embedding output", r * t * h)]
-    if arch.position == "rotary":
+    if arch.position == "rotary" and code == "hf":  # torchtitan gathers its table inside each layer
         rows = b if position_ids else 1
         prologue.append(("rotary cos, sin", 2 * rows * s * x.rot * r))
     layers = [layer_sizes(arch, family=family, regime=act, attention=attention, s=s, b=b, policy=policy,
-                          index=i, device=device, rotary_dims=rotary_dims, lora=lora)
+                          index=i, device=device, rotary_dims=rotary_dims, lora=lora, code=code)
               for i in range(arch.layers)]  # fmt: skip
     kept = 0
     cache = 0  # autocast's cast cache beyond what the matmuls save: bf16 copies of recomputed layers' weights
@@ -145,7 +149,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
                                base + prologue[1:] + acts + [("down projection output", d * t * h)]))  # fmt: skip
     resid = layers[-1].residual
     layers_kept = kept + resid
-    head = _head(x, family, act, loss)
+    head = _head(x, family, act, loss, code, device)
     if lora is not None:  # frozen final norm weight and head: no normalized tensor, no head input kept
         head = [(n, b - (4 if act != "bf16" else 2) * t * h if n == "final norm saved" else b) for n, b in head
                 if n != "head input (bf16 cast)"]
@@ -218,12 +222,14 @@ def _chunk(lp, index: int) -> int:
     return lp.names[index][1] if index < len(lp.names) else 0
 
 
-def _head(x, family: str, regime: str, loss: str) -> list[tuple[str, int]]:
+def _head(x, family: str, regime: str, loss: str, code: str = "hf", device: str = "cpu") -> list[tuple[str, int]]:
     """Saved between the last layer and the logits: the final norm's tensors (its input is the last layer's
     output, already counted), the head's input and, under autocast, the head weight's bf16 copy."""
     t, h = x.t, x.h
     amp = regime == "amp-bf16"
-    if family in LLAMA_LIKE:  # LlamaRMSNorm: fp32 copy (a new tensor only under bf16), rstd, normalized
+    if code == "torchtitan":  # nn.RMSNorm: CPU composite fp32 copy (bf16), rstd, fp32 normalized; CUDA fused: rstd
+        norm = 4 * t if device == "cuda" else (4 * t * h if regime == "bf16" else 0) + 4 * t + 4 * t * h
+    elif family in LLAMA_LIKE:  # LlamaRMSNorm: fp32 copy (a new tensor only under bf16), rstd, normalized
         norm = (4 * t * h if regime == "bf16" else 0) + 4 * t + (2 if regime == "bf16" else 4) * t * h
     else:
         norm = 2 * (2 if regime == "bf16" else 4) * t

@@ -67,13 +67,16 @@ class LayerSizes:
     parts: tuple[tuple[str, int], ...]
 
 
-def _op_sac(x, d: int, r: int) -> list[SavedTensor]:
+def _op_sac(x, d: int, r: int, code: str = "hf") -> list[SavedTensor]:
     """torchtitan per-op SAC (torchtitan/distributed/activation_checkpoint.py ``_get_custom_policy``): of the
     block's matmuls q, k, v, o, w1, w3, w2 every second output is saved (q, v, w1, w2), plus the attention
-    kernel's outputs (output and fp32 log-sum-exp); everything else is recomputed from the block input."""
+    kernel's outputs (output and fp32 log-sum-exp); everything else is recomputed from the block input. torchtitan
+    0.3's own Llama fuses q, k, v into ``wqkv``: its five matmuls wqkv, wo, w1, w3, w2 keep wqkv, w1 and w2 (census:
+    ``memcalc.validation.saved_torchtitan``, selective)."""
     t = x.t
-    return [SavedTensor("block input (checkpoint)", r * t * x.h),
-            SavedTensor("q, v outputs", d * t * (x.qw + x.kvw)),
+    qkv = (SavedTensor("wqkv output", d * t * (x.qw + 2 * x.kvw)) if code == "torchtitan"
+           else SavedTensor("q, v outputs", d * t * (x.qw + x.kvw)))
+    return [SavedTensor("block input (checkpoint)", r * t * x.h), qkv,
             SavedTensor("w1 (gate) output", d * t * x.ffn), SavedTensor("w2 (down) output", d * t * x.h),
             SavedTensor("attention output", d * t * x.qw), SavedTensor("log-sum-exp (fp32)", 4 * x.heads * t)]  # fmt: skip
 
@@ -114,8 +117,9 @@ def _attention_backward(saved: list[SavedTensor], x, d: int, w: int, mlp_params:
 
 
 def layer_sizes(arch, *, family: str, regime: str, attention: str, s: int, b: int, policy: Policy, index: int,
-                device: str = "cpu", rotary_dims: int | None = None, lora=None) -> LayerSizes:  # fmt: skip
-    kw = dict(family=family, regime=regime, attention=attention, s=s, b=b, device=device, rotary_dims=rotary_dims)
+                device: str = "cpu", rotary_dims: int | None = None, lora=None, code: str = "hf") -> LayerSizes:  # fmt: skip
+    kw = dict(family=family, regime=regime, attention=attention, s=s, b=b, device=device, rotary_dims=rotary_dims,
+              code=code)
     saved = layer_saved(arch, **kw, lora=lora)  # LoRA: the backward transients below stay the full model's (a bound)
     full, casts = total(saved), total(saved, "weight_cast")
     x = shape(arch, s, b, rotary_dims)
@@ -136,7 +140,7 @@ def layer_sizes(arch, *, family: str, regime: str, attention: str, s: int, b: in
         if family not in LLAMA_LIKE or attention != "sdpa":
             raise InputError(f"recompute 'op-sac' is modelled for {', '.join(LLAMA_LIKE)} with sdpa; got "
                              f"{family} with {attention}")  # fmt: skip
-        keep = _op_sac(x, d, r)
+        keep = _op_sac(x, d, r, code)
         kept, kept_casts, rec = total(keep), 0, full
         parts = tuple((k.name, k.bytes) for k in keep)
     elif policy.kind == "selective":
