@@ -300,3 +300,20 @@ def test_torchtitan_reader_sets_framework_and_split(tmp_path, extra, split, virt
     else:
         with pytest.raises(InputError, match=r"--stage-layers adds up to 5, not layers\(32\)"):
             memcalc.estimate(**r.arguments, accounting="paper")
+
+
+def test_fsdp_inside_pipeline_stages_keeps_the_stage_gathered_and_its_gradients_unsharded():
+    # torchtitan: no reshard after forward under PP; pipelining turns gradient sync off until the last micro-batch
+    kw = dict(model="llama-3-8b", gpus=16, pp=2, fsdp="FULL_SHARD", seq_len=2048, grad_accum=4, gpu="h100")
+    est = memcalc.estimate(framework="torchtitan", **kw)
+    top = max(est.memory.stages, key=lambda s: s.total)  # the stage the rows describe
+    rows = {r.key: r.bytes for r in est.memory.per_gpu.rows}
+    assert rows["pipeline_gathered_parameters"] == 2 * top.parameters  # bf16 compute copy of the whole stage
+    assert rows["pipeline_unsharded_gradients"] == 4 * top.parameters  # fp32: FSDP2's reduce dtype accumulates
+    ops = [(c.op, c.phase, c.calls_per_step) for c in est.communication.collectives if c.group == "data-parallel"]
+    assert ops == [("all-gather", "forward", 1), ("reduce-scatter", "backward", 1)]  # once per step, not per micro-batch
+    flat = memcalc.estimate(model="llama-3-8b", gpus=8, fsdp="FULL_SHARD", seq_len=2048, grad_accum=4, gpu="h100",
+                            accounting="paper")
+    assert not {"pipeline_gathered_parameters", "pipeline_unsharded_gradients"} & {r.key for r in flat.memory.per_gpu.rows}
+    gathers = [c.calls_per_step for c in flat.communication.collectives if c.op == "all-gather"]
+    assert gathers == [4, 4]  # without a pipeline: forward and backward, every micro-batch

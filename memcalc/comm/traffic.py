@@ -89,6 +89,7 @@ def data_parallel_collectives(
     stride: int = 1,
     trainable: int | None = None,
     gathered_bytes: int | None = None,
+    kept_gathered: bool = False,
 ) -> list[Collective]:
     """Collectives one GPU takes part in per optimizer step.
 
@@ -96,7 +97,8 @@ def data_parallel_collectives(
     Ψ x param bytes) what one all-gather of the parameters carries: under LoRA only the adapters are reduced, while
     ZeRO-3/FSDP gather the frozen base (NF4-packed under QLoRA) with them. (FSDP1 with one flat parameter mixing
     frozen and trainable weights reduces the flat gradient, zeros included; peft's FSDP recipes wrap the adapters
-    apart from the base, which this follows.)
+    apart from the base, which this follows.) ``kept_gathered``: FSDP2 inside pipeline stages (``memcalc.memory.paper
+    .fsdp_under_pipeline``) gathers each unit once per step and reduce-scatters once, after the last micro-batch.
 
     ``n`` is the shard group (ZeRO's N; 1 when nothing is sharded), ``replicas`` the copies across
     which hybrid strategies all-reduce. Gathered/scattered tensors are padded to ⌈Ψ/n⌉·n elements,
@@ -109,6 +111,9 @@ def data_parallel_collectives(
     sharded = spec.shards_params or spec.shards_grads or spec.shards_optimizer
     micro = grad_accum if spec.reduce_each_micro_batch else 1
     grads = psi if trainable is None else trainable
+    gather = spec.param_gather
+    if kept_gathered:
+        gather, grad_accum, micro = "forward", 1, 1
 
     if not sharded:
         # DDP / ZeRO-0 / NO_SHARD: one all-reduce of all gradients per step (accumulated under no_sync).
@@ -124,7 +129,6 @@ def data_parallel_collectives(
     gathered = padded * param_bytes if gathered_bytes is None else ceil_div(gathered_bytes, n) * n
     reduced = shard_numel(grads, n) * n * grad_bytes
     crosses = _group_crosses_nodes(n * stride, gpus_per_node)
-    gather = spec.param_gather
     # Appended in step order (forward, backward, optimizer step), as ``in_step_order`` would sort them.
     if n > 1:
         if gather in ("forward", "forward_and_backward"):

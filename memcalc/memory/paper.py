@@ -122,7 +122,7 @@ def model_state_rows(plan: Plan, groups: list[ParamGroup]) -> list[Row]:
             rows.append(Row(key, label, cpu, "cpu", "model_state", "on cpu: " + detail))
         if nvme:
             rows.append(Row(key, label, nvme, "nvme", "model_state", "on nvme: " + detail))
-    return rows
+    return rows + pipeline_fsdp_rows(plan, groups)
 
 
 def lora_state_rows(plan: Plan, group: ParamGroup) -> list[Row]:
@@ -169,6 +169,35 @@ def lora_state_rows(plan: Plan, group: ParamGroup) -> list[Row]:
         if nvme:
             rows.append(Row(key, label, nvme, "nvme", "model_state", "on nvme: " + detail))
     return rows
+
+
+def fsdp_under_pipeline(plan: Plan) -> bool:
+    """FSDP2 sharding inside pipeline stages, as torch.distributed.pipelining and torchtitan run it (the one
+    framework that composes them; Megatron and DeepSpeed pipelines shard optimizer states only)."""
+    return (plan.pp > 1 and plan.spec.framework == "fsdp" and plan.spec.shards_params and plan.offload_params == "none"
+            and plan.framework in (None, "torchtitan"))
+
+
+def pipeline_fsdp_rows(plan: Plan, groups: list[ParamGroup]) -> list[Row]:
+    """What a pipeline stage under FSDP2 keeps unsharded for the whole step. torchtitan does not reshard after
+    forward when pipelining ("to avoid per-microbatch all-gathers", torchtitan/distributed/fsdp.py
+    ``get_fsdp_reshard_after_forward_policy``: default = ``not pp_enabled``), and the pipeline stage turns gradient
+    sync and resharding off for every micro-batch's backward (torch/distributed/pipelining/stage.py
+    ``backward_maybe_with_nosync``: ``set_requires_gradient_sync(False)``, ``set_reshard_after_backward(False)``)
+    until ``perform_reduce_grad`` after the last one. So the stage's parameters stay gathered in the compute dtype,
+    and its unsharded gradients accumulate in FSDP's reduce dtype (``FSDPParam.to_accumulated_grad_if_needed``:
+    fp32 under torchtitan's default ``mixed_precision_reduce = "float32"`` when a master copy exists)."""
+    if not fsdp_under_pipeline(plan):
+        return []
+    p = plan.precision
+    psi = sum(g.psi for g in groups)
+    acc = 4 if p.master_bytes else p.grad_bytes
+    return [Row("pipeline_gathered_parameters", f"stage parameters, gathered ({p.low_dtype})", psi * p.param_bytes,
+                "gpu", "model_state", f"{p.param_bytes}Ψ_stage: not resharded after forward under pipelining "
+                "(torchtitan fsdp.py; pipelining stage.py)"),
+            Row("pipeline_unsharded_gradients", f"stage gradients, unsharded until the last micro-batch "
+                f"({'fp32' if acc == 4 else p.low_dtype})", psi * acc, "gpu", "model_state",
+                f"{acc}Ψ_stage: reduce-scatter after the last micro-batch (pipelining stage.py perform_reduce_grad)")]
 
 
 @lru_cache(maxsize=256)
