@@ -155,7 +155,7 @@ def _collectives(plan: Plan, issued: list, psi: int, stage: int, st: object) -> 
                                                  plan.shard_domain, plan.gpus_per_node, p.param_bytes, p.grad_bytes,
                                                  p.low_dtype, plan.grad_accum, plan.intra_link,
                                                  stride=plan.domain_stride, trainable=trainable, gathered_bytes=gathered,
-                                                 kept_gathered=paper.fsdp_under_pipeline(plan))
+                                                 kept_gathered=plan.pp > 1 and paper.fsdp_under_pipeline(plan))
         if arch is None or st is None or (plan.model_parallel == 1 and plan.ep == 1):
             return rows  # already in step order, and no model-parallel traffic to merge
     if arch is not None and st is not None:

@@ -4,7 +4,8 @@
 (about 0.15 ms each at import; memcalc's core has some forty such tables, paid on every start of the command line).
 Here only ``__init__`` and the frozen ``__setattr__`` are generated; equality, hash and repr are three shared
 functions reading the fields through one ``operator.attrgetter`` per class, with the dataclass meaning: fields with
-``compare=False`` take no part in equality and hash, fields with ``repr=False`` are not shown.
+``compare=False`` take no part in equality and hash, fields with ``repr=False`` are not shown. The hash is computed
+once per object (the objects are immutable).
 """
 
 from __future__ import annotations
@@ -44,7 +45,13 @@ def _eq(self: Any, other: object) -> bool:
 
 
 def _hash(self: Any) -> int:
-    return hash(self.__frozen_key__(self))
+    # Immutable, so hashed once: the core's cached functions take these tables as keys on every evaluation.
+    try:
+        return self.__dict__["__frozen_hash__"]  # type: ignore[no-any-return]
+    except KeyError:
+        h = hash(self.__frozen_key__(self))
+        object.__setattr__(self, "__frozen_hash__", h)
+        return h
 
 
 def _repr(self: Any) -> str:

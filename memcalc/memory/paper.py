@@ -122,7 +122,7 @@ def model_state_rows(plan: Plan, groups: list[ParamGroup]) -> list[Row]:
             rows.append(Row(key, label, cpu, "cpu", "model_state", "on cpu: " + detail))
         if nvme:
             rows.append(Row(key, label, nvme, "nvme", "model_state", "on nvme: " + detail))
-    return rows + pipeline_fsdp_rows(plan, groups)
+    return rows + pipeline_fsdp_rows(plan, groups) if plan.pp > 1 else rows
 
 
 def lora_state_rows(plan: Plan, group: ParamGroup) -> list[Row]:
