@@ -151,6 +151,11 @@ def _collectives(plan: Plan, issued: list, psi: int, stage: int, st: object) -> 
 
             sp = lr.split(psi, arch.layers, lr.layer_lora(arch, plan.lora), plan.lora.quantize, p.param_bytes)
             trainable, gathered = sp.adapters, sp.frozen_bytes + sp.adapters * p.param_bytes
+        elif plan.float8_all_gather and arch is not None:
+            from memcalc.model.float8 import layer_weights  # the converted weights travel as 1-byte fp8 data
+
+            fp8 = paper.layer_count(plan, stage) * layer_weights(arch, plan.tp)
+            gathered = psi * p.param_bytes - fp8 * (p.param_bytes - 1)
         rows = traffic.data_parallel_collectives(psi, plan.spec, plan.shard_group_size, plan.replicas,
                                                  plan.shard_domain, plan.gpus_per_node, p.param_bytes, p.grad_bytes,
                                                  p.low_dtype, plan.grad_accum, plan.intra_link,
@@ -189,7 +194,8 @@ def notes(plan: Plan) -> list[str]:
         from memcalc.memory.realistic import why_not
 
         why = why_not(plan.arch, plan.precision.name, plan.optimizer.name, plan.spec.name, plan.work, plan.tp,
-                      plan.pp, plan.cp, plan.ep, plan.fsdp_version, lora=plan.lora, framework=plan.framework)
+                      plan.pp, plan.cp, plan.ep, plan.fsdp_version, lora=plan.lora, framework=plan.framework,
+                      float8_all_gather=plan.float8_all_gather)
         if why is not None:
             out.append(f"realistic accounting (the peak of a real step) not used: {why}")
     return out

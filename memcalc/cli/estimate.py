@@ -77,6 +77,8 @@ from memcalc.cli.options import (
     LoraRank,
     LoraTargets,
     Quantize,
+    Float8,
+    Float8AllGather,
 )
 from memcalc.errors import InputError
 
@@ -159,6 +161,8 @@ def estimate(
     lora_rank: LoraRank = None,
     lora_targets: LoraTargets = None,
     quantize: Quantize = "none",
+    float8: Float8 = "none",
+    float8_all_gather: Float8AllGather = False,
 ) -> None:
     """Memory per GPU and communication per step for one strategy."""
 
@@ -191,6 +195,7 @@ def estimate(
             network_gbits_per_gpu=network_gbits_per_gpu, intra_node_efficiency=intra_node_efficiency,
             network_efficiency=network_efficiency, pcie_gbps=pcie_gbps, host_memory_gbps=host_memory_gbps,
             lora_rank=lora_rank, lora_targets=lora_targets, quantize=quantize.strip().lower(),
+            float8=float8, float8_all_gather=float8_all_gather,
         )  # fmt: skip
         result = run(**with_config(ctx, kwargs, deepspeed, accelerate_config, torchtitan_config))
         show(result, output_format(fmt, json), u)
@@ -237,6 +242,8 @@ def compare(
     lora_rank: LoraRank = None,
     lora_targets: LoraTargets = None,
     quantize: Quantize = "none",
+    float8: Float8 = "none",
+    float8_all_gather: Float8AllGather = False,
 ) -> None:
     """Every strategy side by side: memory parts, total, fit, host RAM, communication and step time (ranked)."""
 
@@ -260,6 +267,7 @@ def compare(
             stage_layers=stage_layers, cluster=cluster, tokens=tokens,
             price_per_gpu_hour=price_per_gpu_hour, network_gbits_per_gpu=network_gbits_per_gpu,
             lora_rank=lora_rank, lora_targets=lora_targets, quantize=quantize.strip().lower(),
+            float8=float8, float8_all_gather=float8_all_gather,
         )  # fmt: skip
         show(result, output_format(fmt, json), u)
 

@@ -123,6 +123,8 @@ CHECKS: dict[str, tuple[Check, str]] = {
                      "comma-separated projection names such as 'q,k,v,o' (q, k, v, o, gate, up, down), a list of "
                      "them, or None"),
     "quantize": _kind(str, text="none, nf4"),
+    "float8": _kind(str, text="none, tensorwise, rowwise"),
+    "float8_all_gather": _SWITCH,
 }
 """Keywords of ``build_input`` checked here: (accepts?, what is accepted). The shape flags and ``hf_config`` are
 checked where they are read (``resolve_architecture``, ``Architecture``, ``memcalc.model.hf_config.read_bounded``)."""

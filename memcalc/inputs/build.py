@@ -250,6 +250,8 @@ def build_input(
     network_efficiency: float | None = None,
     pcie_gbps: float | None = None,
     host_memory_gbps: float | None = None,
+    float8: str = "none",
+    float8_all_gather: bool = False,
     lora_rank: int | None = None,
     lora_targets: str | Sequence[str] | None = None,
     quantize: str = "none",
@@ -297,7 +299,8 @@ def build_input(
 
         realistic = why_not(the_model.architecture, the_precision.name, the_optimizer.name, the_strategy.spec.name, workload,
                             parallelism.tp, parallelism.pp, parallelism.cp, parallelism.ep, fsdp_version,
-                            lora=the_lora, framework=parallelism.framework) is None
+                            lora=the_lora, framework=parallelism.framework,
+                            float8_all_gather=float8_all_gather) is None
         accounting = "realistic" if realistic else "paper"
     if overheads is None:
         # CUDA context: the paper's round 0.5 GiB; the realistic accounting's measured 0.75 GiB (H100, torch 2.11).
@@ -343,11 +346,20 @@ def build_input(
         overheads=overheads,
         grad_accum=grad_accum if grad_accum is not None else micro_batches if micro_batches is not None else 1,
         lora=the_lora,
+        float8=_float8(float8),  # type: ignore[arg-type]
+        float8_all_gather=float8_all_gather,
         timing=Timing(cluster=cluster, tokens=None if tokens is None else float(parse_count(tokens, "--tokens")),
                       price_per_gpu_hour=price_per_gpu_hour, intra_node_gbps=intra_node_gbps,
                       network_gbits_per_gpu=network_gbits_per_gpu, intra_node_efficiency=intra_node_efficiency,
                       network_efficiency=network_efficiency, pcie_gbps=pcie_gbps, host_memory_gbps=host_memory_gbps),
     )
+
+
+def _float8(recipe: str) -> str:
+    key = str(recipe).strip().lower()
+    if key not in ("none", "tensorwise", "rowwise"):
+        raise InputError(f"--float8 {recipe!r} is not accepted; accepted: none, tensorwise, rowwise")
+    return key
 
 
 def _lora(rank: int | None, targets: str | Sequence[str] | None, quantize: str) -> Lora | None:

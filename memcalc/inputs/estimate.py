@@ -91,6 +91,11 @@ class EstimateInput(Record):
     """How the step is timed: cluster, link overrides, tokens and price (``memcalc.time``)."""
     lora: Lora | None = None
     """LoRA/QLoRA fine-tuning of a frozen base (``memcalc.model.lora``); None: every parameter trains."""
+    float8: Literal["none", "tensorwise", "rowwise"] = "none"
+    """torchao float8 training of the decoder layers' linears (``memcalc.model.float8``): none, tensorwise or rowwise
+    dynamic scaling; every GEMM of a converted linear (forward, input and weight gradients) runs in fp8."""
+    float8_all_gather: bool = False
+    """FSDP2 all-gathers the converted weights in fp8 (torchao ``enable_fsdp_float8_all_gather``; tensorwise only)."""
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -109,6 +114,8 @@ class EstimateInput(Record):
         arch = self.model.architecture
         if self.lora is not None:
             self._lora_applies(arch)
+        if self.float8 != "none" or self.float8_all_gather:
+            self._float8_applies(arch)
         self._accounting_applies(arch, dp)
         # A bare count has no layers to place on pipeline stages and no activations for tensor parallelism to
         # exchange: its tp/pp traffic cannot be counted, so a shape is needed rather than a split without traffic.
@@ -187,6 +194,20 @@ class EstimateInput(Record):
             if span > g and span % g:
                 raise InputError(f"--shard-group {f} spans nodes, so it must fill whole nodes of --gpus-per-node {g}")
 
+    def _float8_applies(self, arch: object) -> None:
+        """Float8 converts the decoder layers' linears (torchao ``convert_to_float8_training``): it needs their shapes;
+        the fp8 all-gather is FSDP2's and tensorwise scaling's (torchao fsdp_utils.py ``WeightWithDynamicFloat8CastTensor``)."""
+        if arch is None:
+            raise InputError("--float8 converts the decoder layers' linears: give the model's shape (--model, --hf-config)")
+        if getattr(arch, "moe", False):
+            raise InputError("--float8 with a mixture of experts: torchao's grouped expert GEMMs are not modelled; use a "
+                             "dense model or --float8 none")
+        if self.float8_all_gather and (self.float8 != "tensorwise" or self.strategy.spec.framework != "fsdp"
+                                       or not self.strategy.spec.shards_params):
+            raise InputError(f"--float8-all-gather needs --float8 tensorwise and FSDP parameter sharding (--fsdp "
+                             f"FULL_SHARD, SHARD_GRAD_OP or HYBRID_SHARD); got --float8 {self.float8} with "
+                             f"{self.strategy.spec.label}")
+
     def _lora_applies(self, arch: object) -> None:
         """LoRA needs the shape (its targets are the model's projections) and the layouts its counts cover."""
         from memcalc.model.lora import resolve_targets
@@ -218,7 +239,7 @@ class EstimateInput(Record):
 
             why = why_not(arch, self.precision.name, self.optimizer.name, self.strategy.spec.name, w, par.tp,
                           par.pp, par.cp, par.ep, self.framework.fsdp_version, lora=self.lora,
-                          framework=par.framework)
+                          framework=par.framework, float8_all_gather=self.float8_all_gather)
             if why is not None:
                 raise InputError(f"--accounting realistic: {why}; use --accounting paper")
         elif w is not None:

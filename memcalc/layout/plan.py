@@ -111,6 +111,10 @@ class Plan:
     lora: LoraPlan | None = None
     """LoRA adapters on a frozen base (QLoRA: the base's linear weights in NF4); None: every parameter trains."""
     framework: str | None = None
+    float8: str = "none"
+    """none, tensorwise or rowwise: the decoder layers' linears compute in fp8 (``memcalc.model.float8``)."""
+    float8_all_gather: bool = False
+    """FSDP2 gathers the converted weights in fp8 (1 byte) instead of the compute dtype."""
     """Whose training code (``--framework``): torchtitan's model code changes what the layers save (the realistic
     accounting's ``code``); None and the others run Hugging Face's."""
     dp: int = field(init=False, repr=False, compare=False)

@@ -294,6 +294,9 @@ def activation_rows(plan: Plan, stage: int, st: act.Setting) -> tuple[list[Row],
     return rows, flight
 
 
+FLOAT8_NOTE = ("float8 (torchao): the linears save what they save in bf16 (the high-precision input and weight, "
+               "float8_linear.py); their fp8 casts are transient and not counted; the step times the projections' "
+               "GEMMs at the fp8 rate")
 LORA_COMM_NOTE = ("LoRA: only the adapters' gradients are reduced; ZeRO-3/FSDP gather the frozen base with them "
                   "(NF4-packed under QLoRA), and FSDP1 wrapping base and adapters in one flat parameter would "
                   "reduce the whole flat gradient")
@@ -315,6 +318,8 @@ def notes(plan: Plan) -> list[str]:
         out.append(plan.optimizer.note)
     if plan.lora is not None and plan.shard_domain > 1:
         out.append(LORA_COMM_NOTE)
+    if plan.float8 != "none":
+        out.append(FLOAT8_NOTE)
     if plan.sequence_parallel and plan.tp == 1:
         out.append("sequence parallelism has no effect without tensor parallelism (tp = 1)")
     if plan.gpus < plan.gpus_per_node:

@@ -33,9 +33,12 @@ SHARDED_FAMILIES = ("llama", "mistral", "qwen2")
 
 
 def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any, tp: int = 1, pp: int = 1,
-            cp: int = 1, ep: int = 1, fsdp_version: int = 2, lora: Any = None, framework: str | None = None
-            ) -> str | None:  # fmt: skip
+            cp: int = 1, ep: int = 1, fsdp_version: int = 2, lora: Any = None, framework: str | None = None,
+            float8_all_gather: bool = False) -> str | None:  # fmt: skip
     """Why the realistic accounting does not apply to this set-up (one line), or None when it does."""
+    if float8_all_gather:
+        return ("--float8-all-gather: the realistic accounting's FSDP2 timeline gathers the compute dtype; the paper "
+                "accounting counts the fp8 gathers")
     if framework == "torchtitan" and arch is not None and work is not None:
         from memcalc.memory.saved import LLAMA_LIKE
 
@@ -190,12 +193,17 @@ def notes(plan: Plan) -> list[str]:
     """What the realistic accounting shows and assumes."""
     arch, w = plan.arch, plan.work
     assert arch is not None and w is not None
-    out = [f"accounting: realistic: the peak of one training step over its timeline as Hugging Face's "
-           f"{arch.family} code runs it ({plan.precision.name}, {ATTENTION[w.attention]} attention, {w.recompute} "
+    code = "torchtitan's Llama 3" if plan.framework == "torchtitan" else f"Hugging Face's {arch.family}"
+    out = [f"accounting: realistic: the peak of one training step over its timeline as {code} "
+           f"code runs it ({plan.precision.name}, {ATTENTION[w.attention]} attention, {w.recompute} "
            f"recompute, {w.loss} loss, AdamW {w.optimizer_impl}); the rows are what is alive at that moment",
            "peak_allocated is what torch.cuda.max_memory_allocated reports; peak_reserved adds the caching allocator's "
            "least measured gap (0.3 GiB); the verdict is at-risk when the margin left is under the largest measured "
            "gap (7.8 GiB) or the largest single request at the peak, oom when it is under 0.3 GiB"]
+    if plan.float8 != "none":
+        from memcalc.memory.paper import FLOAT8_NOTE
+
+        out.append(FLOAT8_NOTE)
     if plan.spec.name == "FULL_SHARD":
         policy = ("MixedPrecisionPolicy(param_dtype=bf16) over fp32 shards" if plan.precision.name == "bf16-mixed"
                   else "no MixedPrecisionPolicy")

@@ -181,6 +181,7 @@ def step_plan(plan: LayoutPlan, optimizer_impl: str = "foreach", flops_attention
         attention=_ATTENTION[w.attention], dtype=_MATMUL_DTYPE[plan.precision.compute_dtype],
         dropout=w.dropout > 0, optimizer="cpu" if plan.optimizer_device != "none" else optimizer_impl,
         optimizer_params=optimizer_params(plan), flops_attention=flops_attention, stage_layers=plan.stage_layers,
+        float8=plan.float8,
         **_lora_fields(plan),
     )  # fmt: skip
 

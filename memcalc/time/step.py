@@ -77,6 +77,9 @@ class Plan:
     stage_layers: tuple[int, ...] | None = None
     """Decoder layers of each model chunk (pp x virtual entries; chunk c runs on pipeline rank c % pp, as
     memcalc.layout.compose.rank_layers places them); None: divmod, the first stages taking one more layer."""
+    float8: str = "none"
+    """none, tensorwise or rowwise: the decoder layers' linears run their three GEMMs at the fp8 rate and pay the
+    casts' memory traffic (``memcalc.model.float8``); attention and the head stay in ``dtype``."""
     frozen_base: bool = False
     """LoRA: the base weights are frozen, so backward runs only the input-gradient GEMM of each weight matmul
     (derivatives.yaml ``mm``: ``mat2``'s gradient only when it requires grad): backward = 1x forward, not 2x."""
@@ -165,21 +168,31 @@ class StepTime:
         return self.hardware_flops / (self.step_s * self.gpus * self.peak_flops)
 
 
+_FLOAT8_GEMMS = ("q", "k", "v", "o", "gate", "up", "down")
+"""The decoder layer's projections: the linears torchao converts (``memcalc.model.float8``)."""
+
+
 def _gemm_s(cal: Calibration, peak: float, flops: float) -> float:
     return flops / (peak * cal.gemm(flops)) if flops else 0.0
 
 
 @cache
 def layer_time(arch: Architecture, moe: bool, cal: Calibration, dtype: str, seq: int, micro_batch: int, tp: int = 1,
-               cp: int = 1, ep: int = 1, sp: bool = False, attention: str = "flash", dropout: bool = False) -> LayerTime:  # fmt: skip
+               cp: int = 1, ep: int = 1, sp: bool = False, attention: str = "flash", dropout: bool = False,
+               float8: str = "none") -> LayerTime:  # fmt: skip
     """One decoder layer for one micro-batch of ``micro_batch`` x ``seq`` tokens on one TP/CP/EP rank."""
     peak, e = cal.peak(dtype), _DTYPE_BYTES[dtype]
+    # Float8: the projections' GEMMs at the fp8 peak, on the same efficiency curve (torchao's roofline takes one
+    # achievable fraction, 0.78, for bf16 and fp8: roofline_utils.py)
+    peak8 = cal.peak("fp8") if float8 != "none" else peak
     m = seq // cp * micro_batch  # tokens on this rank
     mm = op = 0.0
     gemms = layer_gemms(arch, moe, tp)
     again = set(op_recomputed(gemms))
     for g in gemms:
-        if g.name.startswith("expert "):
+        if g.name in _FLOAT8_GEMMS and float8 != "none":
+            t = g.count * _gemm_s(cal, peak8, 2 * m * g.k * g.n)
+        elif g.name.startswith("expert "):
             # Balanced routing: each of the E/ep local experts receives top_k·ep·m/E tokens (arXiv 2006.16668 §2.2).
             rows = g.count * ep * m / arch.experts
             t = arch.experts // ep * _gemm_s(cal, peak, 2 * rows * g.k * g.n)
@@ -208,7 +221,12 @@ def layer_time(arch: Architecture, moe: bool, cal: Calibration, dtype: str, seq:
     if arch.position == "rotary":
         split += 2 * e * (arch.q_width + 2 * arch.kv_width)  # read and write q and k (kv_width counted twice: k only)
     per_token = replicated / (tp if sp else 1) + split / tp
-    return LayerTime(mm, attn_f, attn_b, m * per_token / cal.hbm_bytes_per_s, op)
+    casts = 0.0
+    if float8 != "none":  # forward, input-gradient and weight-gradient casts: a third counted as forward
+        from memcalc.model.float8 import cast_bytes
+
+        casts = cast_bytes(arch, float8, m, tp) / 3 / cal.hbm_bytes_per_s
+    return LayerTime(mm, attn_f, attn_b, m * per_token / cal.hbm_bytes_per_s + casts, op)
 
 
 def head_time(arch: Architecture, cal: Calibration, dtype: str, tokens: int, tp: int) -> tuple[float, float]:
@@ -238,7 +256,7 @@ def _stage_profile(arch: Architecture, cal: Calibration, plan: Plan) -> tuple[fl
         comp = mem = rec = fwd = bwd = attn = 0.0
         for i in ranks[stage]:
             lt = layer_time(arch, arch.is_moe_layer(i), cal, p.dtype, p.seq, p.micro_batch, p.tp, p.cp, p.ep, p.sp,
-                            p.attention, p.dropout)  # fmt: skip
+                            p.attention, p.dropout, p.float8)  # fmt: skip
             comp += 3 * lt.matmul_fwd + lt.attention_fwd + lt.attention_bwd
             mem += 3 * lt.memory_fwd
             again = lt.recompute(layer_policy(p.recompute, i))
