@@ -59,6 +59,21 @@ TORCHTITAN = [
 ]  # fmt: skip
 
 
+# Float8 (torchao) against bf16 on the same runs: name, source, model, GPUs, local batch, recipe, FSDP fp8 all-gather,
+# published tokens/s per GPU in bf16 and in float8 (both with torch.compile, which memcalc does not time: the ratio
+# is the figure compared).
+FLOAT8 = [
+    ("Llama 3.1 8B, FSDP, 8 x H100, op AC", "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md Table 1",
+     "llama-3-8b", 8, 2, "tensorwise", False, 6667, 8532),
+    ("Llama 3.1 8B, FSDP, 128 x H100, op AC", "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md Table 3",
+     "llama-3-8b", 128, 2, "tensorwise", False, 6514, 8380),
+    ("Llama 3 8B, FSDP, 8 x H100, op AC, bs 1", "pytorch/ao docs/source/workflows/training.md (e2e benchmarks)",
+     "llama-3-8b", 8, 1, "tensorwise", True, 6150, 7689.5),
+    ("Llama 3 8B, FSDP, 8 x H100, op AC, bs 1", "pytorch/ao docs/source/workflows/training.md (e2e benchmarks)",
+     "llama-3-8b", 8, 1, "rowwise", False, 6150, 6768),
+]  # fmt: skip
+
+
 def narayanan_bridge(L: int, h: int, a: int, gpus: int, tp: int, pp: int, batch: int):
     """Configured as measurements/published.md's MEG21-* rows: DDP (stage 0), fp16-mixed, micro-batch 1."""
     inp = memcalc.build_input(model="megatron-22b", layers=L, hidden=h, heads=a, ffn=4 * h, vocab=51200, stage=0,
@@ -69,12 +84,12 @@ def narayanan_bridge(L: int, h: int, a: int, gpus: int, tp: int, pp: int, batch:
 
 
 def torchtitan_bridge(model: str, gpus: int, micro_batch: int, recompute: str, gpu: str, op_ac: bool = False,
-                      calibration: str | None = None):
+                      calibration: str | None = None, float8: str = "none", float8_all_gather: bool = False):
     """``op_ac``: time torchtitan's per-op selective AC (memcalc.time.flops.op_recomputed) in place of memcalc's
     selective; ``calibration``: the GPU's rates from that calibration preset (links from the GPU's cluster)."""
     inp = memcalc.build_input(model=model, fsdp="FULL_SHARD", fsdp_version=2, gpus=gpus, precision="bf16-mixed",
                               seq_len=8192, micro_batch=micro_batch, recompute=recompute, attention="sdpa",
-                              gpu=gpu)  # fmt: skip
+                              gpu=gpu, float8=float8, float8_all_gather=float8_all_gather)  # fmt: skip
     ev = evaluate(to_plan(inp))
     rc = "op" if op_ac else None
     if calibration is None:
@@ -155,6 +170,17 @@ def main() -> None:
         tps = t.tokens_per_s_per_gpu
         print(f"| {name} | {pub:,} | {a.tokens_per_s_per_gpu:,.0f} | {o.tokens_per_s_per_gpu:,.0f} | {tps:,.0f} | "
               f"{100 * (tps / pub - 1):+.0f} % | {t.recompute_s:.3f} | {t.memory_bound_s:.3f} | {t.step_s:.2f} |")
+
+    print()
+    print("| float8 run | source | recipe | published bf16 -> float8 tokens/s/GPU | published speed-up | predicted "
+          "speed-up |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    for name, source, model, gpus, b, recipe, ag, bf16, fp8 in FLOAT8:
+        base = torchtitan_bridge(model, gpus, b, "selective", "h100", True)
+        f8 = torchtitan_bridge(model, gpus, b, "selective", "h100", True, float8=recipe, float8_all_gather=ag)
+        pred = f8.tokens_per_s_per_gpu / base.tokens_per_s_per_gpu
+        print(f"| {name} | {source} | {recipe}{' + fp8 all-gather' if ag else ''} | {bf16:,} -> {fp8:,} | "
+              f"{100 * (fp8 / bf16 - 1):+.1f} % | {100 * (pred - 1):+.1f} % |")
 
 
 if __name__ == "__main__":
