@@ -317,3 +317,17 @@ def test_fsdp_inside_pipeline_stages_keeps_the_stage_gathered_and_its_gradients_
     assert not {"pipeline_gathered_parameters", "pipeline_unsharded_gradients"} & {r.key for r in flat.memory.per_gpu.rows}
     gathers = [c.calls_per_step for c in flat.communication.collectives if c.op == "all-gather"]
     assert gathers == [4, 4]  # without a pipeline: forward and backward, every micro-batch
+
+
+def test_dtensor_tensor_parallel_saves_the_gathered_inputs_whole():
+    # torchtitan (DTensor TP + SP): PrepareModuleInput gathers the normed input before attention and before the MLP,
+    # and autograd keeps that full-sequence tensor for q/k/v and gate/up; Megatron keeps its 1/t shard (Korthikanti).
+    kw = dict(model="llama-3-70b", gpus=64, tp=8, sequence_parallel=True, fsdp="FULL_SHARD", seq_len=8192,
+              gpu="h100", recompute="selective", attention="flash")
+    megatron = memcalc.estimate(**kw).memory.per_gpu.activations
+    titan = memcalc.estimate(framework="torchtitan", **kw).memory.per_gpu.activations
+    s, h, d, t, layers = 8192, 8192, 2, 8, 80
+    assert titan - megatron == layers * 2 * (s * h * d - s * h * d // t)
+    no_sp = {k: v for k, v in kw.items() if k != "sequence_parallel"}
+    assert memcalc.estimate(framework="torchtitan", **no_sp).memory.per_gpu.activations == \
+        memcalc.estimate(**no_sp).memory.per_gpu.activations  # without SP the inputs are whole either way

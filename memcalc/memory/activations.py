@@ -201,8 +201,17 @@ class LayerActivations:
         return sum(b for _, b in self.tensors)
 
 
+DTENSOR_GATHERED = ("QKV input", "MLP input")
+"""Under DTensor tensor parallelism (torchtitan, accelerate) with sequence parallelism, ``PrepareModuleInput``
+redistributes the normed input Shard(1) -> Replicate before attention and before the MLP, and autograd saves that
+full-sequence tensor for the column-parallel projections' weight gradients (torchtitan parallelize.py
+``apply_tp``; DOMAIN §10): s·b·h·d each, not divided by t. Megatron-LM saves its 1/t shard and gathers it again
+in backward (Korthikanti §4.2.2)."""
+
+
 def layer_activations(
-    arch: Architecture, st: Setting, tp: int = 1, sp: bool = False, recompute: Recompute = "none", moe: bool = False
+    arch: Architecture, st: Setting, tp: int = 1, sp: bool = False, recompute: Recompute = "none", moe: bool = False,
+    dtensor: bool = False,
 ) -> LayerActivations:
     """Korthikanti Table 2, tensor by tensor: none | selective (drops core attention) | full (keeps the input).
 
@@ -216,6 +225,9 @@ def layer_activations(
     saved = layer_saved(arch, st, moe, tp)
     if recompute == "selective":
         saved = [x for x in saved if not x.core]
+    if dtensor and sp and tp > 1:  # the gathered inputs are saved whole (DTENSOR_GATHERED)
+        return LayerActivations([(x.name, x.bytes if x.name in DTENSOR_GATHERED else split_bytes(x, tp, sp))
+                                 for x in saved])
     return LayerActivations([(x.name, split_bytes(x, tp, sp)) for x in saved])
 
 

@@ -82,11 +82,12 @@ def _moe_layers(arch: Architecture, start: int, stop: int) -> int:
 
 
 @per_architecture
-def _layer_bytes(arch: Architecture, st: act.Setting, tp: int, sp: bool, recompute: str, moe: bool) -> int:
+def _layer_bytes(arch: Architecture, st: act.Setting, tp: int, sp: bool, recompute: str, moe: bool,
+                 dtensor: bool = False) -> int:
     """What one layer saves per micro-batch (``memcalc.memory.activations.layer_activations``)."""
     from memcalc.memory import activations as act
 
-    return act.layer_activations(arch, st, tp, sp, recompute, moe=moe).total  # type: ignore[arg-type]
+    return act.layer_activations(arch, st, tp, sp, recompute, moe=moe, dtensor=dtensor).total  # type: ignore[arg-type]
 
 
 def moe_layers(plan: Plan, stage: int) -> int:
@@ -258,11 +259,14 @@ def activation_rows(plan: Plan, stage: int, st: act.Setting) -> tuple[list[Row],
     tp, sp = plan.tp, plan.sequence_parallel
     per = layer_count(plan, stage)
     n_moe = moe_layers(plan, stage)
-    dense = _layer_bytes(arch, st, tp, sp, w.recompute, False)
-    moe = _layer_bytes(arch, st, tp, sp, w.recompute, True) if n_moe else 0
+    # torchtitan and accelerate run tensor parallelism as DTensor: the gathered inputs are saved whole
+    dtensor = plan.framework in ("torchtitan", "hf")
+    dense = _layer_bytes(arch, st, tp, sp, w.recompute, False, dtensor)
+    moe = _layer_bytes(arch, st, tp, sp, w.recompute, True, dtensor) if n_moe else 0
     flight = act.pipeline_in_flight(stage, plan.pp, plan.grad_accum, plan.virtual_stages)
     layers_bytes = round(((per - n_moe) * dense + n_moe * moe) * flight)
-    src = "Korthikanti et al. 2022 Table 2, tensor by tensor"
+    src = "Korthikanti et al. 2022 Table 2, tensor by tensor" + (
+        "; DTensor TP saves the gathered q/k/v and MLP inputs whole" if dtensor and sp and tp > 1 else "")
     rows = [Row("activations_layers", f"activations: {per} layers x {flight:g} micro-batch(es)", layers_bytes, "gpu",
                 "activation", f"{w.recompute} recompute, {st.kernel} attention ({src}; in flight: Eq. 5)")]
     if stage == 0:

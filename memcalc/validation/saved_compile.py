@@ -99,17 +99,18 @@ class _Recorder:
 
 def _describe(node: Any, params: set) -> dict:
     """Name, kind (activation, weight_cast, parameter) and layer of one forward-graph output node."""
-    cur, cast = node, False
+    cur, cast, layer = node, False, _layer_of(node)
     while getattr(cur, "op", None) == "call_function" and getattr(cur.target, "__name__", "").split(".")[0] in (
         _VIEWS | {"_to_copy"}
-    ):
+    ):  # back through views and casts: to a parameter (a weight cast), and to a node that knows its layer
         cast = cast or cur.target.__name__.startswith("_to_copy")
         cur = cur.args[0]
+        layer = layer if layer is not None else _layer_of(cur)
     kind = "activation"
     if cur in params:
         kind = "weight_cast" if cast else "parameter"
     name = node.name if node.op == "placeholder" else f"{node.name}: {_source(node)}"
-    return {"name": name, "kind": kind, "layer": _layer_of(node)}
+    return {"name": name, "kind": kind, "layer": layer}
 
 
 def _build(family: str, regime: str, attention: str, layers: int) -> Any:
@@ -189,12 +190,13 @@ def _rows(events: list, calls: list, params: set[int], scope: Scope, backend: st
                 part = f"layer.{d['layer']}" if d["layer"] is not None else "outside"
             named.append((part, d["name"], d["kind"], t))
     layers_of: dict[int, set[str]] = {}
-    for part, _, _, t in named:
-        layers_of.setdefault(t.untyped_storage().data_ptr(), set()).add(part)
+    for part, _, _, t in named:  # which layers save each storage (the rotary cos, sin: every layer)
+        if part.startswith("layer."):
+            layers_of.setdefault(t.untyped_storage().data_ptr(), set()).add(part)
     out, seen = [], set()
     for i, (part, name, k, t) in enumerate(named):
         ptr = t.untyped_storage().data_ptr()
-        if part != "layer.1" or ptr in params or len(layers_of[ptr]) > 1 or t.untyped_storage().nbytes() == 0:
+        if layers_of.get(ptr) != {"layer.1"} or ptr in params or t.untyped_storage().nbytes() == 0:
             continue
         nb = 0 if ptr in seen else t.untyped_storage().nbytes()
         seen.add(ptr)
