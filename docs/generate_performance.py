@@ -89,7 +89,8 @@ def torchtitan_bridge(model: str, gpus: int, micro_batch: int, recompute: str, g
     selective; ``calibration``: the GPU's rates from that calibration preset (links from the GPU's cluster)."""
     inp = memcalc.build_input(model=model, fsdp="FULL_SHARD", fsdp_version=2, gpus=gpus, precision="bf16-mixed",
                               seq_len=8192, micro_batch=micro_batch, recompute=recompute, attention="sdpa",
-                              gpu=gpu, float8=float8, float8_all_gather=float8_all_gather)  # fmt: skip
+                              gpu=gpu, float8=float8, float8_all_gather=float8_all_gather,
+                              framework="torchtitan")  # fmt: skip
     ev = evaluate(to_plan(inp))
     rc = "op" if op_ac else None
     if calibration is None:

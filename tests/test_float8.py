@@ -88,7 +88,8 @@ def test_tensorwise_speed_up_against_published_runs() -> None:
 
     def tps(b: int, **f8: object) -> float:
         inp = memcalc.build_input(model="llama-3-8b", fsdp="FULL_SHARD", fsdp_version=2, gpus=8, seq_len=8192,
-                                  micro_batch=b, recompute="selective", attention="sdpa", gpu="h100", **f8)
+                                  micro_batch=b, recompute="selective", attention="sdpa", gpu="h100",
+                                  framework="torchtitan", **f8)
         return time_evaluation(evaluate(to_plan(inp)), gpu=inp.gpu.key, recompute="op").tokens_per_s_per_gpu
 
     assert tps(2, float8="tensorwise") / tps(2) == pytest.approx(8532 / 6667, abs=0.03)

@@ -143,3 +143,19 @@ def test_hbm2e_calibration_only_slows_memory_bound_work():
     a, b = step_time(LLAMA, plan, H100), step_time(LLAMA, plan, slow)
     assert b.compute_s == a.compute_s and b.peak_flops == 989e12
     assert b.memory_bound_s == pytest.approx(a.memory_bound_s * 3350 / 2400)
+
+
+def test_eager_norms_and_rotary_follow_the_model_code():
+    from memcalc.time.step import elementwise_bytes, layer_time
+
+    # LlamaRMSNorm on a bf16 stream: to(fp32) 2 + 4, pow 8, mean 4, x * rsqrt 8, to(bf16) 4 + 2, * weight 4
+    assert elementwise_bytes("hf", 2, 2) == (36.0, 20.0)
+    assert elementwise_bytes("hf", 2, 4) == (28.0, 20.0)  # autocast: the stream is fp32, the casts are no-ops
+    assert elementwise_bytes("torchtitan", 2, 2) == (4.0, 20.0)  # fused rms_norm, eager complex rotary
+    assert elementwise_bytes("fused", 2, 2) == (4.0, 4.0)
+    cal = H100.calibration
+    hf = layer_time(LLAMA, False, cal, "bf16", 8192, 1, elementwise="hf")
+    fused = layer_time(LLAMA, False, cal, "bf16", 8192, 1)
+    h, qw, kvw = LLAMA.hidden, LLAMA.q_width, LLAMA.kv_width
+    extra = 8192 * (2 * (36 - 4) * h + 20 * (qw + kvw) - 2 * 2 * (qw + 2 * kvw))
+    assert hf.memory_fwd - fused.memory_fwd == pytest.approx(extra / cal.hbm_bytes_per_s, rel=1e-12)

@@ -181,9 +181,18 @@ def step_plan(plan: LayoutPlan, optimizer_impl: str = "foreach", flops_attention
         attention=_ATTENTION[w.attention], dtype=_MATMUL_DTYPE[plan.precision.compute_dtype],
         dropout=w.dropout > 0, optimizer="cpu" if plan.optimizer_device != "none" else optimizer_impl,
         optimizer_params=optimizer_params(plan), flops_attention=flops_attention, stage_layers=plan.stage_layers,
-        float8=plan.float8,
+        float8=plan.float8, elementwise=_elementwise(plan), residual_bytes=4 if plan.precision.autocast else 0,
         **_lora_fields(plan),
     )  # fmt: skip
+
+
+def _elementwise(plan: LayoutPlan) -> str:
+    """Whose code runs the norms and rotary embedding: Megatron-LM's fused kernels, torchtitan's (torch's fused
+    rms_norm, eager complex rotary), else Hugging Face's eager modeling code (the Trainer, accelerate, DeepSpeed and
+    torchtune users run it, or code that computes alike: torchtune's RMSNorm upcasts the same way)."""
+    if plan.framework == "megatron":
+        return "fused"
+    return "torchtitan" if plan.framework == "torchtitan" else "hf"
 
 
 def _lora_fields(plan: LayoutPlan) -> dict:

@@ -78,6 +78,12 @@ class Plan:
     """Decoder layers of each model chunk (pp x virtual entries; chunk c runs on pipeline rank c % pp, as
     memcalc.layout.compose.rank_layers places them); None: divmod, the first stages taking one more layer."""
     float8: str = "none"
+    elementwise: str = "fused"
+    residual_bytes: int = 0
+    """Bytes per element of the residual stream the norms read (0: the compute dtype's; 4 under autocast)."""
+    """How the model code runs its norms and rotary embedding: fused (one read and one write per element: Megatron's
+    fused kernels, torch's fused rms_norm, torch.compile), hf (Hugging Face's eager Python ops), torchtitan (torch's
+    fused rms_norm, eager complex rotary): ``elementwise_bytes``."""
     """none, tensorwise or rowwise: the decoder layers' linears run their three GEMMs at the fp8 rate and pay the
     casts' memory traffic (``memcalc.model.float8``); attention and the head stay in ``dtype``."""
     frozen_base: bool = False
@@ -177,9 +183,30 @@ def _gemm_s(cal: Calibration, peak: float, flops: float) -> float:
 
 
 @cache
+def elementwise_bytes(code: str, e: int, r: int) -> tuple[float, float]:
+    """(bytes per element of one RMSNorm, bytes per q or k element of the rotary embedding), forward, for a residual
+    stream of ``r`` bytes and compute dtype of ``e``; the backward moves twice as much (the model's convention).
+
+    - fused: a norm reads its input and writes its output (2r); rotary reads and writes q and k (2e).
+    - hf, LlamaRMSNorm (transformers modeling_llama.py): ``x.to(float32)`` (read r, write 4 unless r = 4), ``pow(2)``
+      (8), ``mean`` (read 4), ``x * rsqrt`` (8), ``.to(input_dtype)`` (read 4, write r unless r = 4), ``weight *``
+      (2r): 36 bytes for a bf16 stream, 28 for fp32. ``apply_rotary_pos_emb``: ``rotate_half`` (negate half: e,
+      ``cat``: 2e), ``q * cos`` (2e), ``rotate_half(q) * sin`` (2e), the sum (3e): 10e.
+    - torchtitan on torch 2.13: ``nn.RMSNorm`` dispatches to the fused ``_fused_rms_norm`` on CUDA (2r); its complex
+      rotary upcasts (read e, write 4 unless e = 4), multiplies in complex64 (8) and casts back (read 4, write e
+      unless e = 4): 20 bytes at bf16, 8 at fp32.
+    """
+    if code == "hf":
+        up = 0 if r == 4 else r + 4 + 4 + r
+        return float(up + 8 + 4 + 8 + 2 * r), float(10 * e)
+    if code == "torchtitan":
+        return float(2 * r), float(8 if e == 4 else (e + 4) + 8 + (4 + e))
+    return float(2 * r), float(2 * e)
+
+
 def layer_time(arch: Architecture, moe: bool, cal: Calibration, dtype: str, seq: int, micro_batch: int, tp: int = 1,
                cp: int = 1, ep: int = 1, sp: bool = False, attention: str = "flash", dropout: bool = False,
-               float8: str = "none") -> LayerTime:  # fmt: skip
+               float8: str = "none", elementwise: str = "fused", residual_bytes: int = 0) -> LayerTime:  # fmt: skip
     """One decoder layer for one micro-batch of ``micro_batch`` x ``seq`` tokens on one TP/CP/EP rank."""
     peak, e = cal.peak(dtype), _DTYPE_BYTES[dtype]
     # Float8: the projections' GEMMs at the fp8 peak, on the same efficiency curve (torchao's roofline takes one
@@ -216,10 +243,15 @@ def layer_time(arch: Architecture, moe: bool, cal: Calibration, dtype: str, seq:
         raise InputError(f"attention {attention!r} is not one of flash, cudnn, eager")
     h = arch.hidden
     f = (arch.expert_ffn_size * arch.top_k + arch.ffn_size * arch.shared_experts) if moe else arch.ffn_size
-    replicated = arch.norms_per_layer * 2 * e * h + 2 * 3 * e * h + (2 * (2 * e + 1) * h if dropout else 0)
+    norm_b, rot_b = elementwise_bytes(elementwise, e, residual_bytes or e)
+    if arch.norm != "rmsnorm":  # nn.LayerNorm is one native kernel in every code base
+        norm_b = 2.0 * (residual_bytes or e)
+    replicated = arch.norms_per_layer * norm_b * h + 2 * 3 * e * h + (2 * (2 * e + 1) * h if dropout else 0)
     split = (5 if arch.gated_mlp else 2) * e * f  # silu read/write + mul read 2 write 1; gelu read/write
-    if arch.position == "rotary":
+    if arch.position == "rotary" and elementwise == "fused":
         split += 2 * e * (arch.q_width + 2 * arch.kv_width)  # read and write q and k (kv_width counted twice: k only)
+    elif arch.position == "rotary":
+        split += rot_b * (arch.q_width + arch.kv_width)  # q and k, each element through the eager ops
     per_token = replicated / (tp if sp else 1) + split / tp
     casts = 0.0
     if float8 != "none":  # forward, input-gradient and weight-gradient casts: a third counted as forward
@@ -256,7 +288,7 @@ def _stage_profile(arch: Architecture, cal: Calibration, plan: Plan) -> tuple[fl
         comp = mem = rec = fwd = bwd = attn = 0.0
         for i in ranks[stage]:
             lt = layer_time(arch, arch.is_moe_layer(i), cal, p.dtype, p.seq, p.micro_batch, p.tp, p.cp, p.ep, p.sp,
-                            p.attention, p.dropout, p.float8)  # fmt: skip
+                            p.attention, p.dropout, p.float8, p.elementwise, p.residual_bytes)  # fmt: skip
             comp += 3 * lt.matmul_fwd + lt.attention_fwd + lt.attention_bwd
             mem += 3 * lt.memory_fwd
             again = lt.recompute(layer_policy(p.recompute, i))

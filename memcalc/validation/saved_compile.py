@@ -43,7 +43,7 @@ def available(backend: str = "aot_eager") -> bool:
         x = torch.ones(4, requires_grad=True)
         torch.compile(lambda y: (y * 2).sin(), backend=backend, dynamic=False)(x).sum().backward()
         return x.grad is not None
-    except Exception:  # no dynamo on this Python, no C compiler for inductor, ...
+    except Exception:  # noqa: BLE001  no dynamo on this Python, no C compiler for inductor, ...
         return False
 
 
@@ -132,16 +132,25 @@ def compiled_layer_census(family: str, regime: str, s: int, b: int, *, attention
     """(name, shape, dtype, bytes) of every storage decoder layer 1 saves for backward under ``torch.compile``.
 
     ``kind``: ``activation`` or ``weight_cast`` (autocast's bf16 copies of weights) with ``aot_eager``; ``all``
-    (both, names by position) with either backend. Parameters and storages that several layers save (the rotary
-    cos, sin) are left out; a storage saved twice counts once (bytes 0 the second time)."""
+    (both; with ``inductor`` named by position only) with either backend. Parameters and storages that several
+    layers save (the rotary cos, sin) are left out; a storage saved twice counts once (bytes 0 the second time)."""
+    if kind not in ("activation", "weight_cast", "all") or (backend != "aot_eager" and kind != "all"):
+        raise ValueError(f"kind {kind!r}: aot_eager gives activation, weight_cast or all; inductor gives all")
+    rows = census_rows(family, regime, s, b, attention=attention, scope=scope, backend=backend)
+    return [(n, sh, dt, nb) for n, sh, dt, nb, k in rows if kind == "all" or k == kind]
+
+
+def census_rows(family: str, regime: str, s: int, b: int, *, attention: str = "sdpa", scope: Scope = "layer",
+                backend: str = "aot_eager") -> list[tuple[str, tuple[int, ...], str, int, str]]:  # fmt: skip
+    """The census's rows with their kind last: ``activation``, ``weight_cast``, or ``all`` (inductor: not told)."""
     import torch
 
     if family not in FAMILIES:
         raise ValueError(f"family {family!r} is not one of {', '.join(FAMILIES)}")
     if backend not in BACKENDS:
         raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
-    if kind not in ("activation", "weight_cast", "all") or (backend != "aot_eager" and kind != "all"):
-        raise ValueError(f"kind {kind!r}: aot_eager gives activation, weight_cast or all; inductor gives all")
+    if scope == "model" and backend != "aot_eager":  # a whole-model graph is split into layers by its node names
+        raise ValueError("scope 'model' needs the aot_eager backend (the census reads the graph's nodes)")
     torch._dynamo.reset()
     model = _build(family, regime, attention, 3 if scope == "model" else 2)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -170,7 +179,7 @@ def compiled_layer_census(family: str, regime: str, s: int, b: int, *, attention
     rows = _rows(events, rec.calls, params, scope, backend)
     del out
     torch._dynamo.reset()
-    return [(n, sh, dt, nb) for n, sh, dt, nb, k in rows if kind == "all" or k == kind]
+    return rows
 
 
 def _rows(events: list, calls: list, params: set[int], scope: Scope, backend: str) -> list[tuple]:
@@ -206,7 +215,7 @@ def _rows(events: list, calls: list, params: set[int], scope: Scope, backend: st
 
 
 def describe(rows: list[tuple[str, tuple[int, ...], str, int]]) -> str:
-    return "\n".join(f"{dt:9} {str(sh):16} {nb:7}  {name}" for name, sh, dt, nb in rows)
+    return "\n".join(f"{dt:9} {sh!s:16} {nb:7}  {name}" for name, sh, dt, nb in rows)
 
 
 if __name__ == "__main__":  # python -m memcalc.validation.saved_compile llama amp-bf16 8 2 [layer|model] [backend]

@@ -1,0 +1,141 @@
+"""What a decoder layer saves under torch.compile: memcalc.memory.compiled against a census of the real modules.
+
+memcalc.memory.compiled gives the tensors AOTAutograd's min-cut partitioner keeps per layer; the census
+(memcalc.validation.saved_compile) compiles the tiny transformers model and counts what the compiled regions save
+(saved_tensors_hooks, one count per storage). They must agree to the byte, at two (s, b). The census runs the
+``aot_eager`` backend (same partitioner as inductor, no C++ build); ``MEMCALC_INDUCTOR=1`` adds an inductor run.
+The hand-derived figures and the difference from eager run without torch.
+"""
+
+import functools
+import os
+
+import pytest
+
+from memcalc.errors import InputError
+from memcalc.memory.compiled import compile_saving, compiled_layer_saved
+from memcalc.memory.saved import layer_saved, total
+from memcalc.model.hf_config import architecture_from_config
+
+# The census's tiny llama (memcalc.validation.saved TINY): h 64, 4 heads of 16, 2 KV heads, ffn 96.
+TINY = {"model_type": "llama", "vocab_size": 120, "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 96, "tie_word_embeddings": False}  # fmt: skip
+ARCH = architecture_from_config(TINY)
+SHAPES = [(8, 2), (12, 3)]
+
+
+def compiled(regime, attention="sdpa", s=8, b=2, scope="layer", family="llama"):
+    return compiled_layer_saved(ARCH, family=family, regime=regime, attention=attention, s=s, b=b, scope=scope)
+
+
+# ---- the formula by hand (no torch) --------------------------------------------------------------------------
+
+
+def test_llama_sdpa_per_token_by_hand():
+    # per token: r·h input + 4 rstd + d·h q/k/v input + d·qw Q + 2·d·kvw K, V + d·qw output + 4·heads lse
+    #            + d·h o_proj output + 4 rstd + d·h gate/up input + 3·d·ffn (gate, up, down input)
+    h, qw, kvw, heads, f, t = 64, 64, 32, 4, 96, 16
+    fp32 = 4 * h + 4 + 4 * h + 4 * qw + 8 * kvw + 4 * qw + 4 * heads + 4 * h + 4 + 4 * h + 12 * f  # 2968
+    bf16 = 2 * h + 4 + 2 * h + 2 * qw + 4 * kvw + 2 * qw + 4 * heads + 2 * h + 4 + 2 * h + 6 * f  # 1496
+    amp = 4 * h + 4 + 2 * h + 2 * qw + 4 * kvw + 2 * qw + 4 * heads + 2 * h + 4 + 2 * h + 6 * f  # 1624
+    assert (fp32, bf16, amp) == (2968, 1496, 1624)
+    assert total(compiled("fp32")) == fp32 * t == 47488
+    assert total(compiled("bf16")) == bf16 * t == 23936
+    assert total(compiled("amp-bf16")) == amp * t == 25984
+    # autocast's bf16 weight copies are kept as in eager: 2 bytes x (q, k, v, o, gate, up, down) weights
+    assert total(compiled("amp-bf16"), "weight_cast") == 2 * (64 * 128 + 64 * 64 + 3 * 64 * 96) == 61440
+
+
+def test_llama_eager_attention_and_whole_model_by_hand():
+    s, b, t, qw, scores = 8, 2, 16, 64, 4 * 8 * 8 * 2
+    # eager attention: Q, Kᵀ, V at full width 3·d·qw, softmax 4·S², probabilities d·S², output d·qw (no lse, K/V)
+    sdpa_attn = 4 * t * (qw + 2 * 32) + 4 * t * qw + 4 * 4 * t
+    eager_attn = 3 * 4 * t * qw + 4 * scores + 4 * scores + 4 * t * qw
+    assert total(compiled("fp32", "eager", s, b)) == 47488 - sdpa_attn + eager_attn == 55424
+    # whole-model graph under amp: the residual h + o is kept in fp32 (4·T·h) instead of o_proj's bf16 output
+    assert total(compiled("amp-bf16", scope="model")) == 25984 + 2 * t * 64 == 28032
+    assert total(compiled("fp32", scope="model")) == total(compiled("fp32"))
+
+
+@pytest.mark.parametrize("regime", ["fp32", "bf16", "amp-bf16"])
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("scope", ["layer", "model"])
+def test_difference_from_eager_is_the_closed_formula(regime, attention, scope):
+    for s, b in SHAPES:
+        t, h, f, scores = s * b, 64, 96, 4 * s * s * b
+        eager = total(layer_saved(ARCH, family="llama", regime=regime, attention=attention, s=s, b=b))
+        got = total(compiled(regime, attention, s, b, scope))
+        d = 4 if regime == "fp32" else 2
+        # the norms' fp32 input copies and normalized tensors, autocast's extra casts, SiLU's output
+        per_h = {"fp32": 8, "bf16": 8, "amp-bf16": 16 if scope == "layer" else 14}[regime]
+        want = per_h * t * h + d * t * f - (4 * scores if attention == "eager" and regime == "fp32" else 0)
+        assert eager - got == want == compile_saving(ARCH, regime=regime, attention=attention, s=s, b=b, scope=scope)
+    assert 0 < want < eager
+
+
+def test_unprofiled_inputs_raise():
+    with pytest.raises(InputError, match="gpt2"):
+        compiled_layer_saved(ARCH, family="gpt2", regime="fp32", attention="sdpa", s=8, b=2)
+    with pytest.raises(InputError, match="flex"):
+        compiled("fp32", attention="flex")
+    with pytest.raises(InputError, match="fp8"):
+        compiled("fp8")
+    with pytest.raises(InputError, match="region"):
+        compiled("fp32", scope="region")
+    with pytest.raises(InputError, match="tpu"):
+        compiled_layer_saved(ARCH, family="llama", regime="fp32", attention="sdpa", s=8, b=2, device="tpu")
+
+
+# ---- the census (torch.compile on CPU) -----------------------------------------------------------------------
+
+
+@functools.cache
+def can_compile(backend="aot_eager"):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from memcalc.validation.saved_compile import available
+
+    return available(backend)
+
+
+def census(*args, **kw):
+    if not can_compile(kw.get("backend", "aot_eager")):
+        pytest.skip("torch.compile cannot run here")
+    from memcalc.validation.saved_compile import census_rows
+
+    rows = census_rows(*args, **kw)
+    return sum(r[3] for r in rows if r[4] == "activation"), sum(r[3] for r in rows if r[4] == "weight_cast"), rows
+
+
+CASES = [("llama", r, "sdpa", "layer", sb) for r in ("fp32", "bf16", "amp-bf16") for sb in SHAPES]
+CASES += [("llama", "amp-bf16", "sdpa", "model", sb) for sb in SHAPES] + [("llama", "fp32", "sdpa", "model", (8, 2))]
+CASES += [("llama", "fp32", "eager", "layer", sb) for sb in SHAPES]
+CASES += [("llama", r, "eager", "layer", (12, 3)) for r in ("bf16", "amp-bf16")]
+CASES += [(f, "amp-bf16", "sdpa", "layer", (12, 3)) for f in ("mistral", "qwen2")]
+
+
+@pytest.mark.parametrize("family, regime, attention, scope, sb", CASES)
+def test_compiled_layer_matches_census(family, regime, attention, scope, sb):
+    s, b = sb
+    act, casts, _ = census(family, regime, s, b, attention=attention, scope=scope)
+    want = compiled(regime, attention, s, b, scope, family)
+    assert act == total(want)
+    assert casts == total(want, "weight_cast")
+
+
+def test_census_names_what_the_partitioner_keeps():
+    _, _, rows = census("llama", "amp-bf16", 8, 2)
+    names = [r[0].split(":")[0] for r in rows if r[4] == "activation"]
+    # kept: the layer input, two rstd, ONE bf16 cast per norm output, the matmul outputs gate/up (mm_4, mm_5),
+    # their product (down input) and o_proj's output (mm_3); not kept: x.float(), x·rstd, SiLU's output
+    assert names[0] == "primals_1" and sum(n.startswith("rsqrt") for n in names) == 2
+    assert {"mm_3", "mm_4", "mm_5"} <= set(names) and not any(n.startswith(("silu", "mul", "pow")) for n in names)
+    dtypes = {(r[1], r[2]) for r in rows if r[0].startswith(("view:", "view_9:"))}
+    assert dtypes == {((16, 64), "bfloat16")}
+
+
+@pytest.mark.skipif(os.environ.get("MEMCALC_INDUCTOR") != "1", reason="inductor compiles C++: set MEMCALC_INDUCTOR=1")
+def test_inductor_saves_what_aot_eager_saves():
+    _, _, rows = census("llama", "amp-bf16", 8, 2, backend="inductor")
+    want = compiled("amp-bf16")
+    assert sum(r[3] for r in rows) == total(want) + total(want, "weight_cast") == 87424
