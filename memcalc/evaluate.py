@@ -156,11 +156,16 @@ def _collectives(plan: Plan, issued: list, psi: int, stage: int, st: object) -> 
 
             fp8 = paper.layer_count(plan, stage) * layer_weights(arch, plan.tp)
             gathered = psi * p.param_bytes - fp8 * (p.param_bytes - 1)
+        # torchtitan reduces FSDP gradients in fp32 (MixedPrecisionPolicy reduce_dtype: its default
+        # ``mixed_precision_reduce = "float32"``, torchtitan config/configs.py) when a master copy exists.
+        fp32_reduce = plan.framework == "torchtitan" and plan.spec.framework == "fsdp" and p.master_bytes > 0
         rows = traffic.data_parallel_collectives(psi, plan.spec, plan.shard_group_size, plan.replicas,
-                                                 plan.shard_domain, plan.gpus_per_node, p.param_bytes, p.grad_bytes,
+                                                 plan.shard_domain, plan.gpus_per_node, p.param_bytes,
+                                                 4 if fp32_reduce else p.grad_bytes,
                                                  p.low_dtype, plan.grad_accum, plan.intra_link,
                                                  stride=plan.domain_stride, trainable=trainable, gathered_bytes=gathered,
-                                                 kept_gathered=plan.pp > 1 and paper.fsdp_under_pipeline(plan))
+                                                 kept_gathered=plan.pp > 1 and paper.fsdp_under_pipeline(plan),
+                                                 grad_dtype="fp32" if fp32_reduce else None)
         if arch is None or st is None or (plan.model_parallel == 1 and plan.ep == 1):
             return rows  # already in step order, and no model-parallel traffic to merge
     if arch is not None and st is not None:

@@ -331,3 +331,12 @@ def test_dtensor_tensor_parallel_saves_the_gathered_inputs_whole():
     no_sp = {k: v for k, v in kw.items() if k != "sequence_parallel"}
     assert memcalc.estimate(framework="torchtitan", **no_sp).memory.per_gpu.activations == \
         memcalc.estimate(**no_sp).memory.per_gpu.activations  # without SP the inputs are whole either way
+
+
+def test_torchtitan_reduces_fsdp_gradients_in_fp32():
+    # torchtitan's mixed_precision_reduce = "float32" (config/configs.py): FSDP2's reduce-scatter carries fp32
+    kw = dict(model="llama-3-8b", fsdp="FULL_SHARD", gpus=8, gpu="h100")
+    rs = {fw: next(c for c in memcalc.estimate(framework=fw, **kw).communication.collectives
+                   if c.op == "reduce-scatter") for fw in ("torchtitan", "hf")}
+    assert (rs["torchtitan"].dtype, rs["hf"].dtype) == ("fp32", "bf16")
+    assert rs["torchtitan"].payload_bytes_per_call == 2 * rs["hf"].payload_bytes_per_call == 4 * 8_030_261_248

@@ -90,6 +90,7 @@ def data_parallel_collectives(
     trainable: int | None = None,
     gathered_bytes: int | None = None,
     kept_gathered: bool = False,
+    grad_dtype: str | None = None,
 ) -> list[Collective]:
     """Collectives one GPU takes part in per optimizer step.
 
@@ -99,6 +100,7 @@ def data_parallel_collectives(
     frozen and trainable weights reduces the flat gradient, zeros included; peft's FSDP recipes wrap the adapters
     apart from the base, which this follows.) ``kept_gathered``: FSDP2 inside pipeline stages (``memcalc.memory.paper
     .fsdp_under_pipeline``) gathers each unit once per step and reduce-scatters once, after the last micro-batch.
+    ``grad_dtype``: the dtype gradients are reduced in when it is not ``dtype`` (``grad_bytes`` per element).
 
     ``n`` is the shard group (ZeRO's N; 1 when nothing is sharded), ``replicas`` the copies across
     which hybrid strategies all-reduce. Gathered/scattered tensors are padded to ⌈Ψ/n⌉·n elements,
@@ -111,6 +113,7 @@ def data_parallel_collectives(
     sharded = spec.shards_params or spec.shards_grads or spec.shards_optimizer
     micro = grad_accum if spec.reduce_each_micro_batch else 1
     grads = psi if trainable is None else trainable
+    gdt = grad_dtype or dtype
     gather = spec.param_gather
     if kept_gathered:
         gather, grad_accum, micro = "forward", 1, 1
@@ -120,7 +123,7 @@ def data_parallel_collectives(
         if world > 1:
             rows.append(
                 collective("all-reduce", "backward", "gradients", "data-parallel", world,
-                           _group_crosses_nodes(world * stride, gpus_per_node), intra_link, dtype, grads * grad_bytes, micro)
+                           _group_crosses_nodes(world * stride, gpus_per_node), intra_link, gdt, grads * grad_bytes, micro)
             )  # fmt: skip
         return rows
 
@@ -142,7 +145,7 @@ def data_parallel_collectives(
                            gathered, grad_accum)
             )  # fmt: skip
         rows.append(
-            collective("reduce-scatter", "backward", "gradients", group, n, crosses, intra_link, dtype,
+            collective("reduce-scatter", "backward", "gradients", group, n, crosses, intra_link, gdt,
                        reduced, micro)
         )  # fmt: skip
     if spec.hybrid and replicas > 1:
@@ -150,7 +153,7 @@ def data_parallel_collectives(
         # replica group's members stand n ranks apart, so it spans the whole world.
         rows.append(
             collective("all-reduce", "backward", "gradients", "replica group", replicas,
-                       _group_crosses_nodes(world * stride, gpus_per_node), intra_link, dtype,
+                       _group_crosses_nodes(world * stride, gpus_per_node), intra_link, gdt,
                        shard_numel(grads, n) * grad_bytes, micro)
         )  # fmt: skip
     if n > 1 and gather == "after_step":
