@@ -15,6 +15,7 @@ import pytest
 from memcalc.errors import InputError
 from memcalc.memory.compiled import compile_saving, compiled_layer_saved
 from memcalc.memory.saved import layer_saved, total
+from memcalc.model.architecture import Architecture
 from memcalc.model.hf_config import architecture_from_config
 
 # The census's tiny llama (memcalc.validation.saved TINY): h 64, 4 heads of 16, 2 KV heads, ffn 96.
@@ -22,6 +23,9 @@ TINY = {"model_type": "llama", "vocab_size": 120, "num_hidden_layers": 2, "hidde
         "num_key_value_heads": 2, "intermediate_size": 96, "tie_word_embeddings": False}  # fmt: skip
 ARCH = architecture_from_config(TINY)
 SHAPES = [(8, 2), (12, 3)]
+# torchtitan's census model (memcalc.validation.saved_torchtitan): dim 256, 4 heads of 64, 2 kv heads, ffn 704.
+TT = Architecture(name="tt-tiny", family="llama", layers=2, hidden=256, heads=4, kv_heads=2, ffn=704,
+                  gated_mlp=True, vocab=1000, position="rotary", norm="rmsnorm")  # fmt: skip
 
 
 def compiled(regime, attention="sdpa", s=8, b=2, scope="layer", family="llama"):
@@ -71,6 +75,26 @@ def test_difference_from_eager_is_the_closed_formula(regime, attention, scope):
         want = per_h * t * h + d * t * f - (4 * scores if attention == "eager" and regime == "fp32" else 0)
         assert eager - got == want == compile_saving(ARCH, regime=regime, attention=attention, s=s, b=b, scope=scope)
     assert 0 < want < eager
+
+
+def test_torchtitan_block_by_hand():
+    s, b, t, h, f, hd = 64, 2, 128, 256, 704, 64
+
+    def tt(regime, attention="flex"):
+        kw = {"family": "llama", "regime": regime, "attention": attention, "s": s, "b": b}
+        return total(compiled_layer_saved(TT, code="torchtitan", **kw))
+
+    # the Hugging Face list (r = d) plus the complex64 rotary table gathered per layer, 4·T·hd
+    assert tt("fp32") - total(compiled_layer_saved(TT, family="llama", regime="fp32", attention="sdpa", s=s, b=b)) \
+        == 4 * t * hd
+    assert tt("bf16") == tt("bf16", "sdpa") == 1_035_264  # census (memcalc.validation.saved_compile, code=torchtitan)
+    # against torchtitan eager (memcalc.memory.saved code="torchtitan", itself equal to its census): the norms'
+    # fp32 input copies and normalized tensors and SiLU's output: (16 - 2·d)·T·h + d·T·ffn
+    for regime, d in (("fp32", 4), ("bf16", 2)):
+        eager = total(layer_saved(TT, family="llama", regime=regime, attention="sdpa", s=s, b=b, code="torchtitan"))
+        assert eager - tt(regime) == (16 - 2 * d) * t * h + d * t * f
+    with pytest.raises(InputError, match="torchtitan"):
+        tt("amp-bf16")
 
 
 def test_unprofiled_inputs_raise():
@@ -123,6 +147,18 @@ def test_compiled_layer_matches_census(family, regime, attention, scope, sb):
     assert casts == total(want, "weight_cast")
 
 
+@pytest.mark.parametrize("regime, sb", [("fp32", (64, 2)), ("bf16", (64, 2)), ("bf16", (32, 3))])
+def test_torchtitan_block_matches_census(regime, sb):
+    tt = pytest.importorskip("memcalc.validation.saved_torchtitan")
+    if not tt.available():
+        pytest.skip("torchtitan is not installed")
+    s, b = sb
+    act, casts, rows = census("llama", regime, s, b, code="torchtitan")
+    want = compiled_layer_saved(TT, family="llama", regime=regime, attention="sdpa", s=s, b=b, code="torchtitan")
+    assert (act, casts) == (total(want), 0)
+    assert any(r[2] == "complex64" and r[3] == 4 * s * b * 64 for r in rows)  # the rotary table
+
+
 def test_census_names_what_the_partitioner_keeps():
     _, _, rows = census("llama", "amp-bf16", 8, 2)
     names = [r[0].split(":")[0] for r in rows if r[4] == "activation"]
@@ -139,3 +175,25 @@ def test_inductor_saves_what_aot_eager_saves():
     _, _, rows = census("llama", "amp-bf16", 8, 2, backend="inductor")
     want = compiled("amp-bf16")
     assert sum(r[3] for r in rows) == total(want) + total(want, "weight_cast") == 87424
+
+
+def test_estimate_with_compile_keeps_the_compiled_saved_set():
+    import memcalc
+    from memcalc.errors import InputError as Refused
+    from memcalc.inputs.presets import load_model
+
+    # Llama-3-8B under FSDP2 (bf16 activations), 8 GPUs, s = 8192, b = 2: the peak (the loss's backward, every layer's
+    # activations alive) falls by 32 layers x the partitioner's saving per layer (8·T·h + 2·T·ffn at bf16)
+    kw = dict(model="llama-3-8b", gpus=8, fsdp="FULL_SHARD", fsdp_version=2, gpu="h100", precision="bf16-mixed",
+              seq_len=8192, micro_batch=2, attention="flash")
+    eager, compiled = memcalc.estimate(**kw), memcalc.estimate(compile=True, **kw)
+    t, h, f = 8192 * 2, 4096, 14336
+    saving = compile_saving(load_model("llama-3-8b"), regime="bf16", attention="sdpa", s=8192, b=2)
+    assert saving == 8 * t * h + 2 * t * f
+    assert eager.memory.per_gpu.peak_allocated - compiled.memory.per_gpu.peak_allocated == 32 * saving
+    assert compiled.time.step_s < eager.time.step_s  # the element-wise kernels fused
+    assert compiled.input.workload.compile is True
+    with pytest.raises(Refused, match="--compile"):
+        memcalc.estimate(compile=True, accounting="realistic", **{**kw, "recompute": "full"})
+    with pytest.raises(Refused, match="--compile"):
+        memcalc.estimate(model="llama-3-8b", gpus=8, stage=3, seq_len=2048, compile=True)  # the paper accounting

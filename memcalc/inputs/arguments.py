@@ -125,6 +125,7 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "quantize": _kind(str, text="none, nf4"),
     "float8": _kind(str, text="none, tensorwise, rowwise"),
     "float8_all_gather": _SWITCH,
+    "compile": _SWITCH,
 }
 """Keywords of ``build_input`` checked here: (accepts?, what is accepted). The shape flags and ``hf_config`` are
 checked where they are read (``resolve_architecture``, ``Architecture``, ``memcalc.model.hf_config.read_bounded``)."""

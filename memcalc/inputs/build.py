@@ -218,6 +218,7 @@ def build_input(
     device: str = "cuda",
     loss: str = "standard",
     optimizer_impl: str = "foreach",
+    compile: bool = False,  # noqa: A002 (the flag's name)
     tp: int = 1,
     pp: int = 1,
     cp: int = 1,
@@ -277,9 +278,9 @@ def build_input(
         _choice("--device", device, ("cuda", "cpu"))
         workload = Workload(seq_len=seq_len, micro_batch=1 if micro_batch is None else micro_batch,  # type: ignore[arg-type]
                             recompute=recompute, attention=attention, dropout=dropout, device=device,  # type: ignore[arg-type]
-                            loss=loss, optimizer_impl=optimizer_impl)  # type: ignore[arg-type]  # fmt: skip
-    elif workload is None and (micro_batch is not None or dropout is not None):
-        raise InputError("--micro-batch and --dropout need --seq-len (activations are counted per sequence)")
+                            loss=loss, optimizer_impl=optimizer_impl, compile=compile)  # type: ignore[arg-type]  # fmt: skip
+    elif workload is None and (micro_batch is not None or dropout is not None or compile):
+        raise InputError("--micro-batch, --dropout and --compile need --seq-len (activations are counted per sequence)")
     if parallelism is None:
         from memcalc.layout.compose import framework as _framework, parse_stage_layers, shard_over as _shard_over
 

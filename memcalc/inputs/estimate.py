@@ -40,6 +40,10 @@ class Workload(Record):
     """The loss as the training code computes it: standard (the framework's own: Hugging Face upcasts the logits to
     fp32), chunked:N (torchtune's CEWithChunkedOutputLoss, N chunks) or fused (linear + cross-entropy in one kernel:
     the logits never exist). Realistic accounting."""
+    compile: bool = False
+    """torch.compile on each decoder layer (torchtitan and torchtune compile per block): AOTAutograd's min-cut
+    partitioner recomputes cheap element-wise ops instead of saving them (``memcalc.memory.compiled``, exact against a
+    census of compiled layers on CPU); the norms, activations and rotary run fused. Realistic accounting."""
     optimizer_impl: Literal["foreach", "fused", "for-loop", "in-backward"] = "foreach"
     """torch.optim.AdamW's implementation: foreach (torch's default on CUDA: temporaries as large as the parameters),
     fused (none), for-loop (one parameter's worth), in-backward (each gradient freed after its own step)."""
@@ -248,6 +252,8 @@ class EstimateInput(Record):
                      if v != default]
             if w.recompute.startswith("every:") or w.recompute == "op-sac":
                 extra.append(f"--recompute {w.recompute}")
+            if w.compile:
+                extra.append("--compile")
             if extra:
                 raise InputError(f"{', '.join(extra)}: what the step holds moment by moment, modelled by the realistic "
                                  f"accounting (one GPU or DDP, a Hugging Face family, --precision amp-bf16, amp-fp16, "

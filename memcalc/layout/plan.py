@@ -59,6 +59,9 @@ class Work:
     """standard, chunked:N or fused."""
     optimizer_impl: str = "foreach"
     """foreach, fused, for-loop or in-backward."""
+    compile: bool = False
+    """Each decoder layer under torch.compile: its partitioner's saved set (``memcalc.memory.compiled``), fused
+    element-wise kernels in the step time."""
 
 
 @dataclass(frozen=True, eq=False)

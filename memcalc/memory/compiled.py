@@ -34,6 +34,14 @@ mistral and qwen2 alike, per micro-batch, T = s·b tokens; d = compute-dtype byt
     gate output, up output, down input      3·d·T·ffn    SiLU's output is recomputed (eager keeps it: 4·d·T·ffn)
     amp-bf16: bf16 weight casts             as eager     (``memcalc.memory.saved._weight_casts``)
 
+torchtitan's Llama 3 block (``code="torchtitan"``, fp32 or bf16 = FSDP2 param_dtype, so r = d; census with its
+own modules, SDPA): the same list (one fused ``wqkv`` input; ``F.rms_norm`` decomposes to the same pointwise ops
+and reduction, so rstd is kept and the normalized tensor recomputed), plus the rotary table it gathers per layer
+(complex64, 4·T·hd, kept for the complex multiply's backward), as in eager (``memcalc.memory.saved._torchtitan_layer``).
+Flex attention (torchtitan's default) keeps q, k, v, the output and the log-sum-exp like SDPA once compiled (the
+eager census's note, ``memcalc.validation.saved_torchtitan``): the SDPA figures, derived, not measured (no CPU
+backward).
+
 Per token, SDPA, per-layer compile: r·h + 3·d·h + 2·d·qw + 2·d·kvw + 4·heads + 8 + 3·d·ffn. Against eager
 (``memcalc.memory.saved.layer_saved``): the RMSNorms' fp32 input copies and normalized tensors, autocast's
 per-projection casts and SiLU's output are gone: eager − compiled = 8·T·h + d·T·ffn in fp32 and bf16,
@@ -48,7 +56,7 @@ from __future__ import annotations
 from typing import Literal
 
 from memcalc.errors import InputError
-from memcalc.memory.saved import LLAMA_LIKE, REGIMES, SavedTensor, _dtypes, _weight_casts, shape
+from memcalc.memory.saved import LLAMA_LIKE, REGIMES, SavedTensor, _dtypes, _weight_casts, check_code, shape
 from memcalc.model.architecture import Architecture
 
 Scope = Literal["layer", "model"]
@@ -57,7 +65,12 @@ SCOPES = ("layer", "model")
 ``model``: the whole model in one graph (``torch.compile(model)``)."""
 
 
-def _check(family: str, regime: str, attention: str, scope: str, device: str) -> None:
+def _check(family: str, regime: str, attention: str, scope: str, device: str, code: str = "hf") -> None:
+    if code == "torchtitan":
+        check_code(code, family, regime, "sdpa" if attention == "flex" else attention)
+        attention = "sdpa" if attention == "flex" else attention
+    elif code != "hf":
+        check_code(code, family, regime, attention)
     if family not in LLAMA_LIKE:
         raise InputError(f"family {family!r} has no compiled saved-tensor profile; known: {', '.join(LLAMA_LIKE)}")
     if regime not in REGIMES:
@@ -71,12 +84,15 @@ def _check(family: str, regime: str, attention: str, scope: str, device: str) ->
 
 
 def compiled_layer_saved(arch: Architecture, *, family: str, regime: str, attention: str, s: int, b: int,
-                         device: str = "cpu", scope: Scope = "layer") -> list[SavedTensor]:  # fmt: skip
+                         device: str = "cpu", scope: Scope = "layer", code: str = "hf") -> list[SavedTensor]:  # fmt: skip
     """Every storage one decoder layer saves for backward under ``torch.compile``, per micro-batch, without
     activation checkpointing (the rule and its sources: this module's docstring). ``scope="model"`` gives a layer
     after the first of a whole-model graph (the first layer's input is the embedding's output: it saves the
-    o_proj output instead of the residual sum, as under ``scope="layer"``)."""
-    _check(family, regime, attention, scope, device)
+    o_proj output instead of the residual sum, as under ``scope="layer"``). ``code="torchtitan"``: torchtitan's
+    Llama 3 block (fp32 or bf16, sdpa or flex)."""
+    _check(family, regime, attention, scope, device, code)
+    if code == "torchtitan":
+        attention = "sdpa"  # flex keeps what SDPA keeps once compiled
     d, r, amp = _dtypes(regime)
     x = shape(arch, s, b)
     t, h = x.t, x.h
@@ -98,6 +114,8 @@ def compiled_layer_saved(arch: Architecture, *, family: str, regime: str, attent
         out.append(SavedTensor("residual h + o (norm 2 input; used far apart)", r * t * h))
     out += [SavedTensor("norm 2 rstd (fp32)", 4 * t), SavedTensor(f"gate/up input (norm 2 output){cast}", d * t * h),
             SavedTensor("gate output, up output, down input (SiLU recomputed)", 3 * d * t * x.ffn)]  # fmt: skip
+    if code == "torchtitan":
+        out.append(SavedTensor("rotary table (complex64, gathered per layer)", 4 * t * x.hd))
     if amp:
         out += _weight_casts(x, family)
     return out

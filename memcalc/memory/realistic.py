@@ -8,8 +8,9 @@ buffers (``memcalc.memory.allocator``), giving ``peak_allocated`` (what ``torch.
 reports), ``peak_reserved`` and the total a GPU must have, and a verdict: fits, at-risk or oom.
 
 Where it applies: a Hugging Face family with a saved-tensor profile, a sequence length, the regimes Hugging Face
-runs (fp32, pure bf16, autocast), AdamW (torch or bitsandbytes 8-bit) and replicated model states (one GPU, or DDP);
-elsewhere the paper's accounting answers and a note says why (``why_not``).
+runs (fp32, pure bf16, autocast), AdamW (torch or bitsandbytes 8-bit) and replicated model states (one GPU, or DDP),
+FSDP2 FULL_SHARD and DTensor tensor parallelism of Llama-style layers (``memcalc.memory.timeline_tp``); elsewhere
+the paper's accounting answers and a note says why (``why_not``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
     if float8_all_gather:
         return ("--float8-all-gather: the realistic accounting's FSDP2 timeline gathers the compute dtype; the paper "
                 "accounting counts the fp8 gathers")
+    if getattr(work, "compile", False):
+        from memcalc.memory.saved import LLAMA_LIKE
+
+        if (arch is not None and arch.family not in LLAMA_LIKE) or lora is not None or work.recompute != "none":
+            return ("--compile: the compiled layers' saved set is measured for Llama-style layers without "
+                    "recompute or LoRA")
     if framework == "torchtitan" and arch is not None and work is not None:
         from memcalc.memory.saved import LLAMA_LIKE
 
@@ -63,9 +70,14 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
                 "models what Hugging Face runs: amp-bf16 (Trainer(bf16=True)), amp-fp16, bf16, fp32")
     if optimizer not in OPTIMIZER_STATES:
         return f"--optimizer {optimizer}: the realistic accounting models AdamW (torch, or bitsandbytes 8-bit)"
-    if strategy not in STRATEGIES or max(tp, pp, cp, ep) > 1:
-        return ("the realistic accounting covers one GPU, DDP and FSDP FULL_SHARD so far; other sharded and "
-                "model-parallel layouts take the paper's")
+    if strategy not in STRATEGIES or max(pp, cp, ep) > 1:
+        return ("the realistic accounting covers one GPU, DDP and FSDP FULL_SHARD, each with DTensor tensor "
+                "parallelism, so far; other sharded and model-parallel layouts (pipeline, context, expert) take the "
+                "paper's")
+    if tp > 1:
+        why = _why_not_tp(arch, optimizer, work, tp, lora, framework)
+        if why is not None:
+            return why
     if strategy == "FULL_SHARD":
         if fsdp_version != 2:
             return ("FULL_SHARD: the realistic accounting follows FSDP2 (fully_shard, traced); FSDP1's flat parameters "
@@ -76,6 +88,24 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
             return "FULL_SHARD: the realistic accounting models torch AdamW, foreach or fused"
         if getattr(work, "recompute", "none") not in ("none", "full"):
             return "FULL_SHARD: the realistic accounting models recompute none or full"
+    return None
+
+
+def _why_not_tp(arch: Any, optimizer: str, work: Any, tp: int, lora: Any, framework: str | None) -> str | None:
+    """Tensor parallelism is modelled as the tracer's DTensor plan runs it (``memcalc.memory.timeline_tp``)."""
+    from memcalc.memory.timeline_tp import TP_FAMILIES
+
+    if arch.family not in TP_FAMILIES or arch.moe or arch.fused_qkv or not arch.gated_mlp:
+        return f"--tp {tp}: the realistic accounting models DTensor TP on dense {', '.join(TP_FAMILIES)} layers"
+    if arch.heads % tp or arch.n_kv % tp:
+        return f"--tp {tp}: it must divide heads ({arch.heads}) and kv heads ({arch.n_kv}); DTensor shards whole heads"
+    if lora is not None or framework == "torchtitan":
+        return (f"--tp {tp}: the realistic accounting models Hugging Face layers under DTensor TP without sequence "
+                "parallelism or loss_parallel (no LoRA, not torchtitan's plan)")
+    if optimizer != "adamw" or getattr(work, "optimizer_impl", "foreach") not in ("foreach", "fused"):
+        return f"--tp {tp}: the realistic accounting models torch AdamW, foreach or fused"
+    if getattr(work, "recompute", "none") not in ("none", "full"):
+        return f"--tp {tp}: the realistic accounting models recompute none or full"
     return None
 
 
@@ -153,7 +183,7 @@ def evaluate(plan: Plan) -> Realistic:
                   optimizer_states=OPTIMIZER_STATES[plan.optimizer.name], loss=w.loss, device=w.device,
                   position_ids=False, use_cache=False,
                   world=plan.shard_group_size if sharded else 1, fsdp_param_dtype=policy, lora=plan.lora,
-                  code="torchtitan" if plan.framework == "torchtitan" else "hf")
+                  code="torchtitan" if plan.framework == "torchtitan" else "hf", tp=plan.tp, compiled=w.compile)
     peak = tl.peak
     rows = [_row(name, n, plan) for name, n in peak.parts]
     allocated = peak.live_bytes
@@ -168,7 +198,8 @@ def evaluate(plan: Plan) -> Realistic:
     # (its two fp32 gradients are each as large); layer activations are many small tensors.
     largest = dict(peak.parts).get("log-softmax output (fp32)", 0)
     # NCCL: one communicator for DDP's ring (FSDP: the data-parallel group's, not measured), NCCL_BUFFSIZE per channel and ring peer (2); 16 channels on NVLink.
-    comm = nccl_buffers(1, 16, 2) if plan.dp > 1 else 0
+    # Under tensor parallelism the tensor-parallel group is one more communicator (its all-reduces).
+    comm = nccl_buffers((plan.dp > 1) + (plan.tp > 1), 16, 2)
     context = plan.cuda_context
     f = fit(allocated, plan.usable_bytes, largest_request=largest, context=context, communication=comm)
     rows += [
@@ -180,7 +211,8 @@ def evaluate(plan: Plan) -> Realistic:
     ]
     if comm:
         rows.append(Row("nccl_buffers", "NCCL buffers", comm, "gpu", "overhead",
-                        "NCCL_BUFFSIZE 4 MiB x 16 channels x 2 ring peers, outside the allocator"))
+                        "NCCL_BUFFSIZE 4 MiB x 16 channels x 2 ring peers per communicator (data-parallel, "
+                        "tensor-parallel), outside the allocator"))
     phases: dict[str, int] = {}
     for name, n in tl.phase_peaks.items():
         key = name.split(".")[0]
@@ -210,6 +242,11 @@ def notes(plan: Plan) -> list[str]:
         out.append(f"FULL_SHARD: FSDP2 fully_shard per decoder layer and on the root over {plan.shard_group_size} "
                    "ranks (rank 0's padded shards; the root stays gathered from forward to backward; one layer "
                    f"gathered and the next prefetched; {policy}); NCCL buffers counted as for one communicator")
+    if plan.tp > 1:
+        out.append(f"tp {plan.tp}: DTensor tensor parallelism as torch's ColwiseParallel (q, k, v, gate, up) and "
+                   "RowwiseParallel (o, down) run it, without sequence parallelism or loss_parallel: rank 0's "
+                   "projections, heads and MLP width / tp, norms, embedding, head, the layers' inputs and the "
+                   "logits whole on every rank (memory/timeline_tp.py; exact against a traced step)")
     if plan.lora is not None:
         lp = plan.lora
         out.append(f"LoRA r = {lp.rank} on {','.join(lp.targets)}{' over an NF4 base (QLoRA)' if lp.quantize == 'nf4' else ''}: "

@@ -12,12 +12,15 @@ Allocator rounding, reserved memory, the CUDA context and NCCL buffers are ``mem
 
 from __future__ import annotations
 
+import dataclasses
 
 from memcalc.errors import InputError
 from memcalc.frozen import frozen
 from memcalc.memory.saved import FAMILIES, LLAMA_LIKE, REGIMES, _check, check_code, loss_transient, shape
-from memcalc.memory.timeline_layers import layer_sizes, parse_recompute
+from memcalc.memory.timeline_layers import checkpointed, layer_sizes, parse_recompute
 from memcalc.memory.timeline_states import FsdpOverlay, lora_states, param_tensors, states
+from memcalc.memory.timeline_tp import (norm_backward, rank_arch, rmsnorm_backward, row_parallel_reduce,
+                                       step_temporary)
 from memcalc.model.architecture import Architecture
 
 LOSS_HELP = "standard, chunked:N, fused"
@@ -67,7 +70,8 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
              recompute: str = "none", optimizer_impl: str = "foreach", optimizer_states: str = "adamw",
              loss: str = "standard", device: str = "cpu", position_ids: bool = True, use_cache: bool = True,
              rotary_dims: int | None = None, world: int = 1,
-             fsdp_param_dtype: str | None = None, lora=None, code: str = "hf") -> Timeline:  # fmt: skip
+             fsdp_param_dtype: str | None = None, lora=None, code: str = "hf", tp: int = 1,
+             compiled: bool = False) -> Timeline:  # fmt: skip
     """Moments of one training step of a Hugging Face ``family`` model on one GPU.
 
     regime: fp32 | bf16 (pure: weights, gradients, AdamW moments bf16) | amp-bf16 (fp32 weights, autocast).
@@ -87,6 +91,9 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     code: whose model code runs the layers, ``hf`` or ``torchtitan`` (its Llama 3: ``memcalc.memory.saved``'s
     ``_torchtitan_layer``; the rotary table is gathered per layer, the final norm is its ``nn.RMSNorm``; the loss
     stays Hugging Face's, whose logits outlive the forward where torchtitan deletes them: a bound of d·T·V).
+    tp: DTensor tensor parallelism as rank 0 of ``tp`` ranks (``memcalc.memory.timeline_tp``: the layers' shapes
+    per rank, the row-parallel all-reduce, no sequence parallelism, no loss_parallel); with ``world`` above 1 the
+    FSDP2 ranks are the data-parallel ones (world = data-parallel degree, the mesh's "dp" dimension).
     """
     _check(family, regime, attention)
     check_code(code, family, "bf16" if fsdp_param_dtype == "bf16" else regime, attention)
@@ -95,6 +102,11 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     if s < 1 or b < 1:
         raise InputError(f"seq_len {s} and micro_batch {b} must be at least 1")
     policy = parse_recompute(recompute)
+    if tp > 1:
+        if code != "hf" or lora is not None or policy.kind not in ("none", "full"):
+            raise InputError(f"tp {tp}: tensor parallelism is modelled for Hugging Face layers without LoRA, "
+                             f"recompute none or full; got code {code}, recompute {recompute}")  # fmt: skip
+        arch = rank_arch(arch, tp, family)
     loss_transient(1, 1, regime, loss)  # validates the loss option
     x = shape(arch, s, b, rotary_dims)
     t, h, v, n = x.t, x.h, x.vocab, x.t * x.vocab
@@ -108,6 +120,8 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     fs = FsdpOverlay.make(arch, family, regime, world, fsdp_param_dtype, optimizer_impl, optimizer_states)
     if fs is not None:
         st = fs.states
+    elif tp > 1 and (temp := step_temporary(arch, w, optimizer_impl)) is not None:
+        st = full_st = dataclasses.replace(st, step_temporary=temp)
     model_states = [("parameters", st.params), ("optimizer states", st.optimizer), ("buffers", st.buffers)]
     if lora is not None:  # the frozen base and the adapters, apart (adapter parameters are as large as their grads)
         base = "frozen base, nf4" if lora.quantize == "nf4" else "frozen base"
@@ -124,40 +138,64 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     if arch.position == "rotary" and code == "hf":  # torchtitan gathers its table inside each layer
         rows = b if position_ids else 1
         prologue.append(("rotary cos, sin", 2 * rows * s * x.rot * r))
+    # Eager attention: the model's 4-D causal mask (b × s × s in the embedding output's dtype; transformers
+    # ``masking_utils.create_causal_mask``) lives until the model's forward returns; the attention's add saves
+    # nothing, but each checkpointed layer keeps it as an argument until its backward (tests/test_timeline_tp.py)
+    eager_mask = attention == "eager" and family in LLAMA_LIKE and code == "hf" and lora is None
+    mask = [("eager attention mask", r * b * s * s)] if eager_mask else []
+    kept_mask = mask if checkpointed(policy, 0) else []
+    fwd_shared, bwd_shared = prologue[1:] + mask, prologue[1:] + kept_mask  # the rotary tables, the mask
     layers = [layer_sizes(arch, family=family, regime=act, attention=attention, s=s, b=b, policy=policy,
-                          index=i, device=device, rotary_dims=rotary_dims, lora=lora, code=code)
+                          index=i, device=device, rotary_dims=rotary_dims, lora=lora, code=code,
+                          compiled=compiled)
               for i in range(arch.layers)]  # fmt: skip
     kept = 0
     cache = 0  # autocast's cast cache beyond what the matmuls save: bf16 copies of recomputed layers' weights
     for i, ly in enumerate(layers):
         if fs is not None:
             moments.append(_moment(f"forward.layer.{i}", f"layer {i}: parameters gathered",
-                                   base + prologue[1:] + [(f"activations kept (layers 0..{i - 1})", kept),
+                                   base + fwd_shared + [(f"activations kept (layers 0..{i - 1})", kept),
                                    ("layer input", ly.residual), ("autocast cast cache", cache)]
                                    + FsdpOverlay.gather(fs, i)))  # fmt: skip
         kept += ly.kept + ly.kept_casts  # each layer's kept tensors include its input (the previous output)
         cache += ly.casts - ly.kept_casts
+        if amp and arch.qkv_bias and family in LLAMA_LIKE and code == "hf" and lora is None:
+            # bf16 casts of the q, k, v biases (Qwen2): cached by autocast (trainable leaves), saved by no op (addmm's
+            # bias gradient is a sum of the output gradient), alive until the autocast block exits
+            cache += 2 * (x.qw + 2 * x.kvw)
         if amp and use_cache and policy.kind == "none" and family in LLAMA_LIKE:
             cache += 2 * 4 * t * x.kvw
-        elif lora is not None and attention == "eager" and x.kv < x.heads and use_cache and policy.kind == "none":
+        elif (attention == "eager" and x.kv < x.heads and use_cache and policy.kind == "none"
+              and (lora is not None or (family in LLAMA_LIKE and code == "hf"))):  # fmt: skip
             # DynamicCache keeps this layer's K, V (kv width) until the forward returns; eager attention saves their
-            # repeat_kv copies instead (traced with peft: memcalc.validation.lora.trace_lora_step)
+            # repeat_kv copies instead (traced with peft: memcalc.validation.lora.trace_lora_step; without:
+            # tests/test_timeline_tp.py)
             cache += 2 * d * t * x.kvw
         acts = [(f"activations kept (layers 0..{i})", kept), ("layer output (residual stream)", ly.residual),
                 ("autocast cast cache (recomputed layers' weights)", cache)] + FsdpOverlay.forward(fs)
         moments.append(_moment(f"forward.layer.{i}", f"layer {i}: down projection's output before the residual add",
-                               base + prologue[1:] + acts + [("down projection output", d * t * h)]))  # fmt: skip
+                               base + fwd_shared + acts + [("down projection output", d * t * h)]))  # fmt: skip
+        if tp > 1:
+            moments.append(_moment(f"forward.layer.{i}", f"layer {i}: the MLP's row-parallel all-reduce",
+                                   base + fwd_shared + acts[:1] + acts[2:] + row_parallel_reduce(d, r, t, h, amp)))
     resid = layers[-1].residual
-    layers_kept = kept + resid
+    # Pure bf16 activations, Hugging Face's RMSNorm: the final norm saves an fp32 copy of the last layer's output and
+    # nothing keeps the bf16 original once the norm returned; while it runs, its fp32 normalized tensor (not saved:
+    # the backward of ``to(bf16)`` needs nothing) is alive as well (traced: tests/test_timeline_tp.py)
+    upcast = act == "bf16" and family in LLAMA_LIKE and code == "hf" and lora is None
+    layers_kept = kept + (0 if upcast else resid)
     head = _head(x, family, act, loss, code, device)
     if lora is not None:  # frozen final norm weight and head: no normalized tensor, no head input kept
         head = [(n, b - (4 if act != "bf16" else 2) * t * h if n == "final norm saved" else b) for n, b in head
                 if n != "head input (bf16 cast)"]
     last = len(layers) - 1
-    after_norm = base + prologue[1:] + [("layer activations", layers_kept), ("autocast cast cache", cache)]
+    after_norm = base + bwd_shared + [("layer activations", layers_kept), ("autocast cast cache", cache)]
     after_norm += [head[0], ("last hidden state (model output)", r * t * h)] + FsdpOverlay.after_layers(fs)
     moments.append(_moment(f"forward.layer.{last}", "the final norm, its variance not yet freed",
-                           after_norm + [("norm variance (fp32)", 4 * t if family in LLAMA_LIKE else 0)]))
+                           after_norm + ([] if kept_mask else mask)
+                           + [("norm variance (fp32)", 4 * t if family in LLAMA_LIKE else 0)]
+                           + ([("last layer output (until the norm returns)", resid),
+                               ("normalized (fp32, until the norm returns)", 4 * t * h)] if upcast else [])))
     logits = [("logits", 0 if loss == "fused" else d * n)]
     moments.append(_moment("forward.head", "the head's logits", after_norm + head[1:] + logits))
     labels = [("labels padded (int64)", 8 * b * (s + 1)), ("shift labels (int64)", 8 * t)]
@@ -168,7 +206,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     moments.append(_moment("loss", "log-softmax done, logits and their fp32 copy alive", fwd_loss))
 
     # ---- start of backward: the loss's fp32 gradients ----------------------------------------------------------
-    saved_end = base + prologue[1:] + [("layer activations", layers_kept)] + head
+    saved_end = base + bwd_shared + [("layer activations", layers_kept)] + head
     saved_end += [] if amp or lora is not None else [("head input (the last hidden state)", d * t * h)]
     saved_end += [("log-softmax output (fp32)", _chunk(lp, 2)), ("loss and its gradient", 8)]
     saved_end += FsdpOverlay.after_layers(fs)
@@ -185,24 +223,45 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
         per_layer, late = full_st.grads // arch.layers, 0
     before_layers = full_st.grads - per_layer * arch.layers - late * w
     held_grads = 0 if optimizer_impl == "in-backward" else before_layers
+    if family in LLAMA_LIKE and code == "hf" and lora is None:
+        # the final RMSNorm's backward (``memcalc.memory.timeline_tp.rmsnorm_backward``): the loss's and the head's
+        # tensors are gone, the head's (and the norm's) gradients made; its normalized tensor freed
+        root = held_grads if fs is None else held_grads // w * fs.gathered_width  # unsharded until post-backward
+        moments.append(_moment("backward", "the final RMSNorm's backward",
+                               base + bwd_shared + [("loss and its gradient", 8), ("layer activations", layers_kept),
+                                                    ("final norm saved, less its normalized tensor",
+                                                     head[0][1] - (2 if act == "bf16" else 4) * t * h),
+                                                    ("head and final norm gradients", root),
+                                                    ("RMSNorm backward (fp32)", rmsnorm_backward(t, h))]
+                               + FsdpOverlay.after_layers(fs)))  # fmt: skip
     remaining = kept
+    norm2 = (norm_backward(arch, family=family, regime=act, attention=attention, s=s, b=b, device=device,
+                           rotary_dims=rotary_dims, grad_width=fs.gathered_width if fs is not None else w)
+             if family in LLAMA_LIKE and code == "hf" and lora is None else None)  # fmt: skip
     for i in reversed(range(arch.layers)):
         ly = layers[i]
-        entry = base + prologue[1:] + [("loss and its gradient", 8), (f"layer activations (layers 0..{i})", remaining),
+        # Llama-style, fp32 or autocast: the recomputed norm-1 input (fp32) is the checkpointed layer input itself
+        # (``to(float32)`` of an fp32 tensor is a no-op): counted once, in the checkpoint (tests/test_timeline_tp.py)
+        twice = ly.residual if norm2 is not None and checkpointed(policy, i) and act != "bf16" else 0
+        entry = base + bwd_shared + [("loss and its gradient", 8), (f"layer activations (layers 0..{i})", remaining),
                                        ("gradient of the residual stream", resid)]  # fmt: skip
         if fs is not None:
             moments.append(_moment(f"backward.layer.{i}", f"backward of layer {i}: parameters gathered",
                                    entry + FsdpOverlay.backward(fs, i, held_grads, before_layers, gather=True)))
-        parts = base + prologue[1:] + [("loss and its gradient", 8),
+        parts = base + bwd_shared + [("loss and its gradient", 8),
                                        ("layer activations (layers 0..%d)" % i, remaining),
                                        ("gradient of the residual stream", resid),
                                        ] + FsdpOverlay.backward(fs, i, held_grads, before_layers) + [
-                                       ("recomputed activations of this layer", ly.recomputed),
+                                       ("recomputed activations of this layer", ly.recomputed - twice),
                                        ("recomputed weight casts", ly.casts - ly.kept_casts),
                                        ("layer backward transient (MLP gradients)", ly.backward_extra)]  # fmt: skip
         if optimizer_impl == "in-backward":
             parts.append(("one gradient and its step temporaries", st.largest_grad + st.step_temporary))
         moments.append(_moment(f"backward.layer.{i}", f"backward of layer {i}: MLP gradients", parts))
+        if norm2 is not None and norm2 > 0:  # Llama-style RMSNorm: its backward can top the MLP's once it is ÷ tp
+            moments.append(_moment(f"backward.layer.{i}", f"backward of layer {i}: second RMSNorm's backward",
+                                   [p for p in parts if p[0] != "layer backward transient (MLP gradients)"]
+                                   + [("RMSNorm backward (fp32), net of the MLP's freed tensors", norm2)]))
         if ly.attention_extra:
             attn = parts[:-1] + [("eager attention backward (score-sized gradients)", ly.attention_extra)]
             moments.append(_moment(f"backward.layer.{i}", f"backward of layer {i}: softmax backward", attn))

@@ -117,10 +117,19 @@ def _attention_backward(saved: list[SavedTensor], x, d: int, w: int, mlp_params:
 
 
 def layer_sizes(arch, *, family: str, regime: str, attention: str, s: int, b: int, policy: Policy, index: int,
-                device: str = "cpu", rotary_dims: int | None = None, lora=None, code: str = "hf") -> LayerSizes:  # fmt: skip
+                device: str = "cpu", rotary_dims: int | None = None, lora=None, code: str = "hf",
+                compiled: bool = False) -> LayerSizes:  # fmt: skip
     kw = dict(family=family, regime=regime, attention=attention, s=s, b=b, device=device, rotary_dims=rotary_dims,
               code=code)
-    saved = layer_saved(arch, **kw, lora=lora)  # LoRA: the backward transients below stay the full model's (a bound)
+    if compiled and policy.kind == "none" and lora is None:
+        # torch.compile per layer: AOTAutograd's partitioner's saved set (memcalc.memory.compiled, exact on CPU); the
+        # backward transients below stay the eager layer's
+        from memcalc.memory.compiled import compiled_layer_saved
+
+        saved = compiled_layer_saved(arch, family=family, regime=regime, attention=attention, s=s, b=b, device=device,
+                                     scope="layer", code=code)
+    else:
+        saved = layer_saved(arch, **kw, lora=lora)  # LoRA: the backward transients below stay the full model's (a bound)
     full, casts = total(saved), total(saved, "weight_cast")
     x = shape(arch, s, b, rotary_dims)
     d, r = {"fp32": (4, 4), "bf16": (2, 2), "amp-bf16": (2, 4)}[regime]
@@ -133,6 +142,16 @@ def layer_sizes(arch, *, family: str, regime: str, attention: str, s: int, b: in
         extra -= 2 * x.h * x.ffn
     mlp_params = (3 if arch.gated_mlp else 2) * x.h * x.ffn
     attn = _attention_backward(saved, x, d, w, mlp_params) if attention == "eager" else 0
+    if attn and family in LLAMA_LIKE and code == "hf" and lora is None:
+        # Llama-style layers, traced op by op (hidden 128 and 1024, tp 1 and 2: tests/test_timeline_tp.py): at the
+        # softmax backward the gradient of the residual stream between attention and MLP is alive beside the layer
+        # output's (r·T·h, whole under tensor parallelism), the second norm's weight gradient (w·h) and o's weight
+        # gradient (w·h·q, q its local width) exist, and o's saved input (d·T·q) is freed; under autocast o's bf16
+        # weight cast (2·h·q) is freed as well and, unless the layer was recomputed, its input stays. Replaces the
+        # d·T·q term above.
+        amp_kept = regime == "amp-bf16" and not checkpointed(policy, index)
+        o = w * x.h * x.qw - (2 * x.h * x.qw if regime == "amp-bf16" else 0) - (0 if amp_kept else d * x.t * x.qw)
+        attn += r * x.t * x.h + w * x.h + o - d * x.t * x.qw
     if checkpointed(policy, index):
         kept, kept_casts, rec = residual, 0, full
         parts = (("layer input (checkpoint)", residual),)

@@ -189,8 +189,9 @@ def step_plan(plan: LayoutPlan, optimizer_impl: str = "foreach", flops_attention
 def _elementwise(plan: LayoutPlan) -> str:
     """Whose code runs the norms and rotary embedding: Megatron-LM's fused kernels, torchtitan's (torch's fused
     rms_norm, eager complex rotary), else Hugging Face's eager modeling code (the Trainer, accelerate, DeepSpeed and
-    torchtune users run it, or code that computes alike: torchtune's RMSNorm upcasts the same way)."""
-    if plan.framework == "megatron":
+    torchtune users run it, or code that computes alike: torchtune's RMSNorm upcasts the same way). Under
+    torch.compile inductor fuses them (one read and one write per element)."""
+    if plan.framework == "megatron" or (plan.work is not None and plan.work.compile):
         return "fused"
     return "torchtitan" if plan.framework == "torchtitan" else "hf"
 

@@ -20,10 +20,15 @@ Scopes: ``layer`` compiles each decoder layer on its own (``torch.compile(layer)
 LM, loss included, into one graph (a 3-layer model: layer 1 is a middle layer, attributed by the saved node's
 ``nn_module_stack``; a layer's output residual, the next layer's input, is attributed to the layer that made it).
 Shapes are static (``dynamic=False``): every (s, b) compiles anew, as a fixed-length training run does.
+``code="torchtitan"`` compiles the blocks of torchtitan's Llama 3 (``memcalc.validation.saved_torchtitan.build``,
+SDPA) per block instead.
+
+Re-run: ``python -m memcalc.validation.saved_compile llama amp-bf16 8 2 [layer|model] [aot_eager|inductor]``.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from contextlib import nullcontext
@@ -141,45 +146,79 @@ def compiled_layer_census(family: str, regime: str, s: int, b: int, *, attention
 
 
 def census_rows(family: str, regime: str, s: int, b: int, *, attention: str = "sdpa", scope: Scope = "layer",
-                backend: str = "aot_eager") -> list[tuple[str, tuple[int, ...], str, int, str]]:  # fmt: skip
-    """The census's rows with their kind last: ``activation``, ``weight_cast``, or ``all`` (inductor: not told)."""
+                backend: str = "aot_eager", code: str = "hf") -> list[tuple[str, tuple[int, ...], str, int, str]]:  # fmt: skip
+    """The census's rows with their kind last: ``activation``, ``weight_cast``, or ``all`` (inductor: not told).
+    ``code="torchtitan"``: torchtitan's Llama 3 blocks (``memcalc.validation.saved_torchtitan.build``, fp32 or
+    bf16, SDPA: flex attention has no CPU backward), compiled per block as torchtitan's ``apply_compile`` does."""
     import torch
 
-    if family not in FAMILIES:
-        raise ValueError(f"family {family!r} is not one of {', '.join(FAMILIES)}")
+    if family not in FAMILIES or (code == "torchtitan" and family != "llama"):
+        raise ValueError(f"family {family!r} is not one of {', '.join(FAMILIES)} (torchtitan: llama)")
     if backend not in BACKENDS:
         raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
-    if scope == "model" and backend != "aot_eager":  # a whole-model graph is split into layers by its node names
-        raise ValueError("scope 'model' needs the aot_eager backend (the census reads the graph's nodes)")
+    if scope == "model" and (backend != "aot_eager" or code != "hf"):  # a whole-model graph is split by node names
+        raise ValueError("scope 'model' needs the aot_eager backend and Hugging Face code")
     torch._dynamo.reset()
-    model = _build(family, regime, attention, 3 if scope == "model" else 2)
+    model, layers, call = _setup(code, family, regime, attention, s, b, 3 if scope == "model" else 2)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     rec = _Recorder()
     compiler = rec.backend() if backend == "aot_eager" else "inductor"
     where = ["outside"]  # the layer running (scope "layer"), read by the pack hook
     if scope == "model":
-        run = torch.compile(model, backend=compiler, dynamic=False, fullgraph=True)
+        call = functools.partial(call, torch.compile(model, backend=compiler, dynamic=False, fullgraph=True))
     else:
-        run = model
-        for i, layer in enumerate(model.model.layers):
+        call = functools.partial(call, model)
+        for i, (key, layer) in enumerate(list(layers.items())):
             c = torch.compile(layer, backend=compiler, dynamic=False, fullgraph=True)
             c.register_forward_pre_hook(lambda m, a, i=i: where.__setitem__(0, f"layer.{i}"))
             c.register_forward_hook(lambda m, a, o: where.__setitem__(0, "outside"))
-            model.model.layers[i] = c
+            layers[key] = c
     events: list[tuple[int, str, torch.Tensor]] = []  # (forward-graph call, part, tensor)
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         events.append((len(rec.calls) - 1, where[0], t))
         return t
 
-    ids = torch.randint(0, 120, (b, s), generator=torch.Generator().manual_seed(0))
     amp = torch.autocast("cpu", dtype=torch.bfloat16) if regime == "amp-bf16" else nullcontext()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), amp:
-        out = model(input_ids=ids, labels=ids) if scope == "layer" else run(input_ids=ids, labels=ids)
+        out = call()
     rows = _rows(events, rec.calls, params, scope, backend)
     del out
     torch._dynamo.reset()
     return rows
+
+
+def _setup(code: str, family: str, regime: str, attention: str, s: int, b: int, layers: int) -> tuple:
+    """(model, its layer container as a dict-like, forward(model) with the inputs its trainer passes)."""
+    import torch
+
+    if code == "torchtitan":
+        from memcalc.validation import saved_torchtitan as tt
+
+        if regime not in ("fp32", "bf16") or attention != "sdpa":
+            raise ValueError(f"torchtitan census: fp32 or bf16 with sdpa; got {regime}, {attention}")
+        model = tt.build(regime, "none", attention, s)
+        ids, kw = tt.inputs(model, attention, s, b)
+        return model, model.layers, lambda m: m(ids, **kw)
+    if code != "hf":
+        raise ValueError(f"code {code!r} is not one of hf, torchtitan")
+    model = _build(family, regime, attention, layers)
+    ids = torch.randint(0, 120, (b, s), generator=torch.Generator().manual_seed(0))
+    seq = model.model.layers
+    return model, _ListAsDict(seq), lambda m: m(input_ids=ids, labels=ids)
+
+
+class _ListAsDict:
+    """A ``ModuleList`` seen through ``items()`` and item assignment, as torchtitan's ``ModuleDict`` is."""
+
+    def __init__(self, seq: Any) -> None:
+        self.seq = seq
+
+    def items(self) -> list:
+        return list(enumerate(self.seq))
+
+    def __setitem__(self, key: int, value: Any) -> None:
+        self.seq[key] = value
 
 
 def _rows(events: list, calls: list, params: set[int], scope: Scope, backend: str) -> list[tuple]:

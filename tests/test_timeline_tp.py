@@ -1,0 +1,171 @@
+"""The step timeline under DTensor tensor parallelism (``timeline(..., tp=t)``, memcalc.memory.timeline_tp) against
+the tracer's rank 0 (memcalc.validation.trace_parallel: ColwiseParallel q, k, v, gate, up; RowwiseParallel o, down;
+no sequence parallelism, no loss_parallel), alone (world = tp) and under FSDP2 over the data-parallel ranks
+(world = dp × tp), on torch's fake process group.
+
+Exact: the peak and its phase, plus the baseline, input, optimizer and zero_grad phase peaks, byte for byte, in
+every configuration below (llama, mistral, qwen2; fp32, bf16, autocast, MixedPrecisionPolicy bf16; recompute none
+and full; sdpa and eager; tp 2-8, world 2-8); every phase's peak where EVERY_PHASE says. Not moments of the timeline,
+so below the trace within their phase (never the step's peak here): a checkpointed layer's forward transients, the
+RMSNorm forward's fp32 temporaries under pure bf16, the final norm's backward.
+"""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from memcalc.errors import InputError
+from memcalc.memory.realistic import why_not
+from memcalc.memory.timeline import timeline
+from memcalc.memory.timeline_states import param_tensors
+from memcalc.memory.timeline_tp import rank_arch, step_temporary
+from memcalc.model.hf_config import architecture_from_config
+from memcalc.validation.trace import trace_step
+
+LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 256}
+CONFIGS = {
+    "llama": LLAMA,
+    "small-mlp": dict(LLAMA, intermediate_size=64),  # MLP narrower than hidden: the loss gradients peak
+    "qwen2": dict(LLAMA, model_type="qwen2", tie_word_embeddings=True),
+    "mistral": dict(LLAMA, model_type="mistral", sliding_window=None),
+    "wide": dict(LLAMA, hidden_size=128, num_attention_heads=8, num_key_value_heads=8, intermediate_size=344,
+                 vocab_size=250),  # ffn 344 over tp 8: rank 0 holds 43 rows
+    # at 256 tokens the eager softmax's backward peaks (tests the attention-backward rule under tensor parallelism)
+    "attention": dict(LLAMA, hidden_size=128, num_attention_heads=8, num_key_value_heads=4, intermediate_size=344,
+                      vocab_size=256),
+    # hidden 256 over a 128-token vocabulary: the RMSNorms' fp32 backward peaks (final norm, second layer norm)
+    "norms": dict(LLAMA, hidden_size=256, num_attention_heads=8, num_key_value_heads=4, intermediate_size=688),
+}
+S, B = 32, 2
+SEQ = {"attention": 256, "norms": 128}
+
+
+def both(name, precision, tp, world, mp=None, recompute="none", opt="fused", attention="sdpa"):
+    cfg, s = CONFIGS[name], SEQ.get(name, S)
+    tr = trace_step(cfg, seq_len=s, micro_batch=B, precision=precision, world=world, tp=tp, fsdp=world > tp,
+                    fsdp_param_dtype=mp, optimizer_impl=opt, recompute=recompute, attention=attention)  # fmt: skip
+    tl = timeline(architecture_from_config(cfg), family=cfg["model_type"], regime=precision, attention=attention, s=s,
+                  b=B, recompute=recompute, optimizer_impl=opt, world=world // tp, fsdp_param_dtype=mp,
+                  tp=tp)  # fmt: skip
+    return tr, tl
+
+
+EXACT = [  # (config, precision, tp, world, fsdp_param_dtype, recompute, optimizer, attention, traced peak bytes)
+    ("llama", "fp32", 2, 2, None, "none", "foreach", "sdpa", 1_338_268),  # foreach over two parameter groups
+    ("llama", "amp-bf16", 2, 2, None, "none", "fused", "sdpa", 1_357_740),
+    ("llama", "amp-bf16", 2, 4, None, "none", "foreach", "sdpa", 1_146_140),  # row-parallel all-reduce, norm bwd
+    ("llama", "fp32", 2, 4, None, "none", "fused", "sdpa", 1_181_980),
+    ("llama", "fp32", 2, 8, None, "none", "foreach", "sdpa", 993_628),
+    ("llama", "amp-bf16", 2, 4, "bf16", "full", "fused", "sdpa", 764_572),  # bf16-mixed
+    ("llama", "bf16", 2, 2, None, "full", "fused", "sdpa", 639_004),  # the second RMSNorm's backward peaks
+    ("llama", "fp32", 2, 8, None, "full", "fused", "sdpa", 802_780),
+    ("llama", "amp-bf16", 2, 2, None, "full", "fused", "sdpa", 1_153_436),
+    ("small-mlp", "fp32", 2, 2, None, "none", "fused", "sdpa", 965_532),
+    ("qwen2", "amp-bf16", 2, 4, None, "full", "foreach", "sdpa", 901_040),
+    ("qwen2", "fp32", 2, 8, None, "full", "fused", "sdpa", 746_416),
+    ("mistral", "amp-bf16", 2, 2, None, "none", "foreach", "sdpa", 1_357_740),
+    ("mistral", "fp32", 2, 4, None, "none", "fused", "sdpa", 1_181_980),
+    ("wide", "fp32", 4, 8, None, "none", "foreach", "sdpa", 2_584_476),
+    ("wide", "amp-bf16", 8, 8, None, "none", "fused", "sdpa", 2_320_812),
+    ("wide", "amp-bf16", 4, 8, "bf16", "full", "fused", "sdpa", 1_854_620),
+    ("llama", "amp-bf16", 2, 2, None, "none", "fused", "eager", 1_414_060),
+    ("llama", "fp32", 2, 4, None, "none", "foreach", "eager", 1_230_108),
+    ("wide", "amp-bf16", 4, 4, None, "none", "fused", "eager", 3_137_964),
+    # pure bf16 activations: the final norm's fp32 copy replaces the last layer's bf16 output after the norm
+    ("llama", "bf16", 2, 2, None, "none", "fused", "sdpa", 760_860),
+    ("llama", "bf16", 2, 4, None, "none", "foreach", "sdpa", 651_740),
+    ("llama", "amp-bf16", 2, 4, "bf16", "none", "fused", "sdpa", 840_092),
+    ("qwen2", "amp-bf16", 2, 2, None, "none", "foreach", "sdpa", 1_261_248),  # autocast's cached q, k, v bias casts
+    # eager attention under full recompute: each checkpoint keeps the causal mask (b·s², embedding output dtype)
+    ("llama", "bf16", 2, 2, None, "full", "fused", "eager", 671_260),
+    ("qwen2", "amp-bf16", 2, 8, None, "full", "fused", "eager", 750_000),
+    # the eager softmax's backward: the residual stream's gradient whole, o's weight gradient and input per rank
+    ("attention", "bf16", 2, 2, None, "none", "fused", "eager", 14_179_740),
+    ("attention", "amp-bf16", 2, 4, None, "full", "fused", "eager", 11_726_236),
+    ("attention", "fp32", 2, 8, "bf16", "none", "fused", "eager", 13_932_316),
+    ("attention", "amp-bf16", 4, 8, "bf16", "full", "fused", "eager", 5_990_556),
+    ("attention", "bf16", 2, 4, None, "full", "fused", "eager", 9_291_548),
+    # the RMSNorms' backward: the final norm's (world 2), the last layer's second norm's (FSDP2 over 2 × tp 2)
+    ("norms", "bf16", 2, 2, None, "none", "fused", "sdpa", 10_337_500),
+    ("norms", "fp32", 2, 2, None, "none", "fused", "sdpa", 18_037_980),
+    ("norms", "bf16", 2, 4, None, "none", "fused", "sdpa", 8_975_836),
+    ("norms", "amp-bf16", 2, 4, "bf16", "none", "fused", "sdpa", 11_351_260),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,precision,tp,world,mp,recompute,opt,attention,peak", EXACT)
+def test_tp_peak_equals_trace(name, precision, tp, world, mp, recompute, opt, attention, peak):
+    tr, tl = both(name, precision, tp, world, mp, recompute, opt, attention)
+    assert tr.peak == peak
+    assert (tl.peak.live_bytes, tl.peak.phase) == (tr.peak, tr.peak_phase)
+    for phase in ("baseline", "input", "optimizer", "zero_grad"):
+        assert tl.phase_peaks[phase] == tr.phase_peaks[phase]
+    assert all(m.live_bytes == sum(n for _, n in m.parts) for m in tl.moments)
+
+
+EVERY_PHASE = [  # no recompute, sdpa, fp32 or autocast over fp32 weights: every phase's peak, not only the step's
+    ("llama", "fp32", 2, 2, None, "foreach"),
+    ("llama", "amp-bf16", 2, 4, None, "foreach"),
+    ("qwen2", "amp-bf16", 2, 2, None, "foreach"),
+    ("wide", "amp-bf16", 8, 8, None, "fused"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,precision,tp,world,mp,opt", EVERY_PHASE)
+def test_tp_every_phase_equals_trace(name, precision, tp, world, mp, opt):
+    # the trace's "forward" phase (embedding, rotary tables before layer 0) is not a moment of the timeline
+    tr, tl = both(name, precision, tp, world, mp, opt=opt)
+    assert {k: tl.phase_peaks[k] for k in tr.phase_peaks if k != "forward"} == {
+        k: v for k, v in tr.phase_peaks.items() if k != "forward"}
+
+
+def test_rank_arch_shards_as_the_plan():
+    arch = architecture_from_config(CONFIGS["wide"])
+    local = rank_arch(arch, 8, "llama")
+    # heads 8 -> 1, kv 8 -> 1, head_dim 16 kept, ffn 344 -> ceil(344 / 8) = 43 rows on rank 0, hidden and vocab whole
+    shapes = (local.heads, local.n_kv, local.d_head, local.ffn_size, local.hidden, local.vocab)
+    assert shapes == (1, 1, 16, 43, 128, 250)
+    per_layer = sum(n for name, n in param_tensors(local) if name.startswith("layer 0 "))
+    # norms 2 × 128 whole; q, k, v, o 16 × 128 each (÷ 8); gate, up, down 43 × 128 each
+    assert per_layer == 2 * 128 + 4 * 16 * 128 + 3 * 43 * 128
+    with pytest.raises(InputError, match="divide heads"):
+        rank_arch(architecture_from_config(LLAMA), 4, "llama")  # kv_heads 2
+    with pytest.raises(InputError, match="modelled for"):
+        rank_arch(architecture_from_config(LLAMA), 2, "gpt2")
+
+
+def test_foreach_temporaries_take_the_larger_group():
+    local = rank_arch(architecture_from_config(LLAMA), 2, "llama")
+    # DTensor group: 2 layers × (q 2048 + k 1024 + v 1024 + o 2048 + gate, up, down 3 × 5632) = 46,080 elements;
+    # plain group: embedding 8,192 + head 8,192 + 5 norms × 64 = 16,704
+    assert step_temporary(local, 4, "foreach") == 4 * 46_080
+    assert step_temporary(local, 4, "fused") is None
+
+
+def test_why_not_lifts_tp_for_what_is_modelled():
+    from types import SimpleNamespace
+
+    arch = architecture_from_config(dict(LLAMA, num_key_value_heads=4))
+    work = SimpleNamespace(attention="sdpa", recompute="none", optimizer_impl="foreach")
+    assert why_not(arch, "amp-bf16", "adamw", "ddp", work, tp=2) is None
+    assert why_not(arch, "bf16-mixed", "adamw", "FULL_SHARD", work, tp=4) is None
+    assert "pipeline" in why_not(arch, "amp-bf16", "adamw", "ddp", work, tp=2, pp=2)
+    assert "divide" in why_not(architecture_from_config(LLAMA), "fp32", "adamw", "ddp", work, tp=4)
+    assert "AdamW" in why_not(arch, "fp32", "adam-8bit", "ddp", work, tp=2)
+    op_sac = SimpleNamespace(**{**vars(work), "recompute": "op-sac"})
+    assert "recompute" in why_not(arch, "fp32", "adamw", "ddp", op_sac, tp=2)
+    assert "torchtitan" in why_not(arch, "bf16", "adamw", "FULL_SHARD", work, tp=2, framework="torchtitan")
+    gpt2 = architecture_from_config({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 128})
+    assert "dense" in why_not(gpt2, "fp32", "adamw", "ddp", work, tp=2)
+
+
+def test_estimate_tp_fsdp_is_realistic():
+    from pathlib import Path
+
+    import memcalc
+
+    cfg = Path(__file__).parent / "data" / "small-llama-config.json"
+    e = memcalc.estimate(hf_config=str(cfg), gpus=4, tp=2, fsdp="FULL_SHARD", fsdp_version=2, seq_len=256)
+    assert e.model_dump()["accounting"] == "realistic"
