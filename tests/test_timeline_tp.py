@@ -169,3 +169,15 @@ def test_estimate_tp_fsdp_is_realistic():
     cfg = Path(__file__).parent / "data" / "small-llama-config.json"
     e = memcalc.estimate(hf_config=str(cfg), gpus=4, tp=2, fsdp="FULL_SHARD", fsdp_version=2, seq_len=256)
     assert e.model_dump()["accounting"] == "realistic"
+
+
+def test_sequence_parallel_is_left_to_the_paper_accounting():
+    import memcalc
+    from memcalc.errors import InputError
+
+    kw = dict(hf_config="tests/data/small-llama-config.json", gpus=4, tp=2, fsdp="FULL_SHARD", fsdp_version=2,
+              seq_len=256)
+    assert memcalc.estimate(**kw).accounting == "realistic"
+    assert memcalc.estimate(sequence_parallel=True, **kw).accounting == "paper"
+    with pytest.raises(InputError, match="--sequence-parallel"):
+        memcalc.estimate(sequence_parallel=True, accounting="realistic", **kw)

@@ -301,7 +301,8 @@ def build_input(
         realistic = why_not(the_model.architecture, the_precision.name, the_optimizer.name, the_strategy.spec.name, workload,
                             parallelism.tp, parallelism.pp, parallelism.cp, parallelism.ep, fsdp_version,
                             lora=the_lora, framework=parallelism.framework,
-                            float8_all_gather=float8_all_gather) is None
+                            float8_all_gather=float8_all_gather,
+                            sequence_parallel=parallelism.sequence_parallel) is None
         accounting = "realistic" if realistic else "paper"
     if overheads is None:
         # CUDA context: the paper's round 0.5 GiB; the realistic accounting's measured 0.75 GiB (H100, torch 2.11).

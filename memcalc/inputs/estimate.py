@@ -243,7 +243,8 @@ class EstimateInput(Record):
 
             why = why_not(arch, self.precision.name, self.optimizer.name, self.strategy.spec.name, w, par.tp,
                           par.pp, par.cp, par.ep, self.framework.fsdp_version, lora=self.lora,
-                          framework=par.framework, float8_all_gather=self.float8_all_gather)
+                          framework=par.framework, float8_all_gather=self.float8_all_gather,
+                          sequence_parallel=par.sequence_parallel)
             if why is not None:
                 raise InputError(f"--accounting realistic: {why}; use --accounting paper")
         elif w is not None:

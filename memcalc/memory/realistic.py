@@ -35,7 +35,7 @@ SHARDED_FAMILIES = ("llama", "mistral", "qwen2")
 
 def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any, tp: int = 1, pp: int = 1,
             cp: int = 1, ep: int = 1, fsdp_version: int = 2, lora: Any = None, framework: str | None = None,
-            float8_all_gather: bool = False) -> str | None:  # fmt: skip
+            float8_all_gather: bool = False, sequence_parallel: bool = False) -> str | None:  # fmt: skip
     """Why the realistic accounting does not apply to this set-up (one line), or None when it does."""
     if float8_all_gather:
         return ("--float8-all-gather: the realistic accounting's FSDP2 timeline gathers the compute dtype; the paper "
@@ -74,6 +74,9 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
         return ("the realistic accounting covers one GPU, DDP and FSDP FULL_SHARD, each with DTensor tensor "
                 "parallelism, so far; other sharded and model-parallel layouts (pipeline, context, expert) take the "
                 "paper's")
+    if tp > 1 and sequence_parallel:
+        return (f"--tp {tp} --sequence-parallel: the realistic accounting models DTensor TP without sequence "
+                "parallelism (the tracer's plan); the paper accounting counts it")
     if tp > 1:
         why = _why_not_tp(arch, optimizer, work, tp, lora, framework)
         if why is not None:
