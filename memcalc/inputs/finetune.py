@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from memcalc.errors import InputError
-from memcalc.model.lora import MAX_RANK, TARGETS, LoraPlan
+from memcalc.model.architecture import MAX_LORA_RANK as MAX_RANK
+from memcalc.model.architecture import PROJECTIONS as TARGETS
 from memcalc.record import Record, bounded, check_fields, record
+
+if TYPE_CHECKING:
+    from memcalc.model.lora import LoraPlan
 
 
 @record
@@ -30,6 +34,8 @@ class Lora(Record):
                                  f"{','.join(TARGETS)}")
 
     def plan(self, targets: tuple[str, ...]) -> LoraPlan:
+        from memcalc.model.lora import LoraPlan  # the core's record, loaded when LoRA is asked for
+
         return LoraPlan(rank=self.rank, targets=targets, quantize=self.quantize)
 
 

@@ -8,12 +8,15 @@ planner can evaluate many plans without building a pydantic object per candidate
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from memcalc.frozen import frozen
 from memcalc.layout.dtypes import Optimizer, Precision
 from memcalc.layout.strategies import StrategySpec
 from memcalc.model.architecture import Architecture
-from memcalc.model.lora import LoraPlan
+
+if TYPE_CHECKING:
+    from memcalc.model.lora import LoraPlan
 
 
 def nodes(gpus: int, gpus_per_node: int) -> int:

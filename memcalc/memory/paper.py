@@ -103,6 +103,17 @@ def model_state_rows(plan: Plan, groups: list[ParamGroup]) -> list[Row]:
     p, opt, spec = plan.precision, plan.optimizer, plan.spec
     opt_dev, param_dev = plan.optimizer_device, plan.offload_params
     b_mom = opt.moment_bytes_for(p)
+    if len(groups) == 1 and opt_dev == "none" and param_dev == "none":
+        # Nothing offloaded, one sharding group (a planner's common case): the states.* formulas, inline.
+        psi, n = groups[0]
+        shard = -(-psi // n)
+        sizes = ((shard if spec.shards_params else psi) * p.param_bytes,
+                 (shard if spec.shards_grads else psi) * p.grad_bytes,
+                 (shard if spec.shards_optimizer else psi) * p.master_bytes,
+                 (shard if spec.shards_optimizer else psi) * opt.moments * b_mom)
+        rows = [Row(key, label, size, "gpu", "model_state", detail) for key, (label, detail, _), size
+                in zip(_STATE_KEYS, _state_labels(p, opt, spec, plan.shard_group_size), sizes)]
+        return rows + pipeline_fsdp_rows(plan, groups) if plan.pp > 1 else rows
     placed = [
         (
             states.parameter_bytes(g.psi, p.param_bytes, spec.shards_params, g.n, param_dev),

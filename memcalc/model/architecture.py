@@ -39,6 +39,10 @@ MAX_VOCAB_MULTIPLE = 2**20
 """Megatron pads the vocabulary to a multiple of 128 x tp: this leaves tp up to 8,192."""
 MAX_EXPERTS = 2**16
 """65,536: 32x Switch-C's 2,048 experts; bounds top_k and shared experts too (activations loop over them)."""
+PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
+"""Family-neutral names of a decoder layer's projections (LoRA's ``--lora-targets``: ``memcalc.model.lora``)."""
+MAX_LORA_RANK = 65_536
+"""LoRA's r at most: wider than any model's hidden size."""
 
 
 @record

@@ -17,13 +17,11 @@ from __future__ import annotations
 
 from memcalc.errors import InputError
 from memcalc.frozen import frozen
+from memcalc.model.architecture import PROJECTIONS as TARGETS
 from memcalc.model.architecture import Architecture
 
-TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
-"""Family-neutral names of a decoder layer's projections (``--lora-targets``)."""
 QUANTIZE = ("none", "nf4")
 """``--quantize``: int8 (LLM.int8) keeps outlier columns in fp16 at a data-dependent count: not exact, refused."""
-MAX_RANK = 65_536
 
 NF4_BLOCK = 64
 """bitsandbytes ``quantize_4bit`` blocksize default (QLoRA §3: blocks of 64)."""
