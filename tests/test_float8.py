@@ -23,6 +23,12 @@ KW = dict(model="llama-3-8b", fsdp="FULL_SHARD", fsdp_version=2, gpus=8, gpu="h1
 def test_converted_weights_per_layer() -> None:
     assert layer_weights(LLAMA3_8B) == N8 == 218_103_808
     assert layer_weights(LLAMA3_8B, tp=2) == N8 // 2  # column- and row-parallel halves
+    # tp 16 > 8 KV heads: each rank keeps one whole KV head (replicated), as the step time's matmuls do
+    assert layer_weights(LLAMA3_8B, tp=16) == 4096 * 256 + 2 * 4096 * 128 + 256 * 4096 + 3 * 4096 * 896
+    from memcalc.time.flops import layer_gemms
+
+    for tp in (1, 2, 8, 16):
+        assert layer_weights(LLAMA3_8B, tp) == sum(g.k * g.n for g in layer_gemms(LLAMA3_8B, False, tp))
 
 
 def test_fp8_all_gather_carries_one_byte_per_converted_weight() -> None:

@@ -24,6 +24,7 @@ What changes, and what does not (torchao >= 0.13, read in its source):
 from __future__ import annotations
 
 from memcalc.model.architecture import Architecture
+from memcalc.model.params import kv_heads_per_rank
 
 RECIPES = ("none", "tensorwise", "rowwise")
 CAST_BYTES = {"tensorwise": (6, 8), "rowwise": (8, 10)}
@@ -33,7 +34,8 @@ CAST_BYTES = {"tensorwise": (6, 8), "rowwise": (8, 10)}
 def linears(arch: Architecture, tp: int = 1) -> tuple[tuple[int, int], ...]:
     """(in, out) features of one decoder layer's converted linears on one tensor-parallel rank."""
     h, f = arch.hidden, arch.ffn_size
-    qw, kvw = arch.q_width // tp, arch.kv_width // tp
+    # k and v keep whole heads per rank, replicated when tp exceeds the KV heads (as the step time's layer_gemms)
+    qw, kvw = arch.q_width // tp, kv_heads_per_rank(arch, tp) * arch.d_head
     mlp = [(h, f // tp)] * (2 if arch.gated_mlp else 1) + [(f // tp, h)]
     return ((h, qw), (h, kvw), (h, kvw), (qw, h), *mlp)
 
