@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 from memcalc.comm import traffic
 from memcalc.comm.traffic import Collective, HostTransfer
+from memcalc.layout.compose import composition
 from memcalc.layout.plan import Plan
 from memcalc.memory import paper
 from memcalc.memory.rows import Row, overhead_rows
@@ -158,7 +159,7 @@ def _collectives(plan: Plan, issued: list, psi: int, stage: int, st: object) -> 
             gathered = psi * p.param_bytes - fp8 * (p.param_bytes - 1)
         # torchtitan reduces FSDP gradients in fp32 (MixedPrecisionPolicy reduce_dtype: its default
         # ``mixed_precision_reduce = "float32"``, torchtitan config/configs.py) when a master copy exists.
-        fp32_reduce = plan.framework == "torchtitan" and plan.spec.framework == "fsdp" and p.master_bytes > 0
+        fp32_reduce = composition(plan.framework).fsdp_reduce_fp32 and plan.spec.framework == "fsdp" and p.master_bytes > 0
         rows = traffic.data_parallel_collectives(psi, plan.spec, plan.shard_group_size, plan.replicas,
                                                  plan.shard_domain, plan.gpus_per_node, p.param_bytes,
                                                  4 if fp32_reduce else p.grad_bytes,

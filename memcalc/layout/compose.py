@@ -57,19 +57,40 @@ class Framework:
     """none (no pipeline parallelism), weighted (torchtitan's split), even (Megatron, DeepSpeed)."""
     uneven: str
     """What it does when the layers do not divide the stages (for the one-line refusal), or "" when it splits."""
+    model_code: str = "hf"
+    """Whose model code runs the layers: hf (Hugging Face's modeling files, which the Trainer, accelerate and
+    DeepSpeed users run), torchtitan (its Llama 3: ``memcalc.memory.saved._torchtitan_layer``) or megatron (fused
+    kernels); it decides the saved tensors and the element-wise bytes of the step time."""
+    dtensor_tp: bool = False
+    """Tensor parallelism as DTensor runs it: under sequence parallelism the gathered q/k/v and MLP inputs are saved
+    whole (``memcalc.memory.activations.DTENSOR_GATHERED``); False: Megatron's 1/t shard."""
+    fsdp_reduce_fp32: bool = False
+    """FSDP reduces gradients in fp32 under a master copy (torchtitan's ``mixed_precision_reduce = "float32"``,
+    torchtitan config/configs.py)."""
+    fsdp_in_pipeline: bool = False
+    """FSDP2 inside torch.distributed.pipelining stages (``memcalc.memory.paper.pipeline_fsdp_rows``)."""
 
 
 FRAMEWORKS: dict[str, Framework] = {
-    "hf": Framework("hf", "dp-cp", True, "none", ""),
-    "torchtitan": Framework("torchtitan", "dp-cp", True, "weighted", ""),
+    "hf": Framework("hf", "dp-cp", True, "none", "", dtensor_tp=True),
+    "torchtitan": Framework("torchtitan", "dp-cp", True, "weighted", "", model_code="torchtitan", dtensor_tp=True,
+                            fsdp_reduce_fp32=True, fsdp_in_pipeline=True),
     "torchtune": Framework("torchtune", "dp", False, "none", ""),
     "megatron": Framework("megatron", "dp-cp", True, "even",
                           "Megatron-LM splits layers evenly unless the first and last stages are given "
-                          "(--decoder-first/last-pipeline-num-layers)"),
+                          "(--decoder-first/last-pipeline-num-layers)", model_code="megatron"),
     "deepspeed": Framework("deepspeed", "dp-cp", True, "even",
                            "DeepSpeed's PipelineModule balances the parameters of your layer specs "
                            "(partition_method='parameters'), which memcalc does not replay"),
 }  # fmt: skip
+UNNAMED = Framework("", "dp-cp", True, "even", "", fsdp_in_pipeline=True)
+"""No --framework: Hugging Face's model code, Korthikanti's (Megatron's) tensor-parallel activations, FSDP as
+torch's pipelining runs it."""
+
+
+def composition(name: str | None) -> Framework:
+    """What the plan's framework (a name the inputs checked, or None) decides."""
+    return UNNAMED if name is None else FRAMEWORKS[name]
 
 
 def framework(name: str | None) -> Framework | None:

@@ -11,9 +11,10 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING, NamedTuple
 
+from memcalc.layout.compose import composition
 from memcalc.layout.dtypes import Optimizer, Precision
 from memcalc.layout.plan import Plan
-from memcalc.layout.strategies import StrategySpec
+from memcalc.layout.strategies import StrategySpec, shard_numel
 from memcalc.memory import states
 from memcalc.memory.rows import Row
 from memcalc.model.architecture import Architecture
@@ -106,7 +107,7 @@ def model_state_rows(plan: Plan, groups: list[ParamGroup]) -> list[Row]:
     if len(groups) == 1 and opt_dev == "none" and param_dev == "none":
         # Nothing offloaded, one sharding group (a planner's common case): the states.* formulas, inline.
         psi, n = groups[0]
-        shard = -(-psi // n)
+        shard = shard_numel(psi, n)  # states.state_bytes, element count taken once for the four tensors
         sizes = ((shard if spec.shards_params else psi) * p.param_bytes,
                  (shard if spec.shards_grads else psi) * p.grad_bytes,
                  (shard if spec.shards_optimizer else psi) * p.master_bytes,
@@ -187,7 +188,7 @@ def fsdp_under_pipeline(plan: Plan) -> bool:
     """FSDP2 sharding inside pipeline stages, as torch.distributed.pipelining and torchtitan run it (the one
     framework that composes them; Megatron and DeepSpeed pipelines shard optimizer states only)."""
     return (plan.pp > 1 and plan.spec.framework == "fsdp" and plan.spec.shards_params and plan.offload_params == "none"
-            and plan.framework in (None, "torchtitan"))
+            and composition(plan.framework).fsdp_in_pipeline)
 
 
 def pipeline_fsdp_rows(plan: Plan, groups: list[ParamGroup]) -> list[Row]:
@@ -271,7 +272,7 @@ def activation_rows(plan: Plan, stage: int, st: act.Setting) -> tuple[list[Row],
     per = layer_count(plan, stage)
     n_moe = moe_layers(plan, stage)
     # torchtitan and accelerate run tensor parallelism as DTensor: the gathered inputs are saved whole
-    dtensor = plan.framework in ("torchtitan", "hf")
+    dtensor = composition(plan.framework).dtensor_tp
     dense = _layer_bytes(arch, st, tp, sp, w.recompute, False, dtensor)
     moe = _layer_bytes(arch, st, tp, sp, w.recompute, True, dtensor) if n_moe else 0
     flight = act.pipeline_in_flight(stage, plan.pp, plan.grad_accum, plan.virtual_stages)

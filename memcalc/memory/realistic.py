@@ -168,6 +168,13 @@ def _row(name: str, n_bytes: int, plan: Plan) -> Row:
     return Row(key, name, n_bytes, "gpu", category, detail)
 
 
+def _code(plan: Plan) -> str:
+    """The saved-tensor profile the layers follow: torchtitan's own code, else Hugging Face's."""
+    from memcalc.layout.compose import composition
+
+    return "torchtitan" if composition(plan.framework).model_code == "torchtitan" else "hf"
+
+
 def evaluate(plan: Plan) -> Realistic:
     """The realistic peak of one GPU for ``plan`` (which ``why_not`` accepts)."""
     from memcalc.memory.allocator import fit, nccl_buffers
@@ -186,7 +193,7 @@ def evaluate(plan: Plan) -> Realistic:
                   optimizer_states=OPTIMIZER_STATES[plan.optimizer.name], loss=w.loss, device=w.device,
                   position_ids=False, use_cache=False,
                   world=plan.shard_group_size if sharded else 1, fsdp_param_dtype=policy, lora=plan.lora,
-                  code="torchtitan" if plan.framework == "torchtitan" else "hf", tp=plan.tp, compiled=w.compile)
+                  code=_code(plan), tp=plan.tp, compiled=w.compile)
     peak = tl.peak
     rows = [_row(name, n, plan) for name, n in peak.parts]
     allocated = peak.live_bytes
@@ -228,7 +235,7 @@ def notes(plan: Plan) -> list[str]:
     """What the realistic accounting shows and assumes."""
     arch, w = plan.arch, plan.work
     assert arch is not None and w is not None
-    code = "torchtitan's Llama 3" if plan.framework == "torchtitan" else f"Hugging Face's {arch.family}"
+    code = "torchtitan's Llama 3" if _code(plan) == "torchtitan" else f"Hugging Face's {arch.family}"
     out = [f"accounting: realistic: the peak of one training step over its timeline as {code} "
            f"code runs it ({plan.precision.name}, {ATTENTION[w.attention]} attention, {w.recompute} "
            f"recompute, {w.loss} loss, AdamW {w.optimizer_impl}); the rows are what is alive at that moment",

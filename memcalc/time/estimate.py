@@ -18,6 +18,7 @@ from functools import cache
 from typing import Any, NamedTuple
 
 from memcalc.errors import InputError, did_you_mean
+from memcalc.layout.compose import composition
 from memcalc.layout.plan import Plan as LayoutPlan
 from memcalc.memory.paper import param_groups
 from memcalc.time.hardware import (
@@ -191,9 +192,10 @@ def _elementwise(plan: LayoutPlan) -> str:
     rms_norm, eager complex rotary), else Hugging Face's eager modeling code (the Trainer, accelerate, DeepSpeed and
     torchtune users run it, or code that computes alike: torchtune's RMSNorm upcasts the same way). Under
     torch.compile inductor fuses them (one read and one write per element)."""
-    if plan.framework == "megatron" or (plan.work is not None and plan.work.compile):
+    code = composition(plan.framework).model_code
+    if code == "megatron" or (plan.work is not None and plan.work.compile):
         return "fused"
-    return "torchtitan" if plan.framework == "torchtitan" else "hf"
+    return code
 
 
 def _lora_fields(plan: LayoutPlan) -> dict:
