@@ -61,6 +61,20 @@ REAL_CONFIGS = {
                     "alibi": False, "vocab_size": 65024}, 41_303_293_952),
     "tinyllama-1.1b": ({"model_type": "llama", "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22,
                         "num_attention_heads": 32, "num_key_value_heads": 4, "vocab_size": 32000}, 1_100_048_384),
+    # counted by transformers 5.23 on the meta device (sum of p.numel() over AutoModelForCausalLM.from_config)
+    "qwen3-0.6b": ({"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+                    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+                    "tie_word_embeddings": True}, 596_049_920),
+    "qwen3-8b": ({"model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+                  "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+                  "tie_word_embeddings": False}, 8_190_735_360),
+    "phi-3-mini-4k": ({"model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
+                       "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32064}, 3_821_079_552),
+    "smollm3-3b": ({"model_type": "smollm3", "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
+                    "num_attention_heads": 16, "num_key_value_heads": 4, "vocab_size": 128256}, 3_075_098_624),
+    "granite-3.1-2b": ({"model_type": "granite", "hidden_size": 2048, "intermediate_size": 8192,
+                        "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8,
+                        "vocab_size": 49155, "tie_word_embeddings": True}, 2_533_531_648),
 }  # fmt: skip
 
 
@@ -72,6 +86,18 @@ def test_real_configs(name, tmp_path):
     assert model_params(load_hf_config(path)).total == count
     r = memcalc.estimate(hf_config=str(path), stage=3, gpus=8)
     assert r.model.parameters == count
+
+
+def test_smollm3_nope_layers_and_qwen3_head_dim_default():
+    base = REAL_CONFIGS["smollm3-3b"][0]
+    assert architecture_from_config(base).nope_layers == tuple(range(3, 36, 4))  # no_rope_layer_interval 4
+    flags = [1] * 35 + [0]
+    assert architecture_from_config(base | {"no_rope_layers": flags}).nope_layers == (35,)
+    with pytest.raises(InputError, match="no_rope_layers .* one per layer; accepted: a JSON array of 36 integers"):
+        architecture_from_config(base | {"no_rope_layers": [1, 0]})
+    qwen3 = {k: v for k, v in REAL_CONFIGS["qwen3-0.6b"][0].items() if k != "head_dim"}
+    assert architecture_from_config(qwen3).d_head == 128  # Qwen3Config's default, not hidden // heads = 64
+    assert architecture_from_config(qwen3 | {"head_dim": None}).d_head == 64
 
 
 def test_unknown_model_type_lists_the_supported(tmp_path):
@@ -94,7 +120,8 @@ def test_dropout_comes_from_the_config():
 
 
 def test_every_supported_model_type_has_a_reader():
-    assert set(READERS) >= {"llama", "mistral", "mixtral", "qwen2", "gpt2", "gpt_neox", "bloom", "opt", "falcon"}
+    assert set(READERS) >= {"llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3", "granite", "smollm3", "gpt2",
+                            "gpt_neox", "bloom", "opt", "falcon"}
 
 
 @pytest.mark.parametrize("name", HF_PRESETS + sorted(REAL_CONFIGS))
@@ -312,7 +339,8 @@ USED_KEYS = sorted({"model_type", "num_hidden_layers", "hidden_size", "num_atten
                     "n_head", "n_inner", "n_positions", "attn_pdrop", "resid_pdrop", "use_parallel_residual",
                     "hidden_dropout", "n_embed", "ffn_dim", "enable_bias", "word_embed_proj_dim",
                     "max_position_embeddings", "do_layer_norm_before", "dropout", "new_decoder_architecture",
-                    "num_kv_heads", "multi_query", "bias", "parallel_attn", "ffn_hidden_size", "alibi"})  # fmt: skip
+                    "num_kv_heads", "multi_query", "bias", "parallel_attn", "ffn_hidden_size", "alibi",
+                    "no_rope_layers", "no_rope_layer_interval"})  # fmt: skip
 
 
 def test_the_fuzzed_keys_are_every_key_the_readers_use():
@@ -354,6 +382,9 @@ def test_random_values_give_an_architecture_or_one_input_error(base, over, drop,
     assert isinstance(a, Architecture)
     for key in rec.seen - {"model_type"}:  # whatever the reader looked at and accepted had the right JSON type
         value = cfg.get(key)
+        if key == "no_rope_layers" and isinstance(value, list):  # SmolLM3's per-layer 0/1 flags
+            assert len(value) == a.layers and all(type(v) is int and v in (0, 1) for v in value), value
+            continue
         assert value is None or isinstance(value, (bool, int)) or key.endswith(("dropout", "pdrop")), (key, value)
         assert not (isinstance(value, float) and not key.endswith(("dropout", "pdrop"))), (key, value)
         assert not (isinstance(value, int) and not isinstance(value, bool) and value < 0), (key, value)

@@ -59,6 +59,22 @@ def test_layer_and_outside_match_census(family, regime, attention, recompute):
     assert len(seen) == 2  # the two shapes give different figures: the test checks the scaling
 
 
+@pytest.mark.parametrize("regime", REGIMES)
+def test_smollm3_layer_without_rotary_saves_what_a_rotary_layer_saves(regime, monkeypatch):
+    """SmolLM3 skips the rotary embedding in every fourth layer (no_rope_layers): such a layer saves the same bytes;
+    only the shared cos/sin tables are then saved by the rotating layer alone (so the census files them under it)."""
+    from memcalc.validation import saved as census_module
+
+    monkeypatch.setitem(census_module.TINY, "smollm3", {**census_module.TINY["smollm3"], "no_rope_layers": [1, 0]})
+    arch, _ = arch_and_rot("smollm3")
+    s, b = 12, 3
+    c = census("smollm3", regime, "sdpa", s, b)
+    layer = total(layer_saved(arch, family="smollm3", regime=regime, attention="sdpa", s=s, b=b))
+    rotary = next(x.bytes for x in outside_saved(arch, family="smollm3", regime=regime, s=s, b=b)
+                  if x.name.startswith("rotary"))
+    assert (c.part_bytes("layer.0"), c.part_bytes("layer.1")) == (layer + rotary, layer)
+
+
 def test_llama_amp_per_token_constants():
     # Hand count from the census (llama, amp-bf16, sdpa, GQA 4/2 heads, head_dim 16): per token
     # 2 RMSNorms x (4h + 4 + 4h) + casts (3 + 2) x 2h + Q 2h + K, V 2 x 2·kv_w + out 2h + lse 4·heads + 8·ffn.

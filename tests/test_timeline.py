@@ -23,7 +23,16 @@ LLAMA = dict(model_type="llama", hidden_size=64, intermediate_size=176, num_hidd
 GPT2 = dict(model_type="gpt2", n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=256)
 QWEN2 = dict(model_type="qwen2", hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=128, max_position_embeddings=256, tie_word_embeddings=True)
-CONFIGS = {"llama": LLAMA, "gpt2": GPT2, "qwen2": QWEN2}
+_TINY = {k: v for k, v in LLAMA.items() if k != "model_type"}
+_IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+QWEN3 = dict(model_type="qwen3", head_dim=16, **_TINY)
+PHI3 = dict(model_type="phi3", **_IDS, **_TINY)
+GRANITE = dict(model_type="granite", embedding_multiplier=12.0, residual_multiplier=0.22, logits_scaling=8.0, **_IDS,
+               **_TINY)  # fmt: skip
+SMOLLM3 = dict(model_type="smollm3", no_rope_layers=[1, 0], tie_word_embeddings=True, **_IDS, **_TINY)  # layer 1: NoPE
+CONFIGS = {"llama": LLAMA, "gpt2": GPT2, "qwen2": QWEN2, "qwen3": QWEN3, "phi3": PHI3, "granite": GRANITE,
+           "smollm3": SMOLLM3}
+VOCAB_HEAVY = {**LLAMA, "vocab_size": 1024}  # the embedding is the largest tensor
 S, B = 32, 2
 
 
@@ -44,6 +53,18 @@ EXACT = [
     ("llama", dict(precision="bf16", optimizer_impl="fused", recompute="full")),
     ("qwen2", dict(precision="fp32", optimizer_impl="fused", attention="eager")),
     ("qwen2", dict(precision="bf16", optimizer_impl="fused", recompute="full")),
+    ("qwen3", dict(precision="fp32", optimizer_impl="foreach")),
+    ("qwen3", dict(precision="amp-bf16", optimizer_impl="fused", attention="eager")),
+    ("qwen3", dict(precision="bf16", optimizer_impl="fused", recompute="full")),
+    ("qwen3", dict(precision="amp-bf16", optimizer_impl="foreach", recompute="full")),
+    ("phi3", dict(precision="fp32", optimizer_impl="for-loop", attention="eager")),
+    ("phi3", dict(precision="amp-bf16", optimizer_impl="fused")),
+    ("phi3", dict(precision="bf16", optimizer_impl="fused")),
+    ("granite", dict(precision="amp-bf16", optimizer_impl="fused", attention="eager")),
+    ("granite", dict(precision="bf16", optimizer_impl="fused", recompute="full")),
+    ("smollm3", dict(precision="amp-bf16", optimizer_impl="fused")),
+    ("smollm3", dict(precision="amp-bf16", optimizer_impl="fused", attention="eager")),
+    ("smollm3", dict(precision="fp32", optimizer_impl="for-loop", attention="eager")),
 ]  # fmt: skip
 
 
@@ -62,7 +83,20 @@ BOUNDED = [  # (family, kw, bound): |timeline - trace| / trace within bound; why
     ("qwen2", dict(precision="amp-bf16", optimizer_impl="foreach"), 0.015),
     ("gpt2", dict(precision="fp32", optimizer_impl="fused"), 0.08),
     ("gpt2", dict(precision="amp-bf16", recompute="full", attention="eager", optimizer_impl="fused"), 0.01),
+    ("phi3", dict(precision="bf16", recompute="full", optimizer_impl="fused"), 0.015),
 ]  # fmt: skip
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_for_loop_step_holds_the_previous_denominator(tied):
+    """for-loop AdamW on a model whose embedding is its largest tensor: 2·n + the previous tensor (the final norm
+    before an untied head; nothing before the embedding), not 3·n."""
+    cfg = {**VOCAB_HEAVY, "tie_word_embeddings": tied}
+    kw = dict(seq_len=8, micro_batch=1, precision="fp32", attention="sdpa")
+    extra = (trace_step(cfg, optimizer_impl="for-loop", **kw).phase_peaks["optimizer"]
+             - trace_step(cfg, optimizer_impl="fused", **kw).phase_peaks["optimizer"])  # fmt: skip
+    st = states(architecture_from_config(cfg), "llama", 4, "for-loop")
+    assert st.step_temporary == extra == 4 * (2 * 1024 * 64 + (0 if tied else 64))
 
 
 @pytest.mark.parametrize("family,kw,bound", BOUNDED)

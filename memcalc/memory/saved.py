@@ -37,7 +37,12 @@ from memcalc.model.architecture import Architecture
 Regime = Literal["fp32", "bf16", "amp-bf16"]
 Kind = Literal["activation", "weight_cast"]
 LLAMA_LIKE = ("llama", "mistral", "qwen2")
-FAMILIES = (*LLAMA_LIKE, "gpt2", "gpt_neox", "opt", "bloom", "falcon")
+"""Llama's modules as they are (the set the sharded, tensor-parallel, LoRA, compiled and torchtitan paths were
+traced with)."""
+LLAMA_STYLE = (*LLAMA_LIKE, "qwen3", "phi3", "granite", "smollm3")
+"""Hugging Face's Llama-style layers (LlamaRMSNorm, rotary, SwiGLU); Qwen3 adds q_norm/k_norm, Phi-3 fuses qkv and
+gate/up, Granite scales by Python floats, SmolLM3 skips the rotary embedding in some layers: same saved set."""
+FAMILIES = (*LLAMA_STYLE, "gpt2", "gpt_neox", "opt", "bloom", "falcon")
 REGIMES = ("fp32", "bf16", "amp-bf16")
 
 
@@ -107,7 +112,7 @@ def _norm(
     x: Shape, family: str, r: int, amp: bool, label: str, with_input: bool = True, cuda: bool = False
 ) -> list[SavedTensor]:
     t, h = x.t, x.h
-    if family in LLAMA_LIKE:  # LlamaRMSNorm: x.float(); x * rsqrt(mean(x²) + eps); weight * x.to(dtype)
+    if family in LLAMA_STYLE:  # LlamaRMSNorm: x.float(); x * rsqrt(mean(x²) + eps); weight * x.to(dtype)
         return [SavedTensor(f"{label} input (fp32)", 4 * t * h), SavedTensor(f"{label} rstd (fp32)", 4 * t),
                 SavedTensor(f"{label} normalized", (4 if amp or r == 4 else 2) * t * h)]  # fmt: skip
     stat = 4 if cuda else r  # aten native_layer_norm: mean, rstd fp32 on CUDA, input dtype on CPU
@@ -132,7 +137,9 @@ def _attention(x: Shape, family: str, attention: str, d: int, r: int) -> list[Sa
         out = [SavedTensor("Q" + (" (fused qkv storage)" if family == "gpt2" else ""), q),
                SavedTensor("K, V (cache copies)", 2 * d * t * x.kvw), SavedTensor("attention output", d * t * x.qw),
                SavedTensor("log-sum-exp (fp32)", 4 * x.heads * t)]  # fmt: skip
-        if family == "gpt_neox":  # attn_output.transpose(1, 2) is not the kernel's layout there: a copy
+        if family in ("gpt_neox", "phi3"):
+            # the rotary output is a fresh (b, heads, s, hd) tensor there (NeoX and Phi-3 rotate a slice and cat), so
+            # the kernel's output follows that layout and attn_output.transpose(1, 2).contiguous() copies it
             out.append(SavedTensor("output projection input", d * t * x.qw))
         return out
     soft = r if family in ("gpt2", "falcon") else 4  # the rest ask softmax(..., dtype=torch.float32)
@@ -145,7 +152,8 @@ def _attention(x: Shape, family: str, attention: str, d: int, r: int) -> list[Sa
 
 def _mlp(x: Shape, family: str, d: int, amp: bool, cuda: bool) -> list[SavedTensor]:
     tf = x.t * x.ffn
-    if family in LLAMA_LIKE:  # silu(gate) * up: gate out, silu out, up out, product (down input)
+    if family in LLAMA_STYLE:  # silu(gate) * up: gate out, silu out, up out, product (down input); Phi-3's fused
+        # gate_up output holds gate and up in one storage of the same 2·T·ffn
         return [SavedTensor("gate output, SiLU output, up output, down input", 4 * d * tf)]
     if family == "gpt2":  # NewGELUActivation: 0.5·x·(1 + tanh(c·(x + 0.044715·x³))) saves x, tanh, 0.5x, 1 + tanh
         gelu = (4 + 4 + 2 + 4) * tf if (cuda and amp) else 4 * d * tf  # CUDA autocast: pow in fp32, promotes
@@ -159,7 +167,7 @@ def _weight_casts(x: Shape, family: str) -> list[SavedTensor]:
     """Autocast's bf16 copies of the layer's matmul weights, saved by the matmuls (2 bytes per weight)."""
     h, f = x.h, x.ffn
     attn = h * (x.qw + 2 * x.kvw) + x.qw * h
-    mlp = (3 if family in LLAMA_LIKE else 2) * h * f
+    mlp = (3 if family in LLAMA_STYLE else 2) * h * f
     return [SavedTensor("attention weights (bf16 casts)", 2 * attn, "weight_cast"),
             SavedTensor("MLP weights (bf16 casts)", 2 * mlp, "weight_cast")]  # fmt: skip
 
@@ -194,10 +202,12 @@ def layer_saved(arch: Architecture, *, family: str, regime: Regime, attention: s
     if lora is not None:
         return _lora_layer(arch, x, family, attention, d, r, amp, cuda, lora)
     out = _norm(x, family, r, amp, "norm 1", cuda=cuda)
-    if family in LLAMA_LIKE or family == "opt":
+    if (family in LLAMA_STYLE or family == "opt") and not arch.fused_qkv:
         out += _inputs(x, d, amp, ("q", "k", "v"))
     else:
         out += _inputs(x, d, amp, ("qkv",))
+    if arch.qk_norm:
+        out += _qk_norm(x, d)
     if family == "falcon":
         out.append(SavedTensor("MQA split indices (2 int64)", 16))
     out += _attention(x, family, attention, d, r)
@@ -205,11 +215,22 @@ def layer_saved(arch: Architecture, *, family: str, regime: Regime, attention: s
         out += _inputs(x, d, amp, ("fc1",)) if amp else []
     else:
         out += _norm(x, family, r, amp, "norm 2", with_input=family != "gpt_neox", cuda=cuda)
-        out += _inputs(x, d, amp, ("gate", "up") if family in LLAMA_LIKE else ("fc1",))
+        mlp_in = ("gate_up",) if arch.fused_gate_up else ("gate", "up") if family in LLAMA_STYLE else ("fc1",)
+        out += _inputs(x, d, amp, mlp_in)
     out += _mlp(x, family, d, amp, cuda)
     if amp:
         out += _weight_casts(x, family)
     return out
+
+
+def _qk_norm(x: Shape, d: int) -> list[SavedTensor]:
+    """Qwen3's q_norm and k_norm (a LlamaRMSNorm over each head, modeling_qwen3.py ``Qwen3Attention.forward``): each
+    keeps an fp32 copy of the projection's output, rstd per head, and the normalized tensor cast back to the
+    projection's dtype (d: its input dtype, bf16 under autocast), by the census."""
+    t = x.t
+    return [SavedTensor("q_norm input (fp32)", 4 * t * x.qw), SavedTensor("q_norm rstd (fp32)", 4 * t * x.heads),
+            SavedTensor("q_norm normalized", d * t * x.qw), SavedTensor("k_norm input (fp32)", 4 * t * x.kvw),
+            SavedTensor("k_norm rstd (fp32)", 4 * t * x.kv), SavedTensor("k_norm normalized", d * t * x.kvw)]
 
 
 def _torchtitan_norm(x: Shape, d: int, cuda: bool, label: str) -> list[SavedTensor]:

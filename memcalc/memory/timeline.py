@@ -16,7 +16,7 @@ import dataclasses
 
 from memcalc.errors import InputError
 from memcalc.frozen import frozen
-from memcalc.memory.saved import FAMILIES, LLAMA_LIKE, REGIMES, _check, check_code, loss_transient, shape
+from memcalc.memory.saved import FAMILIES, LLAMA_STYLE, REGIMES, _check, check_code, loss_transient, shape
 from memcalc.memory.timeline_layers import checkpointed, layer_sizes, parse_recompute
 from memcalc.memory.timeline_states import FsdpOverlay, lora_states, param_tensors, states
 from memcalc.memory.timeline_tp import (norm_backward, rank_arch, rmsnorm_backward, row_parallel_reduce,
@@ -141,7 +141,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     # Eager attention: the model's 4-D causal mask (b × s × s in the embedding output's dtype; transformers
     # ``masking_utils.create_causal_mask``) lives until the model's forward returns; the attention's add saves
     # nothing, but each checkpointed layer keeps it as an argument until its backward (tests/test_timeline_tp.py)
-    eager_mask = attention == "eager" and family in LLAMA_LIKE and code == "hf" and lora is None
+    eager_mask = attention == "eager" and family in LLAMA_STYLE and code == "hf" and lora is None
     mask = [("eager attention mask", r * b * s * s)] if eager_mask else []
     kept_mask = mask if checkpointed(policy, 0) else []
     fwd_shared, bwd_shared = prologue[1:] + mask, prologue[1:] + kept_mask  # the rotary tables, the mask
@@ -159,14 +159,15 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
                                    + FsdpOverlay.gather(fs, i)))  # fmt: skip
         kept += ly.kept + ly.kept_casts  # each layer's kept tensors include its input (the previous output)
         cache += ly.casts - ly.kept_casts
-        if amp and arch.qkv_bias and family in LLAMA_LIKE and code == "hf" and lora is None:
+        if amp and arch.qkv_bias and family in LLAMA_STYLE and code == "hf" and lora is None:
             # bf16 casts of the q, k, v biases (Qwen2): cached by autocast (trainable leaves), saved by no op (addmm's
             # bias gradient is a sum of the output gradient), alive until the autocast block exits
             cache += 2 * (x.qw + 2 * x.kvw)
-        if amp and use_cache and policy.kind == "none" and family in LLAMA_LIKE:
+        if amp and use_cache and policy.kind == "none" and family in LLAMA_STYLE and i not in arch.nope_layers:
+            # a layer without rotary (SmolLM3) caches the bf16 K, V that SDPA saves anyway: nothing beyond them
             cache += 2 * 4 * t * x.kvw
         elif (attention == "eager" and x.kv < x.heads and use_cache and policy.kind == "none"
-              and (lora is not None or (family in LLAMA_LIKE and code == "hf"))):  # fmt: skip
+              and (lora is not None or (family in LLAMA_STYLE and code == "hf"))):  # fmt: skip
             # DynamicCache keeps this layer's K, V (kv width) until the forward returns; eager attention saves their
             # repeat_kv copies instead (traced with peft: memcalc.validation.lora.trace_lora_step; without:
             # tests/test_timeline_tp.py)
@@ -182,7 +183,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     # Pure bf16 activations, Hugging Face's RMSNorm: the final norm saves an fp32 copy of the last layer's output and
     # nothing keeps the bf16 original once the norm returned; while it runs, its fp32 normalized tensor (not saved:
     # the backward of ``to(bf16)`` needs nothing) is alive as well (traced: tests/test_timeline_tp.py)
-    upcast = act == "bf16" and family in LLAMA_LIKE and code == "hf" and lora is None
+    upcast = act == "bf16" and family in LLAMA_STYLE and code == "hf" and lora is None
     layers_kept = kept + (0 if upcast else resid)
     head = _head(x, family, act, loss, code, device)
     if lora is not None:  # frozen final norm weight and head: no normalized tensor, no head input kept
@@ -193,7 +194,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     after_norm += [head[0], ("last hidden state (model output)", r * t * h)] + FsdpOverlay.after_layers(fs)
     moments.append(_moment(f"forward.layer.{last}", "the final norm, its variance not yet freed",
                            after_norm + ([] if kept_mask else mask)
-                           + [("norm variance (fp32)", 4 * t if family in LLAMA_LIKE else 0)]
+                           + [("norm variance (fp32)", 4 * t if family in LLAMA_STYLE else 0)]
                            + ([("last layer output (until the norm returns)", resid),
                                ("normalized (fp32, until the norm returns)", 4 * t * h)] if upcast else [])))
     logits = [("logits", 0 if loss == "fused" else d * n)]
@@ -223,7 +224,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
         per_layer, late = full_st.grads // arch.layers, 0
     before_layers = full_st.grads - per_layer * arch.layers - late * w
     held_grads = 0 if optimizer_impl == "in-backward" else before_layers
-    if family in LLAMA_LIKE and code == "hf" and lora is None:
+    if family in LLAMA_STYLE and code == "hf" and lora is None:
         # the final RMSNorm's backward (``memcalc.memory.timeline_tp.rmsnorm_backward``): the loss's and the head's
         # tensors are gone, the head's (and the norm's) gradients made; its normalized tensor freed
         root = held_grads if fs is None else held_grads // w * fs.gathered_width  # unsharded until post-backward
@@ -237,7 +238,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     remaining = kept
     norm2 = (norm_backward(arch, family=family, regime=act, attention=attention, s=s, b=b, device=device,
                            rotary_dims=rotary_dims, grad_width=fs.gathered_width if fs is not None else w)
-             if family in LLAMA_LIKE and code == "hf" and lora is None else None)  # fmt: skip
+             if family in LLAMA_STYLE and code == "hf" and lora is None else None)  # fmt: skip
     for i in reversed(range(arch.layers)):
         ly = layers[i]
         # Llama-style, fp32 or autocast: the recomputed norm-1 input (fp32) is the checkpointed layer input itself
@@ -288,7 +289,7 @@ def _head(x, family: str, regime: str, loss: str, code: str = "hf", device: str 
     amp = regime == "amp-bf16"
     if code == "torchtitan":  # nn.RMSNorm: CPU composite fp32 copy (bf16), rstd, fp32 normalized; CUDA fused: rstd
         norm = 4 * t if device == "cuda" else (4 * t * h if regime == "bf16" else 0) + 4 * t + 4 * t * h
-    elif family in LLAMA_LIKE:  # LlamaRMSNorm: fp32 copy (a new tensor only under bf16), rstd, normalized
+    elif family in LLAMA_STYLE:  # LlamaRMSNorm: fp32 copy (a new tensor only under bf16), rstd, normalized
         norm = (4 * t * h if regime == "bf16" else 0) + 4 * t + (2 if regime == "bf16" else 4) * t * h
     else:
         norm = 2 * (2 if regime == "bf16" else 4) * t

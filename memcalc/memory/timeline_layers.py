@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from memcalc.errors import InputError
 from memcalc.frozen import frozen
-from memcalc.memory.saved import LLAMA_LIKE, SavedTensor, layer_saved, shape, total
+from memcalc.memory.saved import LLAMA_LIKE, LLAMA_STYLE, SavedTensor, layer_saved, shape, total
 
 RECOMPUTE_HELP = "none, full, every:K, selective, op-sac"
 
@@ -136,13 +136,13 @@ def layer_sizes(arch, *, family: str, regime: str, attention: str, s: int, b: in
     w = 2 if regime == "bf16" else 4
     residual = r * x.t * x.h
     extra = _mlp_backward_extra(arch, family, d, w, x.t)
-    if regime == "amp-bf16" and casts and family in LLAMA_LIKE:
+    if regime == "amp-bf16" and casts and family in LLAMA_STYLE:
         # down's bf16 weight copy, saved by its matmul, is released once down's backward ran (autograd frees a
         # node's saved tensors after it runs; autocast's cache was cleared when the forward's block exited)
         extra -= 2 * x.h * x.ffn
     mlp_params = (3 if arch.gated_mlp else 2) * x.h * x.ffn
     attn = _attention_backward(saved, x, d, w, mlp_params) if attention == "eager" else 0
-    if attn and family in LLAMA_LIKE and code == "hf" and lora is None:
+    if attn and family in LLAMA_STYLE and code == "hf" and lora is None:
         # Llama-style layers, traced op by op (hidden 128 and 1024, tp 1 and 2: tests/test_timeline_tp.py): at the
         # softmax backward the gradient of the residual stream between attention and MLP is alive beside the layer
         # output's (r·T·h, whole under tensor parallelism), the second norm's weight gradient (w·h) and o's weight

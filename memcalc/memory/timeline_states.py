@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from memcalc.errors import InputError
 from memcalc.frozen import frozen
+from memcalc.memory.saved import LLAMA_STYLE
 from memcalc.model.architecture import Architecture
 
 OPTIMIZER_IMPLS = ("foreach", "fused", "for-loop", "in-backward")
@@ -32,21 +33,30 @@ def param_tensors(arch: Architecture) -> tuple[tuple[str, int], ...]:
         out.append(("position embedding", (arch.max_positions + arch.position_offset) * h))
     if arch.embedding_norm:
         out += [(f"embedding norm {n}", x) for n, x in norm]
-    layer: list[tuple[str, int]] = []
+    norms: list[tuple[str, int]] = []
     for i in range(arch.norms_per_layer):
-        layer += [(f"norm {i + 1} {n}", x) for n, x in norm]
+        norms += [(f"norm {i + 1} {n}", x) for n, x in norm]
+    # in the order the modules register them (what torch.optim walks): weight, then bias
     if arch.fused_qkv:
-        layer.append(("qkv", h * (q + 2 * kv)))
-        layer += [("qkv bias", q + 2 * kv)] if arch.qkv_bias else []
+        attn = [("qkv", h * (q + 2 * kv))] + ([("qkv bias", q + 2 * kv)] if arch.qkv_bias else [])
     else:
-        layer += [("q", h * q), ("k", h * kv), ("v", h * kv)]
-        layer += [("q bias", q), ("k bias", kv), ("v bias", kv)] if arch.qkv_bias else []
-    layer += [("o", q * h)] + ([("o bias", h)] if arch.out_bias else [])
-    names = ("gate", "up", "down") if arch.gated_mlp else ("fc1", "fc2")
+        attn = []
+        for n, width in (("q", q), ("k", kv), ("v", kv)):
+            attn += [(n, h * width)] + ([(f"{n} bias", width)] if arch.qkv_bias else [])
+    out_proj = [("o", q * h)] + ([("o bias", h)] if arch.out_bias else [])
+    attn = out_proj + attn if arch.fused_gate_up else attn + out_proj  # Phi3Attention registers o_proj first
+    if arch.qk_norm:
+        attn += [("q norm", arch.d_head), ("k norm", arch.d_head)]
+    mlp: list[tuple[str, int]] = []
+    if arch.fused_gate_up:
+        mlp += [("gate_up", 2 * h * f)] + ([("gate_up bias", 2 * f)] if arch.mlp_bias else [])
+    names = (("down",) if arch.fused_gate_up else ("gate", "up", "down")) if arch.gated_mlp else ("fc1", "fc2")
     for n in names:
-        layer.append((n, h * f))
+        mlp.append((n, h * f))
         if arch.mlp_bias:
-            layer.append((f"{n} bias", h if n in ("down", "fc2") else f))
+            mlp.append((f"{n} bias", h if n in ("down", "fc2") else f))
+    # Llama-style decoder layers register self_attn, mlp, then their two norms; the others are listed norms first
+    layer = attn + mlp + norms if arch.norm == "rmsnorm" and arch.gated_mlp else norms + attn + mlp
     for i in range(arch.layers):
         out += [(f"layer {i} {n}", x) for n, x in layer]
     if arch.final_norm:
@@ -59,7 +69,7 @@ def param_tensors(arch: Architecture) -> tuple[tuple[str, int], ...]:
 def buffer_bytes(arch: Architecture, family: str) -> int:
     """Non-parameter buffers: rotary ``inv_freq`` and ``original_inv_freq`` (fp32, head_dim/2 each;
     transformers ``modeling_rope_utils``); the other families keep none that persist."""
-    if arch.position == "rotary" and family in ("llama", "mistral", "qwen2"):
+    if arch.position == "rotary" and family in LLAMA_STYLE:
         return 2 * 4 * (arch.d_head // 2)
     return 0
 
@@ -77,10 +87,21 @@ class States:
     """Paged optimizer states (cudaMallocManaged, outside the caching allocator, evictable to host)."""
     buffers: int
     step_temporary: int
-    """Extra bytes while ``optimizer.step()`` runs (foreach: sqrt(v) per parameter of the group; for-loop:
-    three temporaries of the largest tensor; fused: none)."""
+    """Extra bytes while ``optimizer.step()`` runs (foreach: sqrt(v) per parameter of the group; for-loop: two
+    temporaries of one tensor beside the previous tensor's ``denom``, ``for_loop_peak``; fused: none)."""
     largest_grad: int
     """The largest single gradient (what ``in-backward`` holds at most at once, beside the step temporary)."""
+
+
+def for_loop_peak(tensors: tuple[tuple[str, int], ...]) -> int:
+    """Elements of the for-loop AdamW's temporaries at their peak (torch ``optim/adam.py`` ``_single_tensor_adam``):
+    ``denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)`` holds sqrt(v) and the quotient of parameter i
+    while the loop variable ``denom`` still holds parameter i-1's, so max over i of 2·n_i + n_(i-1) in the order
+    the parameters are registered (traced: tests/test_timeline.py)."""
+    prev, peak = 0, 0
+    for _, n in tensors:
+        peak, prev = max(peak, 2 * n + prev), n
+    return peak
 
 
 def states(arch: Architecture, family: str, width: int, impl: str = "foreach", kind: str = "adamw") -> States:
@@ -99,7 +120,8 @@ def states(arch: Architecture, family: str, width: int, impl: str = "foreach", k
     else:  # 8-bit: uint8 m and v + fp32 absmax per block of 256 for each; small tensors stay 32-bit
         moments = sum(2 * n + 2 * 4 * -(-n // BNB_BLOCK) if n >= BNB_MIN_8BIT else 2 * 4 * n for _, n in tensors)
         moments, paged = (0, moments) if kind.startswith("paged") else (moments, 0)
-    temp = {"foreach": width * p, "fused": 0, "for-loop": 3 * width * big, "in-backward": 3 * width * big}[impl]
+    temp = {"foreach": width * p, "fused": 0, "for-loop": width * for_loop_peak(tensors),
+            "in-backward": 3 * width * big}[impl]
     if kind != "adamw":
         temp = 0  # bitsandbytes runs one fused kernel per parameter (optimizer_update_8bit_blockwise)
     return States(width * p, width * p, moments + scalars, paged, buffer_bytes(arch, family), temp, width * big)

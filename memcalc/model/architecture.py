@@ -92,7 +92,14 @@ class Architecture(Record):
     """A norm right after the embedding (BLOOM)."""
     final_norm: bool = True
     fused_qkv: bool = False
-    """Q, K and V are one Linear module (GPT-2, BLOOM, Falcon, NeoX): matters for the largest module."""
+    """Q, K and V are one Linear module (GPT-2, BLOOM, Falcon, NeoX, Phi-3): matters for the largest module."""
+    fused_gate_up: bool = False
+    """Gate and up are one Linear module of width 2·ffn, split after the matmul (Phi-3's ``gate_up_proj``)."""
+    nope_layers: tuple[int, ...] = ()
+    """0-based indices of the layers that skip the rotary embedding (SmolLM3's ``no_rope_layers`` zeros)."""
+    qk_norm: bool = False
+    """An RMSNorm over each head of Q and of K before the rotary embedding (Qwen3's ``q_norm``/``k_norm``): two
+    head_dim-wide weights per layer."""
     qkv_bias: bool = True
     out_bias: bool = True
     """Bias on the attention output projection."""
@@ -126,6 +133,8 @@ class Architecture(Record):
             raise InputError(f"kv_heads {self.kv_heads} does not divide heads {self.heads}")
         if self.experts and self.top_k > self.experts:
             raise InputError(f"top_k {self.top_k} is more than the {self.experts} experts")
+        if any(not 0 <= i < self.layers for i in self.nope_layers):
+            raise InputError(f"nope_layers {list(self.nope_layers)[:8]} name a layer outside 0..{self.layers - 1}")
         if self.position == "learned" and self.max_positions == 0:
             raise InputError("a learned position table needs max_positions")
 

@@ -252,6 +252,21 @@ def _falcon(k: _Keys) -> dict[str, Any]:
     }
 
 
+def _nope_layers(k: _Keys) -> tuple[int, ...]:
+    """SmolLM3Config: ``no_rope_layers`` (1 = rotary, 0 = none, one entry per layer) or, when absent or null, a
+    NoPE layer every ``no_rope_layer_interval`` layers (default 4): layer i skips it when (i + 1) % interval == 0."""
+    layers = k.count("layers", "num_hidden_layers", bound=LAYERS)
+    flags = k.cfg.get("no_rope_layers")
+    if flags is None:
+        every = k.count("nope_every", "no_rope_layer_interval", bound=LAYERS, default=4, nullable=True)
+        return tuple(i for i in range(layers) if (i + 1) % every == 0)
+    if (not isinstance(flags, list) or len(flags) != layers
+            or any(isinstance(f, bool) or f not in (0, 1) for f in flags)):  # fmt: skip
+        raise k._refuse("no_rope_layers", flags, "is not a list of 0/1 flags, one per layer",
+                        f"a JSON array of {layers} integers, each 0 (no rotary) or 1")
+    return tuple(i for i, f in enumerate(flags) if f == 0)
+
+
 READERS: dict[str, Callable[[_Keys], dict[str, Any]]] = {
     "llama": _llama_like,
     "mistral": lambda k: _llama_like(k, qkv_bias=False, out_bias=False, mlp_bias=False),
@@ -260,6 +275,18 @@ READERS: dict[str, Callable[[_Keys], dict[str, Any]]] = {
     "mixtral": lambda k: _llama_like(k, qkv_bias=False, out_bias=False, mlp_bias=False,
                                      experts=k.count("experts", "num_local_experts", bound=EXPERTS, default=8),
                                      top_k=k.count("top_k", "num_experts_per_tok", bound=EXPERTS, default=2)),
+    # modeling_qwen3.py: Qwen2 without the q/k/v bias (attention_bias, default false, on q, k, v and o), with q_norm
+    # and k_norm; Qwen3Config's head_dim defaults to 128 when the key is absent (null: hidden_size // heads).
+    "qwen3": lambda k: _llama_like(k, mlp_bias=False, qk_norm=True,
+                                   **({} if "head_dim" in k.cfg else {"head_dim": 128})),
+    # modeling_phi3.py: qkv_proj and gate_up_proj fused, no biases; Phi3Config has no attention_bias.
+    "phi3": lambda k: _llama_like(k, qkv_bias=False, out_bias=False, mlp_bias=False, fused_qkv=True,
+                                  fused_gate_up=True),
+    # modeling_granite.py, modeling_smollm3.py: Llama's modules; Granite's multipliers scale by Python floats (no
+    # saved tensors, no parameters); SmolLM3 skips the rotary embedding in every fourth layer (no_rope_layers).
+    "granite": _llama_like,
+    "smollm3": lambda k: _llama_like(k, tied_embeddings=k.flag("tie_word_embeddings", True),
+                                     nope_layers=_nope_layers(k)),
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
     "bloom": _bloom,

@@ -39,7 +39,9 @@ _NAMES = {
     "gpt_neox": ("query_key_value",) * 3 + ("dense", None, "dense_h_to_4h", "dense_4h_to_h"),
     "opt": ("q_proj", "k_proj", "v_proj", "out_proj", None, "fc1", "fc2"),
 }
-_NAMES.update(mistral=_NAMES["llama"], qwen2=_NAMES["llama"], bloom=_NAMES["gpt_neox"], falcon=_NAMES["gpt_neox"])
+_NAMES.update(mistral=_NAMES["llama"], qwen2=_NAMES["llama"], qwen3=_NAMES["llama"], granite=_NAMES["llama"],
+              smollm3=_NAMES["llama"], bloom=_NAMES["gpt_neox"], falcon=_NAMES["gpt_neox"],
+              phi3=("qkv_proj",) * 3 + ("o_proj",) + ("gate_up_proj",) * 2 + ("down_proj",))
 
 
 @frozen
@@ -76,9 +78,13 @@ def projections(arch: Architecture) -> tuple[Projection, ...]:
     out = [Projection(("q", "k", "v"), names[0], h, q + 2 * kv)] if arch.fused_qkv else [
         Projection(("q",), names[0], h, q), Projection(("k",), names[1], h, kv), Projection(("v",), names[2], h, kv)]
     out.append(Projection(("o",), names[3], q, h))
-    if gated:
+    if gated and arch.fused_gate_up:  # one module for gate and up, named once
+        out.append(Projection(("gate", "up"), names[4] or "gate_up", h, 2 * f))
+    elif gated:
         out.append(Projection(("gate",), names[4] or "gate", h, f))
-    out += [Projection(("up",), names[5] or "up", h, f), Projection(("down",), names[6] or "down", f, h)]
+    if not (gated and arch.fused_gate_up):
+        out.append(Projection(("up",), names[5] or "up", h, f))
+    out.append(Projection(("down",), names[6] or "down", f, h))
     return tuple(out)
 
 

@@ -86,7 +86,7 @@ class LayerParams:
 def layer_params(arch: Architecture, moe: bool, shard: Shard = Shard()) -> LayerParams:
     """One decoder layer on one rank."""
     h, tp = arch.hidden, shard.tp
-    norms = arch.norms_per_layer * norm_params(arch)
+    norms = arch.norms_per_layer * norm_params(arch) + (2 * arch.d_head if arch.qk_norm else 0)  # q_norm, k_norm
     attn = attention_params(arch, tp)
     if not moe:
         dense = mlp_params(h, arch.ffn_size, arch.gated_mlp, arch.mlp_bias, tp)
@@ -184,6 +184,8 @@ def largest_module(arch: Architecture) -> tuple[str, int]:
     else:
         c["q projection"] = h * q + b(arch.qkv_bias, q)
     c["output projection"] = q * h + b(arch.out_bias, h)
+    if arch.fused_gate_up:  # Phi-3: one gate_up_proj of 2·ffn outputs
+        c["mlp gate/up projection"] = 2 * h * f + b(arch.mlp_bias, 2 * f)
     widths = ([arch.ffn_size] if arch.moe_layers < arch.layers or arch.shared_experts else []) + (
         [arch.expert_ffn_size] if arch.moe else [])  # fmt: skip
     for width in widths:

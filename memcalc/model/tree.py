@@ -29,6 +29,8 @@ def _linear(out: int, inp: int, bias: bool) -> list[Shape]:
 
 def _mlp(arch: Architecture, width: int) -> list[Shape]:
     h, b = arch.hidden, arch.mlp_bias
+    if arch.gated_mlp and arch.fused_gate_up:
+        return _linear(2 * width, h, b) + _linear(h, width, b)
     if arch.gated_mlp:
         return _linear(width, h, b) + _linear(width, h, b) + _linear(h, width, b)
     return _linear(width, h, b) + _linear(h, width, b)
@@ -42,6 +44,8 @@ def layer_shapes(arch: Architecture, moe: bool) -> list[Shape]:
         shapes += _linear(q + 2 * kv, h, arch.qkv_bias)
     else:
         shapes += _linear(q, h, arch.qkv_bias) + _linear(kv, h, arch.qkv_bias) + _linear(kv, h, arch.qkv_bias)
+    if arch.qk_norm:
+        shapes += [(arch.d_head,), (arch.d_head,)]
     shapes += _linear(h, q, arch.out_bias)
     if not moe:
         return shapes + _mlp(arch, arch.ffn_size)
@@ -141,6 +145,9 @@ def _layer_node(arch: Architecture, i: int, experts: int | None = None, shared: 
         attn = [_leaf(f"{p}.qkv", _linear(q + 2 * kv, h, arch.qkv_bias))]
     else:
         attn = [_leaf(f"{p}.{x}", _linear(w, h, arch.qkv_bias)) for x, w in (("q", q), ("k", kv), ("v", kv))]
+    if arch.qk_norm:  # Qwen3: q_proj, q_norm, k_proj, k_norm, v_proj
+        attn[1:1] = [_leaf(f"{p}.q_norm", [(arch.d_head,)])]
+        attn[3:3] = [_leaf(f"{p}.k_norm", [(arch.d_head,)])]
     if lay.attention_dropout:
         attn.append(Node(f"{p}.attention_dropout"))
     attn.append(_leaf(f"{p}.o", _linear(h, q, arch.out_bias)))
@@ -150,7 +157,9 @@ def _layer_node(arch: Architecture, i: int, experts: int | None = None, shared: 
     def mlp(name: str, width: int) -> list[Node]:
         b = arch.mlp_bias
         act = [Node(f"{name}.act")] if lay.act else []
-        if arch.gated_mlp:  # down(act(gate(x)) * up(x))
+        if arch.gated_mlp and arch.fused_gate_up:  # Phi-3: down(up * act(gate)), gate, up = gate_up(x).chunk(2)
+            parts = [_leaf(f"{name}.gate_up", _linear(2 * width, h, b)), *act, _leaf(f"{name}.down", _linear(h, width, b))]
+        elif arch.gated_mlp:  # down(act(gate(x)) * up(x))
             parts = [_leaf(f"{name}.gate", _linear(width, h, b)), *act, _leaf(f"{name}.up", _linear(width, h, b)),
                      _leaf(f"{name}.down", _linear(h, width, b))]  # fmt: skip
         else:  # fc2(act(fc1(x)))

@@ -47,7 +47,8 @@ from torch import nn
 
 Regime = Literal["fp32", "bf16", "amp-bf16"]
 Kind = Literal["activation", "weight_cast", "parameter"]
-FAMILIES = ("llama", "mistral", "qwen2", "gpt2", "gpt_neox", "opt", "bloom", "falcon")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "smollm3", "gpt2", "gpt_neox", "opt", "bloom",
+            "falcon")
 
 # Tiny configs: widths chosen distinct (h 64, head_dim 16, ffn 96 or 4h, vocab 120) so that a formula with
 # the wrong symbol gives a different number.
@@ -58,6 +59,16 @@ TINY: dict[str, dict] = {
                     sliding_window=None),
     "qwen2": dict(hidden_size=_H, num_attention_heads=_HEADS, num_key_value_heads=_KV, intermediate_size=_FFN,
                   use_sliding_window=False),
+    "qwen3": dict(hidden_size=_H, num_attention_heads=_HEADS, num_key_value_heads=_KV, intermediate_size=_FFN,
+                  head_dim=_H // _HEADS, use_sliding_window=False),
+    "phi3": dict(hidden_size=_H, num_attention_heads=_HEADS, num_key_value_heads=_KV, intermediate_size=_FFN,
+                 resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+    "granite": dict(hidden_size=_H, num_attention_heads=_HEADS, num_key_value_heads=_KV, intermediate_size=_FFN,
+                    embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0078125,
+                    logits_scaling=8.0, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+    # both layers rotate (SmolLM3-3B skips the rotary embedding in every fourth layer: tests/test_saved.py)
+    "smollm3": dict(hidden_size=_H, num_attention_heads=_HEADS, num_key_value_heads=_KV, intermediate_size=_FFN,
+                    no_rope_layers=[1, 1], pad_token_id=0, bos_token_id=1, eos_token_id=2),
     "gpt2": dict(n_embd=_H, n_head=_HEADS, n_positions=128, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0),
     "gpt_neox": dict(hidden_size=_H, num_attention_heads=_HEADS, intermediate_size=4 * _H, rotary_pct=0.25,
                      hidden_dropout=0.0, attention_dropout=0.0),
@@ -75,7 +86,7 @@ def tiny_config(family: str) -> dict:
     if family not in TINY:
         raise ValueError(f"family {family!r} is not one of {', '.join(FAMILIES)}")
     return {"model_type": family, "vocab_size": _VOCAB, _LAYER_KEYS.get(family, "num_hidden_layers"): _LAYERS,
-            "tie_word_embeddings": family in ("gpt2", "opt", "bloom", "falcon"), **TINY[family]}  # fmt: skip
+            "tie_word_embeddings": family in ("gpt2", "opt", "bloom", "falcon", "smollm3"), **TINY[family]}  # fmt: skip
 
 
 @dataclass(frozen=True)
