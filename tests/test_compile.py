@@ -194,6 +194,9 @@ def test_estimate_with_compile_keeps_the_compiled_saved_set():
     assert compiled.time.step_s < eager.time.step_s  # the element-wise kernels fused
     assert compiled.input.workload.compile is True
     with pytest.raises(Refused, match="--compile"):
-        memcalc.estimate(compile=True, accounting="realistic", **{**kw, "recompute": "full"})
+        memcalc.estimate(compile=True, accounting="realistic", **{**kw, "recompute": "selective"})
+    # full recompute: each layer keeps its checkpoint, compiled or not; the note says the recomputed layer is eager's
+    full = memcalc.estimate(compile=True, accounting="realistic", **{**kw, "recompute": "full"})
+    assert any("--compile with full recompute" in n for n in full.notes)
     with pytest.raises(Refused, match="--compile"):
         memcalc.estimate(model="llama-3-8b", gpus=8, stage=3, seq_len=2048, compile=True)  # the paper accounting

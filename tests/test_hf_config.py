@@ -1,6 +1,7 @@
 """config.json -> Architecture, and counts against transformers itself on the meta device."""
 
 import json
+import math
 
 import pytest
 
@@ -75,6 +76,20 @@ REAL_CONFIGS = {
     "granite-3.1-2b": ({"model_type": "granite", "hidden_size": 2048, "intermediate_size": 8192,
                         "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8,
                         "vocab_size": 49155, "tie_word_embeddings": True}, 2_533_531_648),
+    "gemma-2b": ({"model_type": "gemma", "hidden_size": 2048, "intermediate_size": 16384, "num_hidden_layers": 18,
+                  "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256, "vocab_size": 256000},
+                 2_506_172_416),
+    "gemma-2-2b": ({"model_type": "gemma2", "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 256000,
+                    "sliding_window": 4096, "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0},
+                   2_614_341_888),
+    "gemma-3-1b": ({"model_type": "gemma3_text", "hidden_size": 1152, "intermediate_size": 6912,
+                    "num_hidden_layers": 26, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
+                    "vocab_size": 262144, "sliding_window": 512, "sliding_window_pattern": 6,
+                    "final_logit_softcapping": None, "attn_logit_softcapping": None}, 999_885_952),
+    "olmo-2-1b": ({"model_type": "olmo2", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+                   "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 100352,
+                   "tie_word_embeddings": False}, 1_484_916_736),
 }  # fmt: skip
 
 
@@ -100,10 +115,34 @@ def test_smollm3_nope_layers_and_qwen3_head_dim_default():
     assert architecture_from_config(qwen3 | {"head_dim": None}).d_head == 64
 
 
+def test_gemma_layer_types_and_softcaps():
+    g3 = REAL_CONFIGS["gemma-3-1b"][0]
+    a = architecture_from_config(g3)
+    assert a.sliding_layers == tuple(i for i in range(26) if (i + 1) % 6) and a.sliding_window == 512
+    assert (a.norms_per_layer, a.norm_placement, a.qk_norm, a.qk_norm_width) == (4, "sandwich", True, "head")
+    assert not a.attention_softcap and not a.logit_softcap  # Gemma 3 never passes the attention cap
+    types = ["full_attention"] * 25 + ["sliding_attention"]
+    assert architecture_from_config(g3 | {"layer_types": types}).sliding_layers == (25,)
+    assert architecture_from_config(g3 | {"sliding_window": None}).sliding_layers == ()
+    assert architecture_from_config(g3 | {"final_logit_softcapping": 30}).logit_softcap
+    with pytest.raises(InputError, match="layer_types .* one per layer; accepted: a JSON array of 26 strings"):
+        architecture_from_config(g3 | {"layer_types": ["full_attention"]})
+    g2 = {k: v for k, v in REAL_CONFIGS["gemma-2-2b"][0].items() if "softcapping" not in k}
+    a = architecture_from_config(g2)  # Gemma2Config defaults: both caps on, layers alternate from a sliding one
+    assert a.attention_softcap and a.logit_softcap and a.sliding_layers == tuple(range(0, 26, 2))
+    with pytest.raises(InputError, match="attn_logit_softcapping -1.0 is out of range; accepted: a positive JSON"):
+        architecture_from_config(g2 | {"attn_logit_softcapping": -1.0})
+    gemma = {k: v for k, v in REAL_CONFIGS["gemma-2b"][0].items() if k not in ("head_dim", "num_key_value_heads")}
+    a = architecture_from_config(gemma | {"num_attention_heads": 16})  # GemmaConfig: head_dim 256, 16 KV heads, tied
+    assert (a.d_head, a.n_kv, a.tied_embeddings, a.norms_per_layer) == (256, 16, True, 2)
+    olmo = architecture_from_config(REAL_CONFIGS["olmo-2-1b"][0])
+    assert (olmo.qk_norm_widths, olmo.norm_placement) == ((2048, 2048), "post")
+
+
 def test_unknown_model_type_lists_the_supported(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "t5"}))
-    with pytest.raises(InputError, match="model_type 't5' is not supported; supported: bloom, falcon, gpt2"):
+    with pytest.raises(InputError, match="model_type 't5' is not supported; supported: bloom, falcon, gemma, gemma2, gemma3_text, gpt2"):
         load_hf_config(path)
     path.write_text("{not json")
     with pytest.raises(InputError, match="not a readable JSON file"):
@@ -120,8 +159,8 @@ def test_dropout_comes_from_the_config():
 
 
 def test_every_supported_model_type_has_a_reader():
-    assert set(READERS) >= {"llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3", "granite", "smollm3", "gpt2",
-                            "gpt_neox", "bloom", "opt", "falcon"}
+    assert set(READERS) >= {"llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3", "granite", "smollm3", "gemma",
+                            "gemma2", "gemma3_text", "olmo2", "gpt2", "gpt_neox", "bloom", "opt", "falcon"}
 
 
 @pytest.mark.parametrize("name", HF_PRESETS + sorted(REAL_CONFIGS))
@@ -340,7 +379,8 @@ USED_KEYS = sorted({"model_type", "num_hidden_layers", "hidden_size", "num_atten
                     "hidden_dropout", "n_embed", "ffn_dim", "enable_bias", "word_embed_proj_dim",
                     "max_position_embeddings", "do_layer_norm_before", "dropout", "new_decoder_architecture",
                     "num_kv_heads", "multi_query", "bias", "parallel_attn", "ffn_hidden_size", "alibi",
-                    "no_rope_layers", "no_rope_layer_interval"})  # fmt: skip
+                    "no_rope_layers", "no_rope_layer_interval", "sliding_window", "layer_types",
+                    "sliding_window_pattern", "attn_logit_softcapping", "final_logit_softcapping"})  # fmt: skip
 
 
 def test_the_fuzzed_keys_are_every_key_the_readers_use():
@@ -384,6 +424,12 @@ def test_random_values_give_an_architecture_or_one_input_error(base, over, drop,
         value = cfg.get(key)
         if key == "no_rope_layers" and isinstance(value, list):  # SmolLM3's per-layer 0/1 flags
             assert len(value) == a.layers and all(type(v) is int and v in (0, 1) for v in value), value
+            continue
+        if key == "layer_types" and value is not None:  # Gemma 2/3's per-layer attention kinds
+            assert len(value) == a.layers and set(value) <= {"sliding_attention", "full_attention"}, value
+            continue
+        if key.endswith("softcapping") and isinstance(value, float):  # a cap is a positive number or null
+            assert value > 0 and math.isfinite(value), value
             continue
         assert value is None or isinstance(value, (bool, int)) or key.endswith(("dropout", "pdrop")), (key, value)
         assert not (isinstance(value, float) and not key.endswith(("dropout", "pdrop"))), (key, value)

@@ -72,6 +72,38 @@ def test_fsdp2_full_shard_is_realistic_with_and_without_a_mixed_precision_policy
     assert amp.memory.per_gpu.peak_allocated < single.memory.per_gpu.peak_allocated  # states sharded over 8
 
 
+NEW_FAMILIES = {  # published shapes (config.json keys that matter); parameter counts in tests/test_hf_config.py
+    "qwen3": {"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+              "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+              "tie_word_embeddings": True},
+    "phi3": {"model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
+             "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32064},
+    "smollm3": {"model_type": "smollm3", "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
+                "num_attention_heads": 16, "num_key_value_heads": 4, "vocab_size": 128256},
+    "granite": {"model_type": "granite", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 40,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 49155, "tie_word_embeddings": True},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", sorted(NEW_FAMILIES))
+def test_llama_style_families_are_realistic_on_one_gpu_and_under_fsdp2(family, tmp_path):
+    from memcalc.memory.timeline import timeline
+    from memcalc.model.hf_config import architecture_from_config
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(NEW_FAMILIES[family]))
+    r = memcalc.estimate(hf_config=str(path), gpus=1, gpu="h100", precision="amp-bf16", seq_len=2048, micro_batch=1,
+                         attention="sdpa", optimizer_impl="foreach")  # fmt: skip
+    assert r.accounting == "realistic" and any(f"Hugging Face's {family}" in n for n in r.notes)
+    tl = timeline(architecture_from_config(NEW_FAMILIES[family]), family=family, regime="amp-bf16", attention="sdpa",
+                  s=2048, b=1, device="cuda")  # fmt: skip
+    assert r.memory.per_gpu.peak_allocated == tl.peak.live_bytes
+    sharded = memcalc.estimate(hf_config=str(path), gpus=8, gpu="h100", precision="amp-bf16", seq_len=2048,
+                               micro_batch=1, attention="sdpa", fsdp="FULL_SHARD", fsdp_version=2)  # fmt: skip
+    assert sharded.accounting == "realistic"
+    assert sharded.memory.per_gpu.peak_allocated < r.memory.per_gpu.peak_allocated
+
+
 def test_ddp_adds_its_gradient_buckets_and_nccl_buffers():
     one, eight = realistic(), realistic(gpus=8)
     rows = {row.key: row.bytes for row in eight.memory.per_gpu.rows}

@@ -24,7 +24,7 @@ REGIMES = ["fp32", "bf16", "amp-bf16"]
 # BLOOM has no SDPA path in transformers; under recompute the layer keeps its input whatever the attention,
 # so recompute is checked with eager attention only (keeps the file fast).
 CASES = [(f, r, a, rc) for f, r, a, rc in itertools.product(FAMILIES, REGIMES, ["eager", "sdpa"], [False, True])
-         if not (f == "bloom" and a == "sdpa") and not (rc and a == "sdpa")]
+         if not (f in ("bloom", "gemma2") and a == "sdpa") and not (rc and a == "sdpa")]
 
 
 def arch_and_rot(family):
@@ -73,6 +73,47 @@ def test_smollm3_layer_without_rotary_saves_what_a_rotary_layer_saves(regime, mo
     rotary = next(x.bytes for x in outside_saved(arch, family="smollm3", regime=regime, s=s, b=b)
                   if x.name.startswith("rotary"))
     assert (c.part_bytes("layer.0"), c.part_bytes("layer.1")) == (layer + rotary, layer)
+
+
+@pytest.mark.parametrize("regime", REGIMES)
+def test_gemma3_sliding_layers_under_sdpa_save_the_mask_and_full_width_kv(regime, monkeypatch):
+    """Gemma 3, SDPA, s >= sliding_window: a sliding layer (0) passes a materialised mask, so K, V are repeat_kv
+    copies at full width and SDPA keeps the mask in the compute dtype; a full layer (1) saves what it did. At
+    (8, 2) the window 12 is not reached (both layers alike), at (12, 3) it is."""
+    from memcalc.validation import saved as census_module
+
+    cfg = {**census_module.TINY["gemma3_text"], "sliding_window": 12}
+    monkeypatch.setitem(census_module.TINY, "gemma3_text", cfg)
+    arch = architecture_from_config(tiny_config("gemma3_text"))
+    assert arch.sliding_layers == (0, 2) and arch.sliding_window == 12
+    m = build("gemma3_text", regime, "sdpa", False)
+    d = 4 if regime == "fp32" else 2
+    for (s, b), differs in (((8, 2), False), ((12, 3), True)):
+        c = census("gemma3_text", regime, "sdpa", s, b, model=m)
+        kw = dict(family="gemma3_text", regime=regime, attention="sdpa", s=s, b=b)
+        sliding, full = (total(layer_saved(arch, index=i, **kw)) for i in (0, 1))
+        assert (c.part_bytes("layer.0"), c.part_bytes("layer.1")) == (sliding, full)
+        assert sliding - full == (d * b * s * s + 2 * d * s * b * (64 - 32) if differs else 0)
+        assert total(layer_saved(arch, **kw)) == full  # no index: a full-attention layer
+        outside = dict(family="gemma3_text", regime=regime, s=s, b=b)  # two rotary tables (sliding and full layers)
+        assert total(outside_saved(arch, **outside)) == sum(c.outside_bytes().values())
+
+
+def test_gemma_families_against_their_llama_counterparts():
+    """Gemma's norm adds the fp32 (1 + weight) vector and keeps its normalized tensor in fp32 under bf16 too; Gemma 2
+    adds two such norms and the score softcap's tanh output (eager), by hand from the census's per-tensor list."""
+    s, b = 8, 2
+    t, h, f, scores = s * b, 64, 96, 4 * s * s * b
+    llama = architecture_from_config({**tiny_config("llama"), "head_dim": 16})
+    kw = dict(regime="bf16", attention="eager", s=s, b=b)
+    base = total(layer_saved(llama, family="llama", **kw))
+    gemma = architecture_from_config(tiny_config("gemma"))
+    assert total(layer_saved(gemma, family="gemma", **kw)) - base == 2 * (4 * h + 2 * t * h)
+    gemma2 = architecture_from_config(tiny_config("gemma2"))
+    two_norms = 2 * (4 * t * h + 4 * t + 4 * h + 4 * t * h)
+    assert total(layer_saved(gemma2, family="gemma2", **kw)) - base == 2 * (4 * h + 2 * t * h) + two_norms + 2 * scores
+    with pytest.raises(InputError, match="attention 'sdpa' is not available for gemma2; use eager"):
+        layer_saved(gemma2, family="gemma2", regime="bf16", attention="sdpa", s=s, b=b)
 
 
 def test_llama_amp_per_token_constants():

@@ -30,8 +30,14 @@ PHI3 = dict(model_type="phi3", **_IDS, **_TINY)
 GRANITE = dict(model_type="granite", embedding_multiplier=12.0, residual_multiplier=0.22, logits_scaling=8.0, **_IDS,
                **_TINY)  # fmt: skip
 SMOLLM3 = dict(model_type="smollm3", no_rope_layers=[1, 0], tie_word_embeddings=True, **_IDS, **_TINY)  # layer 1: NoPE
+_ALT = ["sliding_attention", "full_attention"]
+GEMMA = dict(model_type="gemma", head_dim=16, tie_word_embeddings=False, **_TINY)
+# window 16 < S: the sliding layer 0 runs SDPA with a materialised mask (repeat_kv copies, the mask saved)
+GEMMA3 = dict(model_type="gemma3_text", head_dim=16, layer_types=_ALT, sliding_window=16, **_TINY)
+GEMMA2 = dict(model_type="gemma2", head_dim=16, layer_types=_ALT, **_TINY)  # eager only; softcaps 50, 30
+OLMO2 = dict(model_type="olmo2", **_IDS, **_TINY)
 CONFIGS = {"llama": LLAMA, "gpt2": GPT2, "qwen2": QWEN2, "qwen3": QWEN3, "phi3": PHI3, "granite": GRANITE,
-           "smollm3": SMOLLM3}
+           "smollm3": SMOLLM3, "gemma": GEMMA, "gemma3_text": GEMMA3, "gemma2": GEMMA2, "olmo2": OLMO2}
 VOCAB_HEAVY = {**LLAMA, "vocab_size": 1024}  # the embedding is the largest tensor
 S, B = 32, 2
 
@@ -65,6 +71,27 @@ EXACT = [
     ("smollm3", dict(precision="amp-bf16", optimizer_impl="fused")),
     ("smollm3", dict(precision="amp-bf16", optimizer_impl="fused", attention="eager")),
     ("smollm3", dict(precision="fp32", optimizer_impl="for-loop", attention="eager")),
+    ("gemma", dict(precision="fp32", optimizer_impl="foreach")),
+    ("gemma", dict(precision="fp32", optimizer_impl="for-loop", attention="eager")),
+    ("gemma", dict(precision="amp-bf16", optimizer_impl="fused")),
+    ("gemma", dict(precision="amp-bf16", optimizer_impl="fused", attention="eager")),
+    ("gemma", dict(precision="bf16", optimizer_impl="fused")),
+    ("gemma", dict(precision="bf16", optimizer_impl="fused", recompute="full")),
+    ("gemma", dict(precision="amp-bf16", optimizer_impl="foreach", recompute="full")),
+    ("gemma3_text", dict(precision="fp32", optimizer_impl="foreach")),
+    ("gemma3_text", dict(precision="fp32", optimizer_impl="for-loop", attention="eager")),
+    ("gemma3_text", dict(precision="amp-bf16", optimizer_impl="fused")),
+    ("gemma3_text", dict(precision="bf16", optimizer_impl="fused")),
+    ("gemma3_text", dict(precision="bf16", optimizer_impl="fused", attention="eager")),
+    ("gemma3_text", dict(precision="amp-bf16", optimizer_impl="foreach", recompute="full")),
+    ("olmo2", dict(precision="fp32", optimizer_impl="fused")),
+    ("olmo2", dict(precision="fp32", optimizer_impl="for-loop", attention="eager")),
+    ("olmo2", dict(precision="amp-bf16", optimizer_impl="fused", attention="eager")),
+    ("olmo2", dict(precision="bf16", optimizer_impl="fused")),
+    ("olmo2", dict(precision="amp-bf16", optimizer_impl="foreach", recompute="full")),
+    ("gemma2", dict(precision="fp32", optimizer_impl="for-loop", attention="eager")),
+    ("gemma2", dict(precision="amp-bf16", optimizer_impl="fused", attention="eager")),
+    ("gemma2", dict(precision="bf16", optimizer_impl="fused", attention="eager")),
 ]  # fmt: skip
 
 
@@ -84,6 +111,11 @@ BOUNDED = [  # (family, kw, bound): |timeline - trace| / trace within bound; why
     ("gpt2", dict(precision="fp32", optimizer_impl="fused"), 0.08),
     ("gpt2", dict(precision="amp-bf16", recompute="full", attention="eager", optimizer_impl="fused"), 0.01),
     ("phi3", dict(precision="bf16", recompute="full", optimizer_impl="fused"), 0.015),
+    # the recomputed layer's backward with eager attention: Gemma's and OLMo 2's norms are not ordered op by op there
+    ("gemma", dict(precision="fp32", recompute="full", attention="eager", optimizer_impl="fused"), 0.01),
+    ("gemma3_text", dict(precision="fp32", recompute="full", attention="eager", optimizer_impl="fused"), 0.02),
+    ("olmo2", dict(precision="fp32", recompute="full", attention="eager", optimizer_impl="fused"), 0.01),
+    ("gemma2", dict(precision="fp32", recompute="full", attention="eager", optimizer_impl="fused"), 0.015),
 ]  # fmt: skip
 
 

@@ -89,7 +89,7 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "loss": ((lambda v: type(v) is str and (v in ("standard", "fused")
                                              or re.fullmatch(r"chunked:[1-9][0-9]{0,3}", v) is not None)),
              "standard, chunked:N (N chunks, 1-9999), fused"),
-    "optimizer_impl": _one_of("foreach", "fused", "for-loop", "in-backward"),
+    "optimizer_impl": _maybe(_one_of("foreach", "fused", "for-loop", "in-backward")),
     "attention": _one_of("eager", "flash", "sdpa"),
     "dropout": _maybe(((lambda v: type(v) in (int, float) and 0 <= v < 1), "a number from 0 up to (not including) 1")),
     "device": _one_of("cuda", "cpu"),

@@ -217,7 +217,7 @@ def build_input(
     dropout: float | None = None,
     device: str = "cuda",
     loss: str = "standard",
-    optimizer_impl: str = "foreach",
+    optimizer_impl: str | None = None,
     compile: bool = False,  # noqa: A002 (the flag's name)
     tp: int = 1,
     pp: int = 1,
@@ -274,6 +274,11 @@ def build_input(
     if grad_accum is not None and micro_batches is not None and grad_accum != micro_batches:
         raise InputError(f"--grad-accum {grad_accum} and --micro-batches {micro_batches} name the same thing; give one")
     if workload is None and seq_len is not None:
+        if optimizer_impl is None:  # the framework's own AdamW: torch's foreach unless it picks another
+            from memcalc.layout.compose import composition, framework as _framework
+
+            fw_given = _framework(framework)
+            optimizer_impl = composition(None if fw_given is None else fw_given.name).optimizer_impl
         _choice("--attention", attention, ("eager", "flash", "sdpa"))
         _choice("--device", device, ("cuda", "cpu"))
         workload = Workload(seq_len=seq_len, micro_batch=1 if micro_batch is None else micro_batch,  # type: ignore[arg-type]

@@ -248,17 +248,26 @@ class EstimateInput(Record):
             if why is not None:
                 raise InputError(f"--accounting realistic: {why}; use --accounting paper")
         elif w is not None:
+            from memcalc.layout.compose import composition
+
+            impl = composition(par.framework).optimizer_impl
             extra = [f"{flag} {v}" for flag, v, default in (("--loss", w.loss, "standard"),
-                                                          ("--optimizer-impl", w.optimizer_impl, "foreach"))
+                                                          ("--optimizer-impl", w.optimizer_impl, impl))
                      if v != default]
             if w.recompute.startswith("every:") or w.recompute == "op-sac":
                 extra.append(f"--recompute {w.recompute}")
             if w.compile:
                 extra.append("--compile")
             if extra:
+                from memcalc.memory.realistic import why_not
+
+                why = why_not(arch, self.precision.name, self.optimizer.name, self.strategy.spec.name, w, par.tp,
+                              par.pp, par.cp, par.ep, self.framework.fsdp_version, lora=self.lora,
+                              framework=par.framework, float8_all_gather=self.float8_all_gather,
+                              sequence_parallel=par.sequence_parallel)  # fmt: skip
                 raise InputError(f"{', '.join(extra)}: what the step holds moment by moment, modelled by the realistic "
-                                 f"accounting (one GPU or DDP, a Hugging Face family, --precision amp-bf16, amp-fp16, "
-                                 f"bf16 or fp32); --accounting {self.accounting} does not use it")
+                                 f"accounting, which does not apply here ({why or 'not chosen'}); --accounting "
+                                 f"{self.accounting} does not use it")
 
     @property
     def dp(self) -> int:

@@ -69,19 +69,25 @@ class Framework:
     torchtitan config/configs.py)."""
     fsdp_in_pipeline: bool = False
     """FSDP2 inside torch.distributed.pipelining stages (``memcalc.memory.paper.pipeline_fsdp_rows``)."""
+    optimizer_impl: str = "foreach"
+    """The AdamW its configs run when --optimizer-impl is not given: torch's foreach (the default on CUDA, what the
+    Hugging Face Trainer's ``adamw_torch`` gets); torchtitan ``implementation = "fused"``
+    (components/optimizer/optimizer.py); torchtune's recipes ``torch.optim.AdamW(fused=True)``
+    (recipes/configs/llama3_2/3B_full.yaml); Megatron's and DeepSpeed's fused Adam kernels (apex/TE ``FusedAdam``,
+    ``deepspeed.ops.adam.FusedAdam``): no parameter-sized temporaries."""
 
 
 FRAMEWORKS: dict[str, Framework] = {
     "hf": Framework("hf", "dp-cp", True, "none", "", dtensor_tp=True),
     "torchtitan": Framework("torchtitan", "dp-cp", True, "weighted", "", model_code="torchtitan", dtensor_tp=True,
-                            fsdp_reduce_fp32=True, fsdp_in_pipeline=True),
-    "torchtune": Framework("torchtune", "dp", False, "none", ""),
+                            fsdp_reduce_fp32=True, fsdp_in_pipeline=True, optimizer_impl="fused"),
+    "torchtune": Framework("torchtune", "dp", False, "none", "", optimizer_impl="fused"),
     "megatron": Framework("megatron", "dp-cp", True, "even",
                           "Megatron-LM splits layers evenly unless the first and last stages are given "
-                          "(--decoder-first/last-pipeline-num-layers)", model_code="megatron"),
+                          "(--decoder-first/last-pipeline-num-layers)", model_code="megatron", optimizer_impl="fused"),
     "deepspeed": Framework("deepspeed", "dp-cp", True, "even",
                            "DeepSpeed's PipelineModule balances the parameters of your layer specs "
-                           "(partition_method='parameters'), which memcalc does not replay"),
+                           "(partition_method='parameters'), which memcalc does not replay", optimizer_impl="fused"),
 }  # fmt: skip
 UNNAMED = Framework("", "dp-cp", True, "even", "", fsdp_in_pipeline=True)
 """No --framework: Hugging Face's model code, Korthikanti's (Megatron's) tensor-parallel activations, FSDP as

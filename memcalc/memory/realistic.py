@@ -29,8 +29,9 @@ ATTENTION = {"eager": "eager", "sdpa": "sdpa", "flash": "sdpa"}
 STRATEGIES = ("ddp", "FULL_SHARD")
 """Replicated model states (one GPU, DDP) and FSDP2 FULL_SHARD (``fully_shard`` per decoder layer and on the root,
 exact against the tracer's FSDP2 rank 0); the other sharded and model-parallel layouts take the paper's."""
-SHARDED_FAMILIES = ("llama", "mistral", "qwen2")
-"""Families whose FSDP2 step was checked against the tracer (Llama-style decoder layers)."""
+SHARDED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "smollm3")
+"""Families whose FSDP2 step was checked against the tracer (Hugging Face's Llama-style decoder layers:
+tests/test_timeline_fsdp.py)."""
 
 
 def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any, tp: int = 1, pp: int = 1,
@@ -43,9 +44,10 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
     if getattr(work, "compile", False):
         from memcalc.memory.saved import LLAMA_LIKE
 
-        if (arch is not None and arch.family not in LLAMA_LIKE) or lora is not None or work.recompute != "none":
-            return ("--compile: the compiled layers' saved set is measured for Llama-style layers without "
-                    "recompute or LoRA")
+        if (arch is not None and arch.family not in LLAMA_LIKE) or lora is not None or work.recompute not in (
+                "none", "full"):
+            return ("--compile: the compiled layers' saved set is measured for Llama-style layers without LoRA, "
+                    "recompute none or full")
     if framework == "torchtitan" and arch is not None and work is not None:
         from memcalc.memory.saved import LLAMA_LIKE
 
@@ -192,7 +194,7 @@ def evaluate(plan: Plan) -> Realistic:
                   s=w.seq_len, b=w.micro_batch, recompute=w.recompute, optimizer_impl=w.optimizer_impl,
                   optimizer_states=OPTIMIZER_STATES[plan.optimizer.name], loss=w.loss, device=w.device,
                   position_ids=False, use_cache=False,
-                  world=plan.shard_group_size if sharded else 1, fsdp_param_dtype=policy, lora=plan.lora,
+                  world=plan.shard_group_size if sharded else 1, fsdp=sharded, fsdp_param_dtype=policy, lora=plan.lora,
                   code=_code(plan), tp=plan.tp, compiled=w.compile)
     peak = tl.peak
     rows = [_row(name, n, plan) for name, n in peak.parts]
@@ -242,6 +244,9 @@ def notes(plan: Plan) -> list[str]:
            "peak_allocated is what torch.cuda.max_memory_allocated reports; peak_reserved adds the caching allocator's "
            "least measured gap (0.3 GiB); the verdict is at-risk when the margin left is under the largest measured "
            "gap (7.8 GiB) or the largest single request at the peak, oom when it is under 0.3 GiB"]
+    if w.compile and w.recompute == "full":
+        out.append("--compile with full recompute: each layer keeps its checkpointed input; the recomputed layer's "
+                   "backward is counted as the eager layer's (an upper bound: the compiled forward saves less)")
     if plan.float8 != "none":
         from memcalc.memory.paper import FLOAT8_NOTE
 
@@ -252,6 +257,9 @@ def notes(plan: Plan) -> list[str]:
         out.append(f"FULL_SHARD: FSDP2 fully_shard per decoder layer and on the root over {plan.shard_group_size} "
                    "ranks (rank 0's padded shards; the root stays gathered from forward to backward; one layer "
                    f"gathered and the next prefetched; {policy}); NCCL buffers counted as for one communicator")
+        if plan.shard_group_size == 1:
+            out.append("FULL_SHARD on one rank: counted as a world of N holds its gathered layers; a traced world of 1 "
+                       "holds up to one layer's parameters less (an upper bound, within 8 %)")
     if plan.tp > 1:
         out.append(f"tp {plan.tp}: DTensor tensor parallelism as torch's ColwiseParallel (q, k, v, gate, up) and "
                    "RowwiseParallel (o, down) run it, without sequence parallelism or loss_parallel: rank 0's "

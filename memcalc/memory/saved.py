@@ -28,69 +28,20 @@ SDPA on CUDA runs the memory-efficient kernel instead of math: not modelled (use
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from memcalc.errors import InputError
 from memcalc.frozen import frozen
 from memcalc.model.architecture import Architecture
+from memcalc.memory.saved_parts import (LLAMA_LIKE, LLAMA_STYLE, Kind, Regime, SavedTensor, Shape,  # noqa: F401
+                                      _attention, _dtypes, _inputs, _weight_casts, loss_saved, shape, total)
 
-Regime = Literal["fp32", "bf16", "amp-bf16"]
-Kind = Literal["activation", "weight_cast"]
-LLAMA_LIKE = ("llama", "mistral", "qwen2")
-"""Llama's modules as they are (the set the sharded, tensor-parallel, LoRA, compiled and torchtitan paths were
-traced with)."""
-LLAMA_STYLE = (*LLAMA_LIKE, "qwen3", "phi3", "granite", "smollm3")
-"""Hugging Face's Llama-style layers (LlamaRMSNorm, rotary, SwiGLU); Qwen3 adds q_norm/k_norm, Phi-3 fuses qkv and
-gate/up, Granite scales by Python floats, SmolLM3 skips the rotary embedding in some layers: same saved set."""
-FAMILIES = (*LLAMA_STYLE, "gpt2", "gpt_neox", "opt", "bloom", "falcon")
+OTHER_NORMS = ("gemma", "gemma2", "gemma3_text", "olmo2")
+"""Llama's projections with Gemma's or OLMo 2's norms (``memcalc.memory.saved_gemma``)."""
+FAMILIES = (*LLAMA_STYLE, *OTHER_NORMS, "gpt2", "gpt_neox", "opt", "bloom", "falcon")
+EAGER_ONLY = ("bloom", "gemma2")
+"""No SDPA path in transformers: BLOOM's ALiBi, Gemma 2's score softcap (``_supports_sdpa = False``)."""
 REGIMES = ("fp32", "bf16", "amp-bf16")
-
-
-@frozen
-class SavedTensor:
-    """One storage kept for backward, per micro-batch."""
-
-    name: str
-    bytes: int
-    kind: Kind = "activation"
-    """``weight_cast``: a bf16 copy of a weight that autocast made and a matmul saved (scales with parameters)."""
-
-
-@frozen
-class Shape:
-    """The numbers the formulas read, from an ``Architecture`` and (s, b)."""
-
-    s: int
-    b: int
-    h: int
-    heads: int
-    kv: int
-    hd: int
-    ffn: int
-    vocab: int
-    rot: int
-    """Rotary width per head (GPT-NeoX rotates rotary_pct of it)."""
-
-    @property
-    def t(self) -> int:
-        return self.s * self.b
-
-    @property
-    def qw(self) -> int:
-        return self.heads * self.hd
-
-    @property
-    def kvw(self) -> int:
-        return self.kv * self.hd
-
-    @property
-    def scores(self) -> int:
-        return self.heads * self.s * self.s * self.b
-
-
-def shape(arch: Architecture, s: int, b: int, rotary_dims: int | None = None) -> Shape:
-    return Shape(s, b, arch.hidden, arch.heads, arch.n_kv, arch.d_head, arch.ffn_size, arch.padded_vocab,
-                 rotary_dims if rotary_dims is not None else arch.d_head)  # fmt: skip
 
 
 def _check(family: str, regime: str, attention: str) -> None:
@@ -98,14 +49,9 @@ def _check(family: str, regime: str, attention: str) -> None:
         raise InputError(f"family {family!r} has no saved-tensor profile; known: {', '.join(FAMILIES)}")
     if regime not in REGIMES:
         raise InputError(f"precision regime {regime!r} is not one of {', '.join(REGIMES)}")
-    if attention not in ("eager", "sdpa") or (family == "bloom" and attention == "sdpa"):
-        accepted = "eager" if family == "bloom" else "eager or sdpa"
+    if attention not in ("eager", "sdpa") or (family in EAGER_ONLY and attention == "sdpa"):
+        accepted = "eager" if family in EAGER_ONLY else "eager or sdpa"
         raise InputError(f"attention {attention!r} is not available for {family}; use {accepted}")
-
-
-def _dtypes(regime: str) -> tuple[int, int, bool]:
-    """(d compute bytes, r residual bytes, autocast?)"""
-    return {"fp32": (4, 4, False), "bf16": (2, 2, False), "amp-bf16": (2, 4, True)}[regime]
 
 
 def _norm(
@@ -120,36 +66,6 @@ def _norm(
     return out + [SavedTensor(f"{label} mean, rstd", 2 * stat * t)]
 
 
-def _inputs(x: Shape, d: int, amp: bool, names: tuple[str, ...]) -> list[SavedTensor]:
-    """The projections' input: the norm output once, or under autocast one bf16 cast per projection."""
-    if amp:
-        return [SavedTensor(f"{n} input (bf16 cast)", 2 * x.t * x.h) for n in names]
-    return [SavedTensor(f"{'/'.join(names)} input", d * x.t * x.h)]
-
-
-def _attention(x: Shape, family: str, attention: str, d: int, r: int) -> list[SavedTensor]:
-    t = x.t
-    if attention == "sdpa" and family == "falcon":  # mask given: CPU math kernel upcasts to fp32
-        return [SavedTensor("Q, Kᵀ, V (fp32, math kernel)", 3 * 4 * t * x.qw),
-                SavedTensor("softmax (fp32)", 4 * x.scores), SavedTensor("output projection input", d * t * x.qw)]
-    if attention == "sdpa":
-        q = d * t * (x.qw + 2 * x.kvw) if family == "gpt2" else d * t * x.qw  # GPT-2's Q is a view of the fused qkv
-        out = [SavedTensor("Q" + (" (fused qkv storage)" if family == "gpt2" else ""), q),
-               SavedTensor("K, V (cache copies)", 2 * d * t * x.kvw), SavedTensor("attention output", d * t * x.qw),
-               SavedTensor("log-sum-exp (fp32)", 4 * x.heads * t)]  # fmt: skip
-        if family in ("gpt_neox", "phi3"):
-            # the rotary output is a fresh (b, heads, s, hd) tensor there (NeoX and Phi-3 rotate a slice and cat), so
-            # the kernel's output follows that layout and attn_output.transpose(1, 2).contiguous() copies it
-            out.append(SavedTensor("output projection input", d * t * x.qw))
-        return out
-    soft = r if family in ("gpt2", "falcon") else 4  # the rest ask softmax(..., dtype=torch.float32)
-    out = [SavedTensor("Q, Kᵀ, V (copies, full width)", 3 * d * t * x.qw),
-           SavedTensor("softmax (fp32)" if soft == 4 else "softmax (bf16)", soft * x.scores)]
-    if soft != d:
-        out.append(SavedTensor("probabilities (compute-dtype copy)", d * x.scores))
-    return out + [SavedTensor("output projection input", d * t * x.qw)]
-
-
 def _mlp(x: Shape, family: str, d: int, amp: bool, cuda: bool) -> list[SavedTensor]:
     tf = x.t * x.ffn
     if family in LLAMA_STYLE:  # silu(gate) * up: gate out, silu out, up out, product (down input); Phi-3's fused
@@ -161,15 +77,6 @@ def _mlp(x: Shape, family: str, d: int, amp: bool, cuda: bool) -> list[SavedTens
     if family == "opt":  # ReLU keeps its output, which is fc2's input
         return [SavedTensor("ReLU output (fc2 input)", d * tf)]
     return [SavedTensor("GELU input", d * tf), SavedTensor("fc2 input", d * tf)]
-
-
-def _weight_casts(x: Shape, family: str) -> list[SavedTensor]:
-    """Autocast's bf16 copies of the layer's matmul weights, saved by the matmuls (2 bytes per weight)."""
-    h, f = x.h, x.ffn
-    attn = h * (x.qw + 2 * x.kvw) + x.qw * h
-    mlp = (3 if family in LLAMA_STYLE else 2) * h * f
-    return [SavedTensor("attention weights (bf16 casts)", 2 * attn, "weight_cast"),
-            SavedTensor("MLP weights (bf16 casts)", 2 * mlp, "weight_cast")]  # fmt: skip
 
 
 CODES = ("hf", "torchtitan")
@@ -187,10 +94,12 @@ def check_code(code: str, family: str, regime: str, attention: str) -> None:
 
 def layer_saved(arch: Architecture, *, family: str, regime: Regime, attention: str, s: int, b: int,
                 recompute: bool = False, device: str = "cpu",
-                rotary_dims: int | None = None, lora: Any = None, code: str = "hf") -> list[SavedTensor]:  # fmt: skip
+                rotary_dims: int | None = None, lora: Any = None, code: str = "hf",
+                index: int | None = None) -> list[SavedTensor]:  # fmt: skip
     """Every storage one decoder layer of ``family`` saves for backward, per micro-batch (``lora``: a
     ``memcalc.model.lora.LoraPlan``, peft adapters on a frozen base: ``_lora_layer``; ``code``: whose modeling
-    code, ``hf`` or ``torchtitan``: ``_torchtitan_layer``)."""
+    code, ``hf`` or ``torchtitan``: ``_torchtitan_layer``; ``index``: which layer, where layers differ: Gemma 3's
+    sliding layers under SDPA, ``memcalc.memory.saved_gemma``; None: a full-attention layer)."""
     _check(family, regime, attention)
     check_code(code, family, regime, attention)
     d, r, amp = _dtypes(regime)
@@ -201,6 +110,10 @@ def layer_saved(arch: Architecture, *, family: str, regime: Regime, attention: s
         return _torchtitan_layer(x, d, cuda)
     if lora is not None:
         return _lora_layer(arch, x, family, attention, d, r, amp, cuda, lora)
+    if family in OTHER_NORMS:
+        from memcalc.memory.saved_gemma import layer_saved_gemma
+
+        return layer_saved_gemma(arch, x, family, attention, d, r, amp, index)
     out = _norm(x, family, r, amp, "norm 1", cuda=cuda)
     if (family in LLAMA_STYLE or family == "opt") and not arch.fused_qkv:
         out += _inputs(x, d, amp, ("q", "k", "v"))
@@ -312,6 +225,10 @@ def outside_saved(arch: Architecture, *, family: str, regime: Regime, s: int, b:
     _check(family, regime, "eager")
     d, r, amp = _dtypes(regime)
     x, cuda, t = shape(arch, s, b, rotary_dims), device == "cuda", s * b
+    if family in OTHER_NORMS:
+        from memcalc.memory.saved_gemma import outside_saved_gemma
+
+        return outside_saved_gemma(arch, x, family, d, r, amp, recompute)
     out = [SavedTensor("token ids (int64)", 8 * t)]
     if family == "gpt2":
         out.append(SavedTensor("position ids (int64, 1 x s)", 8 * s))
@@ -327,19 +244,6 @@ def outside_saved(arch: Architecture, *, family: str, regime: Regime, s: int, b:
         out.append(SavedTensor("LM head weight (bf16 cast)", 2 * x.h * x.vocab, "weight_cast"))
     out += loss_saved(t, x.vocab)
     return out
-
-
-def loss_saved(tokens: int, vocab: int, option: str = "standard") -> list[SavedTensor]:
-    """ForCausalLMLoss (loss/loss_utils.py): ``logits.float()`` then cross_entropy = log_softmax + nll_loss.
-
-    log_softmax saves its fp32 output (4 per logit element, whatever the chunking: torchtune's
-    CEWithChunkedOutputLoss keeps every chunk's output until backward); nll_loss the int64 targets and an
-    fp32 scalar total weight. A fused linear-cross-entropy keeps no logits: see ``loss_transient``.
-    """
-    if option == "fused":
-        return [SavedTensor("targets (int64)", 8 * tokens)]
-    return [SavedTensor("log-softmax output (fp32)", 4 * tokens * vocab), SavedTensor("targets (int64)", 8 * tokens),
-            SavedTensor("total weight (fp32 scalar)", 4)]  # fmt: skip
 
 
 @frozen
@@ -381,6 +285,3 @@ def loss_transient(tokens: int, vocab: int, regime: Regime, option: str = "stand
         return LossPeak(0, 0, (("logits", 0),))
     raise InputError(f"loss option {option!r} is not one of standard, chunked:N, fused")
 
-
-def total(xs: list[SavedTensor], kind: Kind = "activation") -> int:
-    return sum(x.bytes for x in xs if x.kind == kind)

@@ -16,7 +16,9 @@ import dataclasses
 
 from memcalc.errors import InputError
 from memcalc.frozen import frozen
-from memcalc.memory.saved import FAMILIES, LLAMA_STYLE, REGIMES, _check, check_code, loss_transient, shape
+from memcalc.memory.saved import (FAMILIES, LLAMA_STYLE, OTHER_NORMS, REGIMES, _check, check_code, loss_transient,
+                                  shape)
+from memcalc.memory.saved_gemma import GEMMAS, rope_types
 from memcalc.memory.timeline_layers import checkpointed, layer_sizes, parse_recompute
 from memcalc.memory.timeline_states import FsdpOverlay, lora_states, param_tensors, states
 from memcalc.memory.timeline_tp import (norm_backward, rank_arch, rmsnorm_backward, row_parallel_reduce,
@@ -69,7 +71,7 @@ def _moment(phase: str, label: str, parts: list[tuple[str, int]]) -> Moment:
 def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s: int, b: int,
              recompute: str = "none", optimizer_impl: str = "foreach", optimizer_states: str = "adamw",
              loss: str = "standard", device: str = "cpu", position_ids: bool = True, use_cache: bool = True,
-             rotary_dims: int | None = None, world: int = 1,
+             rotary_dims: int | None = None, world: int = 1, fsdp: bool | None = None,
              fsdp_param_dtype: str | None = None, lora=None, code: str = "hf", tp: int = 1,
              compiled: bool = False) -> Timeline:  # fmt: skip
     """Moments of one training step of a Hugging Face ``family`` model on one GPU.
@@ -83,8 +85,8 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     saves bf16 casts; they live until the forward returns.
     position_ids: the batch passes b × s position ids (the tracer does; a plain ``model(input_ids)`` call makes
     1 × s ones, so the rotary tables are b times smaller).
-    world: above 1, FSDP2 ``fully_shard`` per decoder layer and on the root over ``world`` data-parallel ranks
-    (``memcalc.memory.timeline_states.FsdpOverlay``); fsdp_param_dtype: None or "bf16"
+    world: above 1 (or ``fsdp=True``: FSDP2 on one rank), FSDP2 ``fully_shard`` per decoder layer and on the root
+    over ``world`` data-parallel ranks (``memcalc.memory.timeline_states.FsdpOverlay``); fsdp_param_dtype: None or "bf16"
     (``MixedPrecisionPolicy(param_dtype=)``). lora: a ``memcalc.model.lora.LoraPlan`` (peft adapters on a frozen
     base, one GPU or DDP): adapter states only, the layers' LoRA saved tensors, a frozen head and final norm that
     keep no input; the layer backward transients stay the full model's (an upper bound).
@@ -117,7 +119,9 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     d, r, amp = {"fp32": (4, 4, False), "bf16": (2, 2, False), "amp-bf16": (2, 4, True)}[act]
     st = full_st = (states(arch, family, w, optimizer_impl, optimizer_states) if lora is None
                     else lora_states(arch, family, w, optimizer_impl, optimizer_states, lora))
-    fs = FsdpOverlay.make(arch, family, regime, world, fsdp_param_dtype, optimizer_impl, optimizer_states)
+    sharded = (world > 1 or fsdp_param_dtype is not None) if fsdp is None else fsdp
+    fs = (FsdpOverlay.make(arch, family, regime, world, fsdp_param_dtype, optimizer_impl, optimizer_states)
+          if sharded else None)
     if fs is not None:
         st = fs.states
     elif tp > 1 and (temp := step_temporary(arch, w, optimizer_impl)) is not None:
@@ -137,12 +141,16 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     prologue = [("embedding output", r * t * h)]
     if arch.position == "rotary" and code == "hf":  # torchtitan gathers its table inside each layer
         rows = b if position_ids else 1
-        prologue.append(("rotary cos, sin", 2 * rows * s * x.rot * r))
+        # Gemma 3: one table per layer type in use; OLMo 2's rotary returns fp32 cos, sin in every regime
+        tables = rope_types(arch) * (4 if family == "olmo2" else r)
+        prologue.append(("rotary cos, sin", 2 * rows * s * x.rot * tables))
     # Eager attention: the model's 4-D causal mask (b × s × s in the embedding output's dtype; transformers
     # ``masking_utils.create_causal_mask``) lives until the model's forward returns; the attention's add saves
     # nothing, but each checkpointed layer keeps it as an argument until its backward (tests/test_timeline_tp.py)
-    eager_mask = attention == "eager" and family in LLAMA_STYLE and code == "hf" and lora is None
-    mask = [("eager attention mask", r * b * s * s)] if eager_mask else []
+    eager_mask = attention == "eager" and family in (*LLAMA_STYLE, *OTHER_NORMS) and code == "hf" and lora is None
+    mask = [("eager attention mask", r * b * s * s * _mask_kinds(arch))] if eager_mask else []
+    if attention == "sdpa" and family == "gemma3_text" and arch.sliding_layers and s >= (arch.sliding_window or s + 1):
+        mask = [("sliding-window attention mask (bool)", b * s * s)]  # masking_utils: built once s >= the window
     kept_mask = mask if checkpointed(policy, 0) else []
     fwd_shared, bwd_shared = prologue[1:] + mask, prologue[1:] + kept_mask  # the rotary tables, the mask
     layers = [layer_sizes(arch, family=family, regime=act, attention=attention, s=s, b=b, policy=policy,
@@ -159,19 +167,23 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
                                    + FsdpOverlay.gather(fs, i)))  # fmt: skip
         kept += ly.kept + ly.kept_casts  # each layer's kept tensors include its input (the previous output)
         cache += ly.casts - ly.kept_casts
-        if amp and arch.qkv_bias and family in LLAMA_STYLE and code == "hf" and lora is None:
+        if amp and arch.qkv_bias and family in (*LLAMA_STYLE, *OTHER_NORMS) and code == "hf" and lora is None:
             # bf16 casts of the q, k, v biases (Qwen2): cached by autocast (trainable leaves), saved by no op (addmm's
             # bias gradient is a sum of the output gradient), alive until the autocast block exits
             cache += 2 * (x.qw + 2 * x.kvw)
-        if amp and use_cache and policy.kind == "none" and family in LLAMA_STYLE and i not in arch.nope_layers:
+        if amp and use_cache and policy.kind == "none" and family in (*LLAMA_STYLE, *GEMMAS) and i not in arch.nope_layers:
             # a layer without rotary (SmolLM3) caches the bf16 K, V that SDPA saves anyway: nothing beyond them
             cache += 2 * 4 * t * x.kvw
         elif (attention == "eager" and x.kv < x.heads and use_cache and policy.kind == "none"
-              and (lora is not None or (family in LLAMA_STYLE and code == "hf"))):  # fmt: skip
+              and (lora is not None or (family in (*LLAMA_STYLE, *OTHER_NORMS) and code == "hf"))):  # fmt: skip
             # DynamicCache keeps this layer's K, V (kv width) until the forward returns; eager attention saves their
             # repeat_kv copies instead (traced with peft: memcalc.validation.lora.trace_lora_step; without:
             # tests/test_timeline_tp.py)
             cache += 2 * d * t * x.kvw
+        if use_cache and policy.kind == "none" and i in arch.sliding_layers and family in OTHER_NORMS:
+            # DynamicSlidingWindowLayer (transformers cache_utils.py): an int64 ``_sliding_window_tensor`` per sliding
+            # layer, alive with the cache until the causal LM's forward returns
+            cache += 8
         acts = [(f"activations kept (layers 0..{i})", kept), ("layer output (residual stream)", ly.residual),
                 ("autocast cast cache (recomputed layers' weights)", cache)] + FsdpOverlay.forward(fs)
         moments.append(_moment(f"forward.layer.{i}", f"layer {i}: down projection's output before the residual add",
@@ -183,7 +195,8 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     # Pure bf16 activations, Hugging Face's RMSNorm: the final norm saves an fp32 copy of the last layer's output and
     # nothing keeps the bf16 original once the norm returned; while it runs, its fp32 normalized tensor (not saved:
     # the backward of ``to(bf16)`` needs nothing) is alive as well (traced: tests/test_timeline_tp.py)
-    upcast = act == "bf16" and family in LLAMA_STYLE and code == "hf" and lora is None
+    # (Gemma's and OLMo 2's norms: their fp32 product with the weight, before the cast back to bf16)
+    upcast = act == "bf16" and family in (*LLAMA_STYLE, *OTHER_NORMS) and code == "hf" and lora is None
     layers_kept = kept + (0 if upcast else resid)
     head = _head(x, family, act, loss, code, device)
     if lora is not None:  # frozen final norm weight and head: no normalized tensor, no head input kept
@@ -201,7 +214,10 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     moments.append(_moment("forward.head", "the head's logits", after_norm + head[1:] + logits))
     labels = [("labels padded (int64)", 8 * b * (s + 1)), ("shift labels (int64)", 8 * t)]
     lp = loss_transient(t, v, act, loss)
-    fwd_loss = after_norm + head[1:] + logits + labels
+    # Gemma 2's final logit softcap (``logits / cap``, ``tanh``, ``* cap``, Gemma2ForCausalLM.forward): tanh's output
+    # (d·T·V) is saved until the backward reaches it; the capped logits are the loss's input
+    softcap = [("logit softcap tanh output", d * n if arch.logit_softcap and loss != "fused" else 0)]
+    fwd_loss = after_norm + head[1:] + logits + labels + softcap
     fwd_loss += [("fp32 logits copy", _chunk(lp, 1)), ("log-softmax output (fp32)", _chunk(lp, 2)),
                  ("loss, total weight", 8)]
     moments.append(_moment("loss", "log-softmax done, logits and their fp32 copy alive", fwd_loss))
@@ -209,7 +225,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     # ---- start of backward: the loss's fp32 gradients ----------------------------------------------------------
     saved_end = base + bwd_shared + [("layer activations", layers_kept)] + head
     saved_end += [] if amp or lora is not None else [("head input (the last hidden state)", d * t * h)]
-    saved_end += [("log-softmax output (fp32)", _chunk(lp, 2)), ("loss and its gradient", 8)]
+    saved_end += [("log-softmax output (fp32)", _chunk(lp, 2)), ("loss and its gradient", 8)] + softcap
     saved_end += FsdpOverlay.after_layers(fs)
     moments.append(_moment("backward", "log_softmax backward: its output gradient and its input gradient",
                            saved_end + [("loss gradients (fp32)", _chunk(lp, 3))]))  # fmt: skip
@@ -277,6 +293,12 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     return Timeline(tuple(moments))
 
 
+def _mask_kinds(arch: Architecture) -> int:
+    """Eager 4-D masks the model builds: Gemma 2 and 3 one causal and one sliding-window mask when both kinds of layer
+    are present (``create_causal_mask``, ``create_sliding_window_causal_mask``), the others one."""
+    return 2 if arch.sliding_layers and len(arch.sliding_layers) < arch.layers else 1
+
+
 def _chunk(lp, index: int) -> int:
     """Bytes of the loss's parts (1 fp32 copy, 2 saved log-softmax, 3 the two fp32 gradients)."""
     return lp.names[index][1] if index < len(lp.names) else 0
@@ -291,6 +313,8 @@ def _head(x, family: str, regime: str, loss: str, code: str = "hf", device: str 
         norm = 4 * t if device == "cuda" else (4 * t * h if regime == "bf16" else 0) + 4 * t + 4 * t * h
     elif family in LLAMA_STYLE:  # LlamaRMSNorm: fp32 copy (a new tensor only under bf16), rstd, normalized
         norm = (4 * t * h if regime == "bf16" else 0) + 4 * t + (2 if regime == "bf16" else 4) * t * h
+    elif family in OTHER_NORMS:  # GemmaRMSNorm, Olmo2RMSNorm: fp32 normalized in every regime; Gemma's 1 + weight
+        norm = (4 * t * h if regime == "bf16" else 0) + 4 * t + (4 * h if family in GEMMAS else 0) + 4 * t * h
     else:
         norm = 2 * (2 if regime == "bf16" else 4) * t
     out = [("final norm saved", norm)]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from memcalc.errors import InputError
 from memcalc.frozen import frozen
-from memcalc.memory.saved import LLAMA_LIKE, LLAMA_STYLE, SavedTensor, layer_saved, shape, total
+from memcalc.memory.saved import LLAMA_LIKE, LLAMA_STYLE, OTHER_NORMS, SavedTensor, layer_saved, shape, total
 
 RECOMPUTE_HELP = "none, full, every:K, selective, op-sac"
 
@@ -129,17 +129,21 @@ def layer_sizes(arch, *, family: str, regime: str, attention: str, s: int, b: in
         saved = compiled_layer_saved(arch, family=family, regime=regime, attention=attention, s=s, b=b, device=device,
                                      scope="layer", code=code)
     else:
-        saved = layer_saved(arch, **kw, lora=lora)  # LoRA: the backward transients below stay the full model's (a bound)
+        saved = layer_saved(arch, **kw, lora=lora, index=index)  # LoRA: the backward transients below stay the full model's (a bound)
     full, casts = total(saved), total(saved, "weight_cast")
     x = shape(arch, s, b, rotary_dims)
     d, r = {"fp32": (4, 4), "bf16": (2, 2), "amp-bf16": (2, 4)}[regime]
     w = 2 if regime == "bf16" else 4
     residual = r * x.t * x.h
     extra = _mlp_backward_extra(arch, family, d, w, x.t)
-    if regime == "amp-bf16" and casts and family in LLAMA_STYLE:
+    if regime == "amp-bf16" and casts and family in (*LLAMA_STYLE, *OTHER_NORMS):
         # down's bf16 weight copy, saved by its matmul, is released once down's backward ran (autograd frees a
         # node's saved tensors after it runs; autocast's cache was cleared when the forward's block exited)
         extra -= 2 * x.h * x.ffn
+    if family in OTHER_NORMS and arch.norm_placement != "pre":
+        # a norm after the MLP (Gemma 2/3 post_feedforward_layernorm, OLMo 2's): its backward ran before the MLP's and
+        # freed its fp32 input and normalized tensor (8·T·h) and Gemma's 1 + weight (4h) (traced: tests/test_timeline.py)
+        extra -= 8 * x.t * x.h + (4 * x.h if family != "olmo2" else 0)
     mlp_params = (3 if arch.gated_mlp else 2) * x.h * x.ffn
     attn = _attention_backward(saved, x, d, w, mlp_params) if attention == "eager" else 0
     if attn and family in LLAMA_STYLE and code == "hf" and lora is None:

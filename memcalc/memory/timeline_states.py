@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from memcalc.errors import InputError
 from memcalc.frozen import frozen
-from memcalc.memory.saved import LLAMA_STYLE
+from memcalc.memory.saved import LLAMA_STYLE, OTHER_NORMS
 from memcalc.model.architecture import Architecture
 
 OPTIMIZER_IMPLS = ("foreach", "fused", "for-loop", "in-backward")
@@ -46,7 +46,7 @@ def param_tensors(arch: Architecture) -> tuple[tuple[str, int], ...]:
     out_proj = [("o", q * h)] + ([("o bias", h)] if arch.out_bias else [])
     attn = out_proj + attn if arch.fused_gate_up else attn + out_proj  # Phi3Attention registers o_proj first
     if arch.qk_norm:
-        attn += [("q norm", arch.d_head), ("k norm", arch.d_head)]
+        attn += list(zip(("q norm", "k norm"), arch.qk_norm_widths))
     mlp: list[tuple[str, int]] = []
     if arch.fused_gate_up:
         mlp += [("gate_up", 2 * h * f)] + ([("gate_up bias", 2 * f)] if arch.mlp_bias else [])
@@ -66,11 +66,15 @@ def param_tensors(arch: Architecture) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
-def buffer_bytes(arch: Architecture, family: str) -> int:
+def buffer_bytes(arch: Architecture, family: str, width: int = 4) -> int:
     """Non-parameter buffers: rotary ``inv_freq`` and ``original_inv_freq`` (fp32, head_dim/2 each;
-    transformers ``modeling_rope_utils``); the other families keep none that persist."""
-    if arch.position == "rotary" and family in LLAMA_STYLE:
-        return 2 * 4 * (arch.d_head // 2)
+    transformers ``modeling_rope_utils``), one pair per rotary table (Gemma 3: one per layer type in use,
+    ``Gemma3RotaryEmbedding``); Gemma's ``embed_scale`` (a 0-dim buffer in the parameters' dtype, ``width`` bytes:
+    ``GemmaTextScaledWordEmbedding``); the other families keep none that persist."""
+    from memcalc.memory.saved_gemma import GEMMAS, rope_types
+
+    if arch.position == "rotary" and family in (*LLAMA_STYLE, *OTHER_NORMS):
+        return rope_types(arch) * 2 * 4 * (arch.d_head // 2) + (width if family in GEMMAS else 0)
     return 0
 
 
@@ -124,7 +128,7 @@ def states(arch: Architecture, family: str, width: int, impl: str = "foreach", k
             "in-backward": 3 * width * big}[impl]
     if kind != "adamw":
         temp = 0  # bitsandbytes runs one fused kernel per parameter (optimizer_update_8bit_blockwise)
-    return States(width * p, width * p, moments + scalars, paged, buffer_bytes(arch, family), temp, width * big)
+    return States(width * p, width * p, moments + scalars, paged, buffer_bytes(arch, family, width), temp, width * big)
 
 
 def lora_states(arch: Architecture, family: str, width: int, impl: str, kind: str, lora) -> States:
@@ -145,7 +149,7 @@ def lora_states(arch: Architecture, family: str, width: int, impl: str, kind: st
         sizes = [lora.rank * n for p in targeted(arch, lora) for n in (p.fan_in, p.fan_out)] * arch.layers
         moments = sum(2 * n + 2 * 4 * -(-n // BNB_BLOCK) if n >= BNB_MIN_8BIT else 2 * 4 * n for n in sizes)
         moments, paged, temp = (0, moments, 0) if kind.startswith("paged") else (moments, 0, 0)
-    return States(sp.frozen_bytes + width * a, width * a, moments + scalars, paged, buffer_bytes(arch, family),
+    return States(sp.frozen_bytes + width * a, width * a, moments + scalars, paged, buffer_bytes(arch, family, width),
                   temp, width * big)
 
 
@@ -153,11 +157,11 @@ def _dim0(arch: Architecture, name: str, elements: int) -> int:
     """Rows (dim 0) of a parameter tensor as torch stores it: ``nn.Linear.weight`` is (out, in), ``nn.Embedding``
     (vocab, width); norms and biases are 1-D."""
     last = name.split()[-1]
-    if last in ("weight", "bias") or name.endswith(" bias"):
+    if last in ("weight", "bias", "norm") or name.endswith(" bias"):  # "q norm", "k norm": 1-D (Qwen3)
         return elements
     rows = {"embedding": arch.padded_vocab, "head": arch.padded_vocab, "q": arch.q_width, "k": arch.kv_width,
             "v": arch.kv_width, "qkv": arch.q_width + 2 * arch.kv_width, "o": arch.hidden, "gate": arch.ffn_size,
-            "up": arch.ffn_size, "fc1": arch.ffn_size, "down": arch.hidden, "fc2": arch.hidden}  # fmt: skip
+            "up": arch.ffn_size, "gate_up": 2 * arch.ffn_size, "fc1": arch.ffn_size, "down": arch.hidden, "fc2": arch.hidden}  # fmt: skip
     if name == "position embedding":
         return arch.max_positions + arch.position_offset
     return rows[last]
@@ -203,7 +207,7 @@ def sharded_states(arch: Architecture, family: str, width: int, units: ShardUnit
         raise InputError(f"optimizer implementation {impl!r} under FSDP: accepted foreach, fused")
     p = units.root_shard + units.layer_shard * arch.layers
     temp = {"foreach": width * p, "fused": 0}[impl]
-    return States(width * p, width * p, 2 * width * p + 4 * units.tensors, 0, buffer_bytes(arch, family), temp, 0)
+    return States(width * p, width * p, 2 * width * p + 4 * units.tensors, 0, buffer_bytes(arch, family, width), temp, 0)
 
 
 @frozen
@@ -242,10 +246,8 @@ class FsdpOverlay:
     @staticmethod
     def make(arch: Architecture, family: str, regime: str, world: int, param_dtype: str | None, impl: str,
              kind: str) -> FsdpOverlay | None:  # fmt: skip
-        if world == 1 and param_dtype is None:
-            return None
-        if world < 2:
-            raise InputError(f"fsdp_param_dtype {param_dtype!r} needs world >= 2 (FSDP2 ranks); got world {world}")
+        if world < 1:
+            raise InputError(f"world {world} must be at least 1 (FSDP2 ranks)")
         if param_dtype not in (None, "bf16"):
             raise InputError(f"fsdp_param_dtype {param_dtype!r} is not one of None, bf16")
         if kind != "adamw":

@@ -15,6 +15,7 @@ from memcalc.units import ceil_div
 
 Position = Literal["learned", "rotary", "alibi", "none"]
 Norm = Literal["layernorm", "rmsnorm"]
+NormPlacement = Literal["pre", "sandwich", "post"]
 
 # Upper bounds on every size: far above any published model, low enough that each answer stays exact and quick
 # (per-layer and per-expert loops stay short). The largest published shapes, for scale: 126 layers and hidden
@@ -86,8 +87,12 @@ class Architecture(Record):
     norm: Norm = "layernorm"
     norm_bias: bool = True
     """LayerNorm with a bias (RMSNorm has none)."""
-    norms_per_layer: int = bounded(default=2, ge=1, le=2)
-    """2 (pre-attention and pre-MLP); 1 for parallel blocks sharing one norm (Falcon-7B)."""
+    norms_per_layer: int = bounded(default=2, ge=1, le=4)
+    """2 (pre-attention and pre-MLP); 1 for parallel blocks sharing one norm (Falcon-7B); 4 when each sublayer has
+    a norm before and after it (Gemma 2 and 3: ``norm_placement`` "sandwich")."""
+    norm_placement: NormPlacement = "pre"
+    """Where the layer's norms sit: "pre" (before attention and MLP), "sandwich" (before and after each: Gemma 2,
+    Gemma 3), "post" (on the attention and MLP outputs before the residual add, none before: OLMo 2)."""
     embedding_norm: bool = False
     """A norm right after the embedding (BLOOM)."""
     final_norm: bool = True
@@ -100,6 +105,16 @@ class Architecture(Record):
     qk_norm: bool = False
     """An RMSNorm over each head of Q and of K before the rotary embedding (Qwen3's ``q_norm``/``k_norm``): two
     head_dim-wide weights per layer."""
+    qk_norm_width: Literal["head", "full"] = "head"
+    """q_norm/k_norm over one head (Qwen3, Gemma 3: head_dim weights) or over all heads (OLMo 2: q and kv width)."""
+    sliding_layers: tuple[int, ...] = ()
+    """0-based indices of the layers with sliding-window attention (Gemma 2 and 3 ``layer_types``)."""
+    sliding_window: int | None = bounded(default=None, gt=0, le=MAX_POSITIONS)
+    """Tokens a sliding layer attends to (None: no sliding layers)."""
+    attention_softcap: bool = False
+    """Attention scores pass through cap·tanh(x/cap) before the softmax (Gemma 2 ``attn_logit_softcapping``)."""
+    logit_softcap: bool = False
+    """The logits pass through cap·tanh(x/cap) (Gemma 2 ``final_logit_softcapping``)."""
     qkv_bias: bool = True
     out_bias: bool = True
     """Bias on the attention output projection."""
@@ -135,6 +150,10 @@ class Architecture(Record):
             raise InputError(f"top_k {self.top_k} is more than the {self.experts} experts")
         if any(not 0 <= i < self.layers for i in self.nope_layers):
             raise InputError(f"nope_layers {list(self.nope_layers)[:8]} name a layer outside 0..{self.layers - 1}")
+        if any(not 0 <= i < self.layers for i in self.sliding_layers):
+            raise InputError(f"sliding_layers {list(self.sliding_layers)[:8]} name a layer outside 0..{self.layers - 1}")
+        if self.sliding_layers and self.sliding_window is None:
+            raise InputError("sliding_layers need a sliding_window")
         if self.position == "learned" and self.max_positions == 0:
             raise InputError("a learned position table needs max_positions")
 
@@ -155,6 +174,13 @@ class Architecture(Record):
     @property
     def kv_width(self) -> int:
         return self.n_kv * self.d_head
+
+    @property
+    def qk_norm_widths(self) -> tuple[int, int]:
+        """(q_norm, k_norm) weight elements: head_dim each, or the q and kv widths (``qk_norm_width``)."""
+        if not self.qk_norm:
+            return 0, 0
+        return (self.d_head, self.d_head) if self.qk_norm_width == "head" else (self.q_width, self.kv_width)
 
     @property
     def ffn_size(self) -> int:

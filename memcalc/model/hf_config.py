@@ -14,10 +14,8 @@ what is accepted.
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -26,12 +24,9 @@ from memcalc.errors import InputError
 from memcalc.files import MAX_FILE_BYTES, read_bounded  # noqa: F401 - read_bounded is used here and re-exported
 from memcalc.model import architecture as shape
 from memcalc.model.architecture import Architecture
+from memcalc.model.hf_json import MAX_DEPTH, Config, _kind, _show, parse_config  # noqa: F401 - re-exported
 
-Config = dict[str, Any]
 
-MAX_DEPTH = 32
-"""Real configs nest 3-4 levels (text_config -> rope_scaling -> ...); this is checked before parsing, far below
-the depth at which Python's JSON parser runs out of recursion."""
 
 _REQUIRED = object()
 
@@ -44,22 +39,6 @@ FFN = (shape.MAX_FFN, "MLP inner width")
 VOCAB = (shape.MAX_VOCAB, "vocabulary size")
 POSITIONS = (shape.MAX_POSITIONS, "learned positions")
 EXPERTS = (shape.MAX_EXPERTS, "experts")
-
-
-def _show(value: Any) -> str:
-    """A value as the message shows it: its repr, short, on one line."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
-        return f"<a {value.bit_length()}-bit integer>"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-_KINDS = {type(None): "null", bool: "a boolean", int: "an integer", float: "a float", str: "a string",
-          list: "an array", dict: "an object"}  # fmt: skip
-
-
-def _kind(value: Any) -> str:
-    return _KINDS.get(type(value), f"a {type(value).__name__}")
 
 
 class _Keys:
@@ -267,6 +246,60 @@ def _nope_layers(k: _Keys) -> tuple[int, ...]:
     return tuple(i for i, f in enumerate(flags) if f == 0)
 
 
+def _softcap(k: _Keys, key: str, default: float | None) -> bool:
+    """Gemma2Config/Gemma3TextConfig ``*_softcapping``: ``float | None``; a positive number turns the cap on."""
+    value = k.cfg.get(key, default)
+    if value is None:
+        return False
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise k._refuse(key, value, f"is {_kind(value)}" if not isinstance(value, (int, float)) or isinstance(
+            value, bool) else "is out of range", "a positive JSON number, or null (no cap)")  # fmt: skip
+    return True
+
+
+_LAYER_TYPES = ("sliding_attention", "full_attention")
+
+
+def _sliding(k: _Keys, layers: int, pattern: int) -> dict[str, Any]:
+    """Gemma2Config, Gemma3TextConfig: ``layer_types`` (one of sliding_attention / full_attention per layer) or,
+    when absent or null, layer i slides when (i + 1) % pattern != 0 (Gemma 2: 2, alternating from layer 0;
+    Gemma 3: ``sliding_window_pattern``, default 6); ``sliding_window`` (default 4096; null: no layer slides)."""
+    if "sliding_window" in k.cfg and k.cfg["sliding_window"] is None:
+        return {}
+    window = k.count("sliding_window", "sliding_window", bound=(shape.MAX_POSITIONS, "tokens a sliding layer sees"),
+                     default=4096)
+    types = k.cfg.get("layer_types")
+    if types is None:
+        return {"sliding_window": window, "sliding_layers": tuple(i for i in range(layers) if (i + 1) % pattern)}
+    if not isinstance(types, list) or len(types) != layers or any(t not in _LAYER_TYPES for t in types):
+        raise k._refuse("layer_types", types, "is not a list of layer types, one per layer",
+                        f"a JSON array of {layers} strings, each \"sliding_attention\" or \"full_attention\"")
+    return {"sliding_window": window,
+            "sliding_layers": tuple(i for i, t in enumerate(types) if t == "sliding_attention")}
+
+
+def _gemma(k: _Keys, version: int) -> dict[str, Any]:
+    """configuration_gemma.py, configuration_gemma2.py, configuration_gemma3.py (Gemma3TextConfig): head_dim 256,
+    tied embeddings, no biases by default (attention_bias on q, k, v and o; the MLP has none), kv heads 16 (Gemma)
+    or 4; GemmaRMSNorm scales by (1 + weight). Gemma 2 and 3 put a norm before and after attention and MLP
+    (``pre_feedforward_layernorm``, ``post_feedforward_layernorm``) and mix sliding-window and full layers; Gemma 2
+    soft-caps the attention scores (50.0) and the logits (30.0); Gemma 3 has q_norm/k_norm over head_dim and
+    applies only ``final_logit_softcapping`` (default null; modeling_gemma3.py never passes the attention cap)."""
+    layers = k.count("layers", "num_hidden_layers", bound=LAYERS)
+    fields = _llama_like(k, mlp_bias=False, head_dim=k.count("head_dim", "head_dim", bound=HEAD_DIM, default=256),
+                         kv_heads=k.count("kv_heads", "num_key_value_heads", bound=HEADS,
+                                          default=16 if version == 1 else 4),
+                         tied_embeddings=k.flag("tie_word_embeddings", True))  # fmt: skip
+    if version == 1:
+        return fields
+    pattern = 2 if version == 2 else k.count("sliding_window_pattern", "sliding_window_pattern", bound=LAYERS,
+                                             default=6)  # fmt: skip
+    return fields | _sliding(k, layers, pattern) | {
+        "norms_per_layer": 4, "norm_placement": "sandwich", "qk_norm": version == 3,
+        "attention_softcap": version == 2 and _softcap(k, "attn_logit_softcapping", 50.0),
+        "logit_softcap": _softcap(k, "final_logit_softcapping", 30.0 if version == 2 else None)}
+
+
 READERS: dict[str, Callable[[_Keys], dict[str, Any]]] = {
     "llama": _llama_like,
     "mistral": lambda k: _llama_like(k, qkv_bias=False, out_bias=False, mlp_bias=False),
@@ -287,6 +320,12 @@ READERS: dict[str, Callable[[_Keys], dict[str, Any]]] = {
     "granite": _llama_like,
     "smollm3": lambda k: _llama_like(k, tied_embeddings=k.flag("tie_word_embeddings", True),
                                      nope_layers=_nope_layers(k)),
+    "gemma": lambda k: _gemma(k, 1),
+    "gemma2": lambda k: _gemma(k, 2),
+    "gemma3_text": lambda k: _gemma(k, 3),
+    # modeling_olmo2.py: Llama's projections and SwiGLU without pre-norms: Olmo2RMSNorm after attention and after
+    # the MLP (post_attention_layernorm, post_feedforward_layernorm), q_norm/k_norm over the whole q and kv width.
+    "olmo2": lambda k: _llama_like(k, mlp_bias=False, qk_norm=True, qk_norm_width="full", norm_placement="post"),
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
     "bloom": _bloom,
@@ -326,70 +365,6 @@ def architecture_from_config(cfg: Config, name: str | None = None, where: str = 
         return Architecture(name=name, family=model_type, source="config.json", **fields)
     except InputError as e:
         raise InputError(f"{where}: {e}") from None
-
-
-_SPECIAL = re.compile(r'[\\"\[\]{}]')
-
-
-def _depth_exceeds(text: str, limit: int) -> bool:
-    """Does the JSON text nest arrays/objects deeper than ``limit``? One linear pass, strings skipped."""
-    depth, in_string, escaped = 0, False, -1
-    for m in _SPECIAL.finditer(text):
-        i, c = m.start(), m.group()
-        if i == escaped:
-            continue
-        if in_string:
-            if c == "\\":
-                escaped = i + 1
-            elif c == '"':
-                in_string = False
-        elif c == '"':
-            in_string = True
-        elif c in "[{":
-            depth += 1
-            if depth > limit:
-                return True
-        elif c in "]}":
-            depth -= 1
-    return False
-
-
-class _BadJSON(ValueError):
-    pass
-
-
-def _no_constant(token: str) -> Any:
-    raise _BadJSON(f"holds {token}, which JSON does not allow")
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _BadJSON(f"has the key {_show(key)} twice")
-        out[key] = value
-    return out
-
-
-def parse_config(data: bytes, where: str = "config.json") -> Config:
-    """The JSON object in ``data`` (UTF-8), refusing what is too large, too deep, not JSON or not an object."""
-    if len(data) > MAX_FILE_BYTES:
-        raise InputError(f"{where} is larger than {MAX_FILE_BYTES:,} bytes; accepted: a config.json file up to 1 MiB")
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise InputError(f"{where} is not UTF-8 text (byte {e.start}); accepted: a JSON file in UTF-8") from None
-    if _depth_exceeds(text, MAX_DEPTH):
-        raise InputError(f"{where} nests deeper than {MAX_DEPTH} levels; accepted: a config.json (3-4 levels deep)")
-    try:
-        cfg = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_no_duplicates)
-    except _BadJSON as e:
-        raise InputError(f"{where} is not a readable JSON file: it {e}") from None
-    except (ValueError, RecursionError) as e:  # JSONDecodeError, integers of more than 4,300 digits
-        raise InputError(f"{where} is not a readable JSON file: {' '.join(str(e).split())}") from None
-    if not isinstance(cfg, dict):
-        raise InputError(f"{where} does not hold a JSON object (it holds {_kind(cfg)}); accepted: a config.json")
-    return cfg
 
 
 def load_hf_config(path: str | os.PathLike[str]) -> Architecture:

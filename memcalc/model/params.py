@@ -86,7 +86,7 @@ class LayerParams:
 def layer_params(arch: Architecture, moe: bool, shard: Shard = Shard()) -> LayerParams:
     """One decoder layer on one rank."""
     h, tp = arch.hidden, shard.tp
-    norms = arch.norms_per_layer * norm_params(arch) + (2 * arch.d_head if arch.qk_norm else 0)  # q_norm, k_norm
+    norms = arch.norms_per_layer * norm_params(arch) + sum(arch.qk_norm_widths)  # q_norm, k_norm
     attn = attention_params(arch, tp)
     if not moe:
         dense = mlp_params(h, arch.ffn_size, arch.gated_mlp, arch.mlp_bias, tp)

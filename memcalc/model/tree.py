@@ -45,7 +45,7 @@ def layer_shapes(arch: Architecture, moe: bool) -> list[Shape]:
     else:
         shapes += _linear(q, h, arch.qkv_bias) + _linear(kv, h, arch.qkv_bias) + _linear(kv, h, arch.qkv_bias)
     if arch.qk_norm:
-        shapes += [(arch.d_head,), (arch.d_head,)]
+        shapes += [(w,) for w in arch.qk_norm_widths]
     shapes += _linear(h, q, arch.out_bias)
     if not moe:
         return shapes + _mlp(arch, arch.ffn_size)
@@ -145,9 +145,10 @@ def _layer_node(arch: Architecture, i: int, experts: int | None = None, shared: 
         attn = [_leaf(f"{p}.qkv", _linear(q + 2 * kv, h, arch.qkv_bias))]
     else:
         attn = [_leaf(f"{p}.{x}", _linear(w, h, arch.qkv_bias)) for x, w in (("q", q), ("k", kv), ("v", kv))]
-    if arch.qk_norm:  # Qwen3: q_proj, q_norm, k_proj, k_norm, v_proj
-        attn[1:1] = [_leaf(f"{p}.q_norm", [(arch.d_head,)])]
-        attn[3:3] = [_leaf(f"{p}.k_norm", [(arch.d_head,)])]
+    if arch.qk_norm:  # Qwen3, OLMo 2: q_proj, q_norm, k_proj, k_norm, v_proj (Gemma 3 norms after v_proj)
+        qn, kn = arch.qk_norm_widths
+        attn[1:1] = [_leaf(f"{p}.q_norm", [(qn,)])]
+        attn[3:3] = [_leaf(f"{p}.k_norm", [(kn,)])]
     if lay.attention_dropout:
         attn.append(Node(f"{p}.attention_dropout"))
     attn.append(_leaf(f"{p}.o", _linear(h, q, arch.out_bias)))
@@ -179,6 +180,10 @@ def _layer_node(arch: Architecture, i: int, experts: int | None = None, shared: 
     attention = Node(f"{p}.attn", children=tuple(attn))
     if lay.norms_first:
         children = [*norms, attention, *ffn]
+    elif arch.norm_placement == "sandwich":  # Gemma 2, 3: input, attention, post-attention, pre-MLP, MLP, post-MLP
+        children = [norms[0], attention, *norms[1:3], *ffn, *norms[3:]]
+    elif arch.norm_placement == "post":  # OLMo 2: attention, its norm, MLP, its norm
+        children = [attention, norms[0], *ffn, *norms[1:]]
     else:
         children = [norms[0], attention, *norms[1:], *ffn]
     return Node(p, children=tuple(children), layer=True)

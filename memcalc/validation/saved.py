@@ -47,12 +47,13 @@ from torch import nn
 
 Regime = Literal["fp32", "bf16", "amp-bf16"]
 Kind = Literal["activation", "weight_cast", "parameter"]
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "smollm3", "gpt2", "gpt_neox", "opt", "bloom",
-            "falcon")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "smollm3", "gemma", "gemma2", "gemma3_text",
+            "olmo2", "gpt2", "gpt_neox", "opt", "bloom", "falcon")
 
 # Tiny configs: widths chosen distinct (h 64, head_dim 16, ffn 96 or 4h, vocab 120) so that a formula with
 # the wrong symbol gives a different number.
 _H, _HEADS, _KV, _FFN, _VOCAB, _LAYERS = 64, 4, 2, 96, 120, 2
+_ALTERNATING = ["sliding_attention", "full_attention"] * 2
 TINY: dict[str, dict] = {
     "llama": dict(hidden_size=_H, num_attention_heads=_HEADS, num_key_value_heads=_KV, intermediate_size=_FFN),
     "mistral": dict(hidden_size=_H, num_attention_heads=_HEADS, num_key_value_heads=_KV, intermediate_size=_FFN,
@@ -69,6 +70,17 @@ TINY: dict[str, dict] = {
     # both layers rotate (SmolLM3-3B skips the rotary embedding in every fourth layer: tests/test_saved.py)
     "smollm3": dict(hidden_size=_H, num_attention_heads=_HEADS, num_key_value_heads=_KV, intermediate_size=_FFN,
                     no_rope_layers=[1, 1], pad_token_id=0, bos_token_id=1, eos_token_id=2),
+    # Gemma: head_dim 16 (default 256), tied by default (untied here: the same saved bytes); Gemma 2 and 3: four
+    # layers alternating sliding, full, so that each rotary table and mask is shared by two layers (the census
+    # checks layers 0, sliding, and 1, full); sliding_window stays 4096 (tests/test_saved.py lowers it)
+    "gemma": dict(hidden_size=_H, num_attention_heads=_HEADS, num_key_value_heads=_KV, intermediate_size=_FFN,
+                  head_dim=_H // _HEADS, attention_dropout=0.0),
+    "gemma2": dict(hidden_size=_H, num_attention_heads=_HEADS, num_key_value_heads=_KV, intermediate_size=_FFN,
+                   head_dim=_H // _HEADS, attention_dropout=0.0, num_hidden_layers=4, layer_types=_ALTERNATING),
+    "gemma3_text": dict(hidden_size=_H, num_attention_heads=_HEADS, num_key_value_heads=_KV, intermediate_size=_FFN,
+                        head_dim=_H // _HEADS, attention_dropout=0.0, num_hidden_layers=4, layer_types=_ALTERNATING),
+    "olmo2": dict(hidden_size=_H, num_attention_heads=_HEADS, num_key_value_heads=_KV, intermediate_size=_FFN,
+                  attention_dropout=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2),
     "gpt2": dict(n_embd=_H, n_head=_HEADS, n_positions=128, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0),
     "gpt_neox": dict(hidden_size=_H, num_attention_heads=_HEADS, intermediate_size=4 * _H, rotary_pct=0.25,
                      hidden_dropout=0.0, attention_dropout=0.0),
@@ -201,7 +213,7 @@ def census(family: str, regime: Regime, attention: str, s: int, b: int, recomput
             out = model(input_ids=ids, labels=ids)
     records = _attribute(events, params)
     del out
-    return Census(records, _LAYERS)
+    return Census(records, _LAYERS)  # layers 0 and 1 (a family's TINY entry may build more)
 
 
 def _record_checkpoint_args(model: nn.Module, events: list) -> None:

@@ -31,7 +31,7 @@ from memcalc.validation.trace_tracker import LiveBytes, Trace  # noqa: F401
 def _label(hf_config: dict, spec: StepSpec, world: int, fsdp: bool, tp: int, mp_bf16: bool) -> str:
     parts = [str(hf_config.get("model_type")), f"b{spec.micro_batch}xs{spec.seq_len}", spec.precision,
              spec.optimizer_impl, f"recompute={spec.recompute}", spec.attention]  # fmt: skip
-    if world > 1:
+    if world > 1 or fsdp:
         parts.append(f"world={world}" + (" fsdp2" if fsdp else "") + (" mp=bf16" if mp_bf16 else "") + f" tp={tp}")
     return " ".join(parts)
 
@@ -60,10 +60,10 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
     torch.manual_seed(seed)
     if tp > 1:
         check_tp_heads(hf_config, tp)
-    with fake_process_group(world, tp) as mesh:
+    with fake_process_group(world, tp, fsdp) as mesh:
         with FakeTensorMode() if fake else contextlib.nullcontext():
             model = build_model(hf_config, spec)
-            if world > 1:
+            if world > 1 or fsdp:
                 apply_layout(model, mesh, dp=dp, tp=tp, fsdp=fsdp, mp_bf16=fsdp_param_dtype == "bf16")
             optimizer = build_optimizer(model, optimizer_impl)
             ids, pos = batch(hf_config, spec)

@@ -23,13 +23,14 @@ from memcalc.validation.trace_step import decoder_layers
 
 
 @contextlib.contextmanager
-def fake_process_group(world: int, tp: int) -> Iterator[object | None]:
-    """The (dp, tp) ``DeviceMesh`` on "cpu" for rank 0 of ``world`` ranks, or None when ``world`` is 1.
+def fake_process_group(world: int, tp: int, fsdp: bool = False) -> Iterator[object | None]:
+    """The (dp, tp) ``DeviceMesh`` on "cpu" for rank 0 of ``world`` ranks, or None when ``world`` is 1 (unless
+    ``fsdp``: FSDP2 on a single rank, as a FULL_SHARD run on one GPU has it).
 
     Built outside any fake mode (a mesh made of fake tensors cannot be used); the process group is destroyed on
     exit so that several traces can run in one process.
     """
-    if world == 1:
+    if world == 1 and not fsdp:
         yield None
         return
     import torch.distributed as dist
