@@ -177,20 +177,75 @@ def test_inductor_saves_what_aot_eager_saves():
     assert sum(r[3] for r in rows) == total(want) + total(want, "weight_cast") == 87424
 
 
+@pytest.mark.skipif(os.environ.get("MEMCALC_INDUCTOR") != "1", reason="inductor compiles C++: set MEMCALC_INDUCTOR=1")
+def test_inductor_cross_entropy_saves_its_input_and_two_floats_per_token():
+    """``F.cross_entropy(logits.float(), y)`` under inductor: saved are the bf16 logits themselves, the targets and two
+    fp32 values per token (memcalc.memory.saved.loss_transient, compiled); eager saves the fp32 log-softmax."""
+    import torch
+    import torch.nn.functional as F
+
+    t, v = 64, 1000
+
+    def loss(logits, y):
+        return F.cross_entropy(logits.float(), y, reduction="sum")
+
+    def saved(fn):
+        logits = torch.randn(t, v, dtype=torch.bfloat16, requires_grad=True)
+        y = torch.randint(0, v, (t,))
+        kept: dict[int, tuple] = {}
+
+        def pack(x):
+            kept[x.untyped_storage().data_ptr()] = (x.untyped_storage().nbytes(), x.dtype)
+            return x
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+            fn(logits, y)
+        return kept, logits.untyped_storage().data_ptr(), y.untyped_storage().data_ptr()
+
+    kept, lp, yp = saved(torch.compile(loss, backend="inductor", dynamic=False))
+    assert kept.pop(lp) == (2 * t * v, torch.bfloat16) and kept.pop(yp)[0] == 8 * t
+    assert sum(n for n, _ in kept.values()) == 8 * t  # max and log-sum-exp, fp32, one each per token
+    eager, _, _ = saved(loss)
+    assert max(n for n, _ in eager.values()) == 4 * t * v  # the fp32 log-softmax
+
+
+def test_compiled_loss_keeps_the_logits_not_the_fp32_log_softmax():
+    import memcalc
+    from memcalc.memory.saved import loss_transient
+    from memcalc.units import GiB
+
+    t, v = 8192, 128256
+    n = t * v
+    eager, comp = loss_transient(t, v, "bf16"), loss_transient(t, v, "bf16", compiled=True)
+    assert (eager.forward, eager.backward) == (10 * n, 14 * n)
+    assert (comp.forward, comp.backward) == (2 * n + 8 * t, 4 * n + 8 * t)
+    assert loss_transient(t, v, "bf16", "chunked:8", compiled=True) == comp  # every chunk saved, every gradient made
+    # torchtune drops what compile_loss returns: a plain loss stays eager, a chunked one is compiled in place
+    kw = dict(hf_config="docs/published/llama32_3b.json", gpus=1, precision="bf16", seq_len=4096, micro_batch=2,
+              attention="flash", gpu="a100-80g", compile=True, recompute="full", optimizer_impl="fused")
+    peak = {(fw, loss): memcalc.estimate(framework=fw, loss=loss, **kw).memory.per_gpu.peak_allocated
+            for fw in ("torchtune", "hf") for loss in ("standard", "chunked:8")}
+    assert peak["hf", "standard"] == peak["hf", "chunked:8"] == peak["torchtune", "chunked:8"]
+    assert (peak["torchtune", "standard"] - peak["hf", "standard"]) / GiB > 5  # the eager fp32 loss tensors
+
+
 def test_estimate_with_compile_keeps_the_compiled_saved_set():
     import memcalc
     from memcalc.errors import InputError as Refused
     from memcalc.inputs.presets import load_model
 
     # Llama-3-8B under FSDP2 (bf16 activations), 8 GPUs, s = 8192, b = 2: the peak (the loss's backward, every layer's
-    # activations alive) falls by 32 layers x the partitioner's saving per layer (8·T·h + 2·T·ffn at bf16)
+    # activations alive) falls by 32 layers x the partitioner's saving per layer (8·T·h + 2·T·ffn at bf16) and by the
+    # compiled loss's: the saved fp32 log-softmax and the two fp32 gradients (4n + 8n) become the saved bf16 logits,
+    # two fp32 values per token and the bf16 gradient (2n + 8T + 2n)
     kw = dict(model="llama-3-8b", gpus=8, fsdp="FULL_SHARD", fsdp_version=2, gpu="h100", precision="bf16-mixed",
               seq_len=8192, micro_batch=2, attention="flash")
     eager, compiled = memcalc.estimate(**kw), memcalc.estimate(compile=True, **kw)
     t, h, f = 8192 * 2, 4096, 14336
     saving = compile_saving(load_model("llama-3-8b"), regime="bf16", attention="sdpa", s=8192, b=2)
     assert saving == 8 * t * h + 2 * t * f
-    assert eager.memory.per_gpu.peak_allocated - compiled.memory.per_gpu.peak_allocated == 32 * saving
+    n = t * 128256
+    assert eager.memory.per_gpu.peak_allocated - compiled.memory.per_gpu.peak_allocated == 32 * saving + 8 * n - 8 * t
     assert compiled.time.step_s < eager.time.step_s  # the element-wise kernels fused
     assert compiled.input.workload.compile is True
     with pytest.raises(Refused, match="--compile"):

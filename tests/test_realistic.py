@@ -141,3 +141,18 @@ def test_micro_batch_auto_stops_at_the_last_that_fits_on_the_realistic_verdict()
     over = memcalc.estimate(hf_config=LLAMA1B, gpus=1, gpu="h100", precision="amp-bf16", seq_len=2048,
                             attention="flash", micro_batch=b + 1)
     assert over.memory.fit.verdict != "fits"
+
+
+def test_published_torchtune_rows_and_out_of_memory_runs():
+    """docs/generate_published.py's rows: torchtune's Llama 3.2 3B memory table within 5 % of every row, and every
+    published run that ran out of memory answered oom."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs"))
+    import generate_published as g
+
+    for name, measured, _, kw in g.PEAKS:
+        got = memcalc.estimate(**kw).memory.per_gpu.peak_allocated / GiB
+        assert abs(got - measured) <= 0.05 * measured, (name, got, measured)
+    for name, ran, kw in g.FITS:
+        assert memcalc.estimate(**kw).memory.fit.verdict == ran, name

@@ -179,6 +179,7 @@ def _code(plan: Plan) -> str:
 
 def evaluate(plan: Plan) -> Realistic:
     """The realistic peak of one GPU for ``plan`` (which ``why_not`` accepts)."""
+    from memcalc.layout.compose import composition
     from memcalc.memory.allocator import fit, nccl_buffers
     from memcalc.memory.timeline import timeline
 
@@ -195,7 +196,8 @@ def evaluate(plan: Plan) -> Realistic:
                   optimizer_states=OPTIMIZER_STATES[plan.optimizer.name], loss=w.loss, device=w.device,
                   position_ids=False, use_cache=False,
                   world=plan.shard_group_size if sharded else 1, fsdp=sharded, fsdp_param_dtype=policy, lora=plan.lora,
-                  code=_code(plan), tp=plan.tp, compiled=w.compile)
+                  code=_code(plan), tp=plan.tp, compiled=w.compile,
+                  loss_compiled=w.compile and (w.loss != "standard" or composition(plan.framework).compiles_plain_loss))
     peak = tl.peak
     rows = [_row(name, n, plan) for name, n in peak.parts]
     allocated = peak.live_bytes

@@ -257,7 +257,8 @@ class LossPeak:
     names: tuple[tuple[str, int], ...]
 
 
-def loss_transient(tokens: int, vocab: int, regime: Regime, option: str = "standard") -> LossPeak:
+def loss_transient(tokens: int, vocab: int, regime: Regime, option: str = "standard",
+                   compiled: bool = False) -> LossPeak:  # fmt: skip
     """The loss's logit-sized memory (DOMAIN §10): standard | chunked:N | fused.
 
     standard (bf16 logits): 2 + 4 + 4 = 10 B per logit element in forward, 2 + 4 + 4 + 4 = 14 in backward
@@ -265,10 +266,21 @@ def loss_transient(tokens: int, vocab: int, regime: Regime, option: str = "stand
     and the two fp32 gradients exist for one chunk of T/N tokens at a time, the saved log-softmax for all.
     fused (Liger-Kernel ops/fused_linear_cross_entropy.py): the logits never exist; it computes the input
     gradient in forward (T·h in the compute dtype, counted by the caller) and holds one chunk of logits.
+    compiled (torch.compile over the loss, as torchtune's ``compile_loss``, torchtitan's ``compile.components``
+    and a compiled Hugging Face model with its loss in the graph run it): inductor fuses the upcast, log-softmax
+    and NLL into one reduction kernel that saves its input (the logits, compute dtype) and two fp32 values per
+    token (max, log-sum-exp), and a backward kernel that writes the logits' gradient in the compute dtype; nothing
+    fp32 and logit-sized is made (the generated code of ``F.cross_entropy(logits.float(), y)`` under
+    ``torch.compile``, torch 2.13: tests/test_compile.py). Chunks change nothing there: every chunk's logits are
+    saved and the backward graph writes every chunk's gradient.
     """
     d = _dtypes(regime)[0]
     n = tokens * vocab
     up = 0 if d == 4 else 4 * n  # logits.float() is a no-op on fp32 logits
+    if compiled and option != "fused":
+        parts = (("logits", d * n), ("fp32 copy", 0), ("max, log-sum-exp (fp32)", 8 * tokens),
+                 ("logits gradient", d * n))
+        return LossPeak(d * n + 8 * tokens, d * n + 8 * tokens + d * n, parts)
     if option == "standard":
         parts = (("logits", d * n), ("fp32 copy", up), ("log-softmax output (fp32)", 4 * n),
                  ("gradients (fp32, x2)", 8 * n))

@@ -73,7 +73,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
              loss: str = "standard", device: str = "cpu", position_ids: bool = True, use_cache: bool = True,
              rotary_dims: int | None = None, world: int = 1, fsdp: bool | None = None,
              fsdp_param_dtype: str | None = None, lora=None, code: str = "hf", tp: int = 1,
-             compiled: bool = False) -> Timeline:  # fmt: skip
+             compiled: bool = False, loss_compiled: bool | None = None) -> Timeline:  # fmt: skip
     """Moments of one training step of a Hugging Face ``family`` model on one GPU.
 
     regime: fp32 | bf16 (pure: weights, gradients, AdamW moments bf16) | amp-bf16 (fp32 weights, autocast).
@@ -96,6 +96,8 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     tp: DTensor tensor parallelism as rank 0 of ``tp`` ranks (``memcalc.memory.timeline_tp``: the layers' shapes
     per rank, the row-parallel all-reduce, no sequence parallelism, no loss_parallel); with ``world`` above 1 the
     FSDP2 ranks are the data-parallel ones (world = data-parallel degree, the mesh's "dp" dimension).
+    compiled: torch.compile per layer (``memcalc.memory.compiled``); loss_compiled: the loss compiled too
+    (``memcalc.memory.saved.loss_transient``; None: as ``compiled``).
     """
     _check(family, regime, attention)
     check_code(code, family, "bf16" if fsdp_param_dtype == "bf16" else regime, attention)
@@ -213,22 +215,26 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     logits = [("logits", 0 if loss == "fused" else d * n)]
     moments.append(_moment("forward.head", "the head's logits", after_norm + head[1:] + logits))
     labels = [("labels padded (int64)", 8 * b * (s + 1)), ("shift labels (int64)", 8 * t)]
-    lp = loss_transient(t, v, act, loss)
+    # inductor's fused cross-entropy saves the logits instead of the fp32 log-softmax
+    compiled_loss = (compiled if loss_compiled is None else loss_compiled) and loss != "fused"
+    lp = loss_transient(t, v, act, loss, compiled=compiled_loss)
+    copy_name, saved_name, grad_name = (("fp32 logits copy", "log-softmax output (fp32)", "loss gradients (fp32)")
+                                        if not compiled_loss else tuple(n for n, _ in lp.names[1:]))
     # Gemma 2's final logit softcap (``logits / cap``, ``tanh``, ``* cap``, Gemma2ForCausalLM.forward): tanh's output
     # (d·T·V) is saved until the backward reaches it; the capped logits are the loss's input
     softcap = [("logit softcap tanh output", d * n if arch.logit_softcap and loss != "fused" else 0)]
     fwd_loss = after_norm + head[1:] + logits + labels + softcap
-    fwd_loss += [("fp32 logits copy", _chunk(lp, 1)), ("log-softmax output (fp32)", _chunk(lp, 2)),
-                 ("loss, total weight", 8)]
+    fwd_loss += [(copy_name, _chunk(lp, 1)), (saved_name, _chunk(lp, 2)), ("loss, total weight", 8)]
     moments.append(_moment("loss", "log-softmax done, logits and their fp32 copy alive", fwd_loss))
 
     # ---- start of backward: the loss's fp32 gradients ----------------------------------------------------------
     saved_end = base + bwd_shared + [("layer activations", layers_kept)] + head
     saved_end += [] if amp or lora is not None else [("head input (the last hidden state)", d * t * h)]
-    saved_end += [("log-softmax output (fp32)", _chunk(lp, 2)), ("loss and its gradient", 8)] + softcap
+    saved_end += [(saved_name, _chunk(lp, 2)), ("loss and its gradient", 8)] + softcap
+    saved_end += [("logits (saved by the compiled loss)", d * n)] if compiled_loss else []
     saved_end += FsdpOverlay.after_layers(fs)
     moments.append(_moment("backward", "log_softmax backward: its output gradient and its input gradient",
-                           saved_end + [("loss gradients (fp32)", _chunk(lp, 3))]))  # fmt: skip
+                           saved_end + [(grad_name, _chunk(lp, 3))]))  # fmt: skip
 
     # ---- backward layer by layer -------------------------------------------------------------------------------
     tensors = param_tensors(arch)
