@@ -37,6 +37,11 @@ CONFIGS = {
                       vocab_size=256),
     # hidden 256 over a 128-token vocabulary: the RMSNorms' fp32 backward peaks (final norm, second layer norm)
     "norms": dict(LLAMA, hidden_size=256, num_attention_heads=8, num_key_value_heads=4, intermediate_size=688),
+    "qwen3": dict(LLAMA, model_type="qwen3", head_dim=16),  # q_norm / k_norm over each local head
+    "granite": dict(LLAMA, model_type="granite", embedding_multiplier=12.0, residual_multiplier=0.22,
+                    logits_scaling=8.0, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+    "smollm3": dict(LLAMA, model_type="smollm3", no_rope_layers=[1, 0], tie_word_embeddings=True, pad_token_id=0,
+                    bos_token_id=1, eos_token_id=2),
 }
 S, B = 32, 2
 SEQ = {"attention": 256, "norms": 128}
@@ -71,6 +76,12 @@ EXACT = [  # (config, precision, tp, world, fsdp_param_dtype, recompute, optimiz
     ("wide", "amp-bf16", 8, 8, None, "none", "fused", "sdpa", 2_320_812),
     ("wide", "amp-bf16", 4, 8, "bf16", "full", "fused", "sdpa", 1_854_620),
     ("llama", "amp-bf16", 2, 2, None, "none", "fused", "eager", 1_414_060),
+    ("qwen3", "fp32", 2, 2, None, "none", "foreach", "sdpa", 1_389_740),
+    ("qwen3", "amp-bf16", 2, 4, "bf16", "full", "fused", "sdpa", 784_364),
+    ("qwen3", "amp-bf16", 2, 2, None, "none", "fused", "eager", 1_453_244),
+    ("granite", "bf16", 2, 4, None, "none", "fused", "sdpa", 651_740),
+    ("smollm3", "amp-bf16", 2, 2, None, "none", "fused", "sdpa", 1_251_240),
+    ("smollm3", "bf16", 2, 4, None, "none", "fused", "sdpa", 610_776),
     ("llama", "fp32", 2, 4, None, "none", "foreach", "eager", 1_230_108),
     ("wide", "amp-bf16", 4, 4, None, "none", "fused", "eager", 3_137_964),
     # pure bf16 activations: the final norm's fp32 copy replaces the last layer's bf16 output after the norm

@@ -44,7 +44,7 @@ from memcalc.memory.saved import LLAMA_LIKE, layer_saved
 from memcalc.memory.timeline_states import param_tensors
 from memcalc.model.architecture import Architecture
 
-TP_FAMILIES = LLAMA_LIKE
+TP_FAMILIES = (*LLAMA_LIKE, "qwen3", "granite", "smollm3")
 """Families whose layers the tracer's TP plan parallelises (q/k/v/o, gate/up/down projections)."""
 
 
@@ -78,7 +78,7 @@ def step_temporary(local: Architecture, width: int, impl: str) -> int | None:
         return None
     sharded = plain = 0
     for name, n in param_tensors(local):
-        if name.startswith("layer ") and " norm " not in name:
+        if name.startswith("layer ") and " norm" not in name:  # norms (Qwen3's q_norm, k_norm too) stay plain
             sharded += n
         else:
             plain += n
