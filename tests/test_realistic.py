@@ -156,3 +156,16 @@ def test_published_torchtune_rows_and_out_of_memory_runs():
         assert abs(got - measured) <= 0.05 * measured, (name, got, measured)
     for name, ran, kw in g.FITS:
         assert memcalc.estimate(**kw).memory.fit.verdict == ran, name
+
+
+def test_an_eager_only_family_with_flash_takes_the_paper_and_says_why(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "gemma2", "hidden_size": 2304, "intermediate_size": 9216,
+                                "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+                                "head_dim": 256, "vocab_size": 256000}))  # fmt: skip
+    kw = dict(hf_config=str(path), gpus=1, gpu="h100", precision="amp-bf16", seq_len=1024, micro_batch=1)
+    r = memcalc.estimate(attention="flash", **kw)
+    assert r.accounting == "paper" and any("gemma2 has no SDPA path" in n for n in r.notes)
+    with pytest.raises(InputError, match="--attention flash: .*give --attention eager"):
+        memcalc.estimate(attention="flash", accounting="realistic", **kw)
+    assert memcalc.estimate(attention="eager", **kw).accounting == "realistic"

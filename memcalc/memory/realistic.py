@@ -64,6 +64,11 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
         return "the realistic accounting needs --seq-len"
     from memcalc.memory.saved import FAMILIES  # loaded only when there is a shape to profile
 
+    from memcalc.memory.saved import EAGER_ONLY
+
+    if arch.family in EAGER_ONLY and work.attention != "eager":
+        return (f"--attention {work.attention}: Hugging Face's {arch.family} has no SDPA path (its attention is "
+                "profiled eager); give --attention eager")
     if arch.family not in FAMILIES or arch.moe:
         return (f"no saved-tensor profile for family {arch.family or 'unset'}{' (MoE)' if arch.moe else ''}; "
                 f"profiles: {', '.join(FAMILIES)}")
