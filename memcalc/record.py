@@ -36,6 +36,8 @@ def record(cls: C) -> C:
     at import and the generated ``__init__`` another tenth: more, over memcalc's forty records, than a whole estimate
     takes). A positional argument, an unknown field or a missing one is one ``InputError`` line, not Python's
     ``TypeError``."""
+    if not cls.__doc__:  # else dataclasses reads inspect.signature(cls) for one: object.__init__'s, tokenized
+        cls.__doc__ = cls.__name__
     cls = _dataclass(cls)
     # (name, default, default factory) per field, in order, for Record.__init__.
     cls.__record_fields__ = tuple((f.name, f.default, f.default_factory)  # type: ignore[attr-defined]

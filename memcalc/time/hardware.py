@@ -8,7 +8,6 @@ another's values (the H200 reuses the H100's compute, which is the same GH100 di
 from __future__ import annotations
 
 import math
-import tomllib
 from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
@@ -41,13 +40,11 @@ def _norm(name: str) -> str:
 
 
 def _read(path: Path) -> dict[str, Any]:
-    try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    except tomllib.TOMLDecodeError as e:
-        raise InputError(f"preset file {str(path)!r} is not valid TOML: {e}") from None
-    except OSError as e:
-        raise InputError(f"cannot read preset file {str(path)!r}: {e.strerror}") from None
+    """The preset file's TOML, parsed once per file version and shared with ``memcalc.inputs.presets`` (which reads the
+    GPU files too): a fresh dict per call."""
+    from memcalc.inputs.presets import _read as read_preset
+
+    return read_preset(path)
 
 
 @cache
