@@ -50,6 +50,26 @@ FITS = [
 ]  # fmt: skip
 
 
+# torchtitan's benchmark (pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md: Llama 3.1, H100 96GB HBM2e
+# at 500 W, bf16 parameters with fp32 gradient reduction, seq 8192; torch.compile then compiled the model only;
+# "Memory(GiB)" is what torchtitan logs, the allocator's reserved peak): (row, measured GiB, arguments)
+TITAN = dict(framework="torchtitan", gpu="h100-96g", precision="bf16-mixed", fsdp="FULL_SHARD", fsdp_version=2,
+             attention="flash", model="llama-3-8b", seq_len=8192)  # fmt: skip
+TORCHTITAN = [
+    ("Table 1: FSDP, 8 GPUs, op AC", 82.4, TITAN | dict(gpus=8, micro_batch=2, recompute="op-sac")),
+    ("Table 1: + torch.compile", 77.0, TITAN | dict(gpus=8, micro_batch=2, recompute="op-sac", compile=True)),
+    ("Table 3: FSDP, 128 GPUs, op AC", 67.0, TITAN | dict(gpus=128, micro_batch=2, recompute="op-sac")),
+    ("Table 3: + torch.compile", 62.0, TITAN | dict(gpus=128, micro_batch=2, recompute="op-sac", compile=True)),
+    ("Table 2: FSDP 8, seq 32768, full AC, compile, float8", 83.9,
+     TITAN | dict(gpus=8, micro_batch=1, seq_len=32768, recompute="full", compile=True, float8="tensorwise")),
+    ("Table 2: FSDP 4 x CP 2, seq 65536", 84.2,
+     TITAN | dict(gpus=8, cp=2, micro_batch=1, seq_len=65536, recompute="full", compile=True, float8="tensorwise")),
+    ("Table 4: 70B, FSDP 32 x TP 8, full AC, compile, float8", 71.9,
+     TITAN | dict(model="llama-3-70b", gpus=256, tp=8, sequence_parallel=True, micro_batch=16, recompute="full",
+                  compile=True, float8="tensorwise")),
+]  # fmt: skip
+
+
 def main() -> None:
     print("| row | measured GiB | memcalc peak_allocated GiB | error | verdict | peak moment |")
     print("|---|---|---|---|---|---|")
@@ -64,6 +84,13 @@ def main() -> None:
     for name, ran, kw in FITS:
         r = memcalc.estimate(**kw)
         print(f"| {name} | {ran} | {r.memory.per_gpu.total / GiB:.2f} | {r.memory.fit.verdict} | {r.accounting} |")
+    print()
+    print("| torchtitan run | measured GiB (reserved) | memcalc peak_reserved GiB | error | accounting |")
+    print("|---|---|---|---|---|")
+    for name, measured, kw in TORCHTITAN:
+        r = memcalc.estimate(**kw)
+        got = (r.memory.per_gpu.peak_reserved or r.memory.per_gpu.total) / GiB
+        print(f"| {name} | {measured:.1f} | {got:.2f} | {(got - measured) / measured * 100:+.1f} % | {r.accounting} |")
 
 
 if __name__ == "__main__":

@@ -140,3 +140,24 @@ def test_micro_batch_auto_is_the_largest_that_fits():
 def test_micro_batch_auto_when_nothing_fits():
     r = memcalc.estimate(model="llama-2-70b", ddp=True, gpus=8, seq_len=4096, micro_batch="auto")
     assert r.training.micro_batch == 1 and not r.memory.fit.fits
+
+
+def test_op_sac_keeps_torchtitans_saved_outputs_and_every_k_mixes_full_and_none():
+    """torchtitan's per-op SAC under the paper accounting (memcalc.memory.activations.op_sac_saved), with TP and SP
+    splitting as the tensors split; every:K averages checkpointed and plain layers over the stage's layers."""
+    import memcalc
+    from memcalc.inputs.presets import load_model
+    from memcalc.memory.activations import Setting, layer_activations
+
+    a = load_model("llama-3-8b")
+    st = Setting(s=8192, b=1, dtype_bytes=2, dropout=False, attention="flash")
+    t, h, q, kv, f = 8192, 4096, 4096, 1024, 14336
+    whole = 2 * t * h + 2 * t * (q + kv) + 2 * t * f + 2 * t * h + 2 * t * q + 4 * 32 * t
+    assert layer_activations(a, st, recompute="op-sac").total == whole
+    split = 2 * t * h // 8 + 2 * t * (q + kv) // 8 + 2 * t * f // 8 + 2 * t * h // 8 + 2 * t * q // 8 + 4 * 32 * t // 8
+    assert layer_activations(a, st, tp=8, sp=True, recompute="op-sac").total == split
+    kw = dict(model="llama-3-8b", gpus=8, stage=3, seq_len=8192, micro_batch=1, attention="flash")
+    rows = {rc: next(r.bytes for r in memcalc.estimate(recompute=rc, **kw).memory.per_gpu.rows
+                     if r.key == "activations_layers") for rc in ("none", "full", "every:2", "op-sac")}
+    assert rows["every:2"] == (rows["none"] + rows["full"]) // 2  # layers 0, 2, ..., 30 checkpointed: 16 of 32
+    assert rows["op-sac"] == 32 * whole

@@ -253,5 +253,9 @@ def test_estimate_with_compile_keeps_the_compiled_saved_set():
     # full recompute: each layer keeps its checkpoint, compiled or not; the note says the recomputed layer is eager's
     full = memcalc.estimate(compile=True, accounting="realistic", **{**kw, "recompute": "full"})
     assert any("--compile with full recompute" in n for n in full.notes)
+    # the paper accounting (ZeRO-3) counts the eager layer and says so; without a shape there is nothing to compile
+    zero3 = memcalc.estimate(model="llama-3-8b", gpus=8, stage=3, seq_len=2048, compile=True)
+    assert zero3.accounting == "paper" and any(n.startswith("--compile: the activations are the eager") for n in zero3.notes)
+    assert zero3.memory.per_gpu.total == memcalc.estimate(model="llama-3-8b", gpus=8, stage=3, seq_len=2048).memory.per_gpu.total
     with pytest.raises(Refused, match="--compile"):
-        memcalc.estimate(model="llama-3-8b", gpus=8, stage=3, seq_len=2048, compile=True)  # the paper accounting
+        memcalc.estimate(params=8e9, gpus=8, stage=3, seq_len=2048, compile=True)

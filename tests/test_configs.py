@@ -166,16 +166,17 @@ def test_torchtitan_llama3_samples() -> None:
                            "recompute": "full", "optimizer": "adamw", "attention": "sdpa",
                            "framework": "torchtitan"}  # fmt: skip  # its composition rules (memcalc.layout.compose)
     r = read_torchtitan(DATA / "torchtitan" / "v0.1.0_llama3_8b.toml", world_size=64)
-    assert r.arguments["recompute"] == "selective" and r.arguments["micro_batch"] == 1
+    assert r.arguments["recompute"] == "op-sac" and r.arguments["micro_batch"] == 1
     assert not any("float8" in u for u in r.unmodelled)  # [float8] present, converter commented out
     assert any(i.startswith("float8.enable_fsdp_float8_all_gather") for i in r.ignored)
     r = read_torchtitan(DATA / "torchtitan" / "v0.2.2_llama3_405b.toml", world_size=512)
     assert r.arguments["model"] == "llama-3-405b" and r.arguments["tp"] == 8
     assert any(u.startswith("model.converters") for u in r.unmodelled)
-    assert any(u.startswith("compile.enable") for u in r.unmodelled)
+    # [compile] enable with the default components (model and loss): both compiled
+    assert (r.arguments["compile"], r.arguments["compile_loss"]) == (True, True) and "compile.enable" in r.read
     r = read_torchtitan(DATA / "torchtitan" / "v0.2.0_debug_model.toml", world_size=8)
-    assert r.arguments["recompute"] == "none"  # selective_ac_option '2': every 2nd layer, counted as none
-    assert any(u.startswith("activation_checkpoint.selective_ac_option") for u in r.unmodelled)
+    assert r.arguments["recompute"] == "every:2"  # selective_ac_option '2': every 2nd layer fully checkpointed
+    assert not any(u.startswith("activation_checkpoint") for u in r.unmodelled)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -169,3 +169,23 @@ def test_an_eager_only_family_with_flash_takes_the_paper_and_says_why(tmp_path):
     with pytest.raises(InputError, match="--attention flash: .*give --attention eager"):
         memcalc.estimate(attention="flash", accounting="realistic", **kw)
     assert memcalc.estimate(attention="eager", **kw).accounting == "realistic"
+
+
+def test_torchtitan_configurations_run_with_compile_and_per_op_checkpointing():
+    """torchtitan's published Llama 3.1 8B set-up (FSDP2 over 8 GPUs, bf16 parameters, fp32 reduce, per-op SAC,
+    torch.compile): realistic, its notes saying what was not traced; the loss stays eager unless said otherwise."""
+    kw = dict(model="llama-3-8b", gpus=8, gpu="h100-96g", precision="bf16-mixed", fsdp="FULL_SHARD", fsdp_version=2,
+              framework="torchtitan", seq_len=8192, micro_batch=2, recompute="op-sac", attention="flash")
+    plain = memcalc.estimate(**kw)
+    compiled = memcalc.estimate(compile=True, **kw)
+    with_loss = memcalc.estimate(compile=True, compile_loss=True, **kw)
+    assert plain.accounting == compiled.accounting == with_loss.accounting == "realistic"
+    assert any("FULL_SHARD with op-sac recompute" in n for n in plain.notes)
+    assert compiled.memory.per_gpu.peak_allocated == plain.memory.per_gpu.peak_allocated  # op-sac keeps what it keeps
+    assert with_loss.memory.per_gpu.peak_allocated < compiled.memory.per_gpu.peak_allocated  # no fp32 loss tensors
+    assert compiled.input.workload.compile_loss is None and with_loss.input.workload.compile_loss is True
+    with pytest.raises(InputError, match="--compile-loss says how torch.compile treats the loss; give --compile"):
+        memcalc.estimate(compile_loss=True, **kw)
+    res = runner.invoke(app, ["estimate", "--model", "llama-3-8b", "--gpus", "8", "--seq-len", "2048",
+                              "--no-compile-loss"])
+    assert res.exit_code == 2 and "give --compile with it" in res.output

@@ -17,7 +17,8 @@ Ffn = Annotated[int | None, typer.Option("--ffn", help="MLP inner size.")]
 Vocab = Annotated[int | None, typer.Option("--vocab", help="Vocabulary size.")]
 SeqLen = Annotated[int | None, typer.Option("--seq-len", help="Sequence length: counts activations (needs the model's shape).")]
 MicroBatch = Annotated[str | None, typer.Option("--micro-batch", help="Sequences per micro-batch, or auto: the largest that fits.")]
-Compile = Annotated[bool, typer.Option("--compile", help="torch.compile on each decoder layer: the partitioner's saved set and fused element-wise kernels (realistic accounting; Llama-style layers, no recompute).")]
+Compile = Annotated[bool, typer.Option("--compile", help="torch.compile on each decoder layer: the partitioner's saved set and fused element-wise kernels (realistic accounting on Llama-style layers; the paper accounting counts the eager layer).")]
+CompileLoss = Annotated[bool | None, typer.Option("--compile-loss/--no-compile-loss", help="With --compile: the loss compiled too (inductor's fused cross-entropy). Default: as the --framework does (Hugging Face yes, torchtune for a chunked loss only, torchtitan no).", show_default=False)]
 Recompute = Annotated[str, typer.Option("--recompute", help="Activation recomputation: none, selective, full, every:K (every K-th layer), op-sac (torchtitan's per-op policy; realistic accounting).")]
 Loss = Annotated[str, typer.Option("--loss", help="standard (the framework's own: fp32 upcast of the logits), chunked:N (torchtune, N chunks) or fused (the logits never exist). Realistic accounting.")]
 OptimizerImpl = Annotated[str | None, typer.Option("--optimizer-impl", help="AdamW's implementation: foreach (torch's default on CUDA), fused (torchtitan's, torchtune's, Megatron's and DeepSpeed's default), for-loop, in-backward (torchtune's optimizer in backward). Default: the --framework's. Realistic accounting; step time.")]
@@ -80,7 +81,7 @@ Quantize = Annotated[str, typer.Option("--quantize", help="QLoRA: none or nf4 (t
 PANELS: dict[str, tuple[str, ...]] = {
     "Model": ("params", "model", "hf_config", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab"),
     "Batch and activations": ("seq_len", "micro_batch", "micro_batches", "grad_accum", "recompute", "attention",
-                              "dropout", "device", "loss", "compile"),
+                              "dropout", "device", "loss", "compile", "compile_loss"),
     "Layout": ("gpus", "gpus_per_node", "tp", "pp", "cp", "ep", "sequence_parallel", "virtual_stages", "framework",
                "shard_over", "stage_layers"),
     "Strategy": ("stage", "fsdp", "ddp", "strategy", "strategies", "offload_optimizer", "offload_params",

@@ -90,9 +90,18 @@ def read_torchtitan(path: str | os.PathLike[str], *, world_size: int | None = No
             c.used("training.enable_cpu_offload")
         else:
             c.ignore("training.enable_cpu_offload", "torchtitan offloads through FSDP only, which is off")
-    for key in ("training.compile", "compile.enable"):
-        if get(key) is True:
-            c.unmodelled(key, "torch.compile fuses ops and changes what is saved for backward")
+    if get("training.compile") is True:  # 0.1.0: the model's blocks only
+        c.arguments["compile"], c.arguments["compile_loss"] = True, False
+        c.used("training.compile")
+    if get("compile.enable") is True:
+        parts = get("compile.components", ["model", "loss"])  # torchtitan config/configs.py CompileConfig default
+        if "compile.components" in flat:
+            c.used("compile.components")
+        if isinstance(parts, list) and "model" in parts:
+            c.arguments["compile"], c.arguments["compile_loss"] = True, "loss" in parts
+            c.used("compile.enable")
+        else:
+            c.unmodelled("compile.components", "torch.compile of the loss alone is not modelled")
     opt = str(get("optimizer.name", "AdamW"))
     if "optimizer.name" in flat:
         c.used("optimizer.name")
@@ -291,13 +300,9 @@ def _recompute(c: Collector, flat: Mapping[str, Any]) -> None:
     if mode == "full" or (mode == "selective" and option == "1"):
         c.arguments["recompute"] = "full"
     elif mode == "selective" and option == "op":
-        c.arguments["recompute"] = "selective"
-        c.unmodelled("activation_checkpoint.selective_ac_option", "per-op SAC saves every second matmul output and the "
-                     "attention outputs; counted as Korthikanti's selective recompute")  # fmt: skip
+        c.arguments["recompute"] = "op-sac"  # per-op SAC: every second matmul output and the attention outputs
     elif mode == "selective":
-        c.arguments["recompute"] = "none"
-        c.unmodelled("activation_checkpoint.selective_ac_option", f"one layer in every {option} fully checkpointed; "
-                     "counted as no recompute (an upper bound)")  # fmt: skip
+        c.arguments["recompute"] = f"every:{int(option)}"  # apply_ac: layer_id % ac_freq == 0 fully checkpointed
     else:
         c.arguments["recompute"] = "none"
         if mode == "memory_budget":

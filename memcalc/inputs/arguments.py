@@ -126,6 +126,7 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "float8": _kind(str, text="none, tensorwise, rowwise"),
     "float8_all_gather": _SWITCH,
     "compile": _SWITCH,
+    "compile_loss": ((lambda v: v is None or type(v) is bool), "True, False or None (as the framework does)"),
 }
 """Keywords of ``build_input`` checked here: (accepts?, what is accepted). The shape flags and ``hf_config`` are
 checked where they are read (``resolve_architecture``, ``Architecture``, ``memcalc.model.hf_config.read_bounded``)."""
@@ -134,7 +135,8 @@ checked where they are read (``resolve_architecture``, ``Architecture``, ``memca
 REPLACES = {
     "parallelism": ("tp", "pp", "cp", "ep", "sequence_parallel", "virtual_stages", "framework", "shard_over",
                     "stage_layers"),
-    "workload": ("seq_len", "micro_batch", "recompute", "attention", "dropout", "device", "loss", "optimizer_impl"),
+    "workload": ("seq_len", "micro_batch", "recompute", "attention", "dropout", "device", "loss", "optimizer_impl",
+                 "compile", "compile_loss"),
     "overheads": ("cuda_context_gib", "reserve_gib"),
 }
 # Activation settings that mean nothing without a sequence length (they would be ignored).

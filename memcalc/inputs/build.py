@@ -219,6 +219,7 @@ def build_input(
     loss: str = "standard",
     optimizer_impl: str | None = None,
     compile: bool = False,  # noqa: A002 (the flag's name)
+    compile_loss: bool | None = None,
     tp: int = 1,
     pp: int = 1,
     cp: int = 1,
@@ -283,7 +284,8 @@ def build_input(
         _choice("--device", device, ("cuda", "cpu"))
         workload = Workload(seq_len=seq_len, micro_batch=1 if micro_batch is None else micro_batch,  # type: ignore[arg-type]
                             recompute=recompute, attention=attention, dropout=dropout, device=device,  # type: ignore[arg-type]
-                            loss=loss, optimizer_impl=optimizer_impl, compile=compile)  # type: ignore[arg-type]  # fmt: skip
+                            loss=loss, optimizer_impl=optimizer_impl, compile=compile,  # type: ignore[arg-type]
+                            compile_loss=compile_loss)  # fmt: skip
     elif workload is None and (micro_batch is not None or dropout is not None or compile):
         raise InputError("--micro-batch, --dropout and --compile need --seq-len (activations are counted per sequence)")
     if parallelism is None:

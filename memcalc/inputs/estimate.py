@@ -44,6 +44,10 @@ class Workload(Record):
     """torch.compile on each decoder layer (torchtitan and torchtune compile per block): AOTAutograd's min-cut
     partitioner recomputes cheap element-wise ops instead of saving them (``memcalc.memory.compiled``, exact against a
     census of compiled layers on CPU); the norms, activations and rotary run fused. Realistic accounting."""
+    compile_loss: bool | None = None
+    """With ``compile``: the loss compiled too (inductor's fused cross-entropy saves the logits instead of the fp32
+    log-softmax). None: as the framework does (a compiled Hugging Face model has its loss in the graph; torchtune
+    compiles a chunked loss only; torchtitan since ``compile.components`` (2025): taken as not, the larger answer)."""
     optimizer_impl: Literal["foreach", "fused", "for-loop", "in-backward"] = "foreach"
     """torch.optim.AdamW's implementation: foreach (torch's default on CUDA: temporaries as large as the parameters),
     fused (none), for-loop (one parameter's worth), in-backward (each gradient freed after its own step)."""
@@ -55,6 +59,9 @@ class Workload(Record):
                              "every:K (K >= 1), op-sac")
         if not (self.loss in ("standard", "fused") or _chunks(self.loss)):
             raise InputError(f"--loss {self.loss!r} is not accepted; accepted: standard, chunked:N (N >= 1), fused")
+        if self.compile_loss is not None and not self.compile:
+            raise InputError(f"--{'' if self.compile_loss else 'no-'}compile-loss says how torch.compile treats the "
+                             "loss; give --compile with it, or leave it out")
 
 
 def _every(text: str) -> bool:
@@ -254,9 +261,11 @@ class EstimateInput(Record):
             extra = [f"{flag} {v}" for flag, v, default in (("--loss", w.loss, "standard"),
                                                           ("--optimizer-impl", w.optimizer_impl, impl))
                      if v != default]
-            if w.recompute.startswith("every:") or w.recompute == "op-sac":
+            # the paper accounting counts torchtitan's policies and torch.compile (as the eager layer) on a known shape
+            paper_too = self.accounting == "paper" and arch is not None
+            if (w.recompute.startswith("every:") or w.recompute == "op-sac") and not paper_too:
                 extra.append(f"--recompute {w.recompute}")
-            if w.compile:
+            if w.compile and not paper_too:
                 extra.append("--compile")
             if extra:
                 from memcalc.memory.realistic import why_not

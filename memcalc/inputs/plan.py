@@ -14,7 +14,7 @@ def to_plan(inp: EstimateInput) -> Plan:
     if w is not None:
         work = Work(seq_len=w.seq_len, micro_batch=w.micro_batch, recompute=w.recompute, attention=w.attention,
                     dropout=inp.dropout, device=w.device, loss=w.loss, optimizer_impl=w.optimizer_impl,
-                    compile=w.compile)
+                    compile=w.compile, compile_loss=w.compile_loss)
     return Plan(
         psi=inp.model.parameters or 0, arch=arch, precision=inp.precision, optimizer=inp.optimizer, spec=s.spec,
         gpus=inp.cluster.gpus, gpus_per_node=inp.cluster.gpus_per_node, usable_bytes=inp.gpu.usable_memory_bytes,

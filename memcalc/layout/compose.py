@@ -70,10 +70,13 @@ class Framework:
     fsdp_in_pipeline: bool = False
     """FSDP2 inside torch.distributed.pipelining stages (``memcalc.memory.paper.pipeline_fsdp_rows``)."""
     compiles_plain_loss: bool = True
-    """Under --compile the loss is compiled too (a compiled Hugging Face model has its loss in the graph;
-    torchtitan ``compile.components`` includes "loss"); torchtune's recipes call ``training.compile_loss(loss_fn)``
-    and drop what it returns (recipes/full_finetune_single_device.py), which compiles a chunked cross-entropy in
-    place but leaves a plain loss eager."""
+    """Under --compile the loss is compiled too (a compiled Hugging Face model has its loss in the graph).
+    torchtune's recipes call ``training.compile_loss(loss_fn)`` and drop what it returns
+    (recipes/full_finetune_single_device.py), which compiles a chunked cross-entropy in place but leaves a plain loss
+    eager. torchtitan compiles the loss when ``compile.components`` lists it (the default since 2025); its earlier
+    releases, the Dec-2024 published benchmark's included, compiled the model only: memcalc takes the model only
+    (the larger answer) unless --compile-loss or a config's ``compile.components`` says so."""
+    compiles_chunked_loss: bool = True
     optimizer_impl: str = "foreach"
     """The AdamW its configs run when --optimizer-impl is not given: torch's foreach (the default on CUDA, what the
     Hugging Face Trainer's ``adamw_torch`` gets); torchtitan ``implementation = "fused"``
@@ -85,7 +88,8 @@ class Framework:
 FRAMEWORKS: dict[str, Framework] = {
     "hf": Framework("hf", "dp-cp", True, "none", "", dtensor_tp=True),
     "torchtitan": Framework("torchtitan", "dp-cp", True, "weighted", "", model_code="torchtitan", dtensor_tp=True,
-                            fsdp_reduce_fp32=True, fsdp_in_pipeline=True, optimizer_impl="fused"),
+                            fsdp_reduce_fp32=True, fsdp_in_pipeline=True, optimizer_impl="fused",
+                            compiles_plain_loss=False, compiles_chunked_loss=False),
     "torchtune": Framework("torchtune", "dp", False, "none", "", optimizer_impl="fused", compiles_plain_loss=False),
     "megatron": Framework("megatron", "dp-cp", True, "even",
                           "Megatron-LM splits layers evenly unless the first and last stages are given "

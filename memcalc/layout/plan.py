@@ -65,6 +65,8 @@ class Work:
     compile: bool = False
     """Each decoder layer under torch.compile: its partitioner's saved set (``memcalc.memory.compiled``), fused
     element-wise kernels in the step time."""
+    compile_loss: bool | None = None
+    """The loss compiled too (None: as the framework does; ``memcalc.memory.realistic``)."""
 
 
 @dataclass(frozen=True, eq=False)

@@ -24,7 +24,7 @@ from memcalc.units import ceil_div
 
 Device = Literal["cuda", "cpu"]
 Attention = Literal["eager", "flash", "sdpa"]
-Recompute = Literal["none", "selective", "full"]
+Recompute = Literal["none", "selective", "full", "op-sac"]
 Split = Literal["tp", "seq", "none"]
 """tp: split over tensor-parallel ranks; seq: replicated under TP, split by sequence parallelism."""
 
@@ -222,6 +222,8 @@ def layer_activations(
     if recompute == "full":
         x = Saved("layer input (checkpoint)", st.s * st.b * arch.hidden * st.dtype_bytes, "seq")
         return LayerActivations([(x.name, split_bytes(x, tp, sp))])
+    if recompute == "op-sac":
+        return LayerActivations([(x.name, split_bytes(x, tp, sp)) for x in op_sac_saved(arch, st, moe)])
     saved = layer_saved(arch, st, moe, tp)
     if recompute == "selective":
         saved = [x for x in saved if not x.core]
@@ -229,6 +231,21 @@ def layer_activations(
         return LayerActivations([(x.name, x.bytes if x.name in DTENSOR_GATHERED else split_bytes(x, tp, sp))
                                  for x in saved])
     return LayerActivations([(x.name, split_bytes(x, tp, sp)) for x in saved])
+
+
+def op_sac_saved(arch: Architecture, st: Setting, moe: bool = False) -> list[Saved]:
+    """torchtitan's per-op selective checkpointing (torchtitan/distributed/activation_checkpoint.py
+    ``_get_custom_policy``): the block input, every second matmul output (q, v, the gate/w1 and the down/w2 projection
+    of a dense MLP; an MoE layer's experts counted as one MLP of ``top_k`` times the tokens) and the attention kernel's
+    output and fp32 log-sum-exp; the rest is recomputed (``memcalc.memory.timeline_layers._op_sac``). Split as the
+    tensors are: the column-parallel outputs over t, the block input and the row-parallel output by sequence
+    parallelism."""
+    t, d, h = st.s * st.b, st.dtype_bytes, arch.hidden
+    kvw = arch.kv_width
+    width = (arch.expert_ffn_size * arch.top_k + arch.ffn_size * arch.shared_experts) if moe else arch.ffn_size
+    return [Saved("layer input (checkpoint)", t * h * d, "seq"), Saved("q, v outputs", t * (arch.q_width + kvw) * d, "tp"),
+            Saved("gate (w1) output", t * width * d, "tp"), Saved("down (w2) output", t * h * d, "seq"),
+            Saved("attention output", t * arch.q_width * d, "tp"), Saved("log-sum-exp (fp32)", 4 * arch.heads * t, "tp")]
 
 
 # ---- outside the layers ---------------------------------------------------------------------------

@@ -273,10 +273,16 @@ def activation_rows(plan: Plan, stage: int, st: act.Setting) -> tuple[list[Row],
     n_moe = moe_layers(plan, stage)
     # torchtitan and accelerate run tensor parallelism as DTensor: the gathered inputs are saved whole
     dtensor = composition(plan.framework).dtensor_tp
-    dense = _layer_bytes(arch, st, tp, sp, w.recompute, False, dtensor)
-    moe = _layer_bytes(arch, st, tp, sp, w.recompute, True, dtensor) if n_moe else 0
     flight = act.pipeline_in_flight(stage, plan.pp, plan.grad_accum, plan.virtual_stages)
-    layers_bytes = round(((per - n_moe) * dense + n_moe * moe) * flight)
+    if w.recompute.startswith("every:"):  # torchtitan's layer AC: the layers whose index is a multiple of K, fully
+        k = int(w.recompute[6:])
+        one = sum(_layer_bytes(arch, st, tp, sp, "full" if i % k == 0 else "none", arch.is_moe_layer(i), dtensor)
+                  for r in stage_chunks(plan, stage) for i in r)
+        layers_bytes = round(one * flight)
+    else:
+        dense = _layer_bytes(arch, st, tp, sp, w.recompute, False, dtensor)
+        moe = _layer_bytes(arch, st, tp, sp, w.recompute, True, dtensor) if n_moe else 0
+        layers_bytes = round(((per - n_moe) * dense + n_moe * moe) * flight)
     src = "Korthikanti et al. 2022 Table 2, tensor by tensor" + (
         "; DTensor TP saves the gathered q/k/v and MLP inputs whole" if dtensor and sp and tp > 1 else "")
     rows = [Row("activations_layers", f"activations: {per} layers x {flight:g} micro-batch(es)", layers_bytes, "gpu",
@@ -336,6 +342,12 @@ def notes(plan: Plan) -> list[str]:
         out.append(LORA_COMM_NOTE)
     if plan.float8 != "none":
         out.append(FLOAT8_NOTE)
+    if plan.work is not None and plan.work.compile:
+        out.append("--compile: the activations are the eager layer's (torch.compile's partitioner saves less: an "
+                   "upper bound); the step time fuses the element-wise kernels")
+    if plan.work is not None and plan.work.recompute == "op-sac":
+        out.append("op-sac: torchtitan's per-op selective checkpointing keeps the layer input, q, v, the gate and "
+                   "down outputs, the attention output and its log-sum-exp (activation_checkpoint.py)")
     if plan.sequence_parallel and plan.tp == 1:
         out.append("sequence parallelism has no effect without tensor parallelism (tp = 1)")
     if plan.gpus < plan.gpus_per_node:

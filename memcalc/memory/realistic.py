@@ -44,10 +44,9 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
     if getattr(work, "compile", False):
         from memcalc.memory.saved import LLAMA_LIKE
 
-        if (arch is not None and arch.family not in LLAMA_LIKE) or lora is not None or work.recompute not in (
-                "none", "full"):
+        if (arch is not None and arch.family not in LLAMA_LIKE) or lora is not None or work.recompute == "selective":
             return ("--compile: the compiled layers' saved set is measured for Llama-style layers without LoRA, "
-                    "recompute none or full")
+                    "recompute none, full, every:K or op-sac")
     if framework == "torchtitan" and arch is not None and work is not None:
         from memcalc.memory.saved import LLAMA_LIKE
 
@@ -96,8 +95,8 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
             return f"FULL_SHARD: the realistic accounting models {', '.join(SHARDED_FAMILIES)} layers under FSDP2"
         if optimizer != "adamw" or getattr(work, "optimizer_impl", "foreach") not in ("foreach", "fused"):
             return "FULL_SHARD: the realistic accounting models torch AdamW, foreach or fused"
-        if getattr(work, "recompute", "none") not in ("none", "full"):
-            return "FULL_SHARD: the realistic accounting models recompute none or full"
+        if getattr(work, "recompute", "none") == "selective":
+            return "FULL_SHARD: the realistic accounting models recompute none, full, every:K or op-sac"
     return None
 
 
@@ -182,6 +181,20 @@ def _code(plan: Plan) -> str:
     return "torchtitan" if composition(plan.framework).model_code == "torchtitan" else "hf"
 
 
+def _loss_compiled(plan: Plan) -> bool:
+    """Whether torch.compile covers the loss: --compile-loss / --no-compile-loss, else the framework's habit."""
+    from memcalc.layout.compose import composition
+
+    w = plan.work
+    assert w is not None
+    if not w.compile:
+        return False
+    if w.compile_loss is not None:
+        return w.compile_loss
+    fw = composition(plan.framework)
+    return fw.compiles_plain_loss if w.loss == "standard" else fw.compiles_chunked_loss
+
+
 def evaluate(plan: Plan) -> Realistic:
     """The realistic peak of one GPU for ``plan`` (which ``why_not`` accepts)."""
     from memcalc.layout.compose import composition
@@ -202,7 +215,7 @@ def evaluate(plan: Plan) -> Realistic:
                   position_ids=False, use_cache=False,
                   world=plan.shard_group_size if sharded else 1, fsdp=sharded, fsdp_param_dtype=policy, lora=plan.lora,
                   code=_code(plan), tp=plan.tp, compiled=w.compile,
-                  loss_compiled=w.compile and (w.loss != "standard" or composition(plan.framework).compiles_plain_loss))
+                  loss_compiled=_loss_compiled(plan))
     peak = tl.peak
     rows = [_row(name, n, plan) for name, n in peak.parts]
     allocated = peak.live_bytes
@@ -251,9 +264,13 @@ def notes(plan: Plan) -> list[str]:
            "peak_allocated is what torch.cuda.max_memory_allocated reports; peak_reserved adds the caching allocator's "
            "least measured gap (0.3 GiB); the verdict is at-risk when the margin left is under the largest measured "
            "gap (7.8 GiB) or the largest single request at the peak, oom when it is under 0.3 GiB"]
-    if w.compile and w.recompute == "full":
-        out.append("--compile with full recompute: each layer keeps its checkpointed input; the recomputed layer's "
-                   "backward is counted as the eager layer's (an upper bound: the compiled forward saves less)")
+    if w.compile and w.recompute != "none":
+        out.append(f"--compile with {w.recompute} recompute: what the policy keeps is kept, compiled or not; the layers "
+                   "it recomputes and their backward are counted as the eager layer's (an upper bound: the compiled "
+                   "forward saves less)")
+    if plan.spec.name == "FULL_SHARD" and w.recompute not in ("none", "full"):
+        out.append(f"FULL_SHARD with {w.recompute} recompute: the policy's kept tensors (as on one GPU) under the FSDP2 "
+                   "timeline, which was traced with recompute none and full")
     if plan.float8 != "none":
         from memcalc.memory.paper import FLOAT8_NOTE
 
