@@ -189,3 +189,18 @@ def test_torchtitan_configurations_run_with_compile_and_per_op_checkpointing():
     res = runner.invoke(app, ["estimate", "--model", "llama-3-8b", "--gpus", "8", "--seq-len", "2048",
                               "--no-compile-loss"])
     assert res.exit_code == 2 and "give --compile with it" in res.output
+
+
+def test_context_parallel_under_fsdp2_is_the_step_of_s_over_cp_tokens():
+    """FSDP2 over dp x cp ranks with context parallelism: each rank's realistic step is the one of s/cp tokens on
+    its shard of the states (torchtitan's dp_shard_cp); the published runs stay flat as CP doubles with s."""
+    kw = dict(model="llama-3-8b", gpu="h100-96g", precision="bf16-mixed", fsdp="FULL_SHARD", fsdp_version=2,
+              framework="torchtitan", attention="flash", gpus=8, micro_batch=1, recompute="full")
+    base = memcalc.estimate(seq_len=32768, **kw)
+    cp2 = memcalc.estimate(seq_len=65536, cp=2, **kw)
+    assert cp2.accounting == "realistic" and any(n.startswith("cp 2: each rank runs the step of its s/cp = 32768")
+                                                   for n in cp2.notes)
+    assert cp2.memory.per_gpu.peak_allocated == base.memory.per_gpu.peak_allocated
+    with pytest.raises(InputError, match="context without FSDP"):
+        memcalc.estimate(model="llama-3-8b", gpus=8, cp=2, seq_len=4096, precision="amp-bf16", attention="flash",
+                         accounting="realistic")

@@ -76,10 +76,10 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
                 "models what Hugging Face runs: amp-bf16 (Trainer(bf16=True)), amp-fp16, bf16, fp32")
     if optimizer not in OPTIMIZER_STATES:
         return f"--optimizer {optimizer}: the realistic accounting models AdamW (torch, or bitsandbytes 8-bit)"
-    if strategy not in STRATEGIES or max(pp, cp, ep) > 1:
+    if strategy not in STRATEGIES or max(pp, ep) > 1 or (cp > 1 and strategy != "FULL_SHARD"):
         return ("the realistic accounting covers one GPU, DDP and FSDP FULL_SHARD, each with DTensor tensor "
-                "parallelism, so far; other sharded and model-parallel layouts (pipeline, context, expert) take the "
-                "paper's")
+                "parallelism, and context parallelism under FULL_SHARD, so far; other sharded and model-parallel "
+                "layouts (pipeline, expert, context without FSDP) take the paper's")
     if tp > 1 and sequence_parallel:
         return (f"--tp {tp} --sequence-parallel: the realistic accounting models DTensor TP without sequence "
                 "parallelism (the tracer's plan); the paper accounting counts it")
@@ -210,7 +210,7 @@ def evaluate(plan: Plan) -> Realistic:
     policy = "bf16" if sharded and p.name == "bf16-mixed" else None
     regime = "amp-bf16" if policy else REGIME[p.name]
     tl = timeline(arch, family=arch.family or "", regime=regime, attention=ATTENTION[w.attention],
-                  s=w.seq_len, b=w.micro_batch, recompute=w.recompute, optimizer_impl=w.optimizer_impl,
+                  s=w.seq_len // plan.cp, b=w.micro_batch, recompute=w.recompute, optimizer_impl=w.optimizer_impl,
                   optimizer_states=OPTIMIZER_STATES[plan.optimizer.name], loss=w.loss, device=w.device,
                   position_ids=False, use_cache=False,
                   world=plan.shard_group_size if sharded else 1, fsdp=sharded, fsdp_param_dtype=policy, lora=plan.lora,
@@ -284,6 +284,10 @@ def notes(plan: Plan) -> list[str]:
         if plan.shard_group_size == 1:
             out.append("FULL_SHARD on one rank: counted as a world of N holds its gathered layers; a traced world of 1 "
                        "holds up to one layer's parameters less (an upper bound, within 8 %)")
+    if plan.cp > 1:
+        out.append(f"cp {plan.cp}: each rank runs the step of its s/cp = {w.seq_len // plan.cp} tokens (ring attention "
+                   "keeps its local q, k, v, output and log-sum-exp; the K, V chunks in flight between ranks are not "
+                   f"counted), FSDP2 sharded over {plan.shard_group_size} ranks; derived, not traced")
     if plan.tp > 1:
         out.append(f"tp {plan.tp}: DTensor tensor parallelism as torch's ColwiseParallel (q, k, v, gate, up) and "
                    "RowwiseParallel (o, down) run it, without sequence parallelism or loss_parallel: rank 0's "
