@@ -131,6 +131,24 @@ def test_layer_saved_matches_peft_census(targets, regime, attention):
     assert c.layer_bytes("weight_cast") == total(m, "weight_cast")
 
 
+@pytest.mark.parametrize("family", ["qwen3", "smollm3"])
+@pytest.mark.parametrize("regime", ["fp32", "bf16", "amp-bf16"])
+def test_qwen3_and_smollm3_layers_match_the_peft_census(family, regime):
+    """Qwen3's q_norm/k_norm keep their fp32 input and rstd under LoRA, not the normalized tensor (frozen weights)."""
+    pytest.importorskip("peft")
+    from memcalc.memory.saved import layer_saved, total
+    from memcalc.model.hf_config import architecture_from_config
+    from memcalc.validation import lora as vl
+    from memcalc.validation.saved import tiny_config
+
+    arch = architecture_from_config(tiny_config(family))
+    for targets in (ALL, ("q", "v")):
+        lp = LoraPlan(8, targets)
+        c = vl.census(family, regime, "sdpa", 16, 2, lp)
+        m = layer_saved(arch, family=family, regime=regime, attention="sdpa", s=16, b=2, lora=lp)
+        assert (c.layer_bytes(), c.layer_bytes("weight_cast")) == (total(m), total(m, "weight_cast"))
+
+
 def test_tiny_counts_match_peft():
     pytest.importorskip("peft")
     from memcalc.model.hf_config import architecture_from_config
@@ -159,6 +177,24 @@ TRACED = [
     ("fp32", "fused", "eager", "none", ALL, 0.03),
     ("bf16", "fused", "sdpa", "full", ALL, 0.035),
 ]
+
+
+QWEN3 = dict(TRACE_LLAMA, model_type="qwen3", head_dim=16)
+
+
+@pytest.mark.parametrize("precision,impl,targets", [("fp32", "fused", ("q", "v")), ("amp-bf16", "fused", ALL),
+                                                    ("bf16", "fused", ALL)])
+def test_qwen3_timeline_against_a_traced_peft_step(precision, impl, targets):
+    pytest.importorskip("peft")
+    from memcalc.memory.timeline import timeline
+    from memcalc.model.hf_config import architecture_from_config
+    from memcalc.validation.lora import trace_lora_step
+
+    lp = LoraPlan(8, targets)
+    tr = trace_lora_step(QWEN3, lp, seq_len=32, micro_batch=2, precision=precision, optimizer_impl=impl, fake=False)
+    tl = timeline(architecture_from_config(QWEN3), family="qwen3", regime=precision, attention="sdpa", s=32, b=2,
+                  optimizer_impl=impl, lora=lp)  # fmt: skip
+    assert (tl.peak.live_bytes, tl.peak.phase) == (tr.peak, tr.peak_phase)
 
 
 @pytest.mark.parametrize("precision,impl,attention,recompute,targets,bound", TRACED)

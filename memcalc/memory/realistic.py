@@ -120,10 +120,10 @@ def _why_not_tp(arch: Any, optimizer: str, work: Any, tp: int, lora: Any, framew
 
 def _why_not_lora(arch: Any, strategy: str, work: Any) -> str | None:
     """LoRA's step (peft on Hugging Face code) is modelled for Llama-style layers on one GPU or DDP."""
-    from memcalc.memory.saved import LLAMA_LIKE
+    from memcalc.memory.saved import LORA_FAMILIES
 
-    if arch is not None and arch.family not in LLAMA_LIKE:
-        return f"LoRA: the realistic accounting models peft on {', '.join(LLAMA_LIKE)} layers"
+    if arch is not None and arch.family not in LORA_FAMILIES:
+        return f"LoRA: the realistic accounting models peft on {', '.join(LORA_FAMILIES)} layers"
     if strategy != "ddp":
         return "LoRA: the realistic accounting covers one GPU and DDP so far"
     if work is not None and getattr(work, "recompute", "none") not in ("none", "full"):
