@@ -23,6 +23,10 @@ def to_hf(a: Architecture) -> dict:
         if a.family == "mixtral":
             d |= {"num_local_experts": a.experts, "num_experts_per_tok": a.top_k}
         return {"model_type": a.family, **d}
+    if a.family == "qwen3":
+        return {"model_type": "qwen3", "hidden_size": a.hidden, "intermediate_size": a.ffn_size,
+                "num_hidden_layers": a.layers, "num_attention_heads": a.heads, "num_key_value_heads": a.n_kv,
+                "head_dim": a.d_head, "vocab_size": v, "tie_word_embeddings": a.tied_embeddings}  # fmt: skip
     if a.family == "gpt2":
         return {"model_type": "gpt2", "n_embd": a.hidden, "n_layer": a.layers, "n_head": a.heads, "vocab_size": v,
                 "n_positions": a.max_positions, "n_inner": a.ffn_size}  # fmt: skip

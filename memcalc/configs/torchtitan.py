@@ -21,8 +21,10 @@ from memcalc.configs.reading import Collector, ConfigReading, load_toml, near
 from memcalc.configs.torchtitan_keys import KEYS
 
 RELEASES = ("0.1.0", "0.2.0", "0.2.1", "0.2.2")
-# (model.name, model.flavor) -> memcalc preset (presets/models/*.toml); torchtitan models/llama3/__init__.py flavors.
-PRESETS = {("llama3", "8B"): "llama-3-8b", ("llama3", "70B"): "llama-3-70b", ("llama3", "405B"): "llama-3-405b"}
+# (model.name, model.flavor) -> memcalc preset (presets/models/*.toml); torchtitan models/llama3/__init__.py and
+# models/qwen3/__init__.py flavors.
+PRESETS = {("llama3", "8B"): "llama-3-8b", ("llama3", "70B"): "llama-3-70b", ("llama3", "405B"): "llama-3-405b",
+           **{("qwen3", f): f"qwen3-{f.lower()}" for f in ("0.6B", "1.7B", "4B", "8B", "14B", "32B")}}
 FLOAT8 = ("float8", "quantize.linear.float8", "quantize.grouped_mm.float8")
 MX = ("mx", "quantize.linear.mx", "quantize.grouped_mm.mx")
 DTYPES = {"bfloat16": "bf16", "float32": "fp32"}
