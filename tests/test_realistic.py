@@ -204,3 +204,16 @@ def test_context_parallel_under_fsdp2_is_the_step_of_s_over_cp_tokens():
     with pytest.raises(InputError, match="context without FSDP"):
         memcalc.estimate(model="llama-3-8b", gpus=8, cp=2, seq_len=4096, precision="amp-bf16", attention="flash",
                          accounting="realistic")
+
+
+def test_torchtitan_2d_with_sequence_parallelism_is_realistic():
+    """torchtitan's 2D run (FSDP 32 x TP 8, sequence parallel, full AC, compile): realistic, torchtitan's layers counted
+    as Hugging Face's Llama layers (the checkpoints are the same), the loss vocabulary-sharded under loss_parallel."""
+    kw = dict(framework="torchtitan", gpu="h100-96g", precision="bf16-mixed", fsdp="FULL_SHARD", fsdp_version=2,
+              attention="flash", model="llama-3-70b", seq_len=8192, gpus=256, tp=8, sequence_parallel=True,
+              micro_batch=16, recompute="full")
+    r = memcalc.estimate(compile=True, **kw)
+    assert r.accounting == "realistic"
+    assert any(n.startswith("torchtitan's own layers under tensor parallelism") for n in r.notes)
+    assert any(n.startswith("tp 8 with sequence parallelism as torchtitan's plan") for n in r.notes)
+    assert memcalc.estimate(**{**kw, "recompute": "op-sac"}).accounting == "paper"  # op-sac under TP: not modelled

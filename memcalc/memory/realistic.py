@@ -80,11 +80,16 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
         return ("the realistic accounting covers one GPU, DDP and FSDP FULL_SHARD, each with DTensor tensor "
                 "parallelism, and context parallelism under FULL_SHARD, so far; other sharded and model-parallel "
                 "layouts (pipeline, expert, context without FSDP) take the paper's")
-    if tp > 1 and sequence_parallel:
-        return (f"--tp {tp} --sequence-parallel: the realistic accounting models DTensor TP without sequence "
-                "parallelism (the tracer's plan); the paper accounting counts it")
+    compiled = getattr(work, "compile", False)
+    if tp > 1 and sequence_parallel and (ATTENTION.get(work.attention) != "sdpa" or arch.tied_embeddings
+                                         or getattr(work, "loss", "standard") != "standard"
+                                         or (compiled and (work.recompute != "full" or work.compile_loss))
+                                         or cp > 1 or getattr(work, "seq_len", tp) % tp):  # fmt: skip
+        return (f"--tp {tp} --sequence-parallel: the realistic accounting models torchtitan's sequence-parallel plan "
+                "(with loss_parallel) for untied layers, sdpa, the standard eager loss, layers eager (or compiled "
+                "under full recompute), tp dividing seq_len, no cp; the paper accounting counts the rest")
     if tp > 1:
-        why = _why_not_tp(arch, optimizer, work, tp, lora, framework)
+        why = _why_not_tp(arch, optimizer, work, tp, lora, framework, sequence_parallel)
         if why is not None:
             return why
     if strategy == "FULL_SHARD":
@@ -100,7 +105,8 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
     return None
 
 
-def _why_not_tp(arch: Any, optimizer: str, work: Any, tp: int, lora: Any, framework: str | None) -> str | None:
+def _why_not_tp(arch: Any, optimizer: str, work: Any, tp: int, lora: Any, framework: str | None,
+                sequence_parallel: bool = False) -> str | None:  # fmt: skip
     """Tensor parallelism is modelled as the tracer's DTensor plan runs it (``memcalc.memory.timeline_tp``)."""
     from memcalc.memory.timeline_tp import TP_FAMILIES
 
@@ -108,9 +114,12 @@ def _why_not_tp(arch: Any, optimizer: str, work: Any, tp: int, lora: Any, framew
         return f"--tp {tp}: the realistic accounting models DTensor TP on dense {', '.join(TP_FAMILIES)} layers"
     if arch.heads % tp or arch.n_kv % tp:
         return f"--tp {tp}: it must divide heads ({arch.heads}) and kv heads ({arch.n_kv}); DTensor shards whole heads"
-    if lora is not None or framework == "torchtitan":
-        return (f"--tp {tp}: the realistic accounting models Hugging Face layers under DTensor TP without sequence "
-                "parallelism or loss_parallel (no LoRA, not torchtitan's plan)")
+    # torchtitan's own layers under its sequence-parallel plan: with full recompute each keeps its checkpoint whatever
+    # the code; the recomputed layer is counted as Hugging Face's (``_code``)
+    titan_ok = sequence_parallel and getattr(work, "recompute", "none") == "full"
+    if lora is not None or (framework == "torchtitan" and not titan_ok):
+        return (f"--tp {tp}: the realistic accounting models Hugging Face layers under DTensor TP (no LoRA); "
+                "torchtitan's own layers only under its sequence-parallel plan with full recompute")
     if optimizer != "adamw" or getattr(work, "optimizer_impl", "foreach") not in ("foreach", "fused"):
         return f"--tp {tp}: the realistic accounting models torch AdamW, foreach or fused"
     if getattr(work, "recompute", "none") not in ("none", "full"):
@@ -175,10 +184,11 @@ def _row(name: str, n_bytes: int, plan: Plan) -> Row:
 
 
 def _code(plan: Plan) -> str:
-    """The saved-tensor profile the layers follow: torchtitan's own code, else Hugging Face's."""
+    """The saved-tensor profile the layers follow: torchtitan's own code (without tensor parallelism), else Hugging
+    Face's (torchtitan under its sequence-parallel plan with full recompute: ``_why_not_tp``)."""
     from memcalc.layout.compose import composition
 
-    return "torchtitan" if composition(plan.framework).model_code == "torchtitan" else "hf"
+    return "torchtitan" if composition(plan.framework).model_code == "torchtitan" and plan.tp == 1 else "hf"
 
 
 def _loss_compiled(plan: Plan) -> bool:
@@ -215,7 +225,7 @@ def evaluate(plan: Plan) -> Realistic:
                   position_ids=False, use_cache=False,
                   world=plan.shard_group_size if sharded else 1, fsdp=sharded, fsdp_param_dtype=policy, lora=plan.lora,
                   code=_code(plan), tp=plan.tp, compiled=w.compile,
-                  loss_compiled=_loss_compiled(plan))
+                  loss_compiled=_loss_compiled(plan), sequence_parallel=plan.sequence_parallel)
     peak = tl.peak
     rows = [_row(name, n, plan) for name, n in peak.parts]
     allocated = peak.live_bytes
@@ -284,6 +294,9 @@ def notes(plan: Plan) -> list[str]:
         if plan.shard_group_size == 1:
             out.append("FULL_SHARD on one rank: counted as a world of N holds its gathered layers; a traced world of 1 "
                        "holds up to one layer's parameters less (an upper bound, within 8 %)")
+    if plan.tp > 1 and plan.framework == "torchtitan":
+        out.append("torchtitan's own layers under tensor parallelism are counted as Hugging Face's Llama layers: with "
+                   "full recompute each keeps its checkpoint either way; the recomputed layer's transients are HF's")
     if plan.cp > 1:
         out.append(f"cp {plan.cp}: each rank runs the step of its s/cp = {w.seq_len // plan.cp} tokens (ring attention "
                    "keeps its local q, k, v, output and log-sum-exp; the K, V chunks in flight between ranks are not "
@@ -292,7 +305,12 @@ def notes(plan: Plan) -> list[str]:
         out.append(f"tp {plan.tp}: DTensor tensor parallelism as torch's ColwiseParallel (q, k, v, gate, up) and "
                    "RowwiseParallel (o, down) run it, without sequence parallelism or loss_parallel: rank 0's "
                    "projections, heads and MLP width / tp, norms, embedding, head, the layers' inputs and the "
-                   "logits whole on every rank (memory/timeline_tp.py; exact against a traced step)")
+                   "logits whole on every rank (memory/timeline_tp.py; exact against a traced step)"
+                   if not plan.sequence_parallel else
+                   f"tp {plan.tp} with sequence parallelism as torchtitan's plan: SequenceParallel norms, "
+                   "reduce-scattered o and down, all-gathered projection inputs saved whole, vocabulary-sharded "
+                   "embedding, head and logits under loss_parallel (memory/timeline_tp.py, against a traced step; "
+                   "loss_parallel's temporaries inside DTensor derived from torch's source)")
     if plan.lora is not None:
         lp = plan.lora
         out.append(f"LoRA r = {lp.rank} on {','.join(lp.targets)}{' over an NF4 base (QLoRA)' if lp.quantize == 'nf4' else ''}: "

@@ -21,8 +21,8 @@ from memcalc.memory.saved import (FAMILIES, LLAMA_STYLE, OTHER_NORMS, REGIMES, _
 from memcalc.memory.saved_gemma import GEMMAS, rope_types
 from memcalc.memory.timeline_layers import checkpointed, layer_sizes, parse_recompute
 from memcalc.memory.timeline_states import FsdpOverlay, lora_states, param_tensors, states
-from memcalc.memory.timeline_tp import (norm_backward, rank_arch, rmsnorm_backward, row_parallel_reduce,
-                                       step_temporary)
+from memcalc.memory.timeline_tp import (norm_backward, parallel_loss, rank_arch, reduce_scatter, rmsnorm_backward,
+                                       row_parallel_reduce, sp_rank_arch, step_temporary)
 from memcalc.model.architecture import Architecture
 
 LOSS_HELP = "standard, chunked:N, fused"
@@ -73,7 +73,8 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
              loss: str = "standard", device: str = "cpu", position_ids: bool = True, use_cache: bool = True,
              rotary_dims: int | None = None, world: int = 1, fsdp: bool | None = None,
              fsdp_param_dtype: str | None = None, lora=None, code: str = "hf", tp: int = 1,
-             compiled: bool = False, loss_compiled: bool | None = None) -> Timeline:  # fmt: skip
+             compiled: bool = False, loss_compiled: bool | None = None,
+             sequence_parallel: bool = False) -> Timeline:  # fmt: skip
     """Moments of one training step of a Hugging Face ``family`` model on one GPU.
 
     regime: fp32 | bf16 (pure: weights, gradients, AdamW moments bf16) | amp-bf16 (fp32 weights, autocast).
@@ -98,6 +99,9 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     FSDP2 ranks are the data-parallel ones (world = data-parallel degree, the mesh's "dp" dimension).
     compiled: torch.compile per layer (``memcalc.memory.compiled``); loss_compiled: the loss compiled too
     (``memcalc.memory.saved.loss_transient``; None: as ``compiled``).
+    sequence_parallel: with tp, torchtitan's sequence-parallel plan with ``loss_parallel`` (``memcalc.memory.
+    timeline_tp``: norms, residual stream and embedding output ÷ tp along the sequence, the projections' gathered
+    inputs whole, the row-parallel outputs reduce-scattered, embedding, head and logits ÷ tp over the vocabulary).
     """
     _check(family, regime, attention)
     check_code(code, family, "bf16" if fsdp_param_dtype == "bf16" else regime, attention)
@@ -106,11 +110,19 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     if s < 1 or b < 1:
         raise InputError(f"seq_len {s} and micro_batch {b} must be at least 1")
     policy = parse_recompute(recompute)
+    vocab_rows = arch.padded_vocab
     if tp > 1:
         if code != "hf" or lora is not None or policy.kind not in ("none", "full"):
             raise InputError(f"tp {tp}: tensor parallelism is modelled for Hugging Face layers without LoRA, "
                              f"recompute none or full; got code {code}, recompute {recompute}")  # fmt: skip
-        arch = rank_arch(arch, tp, family)
+        arch = rank_arch(arch, tp, family) if not sequence_parallel else sp_rank_arch(arch, tp, family)
+    # under full recompute a compiled layer keeps its checkpoint too (its recomputed backward counted as eager's)
+    if sequence_parallel and (tp < 2 or family not in LLAMA_STYLE or attention != "sdpa" or s % tp or loss != "standard"
+                              or (compiled and policy.kind != "full") or loss_compiled):  # fmt: skip
+        raise InputError(f"sequence_parallel is modelled for tp above 1 dividing seq_len, {', '.join(LLAMA_STYLE)} "
+                         f"layers, sdpa, the standard eager loss, layers eager or compiled under full recompute; got "
+                         f"tp {tp}, {family}, {attention}, s {s}, loss {loss}, recompute {recompute}")  # fmt: skip
+    sp = tp if sequence_parallel else 1
     loss_transient(1, 1, regime, loss)  # validates the loss option
     x = shape(arch, s, b, rotary_dims)
     t, h, v, n = x.t, x.h, x.vocab, x.t * x.vocab
@@ -126,8 +138,14 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
           if sharded else None)
     if fs is not None:
         st = fs.states
-    elif tp > 1 and (temp := step_temporary(arch, w, optimizer_impl)) is not None:
+    elif tp > 1 and not sequence_parallel and (temp := step_temporary(arch, w, optimizer_impl)) is not None:
         st = full_st = dataclasses.replace(st, step_temporary=temp)
+    # Sequence parallelism: the embedding's RowwiseParallel backward (``embedding_dense_backward`` under DTensor's
+    # sharding propagation, torch ``distributed/tensor/_ops/_embedding_ops.py``) leaves a Replicate gradient, the
+    # whole vocabulary on every rank (traced: tests/test_timeline_tp.py), made at the end of the backward
+    emb_grad_extra = w * (vocab_rows - arch.padded_vocab) * h if sp > 1 else 0
+    if emb_grad_extra and fs is None:
+        st = full_st = dataclasses.replace(st, grads=st.grads + emb_grad_extra)
     model_states = [("parameters", st.params), ("optimizer states", st.optimizer), ("buffers", st.buffers)]
     if lora is not None:  # the frozen base and the adapters, apart (adapter parameters are as large as their grads)
         base = "frozen base, nf4" if lora.quantize == "nf4" else "frozen base"
@@ -140,7 +158,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     moments.append(_moment("input", "the batch", base))
 
     # ---- forward ---------------------------------------------------------------------------------------------
-    prologue = [("embedding output", r * t * h)]
+    prologue = [("embedding output", r * t * h // sp)]
     if arch.position == "rotary" and code == "hf":  # torchtitan gathers its table inside each layer
         rows = b if position_ids else 1
         # Gemma 3: one table per layer type in use; OLMo 2's rotary returns fp32 cos, sin in every regime
@@ -157,7 +175,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     fwd_shared, bwd_shared = prologue[1:] + mask, prologue[1:] + kept_mask  # the rotary tables, the mask
     layers = [layer_sizes(arch, family=family, regime=act, attention=attention, s=s, b=b, policy=policy,
                           index=i, device=device, rotary_dims=rotary_dims, lora=lora, code=code,
-                          compiled=compiled)
+                          compiled=compiled, sp=sp)
               for i in range(arch.layers)]  # fmt: skip
     kept = 0
     cache = 0  # autocast's cast cache beyond what the matmuls save: bf16 copies of recomputed layers' weights
@@ -191,8 +209,10 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
         moments.append(_moment(f"forward.layer.{i}", f"layer {i}: down projection's output before the residual add",
                                base + fwd_shared + acts + [("down projection output", d * t * h)]))  # fmt: skip
         if tp > 1:
-            moments.append(_moment(f"forward.layer.{i}", f"layer {i}: the MLP's row-parallel all-reduce",
-                                   base + fwd_shared + acts[:1] + acts[2:] + row_parallel_reduce(d, r, t, h, amp)))
+            reduce = reduce_scatter(d, r, t, h, sp, amp) if sp > 1 else row_parallel_reduce(d, r, t, h, amp)
+            moments.append(_moment(f"forward.layer.{i}", f"layer {i}: the MLP's row-parallel "
+                                   + ("reduce-scatter" if sp > 1 else "all-reduce"),
+                                   base + fwd_shared + acts[:1] + acts[2:] + reduce))
     resid = layers[-1].residual
     # Pure bf16 activations, Hugging Face's RMSNorm: the final norm saves an fp32 copy of the last layer's output and
     # nothing keeps the bf16 original once the norm returned; while it runs, its fp32 normalized tensor (not saved:
@@ -201,17 +221,21 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     upcast = act == "bf16" and family in (*LLAMA_STYLE, *OTHER_NORMS) and code == "hf" and lora is None
     layers_kept = kept + (0 if upcast else resid)
     head = _head(x, family, act, loss, code, device)
+    if sp > 1:  # the final norm (SequenceParallel) runs on the rank's 1/sp of the sequence
+        head[0] = (head[0][0], head[0][1] // sp)
     if lora is not None:  # frozen final norm weight and head: no normalized tensor, no head input kept
         head = [(n, b - (4 if act != "bf16" else 2) * t * h if n == "final norm saved" else b) for n, b in head
                 if n != "head input (bf16 cast)"]
     last = len(layers) - 1
     after_norm = base + bwd_shared + [("layer activations", layers_kept), ("autocast cast cache", cache)]
-    after_norm += [head[0], ("last hidden state (model output)", r * t * h)] + FsdpOverlay.after_layers(fs)
+    after_norm += [head[0], ("last hidden state (model output)", r * t * h // sp)] + FsdpOverlay.after_layers(fs)
     moments.append(_moment(f"forward.layer.{last}", "the final norm, its variance not yet freed",
                            after_norm + ([] if kept_mask else mask)
-                           + [("norm variance (fp32)", 4 * t if family in LLAMA_STYLE else 0)]
+                           + [("norm variance (fp32)", 4 * t // sp if family in LLAMA_STYLE else 0)]
                            + ([("last layer output (until the norm returns)", resid),
-                               ("normalized (fp32, until the norm returns)", 4 * t * h)] if upcast else [])))
+                               ("normalized (fp32, until the norm returns)", 4 * t * h // sp)] if upcast else [])))
+    if sp > 1 and not amp:  # the head's ColwiseParallel(input_layouts=Shard(1)) all-gathers its input, saved whole
+        after_norm.append(("head input (all-gathered)", d * t * h))
     logits = [("logits", 0 if loss == "fused" else d * n)]
     moments.append(_moment("forward.head", "the head's logits", after_norm + head[1:] + logits))
     labels = [("labels padded (int64)", 8 * b * (s + 1)), ("shift labels (int64)", 8 * t)]
@@ -225,16 +249,21 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     softcap = [("logit softcap tanh output", d * n if arch.logit_softcap and loss != "fused" else 0)]
     fwd_loss = after_norm + head[1:] + logits + labels + softcap
     fwd_loss += [(copy_name, _chunk(lp, 1)), (saved_name, _chunk(lp, 2)), ("loss, total weight", 8)]
+    if sp > 1:  # loss_parallel's log-softmax: shifted and exp(shifted) alive together (timeline_tp.parallel_loss)
+        fwd_loss.append(("loss_parallel log-softmax temporaries (inside DTensor)", parallel_loss(n)[0]))
     moments.append(_moment("loss", "log-softmax done, logits and their fp32 copy alive", fwd_loss))
 
     # ---- start of backward: the loss's fp32 gradients ----------------------------------------------------------
     saved_end = base + bwd_shared + [("layer activations", layers_kept)] + head
     saved_end += [] if amp or lora is not None else [("head input (the last hidden state)", d * t * h)]
+    # loss_parallel's backward: its fp32 gradient (log-softmax's backward is a no-op cast), and inside DTensor
+    # zeros_like, exp(x) and their sum beside the saved log-softmax (timeline_tp.parallel_loss)
+    grad_bytes = _chunk(lp, 3) // 2 + parallel_loss(n)[1] if sp > 1 else _chunk(lp, 3)
     saved_end += [(saved_name, _chunk(lp, 2)), ("loss and its gradient", 8)] + softcap
     saved_end += [("logits (saved by the compiled loss)", d * n)] if compiled_loss else []
     saved_end += FsdpOverlay.after_layers(fs)
     moments.append(_moment("backward", "log_softmax backward: its output gradient and its input gradient",
-                           saved_end + [(grad_name, _chunk(lp, 3))]))  # fmt: skip
+                           saved_end + [(grad_name, grad_bytes)]))  # fmt: skip
 
     # ---- backward layer by layer -------------------------------------------------------------------------------
     tensors = param_tensors(arch)
@@ -242,6 +271,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     late = sum(e for name, e in tensors if name.startswith(("embedding", "position embedding")))
     if arch.tied_embeddings:  # the head's gradient is the embedding's, made by the head's backward
         late -= arch.padded_vocab * h
+    late += emb_grad_extra // w if fs is None else 0  # FSDP2 reduce-scatters the root's gradients at the end
     if lora is not None:  # only the adapters have gradients, made layer by layer
         per_layer, late = full_st.grads // arch.layers, 0
     before_layers = full_st.grads - per_layer * arch.layers - late * w
@@ -253,13 +283,13 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
         moments.append(_moment("backward", "the final RMSNorm's backward",
                                base + bwd_shared + [("loss and its gradient", 8), ("layer activations", layers_kept),
                                                     ("final norm saved, less its normalized tensor",
-                                                     head[0][1] - (2 if act == "bf16" else 4) * t * h),
+                                                     head[0][1] - (2 if act == "bf16" else 4) * t * h // sp),
                                                     ("head and final norm gradients", root),
-                                                    ("RMSNorm backward (fp32)", rmsnorm_backward(t, h))]
+                                                    ("RMSNorm backward (fp32)", rmsnorm_backward(t // sp, h))]
                                + FsdpOverlay.after_layers(fs)))  # fmt: skip
     remaining = kept
     norm2 = (norm_backward(arch, family=family, regime=act, attention=attention, s=s, b=b, device=device,
-                           rotary_dims=rotary_dims, grad_width=fs.gathered_width if fs is not None else w)
+                           rotary_dims=rotary_dims, grad_width=fs.gathered_width if fs is not None else w, sp=sp)
              if family in LLAMA_STYLE and code == "hf" and lora is None else None)  # fmt: skip
     for i in reversed(range(arch.layers)):
         ly = layers[i]

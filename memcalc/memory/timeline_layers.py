@@ -118,7 +118,9 @@ def _attention_backward(saved: list[SavedTensor], x, d: int, w: int, mlp_params:
 
 def layer_sizes(arch, *, family: str, regime: str, attention: str, s: int, b: int, policy: Policy, index: int,
                 device: str = "cpu", rotary_dims: int | None = None, lora=None, code: str = "hf",
-                compiled: bool = False) -> LayerSizes:  # fmt: skip
+                compiled: bool = False, sp: int = 1) -> LayerSizes:  # fmt: skip
+    """``sp``: sequence parallelism over ``sp`` ranks (``memcalc.memory.timeline_tp.sp_split``): the norms' tensors,
+    the layer input and output are the rank's ``1/sp`` of the sequence; ``arch`` is rank 0's (``rank_arch``)."""
     kw = dict(family=family, regime=regime, attention=attention, s=s, b=b, device=device, rotary_dims=rotary_dims,
               code=code)
     if compiled and policy.kind == "none" and lora is None:
@@ -130,11 +132,15 @@ def layer_sizes(arch, *, family: str, regime: str, attention: str, s: int, b: in
                                      scope="layer", code=code)
     else:
         saved = layer_saved(arch, **kw, lora=lora, index=index)  # LoRA: the backward transients below stay the full model's (a bound)
+    if sp > 1:
+        from memcalc.memory.timeline_tp import sp_split
+
+        saved = sp_split(saved, sp)
     full, casts = total(saved), total(saved, "weight_cast")
     x = shape(arch, s, b, rotary_dims)
     d, r = {"fp32": (4, 4), "bf16": (2, 2), "amp-bf16": (2, 4)}[regime]
     w = 2 if regime == "bf16" else 4
-    residual = r * x.t * x.h
+    residual = r * x.t * x.h // sp
     extra = _mlp_backward_extra(arch, family, d, w, x.t)
     if regime == "amp-bf16" and casts and family in (*LLAMA_STYLE, *OTHER_NORMS):
         # down's bf16 weight copy, saved by its matmul, is released once down's backward ran (autograd frees a

@@ -103,7 +103,7 @@ casts, the intermediates, autocast's weight casts) and the normalized tensor the
 
 
 def norm_backward(arch: Architecture, *, family: str, regime: str, attention: str, s: int, b: int, device: str,
-                  rotary_dims: int | None, grad_width: int) -> int:  # fmt: skip
+                  rotary_dims: int | None, grad_width: int, sp: int = 1) -> int:  # fmt: skip
     """Bytes above a Llama-style layer's backward entry at its second RMSNorm's backward peak (transformers
     ``LlamaRMSNorm.forward`` in fp32 arithmetic; torch tools/autograd/derivatives.yaml), traced op by op:
 
@@ -111,10 +111,12 @@ def norm_backward(arch: Architecture, *, family: str, regime: str, attention: st
     (``div``: the expanded gradient) and ``pow``'s (``pow``, ``mul`` by 2, ``mul`` by the gradient) are four fp32
     T·h tensors alive with the gradient through ``rsqrt`` (a fifth): 5 × 4·T·h; rstd (4T) is freed by then and the
     norm weight's gradient (h, ``grad_width`` bytes) made. The MLP's saved tensors (``NORM2_FREED``) are freed and
-    its three weight gradients made. ``arch``: the shapes per rank (``rank_arch``)."""
+    its three weight gradients made. ``arch``: the shapes per rank (``rank_arch``); ``sp``: sequence parallelism
+    (the norm's tensors and arithmetic over the rank's 1/sp of the sequence, ``sp_split``)."""
     saved = layer_saved(arch, family=family, regime=regime, attention=attention, s=s, b=b, device=device,
                         rotary_dims=rotary_dims)  # fmt: skip
-    t, h = s * b, arch.hidden
+    saved = sp_split(saved, sp) if sp > 1 else saved
+    t, h = s * b // sp, arch.hidden
     freed = sum(x.bytes for x in saved if x.name.startswith(NORM2_FREED))
     return rmsnorm_backward(t, h) + grad_width * h - freed + grad_width * 3 * h * arch.ffn_size
 
@@ -125,5 +127,53 @@ def rmsnorm_backward(t: int, h: int) -> int:
     return 5 * 4 * t * h - 4 * t
 
 
+SP_SPLIT = ("norm ",)
+"""Saved tensors of a Llama-style layer that sequence parallelism splits along the sequence: the RMSNorms' (their
+fp32 input or copy, rstd, normalized tensor). The projections' inputs are the all-gathered (Replicate) tensors,
+saved whole (``memcalc.memory.activations.DTENSOR_GATHERED``); Q, K, V, attention and MLP intermediates stay
+÷ t over heads and ffn, full sequence."""
+
+
+def sp_rank_arch(arch: Architecture, tp: int, family: str) -> Architecture:
+    """Rank 0's shapes under torchtitan's sequence-parallel plan: ``rank_arch`` plus the embedding
+    (``RowwiseParallel``: weight ``Shard(0)``) and the head (``ColwiseParallel``: weight ``Shard(0)``) split over the
+    vocabulary, ceil(V / t) rows on rank 0 (torch ``distributed/tensor/_utils.py``, chunked like ``torch.chunk``);
+    the logits under ``loss_parallel`` are that slice of the vocabulary. Tied embeddings are not modelled."""
+    if arch.tied_embeddings:
+        raise InputError("sequence parallelism is modelled for untied embeddings (torchtitan's Llama); got tied")
+    local = rank_arch(arch, tp, family)
+    return dataclasses.replace(local, vocab=-(-arch.padded_vocab // tp), vocab_multiple=1)
+
+
+def sp_split(saved: list, sp: int) -> list:
+    """A layer's saved tensors as rank 0 of ``sp`` sequence-parallel ranks holds them (``SP_SPLIT`` ÷ sp)."""
+    return [dataclasses.replace(x, bytes=x.bytes // sp) if x.name.startswith(SP_SPLIT) else x for x in saved]
+
+
+def reduce_scatter(d: int, r: int, t: int, h: int, sp: int, amp: bool) -> list[tuple[str, int]]:
+    """The MLP's ``RowwiseParallel(output_layouts=Shard(1))`` output: the partial sums (compute dtype, whole
+    sequence), their copy made contiguous along the scattered dimension (torch ``distributed/_functional_collectives.py``
+    ``reduce_scatter_tensor``: ``scatter_dim != 0`` chunks and ``cat``s) and the reduce-scatter's output (1/sp of the
+    sequence) alive together; the post-attention norm's local output (not saved: gate and up saved the all-gathered
+    tensor) is still referenced by the decoder layer (``self.mlp(hidden_states)`` has not returned), and under
+    autocast the fp32 all-gathered MLP input too (``PrepareModuleInput``'s Replicate tensor; each projection saved its
+    bf16 cast). Traced: tests/test_timeline_tp.py."""
+    out = [("row-parallel partial sums (down)", d * t * h), ("partial sums, contiguous for the scatter", d * t * h),
+           ("reduce-scatter output (down)", d * t * h // sp), ("norm 2 output (local)", r * t * h // sp)]
+    if amp:
+        out.append(("MLP input (all-gathered, fp32)", r * t * h))
+    return out
+
+
+def parallel_loss(n: int) -> tuple[int, int]:
+    """What ``loss_parallel``'s cross-entropy holds inside one DTensor op beyond the op's output, on rank 0's
+    n = T·V/t logits (torch ``distributed/tensor/parallel/loss.py``): forward ``_log_softmax`` keeps ``shifted = x -
+    max`` and ``exp(shifted)`` alive together (8n where its output is 4n: 4n more); backward
+    ``_nll_loss_and_log_softmax_backward`` keeps ``zeros_like(x)``, ``exp(x)`` and their sum (12n where its output
+    is 4n: 8n more). They run inside DTensor's dispatch, below the tracer's ``TorchDispatchMode`` (which sees each
+    op's outputs only), so a traced step lacks exactly these bytes. Returns (forward, backward)."""
+    return 4 * n, 8 * n
+
+
 __all__ = ["TP_FAMILIES", "norm_backward", "rank_arch", "rmsnorm_backward", "row_parallel_reduce",
-           "step_temporary"]
+           "step_temporary", "sp_rank_arch", "sp_split", "reduce_scatter", "parallel_loss"]

@@ -39,11 +39,14 @@ def _label(hf_config: dict, spec: StepSpec, world: int, fsdp: bool, tp: int, mp_
 def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision: str = "fp32",
                optimizer_impl: str = "foreach", recompute: str = "none", attention: str = "sdpa", steps: int = 2,
                world: int = 1, fsdp: bool = False, tp: int = 1, fsdp_param_dtype: str | None = None,
-               fake: bool = True, seed: int = 0) -> Trace:
+               fake: bool = True, seed: int = 0, sequence_parallel: bool = False,
+               loss_parallel: bool | None = None) -> Trace:
     """Trace the last of ``steps`` training steps of rank 0; ``fake=False`` runs the same step on real tensors.
 
     ``world`` ranks are ``world // tp`` data-parallel (FSDP2-sharded when ``fsdp``) × ``tp`` tensor-parallel.
     ``fsdp_param_dtype="bf16"`` adds FSDP2's ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)``.
+    ``sequence_parallel``: torchtitan's sequence-parallel TP plan (``trace_parallel._sp_plan``), with the loss under
+    ``loss_parallel`` unless ``loss_parallel=False`` (None: as ``sequence_parallel``).
     """
     spec = StepSpec(seq_len, micro_batch, precision, optimizer_impl, recompute, attention)
     spec.check()
@@ -53,6 +56,11 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
         raise InputError(f"tp({tp}) must divide world({world}); accepted: world = data-parallel × tp")
     if fsdp_param_dtype not in (None, "bf16"):
         raise InputError(f"fsdp_param_dtype {fsdp_param_dtype!r} is not supported; accepted: bf16 or None")
+    if sequence_parallel and tp < 2:
+        raise InputError(f"sequence_parallel needs tp above 1; got tp {tp}")
+    loss_parallel = sequence_parallel if loss_parallel is None else loss_parallel
+    if loss_parallel and not sequence_parallel:
+        raise InputError("loss_parallel is wired with sequence_parallel only (the head's vocabulary-sharded output)")
     dp = world // tp
     if dp > 1 and not fsdp:
         raise InputError(f"world({world}) = dp({dp}) × tp({tp}) without fsdp: replicated data parallelism holds "
@@ -64,11 +72,14 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
         with FakeTensorMode() if fake else contextlib.nullcontext():
             model = build_model(hf_config, spec)
             if world > 1 or fsdp:
-                apply_layout(model, mesh, dp=dp, tp=tp, fsdp=fsdp, mp_bf16=fsdp_param_dtype == "bf16")
+                apply_layout(model, mesh, dp=dp, tp=tp, fsdp=fsdp, mp_bf16=fsdp_param_dtype == "bf16",
+                             sequence_parallel=sequence_parallel, loss_parallel=loss_parallel)
             optimizer = build_optimizer(model, optimizer_impl)
             ids, pos = batch(hf_config, spec)
-            tracker = traced_steps(model, optimizer, ids, pos, spec, steps)
-        result = tracker.result(_label(hf_config, spec, world, fsdp, tp, fsdp_param_dtype == "bf16"), tracker.seconds)
+            tracker = traced_steps(model, optimizer, ids, pos, spec, steps, loss_parallel)
+        label = _label(hf_config, spec, world, fsdp, tp, fsdp_param_dtype == "bf16")
+        label += (" sp" + (" loss_parallel" if loss_parallel else "")) if sequence_parallel else ""
+        result = tracker.result(label, tracker.seconds)
         del model, optimizer, ids, pos
     return result
 

@@ -7,6 +7,8 @@
   gate, up ``ColwiseParallel``; o and down ``RowwiseParallel`` (replicated output: no sequence parallelism). The
   embedding and the output head stay replicated: Hugging Face computes the loss inside the model, outside
   ``loss_parallel``.
+- Sequence parallelism (``sequence_parallel``): torchtitan's plan on Hugging Face names over the whole model
+  (``_sp_plan``), the loss under ``loss_parallel`` (``trace_step.run_step``).
 The fake process group answers every collective at once without moving data
 (``torch/testing/_internal/distributed/fake_pg.py``); shapes and storage sizes are those of rank 0.
 """
@@ -89,6 +91,51 @@ def _tp_plan(layer: torch.nn.Module) -> dict:
     }
 
 
+def _sp_plan(model: torch.nn.Module, loss_parallel: bool) -> dict:
+    """Sequence parallelism as torchtitan's ``apply_tp`` (torchtitan 0.1/0.2 ``models/llama3/infra/parallelize.py``)
+    on Hugging Face module names: the embedding ``RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))``,
+    every norm ``SequenceParallel``, ``PrepareModuleInput`` Shard(1) -> Replicate before attention and the MLP,
+    o and down ``RowwiseParallel(output_layouts=Shard(1))`` (a reduce-scatter), the head
+    ``ColwiseParallel(input_layouts=Shard(1))`` with vocabulary-sharded logits under ``loss_parallel``.
+
+    The residual stream stays a ``DTensor`` (``use_local_output=False`` on the embedding, o and down; torchtitan hands
+    on the local shard): Hugging Face derives the causal mask's length from the embedding output's global shape,
+    and a DTensor cannot be added to a plain tensor. Same local storages either way."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    plan = {
+        "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1),
+                                              use_local_output=False),
+        "model.norm": SequenceParallel(),
+        "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1) if loss_parallel else Replicate(),
+                                   use_local_output=not loss_parallel),
+    }  # fmt: skip
+    for i, layer in enumerate(decoder_layers(model)):
+        _tp_plan(layer)  # checks the names
+        p = f"model.layers.{i}."
+        plan.update({
+            p + "input_layernorm": SequenceParallel(),
+            p + "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                                                desired_input_kwarg_layouts={"hidden_states": Replicate()}),
+            p + "self_attn.q_proj": ColwiseParallel(),
+            p + "self_attn.k_proj": ColwiseParallel(),
+            p + "self_attn.v_proj": ColwiseParallel(),
+            p + "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+            p + "post_attention_layernorm": SequenceParallel(),
+            p + "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            p + "mlp.gate_proj": ColwiseParallel(),
+            p + "mlp.up_proj": ColwiseParallel(),
+            p + "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+        })  # fmt: skip
+    return plan
+
+
 def check_tp_heads(hf_config: dict, tp: int) -> None:
     heads = int(hf_config.get("num_attention_heads") or hf_config.get("n_head") or 1)
     kv = int(hf_config.get("num_key_value_heads") or heads)
@@ -96,14 +143,19 @@ def check_tp_heads(hf_config: dict, tp: int) -> None:
         raise InputError(f"tp({tp}) must divide heads({heads}) and kv_heads({kv}); DTensor shards whole heads")
 
 
-def apply_layout(model: torch.nn.Module, mesh, *, dp: int, tp: int, fsdp: bool, mp_bf16: bool) -> None:
-    """Tensor-parallelise each decoder layer over ``mesh["tp"]``, then FSDP2-shard over ``mesh["dp"]``."""
+def apply_layout(model: torch.nn.Module, mesh, *, dp: int, tp: int, fsdp: bool, mp_bf16: bool,
+                 sequence_parallel: bool = False, loss_parallel: bool = False) -> None:
+    """Tensor-parallelise each decoder layer over ``mesh["tp"]`` (with ``sequence_parallel`` the whole model:
+    ``_sp_plan``), then FSDP2-shard over ``mesh["dp"]``."""
     layers = decoder_layers(model)
     if tp > 1:
         from torch.distributed.tensor.parallel import parallelize_module
 
-        for layer in layers:
-            parallelize_module(layer, mesh["tp"], _tp_plan(layer))
+        if sequence_parallel:
+            parallelize_module(model, mesh["tp"], _sp_plan(model, loss_parallel))
+        else:
+            for layer in layers:
+                parallelize_module(layer, mesh["tp"], _tp_plan(layer))
     if fsdp:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 

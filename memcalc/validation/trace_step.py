@@ -145,17 +145,26 @@ def batch(hf_config: dict, spec: StepSpec) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def run_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: torch.Tensor, pos: torch.Tensor,
-             spec: StepSpec, tracker: LiveBytes | None) -> None:
-    """Forward (+ the model's loss), backward, optimizer step, zero_grad; phases marked on ``tracker``."""
+             spec: StepSpec, tracker: LiveBytes | None, loss_parallel: bool = False) -> None:
+    """Forward (+ the model's loss), backward, optimizer step, zero_grad; phases marked on ``tracker``.
+
+    ``loss_parallel``: forward and backward under ``torch.distributed.tensor.parallel.loss_parallel`` (the
+    vocabulary-sharded logits' cross-entropy; torchtitan's ``train.py`` wraps both the same way)."""
     mark = tracker.phase if tracker is not None else (lambda _: None)
     autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if spec.precision == "amp-bf16"
                 else contextlib.nullcontext())  # fmt: skip
-    mark("forward")
-    with autocast:
-        loss = model(input_ids=ids, labels=ids, position_ids=pos).loss  # Trainer keeps only the loss
-    mark("backward")
-    loss.backward()
-    del loss
+    if loss_parallel:
+        from torch.distributed.tensor.parallel import loss_parallel as parallel_loss
+        ctx = parallel_loss()
+    else:
+        ctx = contextlib.nullcontext()
+    with ctx:
+        mark("forward")
+        with autocast:
+            loss = model(input_ids=ids, labels=ids, position_ids=pos).loss  # Trainer keeps only the loss
+        mark("backward")
+        loss.backward()
+        del loss
     mark("optimizer")
     optimizer.step()
     mark("zero_grad")
@@ -163,7 +172,7 @@ def run_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: torc
 
 
 def traced_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: torch.Tensor, pos: torch.Tensor,
-                 spec: StepSpec, steps: int) -> LiveBytes:
+                 spec: StepSpec, steps: int, loss_parallel: bool = False) -> LiveBytes:
     """Run ``steps`` steps; the last one under a fresh tracker whose baseline is the states alive before it."""
     import time
 
@@ -172,7 +181,7 @@ def traced_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: 
     try:
         with eager_masks():
             for _ in range(steps - 1):
-                run_step(model, optimizer, ids, pos, spec, None)
+                run_step(model, optimizer, ids, pos, spec, None, loss_parallel)
             tracker = LiveBytes()
             tracker.add_baseline(model_state_tensors(model, optimizer))
             box[0] = tracker
@@ -181,7 +190,7 @@ def traced_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: 
                 tracker.phase("input")  # the batch, as a data loader hands it over each step
                 tracker.track_tensor(ids)
                 tracker.track_tensor(pos)
-                run_step(model, optimizer, ids, pos, spec, tracker)
+                run_step(model, optimizer, ids, pos, spec, tracker, loss_parallel)
             tracker.seconds = time.perf_counter() - start
     finally:
         for h in handles:
