@@ -29,7 +29,7 @@ class Workload(Record):
     """b: sequences per micro-batch on one data-parallel rank."""
     recompute: str = "none"
     """Activation recomputation: none, selective (core attention, Korthikanti §5), full (every layer), every:K
-    (every K-th layer, torchtitan's layer AC) or op-sac (torchtitan's per-op selective AC; realistic accounting)."""
+    (every K-th layer, torchtitan's layer AC) or op-sac (torchtitan's per-op selective AC)."""
     attention: Literal["eager", "flash", "sdpa"] = "eager"
     """eager keeps the a·s² score matrices (the paper's case); flash does not; sdpa is PyTorch's dispatcher."""
     dropout: float | None = bounded(default=None, ge=0, lt=1)
@@ -43,7 +43,8 @@ class Workload(Record):
     compile: bool = False
     """torch.compile on each decoder layer (torchtitan and torchtune compile per block): AOTAutograd's min-cut
     partitioner recomputes cheap element-wise ops instead of saving them (``memcalc.memory.compiled``, exact against a
-    census of compiled layers on CPU); the norms, activations and rotary run fused. Realistic accounting."""
+    census of compiled layers on CPU; the paper accounting counts the eager layer); the norms, activations and rotary
+    run fused."""
     compile_loss: bool | None = None
     """With ``compile``: the loss compiled too (inductor's fused cross-entropy saves the logits instead of the fp32
     log-softmax). None: as the framework does (a compiled Hugging Face model has its loss in the graph; torchtune

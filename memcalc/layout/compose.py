@@ -77,6 +77,7 @@ class Framework:
     releases, the Dec-2024 published benchmark's included, compiled the model only: memcalc takes the model only
     (the larger answer) unless --compile-loss or a config's ``compile.components`` says so."""
     compiles_chunked_loss: bool = True
+    """The same for a chunked cross-entropy (torchtune compiles it in place; torchtitan as above)."""
     optimizer_impl: str = "foreach"
     """The AdamW its configs run when --optimizer-impl is not given: torch's foreach (the default on CUDA, what the
     Hugging Face Trainer's ``adamw_torch`` gets); torchtitan ``implementation = "fused"``
