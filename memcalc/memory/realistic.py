@@ -61,9 +61,7 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
         return "the realistic accounting needs the model's shape"
     if work is None:
         return "the realistic accounting needs --seq-len"
-    from memcalc.memory.saved import FAMILIES  # loaded only when there is a shape to profile
-
-    from memcalc.memory.saved import EAGER_ONLY
+    from memcalc.memory.saved import EAGER_ONLY, FAMILIES  # loaded only when there is a shape to profile
 
     if arch.family in EAGER_ONLY and work.attention != "eager":
         return (f"--attention {work.attention}: Hugging Face's {arch.family} has no SDPA path (its attention is "
