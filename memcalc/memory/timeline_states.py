@@ -44,7 +44,7 @@ def param_tensors(arch: Architecture) -> tuple[tuple[str, int], ...]:
         for n, width in (("q", q), ("k", kv), ("v", kv)):
             attn += [(n, h * width)] + ([(f"{n} bias", width)] if arch.qkv_bias else [])
     out_proj = [("o", q * h)] + ([("o bias", h)] if arch.out_bias else [])
-    attn = out_proj + attn if arch.fused_gate_up else attn + out_proj  # Phi3Attention registers o_proj first
+    attn = out_proj + attn if arch.family == "phi3" else attn + out_proj  # Phi3Attention registers o_proj first
     if arch.qk_norm:
         attn += list(zip(("q norm", "k norm"), arch.qk_norm_widths))
     mlp: list[tuple[str, int]] = []
