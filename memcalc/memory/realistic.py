@@ -207,6 +207,7 @@ def evaluate(plan: Plan) -> Realistic:
     """The realistic peak of one GPU for ``plan`` (which ``why_not`` accepts)."""
     from memcalc.layout.compose import composition
     from memcalc.memory.allocator import fit, nccl_buffers
+    from memcalc.units import GiB
     from memcalc.memory.timeline import timeline
 
     arch, w, p = plan.arch, plan.work, plan.precision
@@ -245,7 +246,8 @@ def evaluate(plan: Plan) -> Realistic:
     rows += [
         Row("allocator_reserve", "allocator: reserved beyond allocated", f.peak_reserved - allocated + plan.reserve,
             "gpu", "overhead", "the least measured gap (0.3 GiB, H100) + --reserve-gib; fragmentation can add up to "
-            "7.8 GiB (the band the verdict uses)"),
+            f"{(f.reserved_high - allocated) / GiB:.2f} GiB (the band the verdict uses: 18.6 % of the allocated peak, "
+            "at most 7.8 GiB, or the largest single request)"),
         Row("cuda_context", "CUDA context", context, "gpu", "overhead",
             "context, cuBLAS/cuDNN handles and kernels outside the allocator (0.75 GiB measured: H100, torch 2.11)"),
     ]
@@ -270,8 +272,9 @@ def notes(plan: Plan) -> list[str]:
            f"code runs it ({plan.precision.name}, {ATTENTION[w.attention]} attention, {w.recompute} "
            f"recompute, {w.loss} loss, AdamW {w.optimizer_impl}); the rows are what is alive at that moment",
            "peak_allocated is what torch.cuda.max_memory_allocated reports; peak_reserved adds the caching allocator's "
-           "least measured gap (0.3 GiB); the verdict is at-risk when the margin left is under the largest measured "
-           "gap (7.8 GiB) or the largest single request at the peak, oom when it is under 0.3 GiB"]
+           "least measured gap (0.3 GiB); the verdict is at-risk when the margin left is under the widest gap measured "
+           "for a step of this size (18.6 % of the allocated peak, at most 7.8 GiB) or the largest single request at "
+           "the peak, oom when it is under 0.3 GiB"]
     if w.compile and w.recompute != "none":
         out.append(f"--compile with {w.recompute} recompute: what the policy keeps is kept, compiled or not; the layers "
                    "it recomputes and their backward are counted as the eager layer's (an upper bound: the compiled "
