@@ -29,9 +29,12 @@ ATTENTION = {"eager": "eager", "sdpa": "sdpa", "flash": "sdpa"}
 STRATEGIES = ("ddp", "FULL_SHARD")
 """Replicated model states (one GPU, DDP) and FSDP2 FULL_SHARD (``fully_shard`` per decoder layer and on the root,
 exact against the tracer's FSDP2 rank 0); the other sharded and model-parallel layouts take the paper's."""
-SHARDED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "smollm3")
-"""Families whose FSDP2 step was checked against the tracer (Hugging Face's Llama-style decoder layers:
-tests/test_timeline_fsdp.py)."""
+SHARDED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "smollm3", "gemma", "gemma2", "gemma3_text",
+                    "olmo2")
+"""Families whose FSDP2 step was checked against the tracer (tests/test_timeline_fsdp.py): exact for the Llama-style
+decoder layers and Gemma; Gemma 2, Gemma 3 and OLMo 2 (post-norms) exact in fp32 and 1.9-3.2 % below the trace in
+2-byte regimes. GPT-2, BLOOM (-6 to -16 %), GPT-NeoX and Falcon (+3 to +5 %) were traced too and are left out."""
+POST_NORM_FSDP = ("gemma2", "gemma3_text", "olmo2")
 
 
 def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any, tp: int = 1, pp: int = 1,
@@ -292,6 +295,9 @@ def notes(plan: Plan) -> list[str]:
         out.append(f"FULL_SHARD: FSDP2 fully_shard per decoder layer and on the root over {plan.shard_group_size} "
                    "ranks (rank 0's padded shards; the root stays gathered from forward to backward; one layer "
                    f"gathered and the next prefetched; {policy}); NCCL buffers counted as for one communicator")
+        if plan.arch is not None and plan.arch.family in POST_NORM_FSDP and plan.precision.name != "fp32":
+            out.append(f"FULL_SHARD with {plan.arch.family}'s post-norm layers in a 2-byte regime: traced 1.9-3.2 % above "
+                       "this peak (exact in fp32; the difference is not located yet)")
         if plan.shard_group_size == 1:
             out.append("FULL_SHARD on one rank: counted as a world of N holds its gathered layers; a traced world of 1 "
                        "holds up to one layer's parameters less (an upper bound, within 8 %)")
