@@ -106,6 +106,8 @@ class Plan:
     bucket_view: bool = False
     min_num_params: int | None = None
     zero3: Zero3Settings = Zero3Settings()
+    reduce_bucket_size: int = 500_000_000
+    """DeepSpeed ZeRO-1/2: reduce_bucket_size in elements (the gradient bucket; DeepSpeed's default 5e8)."""
     zero3_step: str = "steady"
     zero_init: bool = True
     buffer_factor: float = 1.5

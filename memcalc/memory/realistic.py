@@ -39,8 +39,16 @@ POST_NORM_FSDP = ("gemma2", "gemma3_text", "olmo2")
 
 def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any, tp: int = 1, pp: int = 1,
             cp: int = 1, ep: int = 1, fsdp_version: int = 2, lora: Any = None, framework: str | None = None,
-            float8_all_gather: bool = False, sequence_parallel: bool = False) -> str | None:  # fmt: skip
+            float8_all_gather: bool = False, sequence_parallel: bool = False, offload: bool = False) -> str | None:  # fmt: skip
     """Why the realistic accounting does not apply to this set-up (one line), or None when it does."""
+    if offload:
+        return ("offload: the realistic accounting does not model what stays on the GPU under CPU/NVMe offload yet; "
+                "the paper accounting counts it")
+    if strategy == "zero-3":
+        return ("zero-3: the realistic accounting does not model ZeRO-3's gathered parameters and persistent buckets "
+                "yet (stages 0-2 are modelled); the paper accounting counts it")
+    if strategy in ZERO_STAGES:
+        return _why_not_zero(arch, precision, optimizer, strategy, work, max(tp, pp, cp, ep), lora)
     if float8_all_gather:
         return ("--float8-all-gather: the realistic accounting's FSDP2 timeline gathers the compute dtype; the paper "
                 "accounting counts the fp8 gathers")
@@ -106,6 +114,36 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
     return None
 
 
+ZERO_STAGES = ("zero-0", "zero-1", "zero-2")
+"""DeepSpeed stages whose step is modelled (``memcalc.memory.timeline_zero``, against a traced DeepSpeed step on CPU
+ranks); ZeRO-3 takes the paper's."""
+
+
+def _why_not_zero(arch: Any, precision: str, optimizer: str, strategy: str, work: Any, parallel: int,
+                  lora: Any) -> str | None:  # fmt: skip
+    """DeepSpeed ZeRO-0/1/2 on Hugging Face layers: the bf16 module's timeline under DeepSpeed's states."""
+    from memcalc.memory.saved import EAGER_ONLY, FAMILIES
+
+    if arch is None or work is None:
+        return "the realistic accounting needs the model's shape and --seq-len"
+    if arch.family not in FAMILIES or arch.moe:
+        return f"{strategy}: no saved-tensor profile for family {arch.family or 'unset'}; profiles: {', '.join(FAMILIES)}"
+    if arch.family in EAGER_ONLY and work.attention != "eager":
+        return f"--attention {work.attention}: Hugging Face's {arch.family} is profiled eager; give --attention eager"
+    if precision not in ("bf16-mixed", "fp16-mixed"):
+        return (f"{strategy} with --precision {precision}: the realistic accounting models DeepSpeed's bf16/fp16 "
+                "training (bf16-mixed, fp16-mixed: the module in 2 bytes, an fp32 master partition)")
+    if optimizer != "adamw" or getattr(work, "optimizer_impl", "fused") not in ("foreach", "fused", "for-loop"):
+        return f"{strategy}: the realistic accounting models AdamW (DeepSpeed's FusedAdam, or torch's)"
+    if parallel > 1 or lora is not None or (work.recompute not in ("none", "full")
+                                            and not work.recompute.startswith("every:")):
+        return (f"{strategy}: the realistic accounting models data parallelism alone, without LoRA, recompute none, "
+                "full or every:K")
+    if getattr(work, "compile", False):
+        return f"{strategy}: --compile under DeepSpeed is not modelled"
+    return None
+
+
 def _why_not_tp(arch: Any, optimizer: str, work: Any, tp: int, lora: Any, framework: str | None,
                 sequence_parallel: bool = False) -> str | None:  # fmt: skip
     """Tensor parallelism is modelled as the tracer's DTensor plan runs it (``memcalc.memory.timeline_tp``)."""
@@ -159,11 +197,25 @@ _KEYS = {"parameters": ("parameters", "model_state"),
          "parameters (frozen base)": ("parameters_frozen", "model_state"),
          "parameters (frozen base, nf4)": ("parameters_frozen", "model_state"),
          "parameters (LoRA adapters)": ("parameters_adapters", "model_state"), "optimizer states": ("optimizer_moments", "model_state"),
-         "gradients": ("gradients", "model_state"), "cuBLAS workspaces (forward, backward threads)":
+         "gradients": ("gradients", "model_state"),
+         "parameters (bf16 flat buffer)": ("parameters", "model_state"), "parameters (bf16)": ("parameters", "model_state"),
+         "fp32 master partition": ("master_weights", "model_state"),
+         "fp32 copies of the parameters": ("master_weights", "model_state"),
+         "optimizer states (fp32 moments)": ("optimizer_moments", "model_state"),
+         "gradient bucket (reduce_bucket_size)": ("gradient_buckets", "model_state"),
+         "gradient partition (grads_in_partition)": ("gradients", "model_state"),
+         "gradient partition (averaged_gradients)": ("gradients", "model_state"),
+         "gradients (bf16)": ("gradients", "model_state"), "cuBLAS workspaces (forward, backward threads)":
          ("cublas_workspace", "overhead")}
 
 
 _DETAIL = (
+    ("master", "DeepSpeed's fp32 copy the optimizer updates (ZeRO-1/2: this rank's partition)"),
+    ("flat buffer", "DeepSpeed's flat bf16 buffer of every parameter, padded to 2 x dp (stage_1_and_2.py)"),
+    ("fp32 moments", "AdamW's exp_avg and exp_avg_sq in fp32 (ZeRO-1/2: this rank's partition)"),
+    ("fp32 copies", "DeepSpeed ZeRO-0: an fp32 copy of every parameter for the optimizer"),
+    ("gradient bucket", "reduce_bucket_size elements in the training dtype, allocated at the first gradient hook"),
+    ("gradient partition", "this rank's reduced gradients: every parameter overlapping its partition (stage_1_and_2.py)"),
     ("frozen base, nf4", "bitsandbytes NF4, double quantization (model/lora.py nf4_bytes); the rest in the weight dtype"),
     ("frozen base", "the frozen weights: no gradients, no optimizer states"),
     ("LoRA adapters", "A (r x in) and B (out x r) of each target; their gradients and AdamW states are the only ones"),
@@ -208,13 +260,18 @@ def _loss_compiled(plan: Plan) -> bool:
 
 def evaluate(plan: Plan) -> Realistic:
     """The realistic peak of one GPU for ``plan`` (which ``why_not`` accepts)."""
-    from memcalc.layout.compose import composition
-    from memcalc.memory.allocator import fit, nccl_buffers
-    from memcalc.units import GiB
     from memcalc.memory.timeline import timeline
 
     arch, w, p = plan.arch, plan.work, plan.precision
     assert arch is not None and w is not None
+    if plan.spec.name in ZERO_STAGES:
+        from memcalc.memory.timeline_zero import zero_timeline, worst_rank
+
+        tl = zero_timeline(arch, family=arch.family or "", stage=int(plan.spec.name[-1]), dp=plan.dp,
+                           attention=ATTENTION[w.attention], s=w.seq_len, b=w.micro_batch, recompute=w.recompute,
+                           optimizer_impl=w.optimizer_impl, loss=w.loss, device=w.device,
+                           bucket=plan.reduce_bucket_size, rank=worst_rank(arch, plan.dp), use_cache=False)
+        return _finish(plan, tl, tl.peak.live_bytes, 0, comm_groups=int(plan.dp > 1))
     sharded = plan.spec.name == "FULL_SHARD"
     # FSDP's mixed precision (bf16-mixed: fp32 sharded parameters, the master copy, gathered and computed in bf16)
     # is MixedPrecisionPolicy(param_dtype=bf16): activations as pure bf16, states fp32 (the traces of fp32 and of
@@ -228,22 +285,33 @@ def evaluate(plan: Plan) -> Realistic:
                   world=plan.shard_group_size if sharded else 1, fsdp=sharded, fsdp_param_dtype=policy, lora=plan.lora,
                   code=_code(plan), tp=plan.tp, compiled=w.compile,
                   loss_compiled=_loss_compiled(plan), sequence_parallel=plan.sequence_parallel)
-    peak = tl.peak
-    rows = [_row(name, n, plan) for name, n in peak.parts]
-    allocated = peak.live_bytes
+    allocated = tl.peak.live_bytes
+    extra = 0
     if plan.dp > 1 and not plan.bucket_view and not sharded:
         # torch DDP (torch/nn/parallel/distributed.py): gradient buckets are a second copy of the gradients, made at
         # construction and alive for the whole run (gradient_as_bucket_view=False, the default).
-        grads = sum(n for name, n in peak.parts if name in ("parameters", "parameters (LoRA adapters)"))
-        rows.append(Row("gradient_buckets", "DDP gradient buckets", grads, "gpu", "model_state",
+        extra = sum(n for name, n in tl.peak.parts if name in ("parameters", "parameters (LoRA adapters)"))
+    # NCCL: one communicator for DDP's ring (FSDP: the data-parallel group's, not measured). Under tensor parallelism
+    # the tensor-parallel group is one more communicator (its all-reduces).
+    return _finish(plan, tl, allocated, extra, comm_groups=(plan.dp > 1) + (plan.tp > 1))
+
+
+def _finish(plan: Plan, tl: Any, allocated: int, ddp_buckets: int, comm_groups: int) -> Realistic:
+    """Rows of the peak moment, the allocator's, the context's and NCCL's, and the verdict."""
+    from memcalc.memory.allocator import fit, nccl_buffers
+    from memcalc.units import GiB
+
+    peak = tl.peak
+    rows = [_row(name, n, plan) for name, n in peak.parts]
+    if ddp_buckets:
+        rows.append(Row("gradient_buckets", "DDP gradient buckets", ddp_buckets, "gpu", "model_state",
                         "a copy of the gradients, as large as the parameters (gradient_as_bucket_view=False)"))
-        allocated += grads
+        allocated += ddp_buckets
     # The largest single request at the peak: log-softmax's fp32 output is one tensor of 4 bytes per logit element
     # (its two fp32 gradients are each as large); layer activations are many small tensors.
     largest = dict(peak.parts).get("log-softmax output (fp32)", 0)
-    # NCCL: one communicator for DDP's ring (FSDP: the data-parallel group's, not measured), NCCL_BUFFSIZE per channel and ring peer (2); 16 channels on NVLink.
-    # Under tensor parallelism the tensor-parallel group is one more communicator (its all-reduces).
-    comm = nccl_buffers((plan.dp > 1) + (plan.tp > 1), 16, 2)
+    # NCCL_BUFFSIZE per channel and ring peer (2), 16 channels on NVLink, per communicator
+    comm = nccl_buffers(comm_groups, 16, 2)
     context = plan.cuda_context
     f = fit(allocated, plan.usable_bytes, largest_request=largest, context=context, communication=comm)
     rows += [
@@ -282,6 +350,19 @@ def notes(plan: Plan) -> list[str]:
         out.append(f"--compile with {w.recompute} recompute: what the policy keeps is kept, compiled or not; the layers "
                    "it recomputes and their backward are counted as the eager layer's (an upper bound: the compiled "
                    "forward saves less)")
+    if plan.spec.name in ZERO_STAGES:
+        from memcalc.memory.timeline_zero import partition, worst_rank
+
+        rank = worst_rank(arch, plan.dp)
+        out.append(f"DeepSpeed {plan.spec.label}: the module in {plan.precision.low_dtype} saves what a pure "
+                   f"{plan.precision.low_dtype} model saves; the states, gradient bucket (reduce_bucket_size "
+                   f"{plan.reduce_bucket_size:,} elements) and the step's fp32 gradients as DeepSpeed 0.19 holds them "
+                   f"(memory/timeline_zero.py, against a traced DeepSpeed step on CPU ranks); data-parallel rank {rank} "
+                   f"of {plan.dp}, whose partition overlaps the most parameters "
+                   f"({partition(arch, plan.dp, rank)[1]:,} elements)" if plan.spec.name != "zero-0" else
+                   f"DeepSpeed ZeRO-0: the module in {plan.precision.low_dtype}, fp32 copies of every parameter, the "
+                   "gradients flattened for the all-reduce and upcast for the step as DeepSpeed 0.19 holds them "
+                   "(memory/timeline_zero.py, against a traced DeepSpeed step on CPU ranks)")
     if plan.spec.name == "FULL_SHARD" and w.recompute not in ("none", "full"):
         out.append(f"FULL_SHARD with {w.recompute} recompute: the policy's kept tensors (as on one GPU) under the FSDP2 "
                    "timeline, which was traced with recompute none and full")

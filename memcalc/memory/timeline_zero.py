@@ -1,0 +1,151 @@
+"""The live bytes of one DeepSpeed ZeRO-0/1/2 step of a Hugging Face model, moment by moment.
+
+DeepSpeed casts the module to the training dtype (``bf16``/``fp16``: ``enabled``), so the layers save what a pure
+bf16 model saves (``memcalc.memory.timeline`` with ``regime="bf16"``: the activations are the same to the byte,
+traced) and only the model states and their transients differ. What a rank holds, read from DeepSpeed 0.19's code
+and traced op by op on CPU ranks (``memcalc.validation.trace_deepspeed``; tests/test_timeline_zero.py), with
+Ψ the parameter elements, N the data-parallel ranks, P = ⌈Ψ / 2N⌉·2 the ZeRO-1/2 partition
+(``nccl_start_alignment_factor`` 2 × N, ``stage_1_and_2.py``), Σ the elements of the parameters that overlap the
+rank's partition of the flat buffer (laid out in ``model.parameters()`` order), B ``reduce_bucket_size`` and
+k = 2 with ``overlap_comm`` (two buckets), else 1:
+
+- between steps: ZeRO-1/2: the flat buffer in the training dtype (2NP bytes) + the fp32 master partition (4P) +
+  AdamW's moments (8P); ZeRO-0 (``FP16_UnfusedOptimizer`` / ``BF16`` wrapper): 2Ψ + fp32 copies 4Ψ + moments 8Ψ;
+- backward: ZeRO-0 and ZeRO-1 keep autograd's gradients (2 bytes each) until the end of backward; ZeRO-1/2
+  allocate the gradient bucket (2kB, ``setup_buckets``) at the first gradient hook; ZeRO-2 copies each gradient
+  into the bucket and frees it in the hook (a parameter larger than B keeps its gradient until the next
+  reduction), and from the first reduction holds its partition of the reduced gradients (2Σ, ``grads_in_partition``);
+- end of backward: ZeRO-0 flattens all gradients for the all-reduce (2Ψ more, in buffers of at most 5e8 elements,
+  ``engine.py`` ``MEMORY_OPT_ALLREDUCE_SIZE``); ZeRO-1 copies the gradients into the bucket and its partition:
+  2Ψ + 2Σ + 2kB (B ≥ Ψ: 2kB + 2Ψ, the one bucket's flatten copy); ZeRO-2: 2Σ + 2kB + the last unreduced gradient;
+- optimizer step: ZeRO-1/2: fp64 copies of each gradient slice for the norm (2Σ + 8 × the largest slice), the
+  flattened partition and its fp32 copy (2Σ + 2P + 4P), then AdamW on the fp32 partition (4P + its temporaries:
+  for-loop 8P, foreach 4P, fused 0); ZeRO-0: the bf16 gradients and their fp32 copies (6Ψ) + AdamW's temporaries
+  (for-loop: ``for_loop_peak``; foreach 4Ψ; fused 0). The all-gather of the updated partitions allocates nothing.
+"""
+
+from __future__ import annotations
+
+from memcalc.errors import InputError
+from memcalc.memory.timeline import Moment, Timeline, _moment, timeline
+from memcalc.memory.timeline_states import buffer_bytes, for_loop_peak, param_tensors
+from memcalc.model.architecture import Architecture
+from memcalc.units import ceil_div
+
+STAGES = (0, 1, 2)
+DEFAULT_BUCKET = 500_000_000
+"""``reduce_bucket_size``'s default in DeepSpeed 0.19 (``runtime/zero/config.py``), in elements."""
+ALLREDUCE_BUFFER = 500_000_000
+"""``MEMORY_OPT_ALLREDUCE_SIZE`` (``runtime/engine.py``): ZeRO-0 flattens gradients in buffers of this many."""
+_GRADS = ("parameter gradients so far", "head and final norm gradients")
+
+
+def partition(arch: Architecture, dp: int, rank: int = 0) -> tuple[int, int, int, frozenset[str]]:
+    """(P, Σ, largest slice, names): rank ``rank``'s partition of the flat buffer, the elements of the parameters
+    that overlap it, the largest overlap of one parameter with it, and those parameters' names."""
+    tensors = param_tensors(arch)
+    psi = sum(n for _, n in tensors)
+    p = ceil_div(psi, 2 * dp) * 2
+    lo, hi = rank * p, (rank + 1) * p
+    start = sigma = largest = 0
+    names = []
+    for name, n in tensors:
+        end = start + n
+        overlap = min(end, hi) - max(start, lo)
+        if overlap > 0:
+            sigma, largest = sigma + n, max(largest, overlap)
+            names.append(name)
+        start = end
+    return p, sigma, largest, frozenset(names)
+
+
+def worst_rank(arch: Architecture, dp: int) -> int:
+    """The rank whose partition overlaps the most parameter elements (the largest gradient partition)."""
+    return max(range(dp), key=lambda r: partition(arch, dp, r)[1]) if dp <= 4096 else 0
+
+
+def zero_timeline(arch: Architecture, *, family: str, stage: int, dp: int, attention: str, s: int, b: int,
+                  recompute: str = "none", optimizer_impl: str = "fused", loss: str = "standard",
+                  device: str = "cpu", bucket: int = DEFAULT_BUCKET, overlap_comm: bool = False,
+                  rank: int = 0, compiled: bool = False, loss_compiled: bool | None = None,
+                  position_ids: bool = False, use_cache: bool = True) -> Timeline:  # fmt: skip
+    """Moments of one DeepSpeed ZeRO-``stage`` step (bf16 or fp16 training dtype, torch AdamW client optimizer of
+    ``optimizer_impl``, or DeepSpeed's FusedAdam: ``fused``) on data-parallel rank ``rank`` of ``dp``."""
+    if stage not in STAGES:
+        raise InputError(f"ZeRO stage {stage}: the realistic timeline models stages 0, 1, 2")
+    if dp < 1 or not 0 <= rank < dp or bucket < 1:
+        raise InputError(f"dp {dp}, rank {rank} and reduce_bucket_size {bucket} must be positive, rank below dp")
+    if optimizer_impl not in ("foreach", "fused", "for-loop"):
+        raise InputError(f"optimizer implementation {optimizer_impl!r} under DeepSpeed: accepted foreach, fused, "
+                         "for-loop")  # fmt: skip
+    tl = timeline(arch, family=family, regime="bf16", attention=attention, s=s, b=b, recompute=recompute,
+                  optimizer_impl="fused", loss=loss, device=device, position_ids=position_ids, use_cache=use_cache,
+                  compiled=compiled, loss_compiled=loss_compiled)  # fmt: skip
+    tensors = param_tensors(arch)
+    psi = sum(n for _, n in tensors)
+    steps = 4  # torch AdamW's ``step`` tensor: one per parameter tensor it is handed (one flat group under ZeRO)
+    if stage == 0:
+        states = [("parameters (bf16)", 2 * psi), ("fp32 copies of the parameters", 4 * psi),
+                  ("optimizer states (fp32 moments)", 8 * psi + steps * len(tensors))]
+    else:
+        p, sigma, slice_max, mine = partition(arch, dp, rank)
+        states = [("parameters (bf16 flat buffer)", 2 * dp * p), ("fp32 master partition", 4 * p),
+                  ("optimizer states (fp32 moments)", 8 * p + steps)]
+    states.append(("buffers", buffer_bytes(arch, family, 2)))
+    k = 2 if overlap_comm else 1
+    root = [(name, n) for name, n in tensors if not name.startswith("layer ")]
+    made: list[tuple[str, int]] = []  # gradients made so far in backward, in the order autograd makes them
+    reduced = False  # ZeRO-2: a bucket holding one of this rank's parameters was reduced (grads_in_partition exists)
+    moments: list[Moment] = []
+    for m in tl.moments:
+        if m.phase in ("optimizer", "zero_grad"):
+            continue
+        parts = [(n, x) for n, x in m.parts if n not in ("parameters", "optimizer states", "buffers")]
+        grads = sum(x for n, x in parts if n in _GRADS)
+        if m.phase.startswith("backward") and grads and stage in (1, 2):
+            parts.append(("gradient bucket (reduce_bucket_size)", 2 * k * bucket))
+            if stage == 2:  # gradients go to the bucket in their hooks; larger ones wait for the next reduction
+                layer = int(m.phase.rsplit(".", 1)[1]) if m.phase.startswith("backward.layer.") else None
+                unit = ([(name, n) for name, n in tensors if name.startswith(f"layer {layer} ")] if layer is not None
+                        else [(name, n) for name, n in root if not name.startswith(("embedding", "position"))])
+                # The partition is allocated at the first reduction after one of this rank's gradients was made. A
+                # gradient that would overflow the bucket reduces it first (``reduce_independent_p_g_buckets_and_
+                # remove_grads``); one larger than B skips the bucket (``extra_large_param_to_reduce``) and is
+                # reduced at the next such overflow, so one of them waits at a time.
+                new = [u for u in unit if u not in made]
+                reduced = reduced or (any(name in mine for name, _ in made)
+                                      and sum(n for _, n in made + new) > bucket)
+                made += new
+                pending = 2 * min(grads // 2, max((n for _, n in unit if n > bucket), default=0))
+                parts = [(n, x) for n, x in parts if n not in _GRADS]
+                parts += [("gradient partition (grads_in_partition)", 2 * sigma if reduced else 0),
+                          ("gradients not yet in the bucket", pending)]
+        moments.append(_moment(m.phase, m.label, states + parts))
+    inputs = [(n, x) for n, x in tl.moments[1].parts if n.startswith("input ids")]  # the model's position ids died
+    base = states + inputs
+    if stage == 0:
+        end = [("gradients (bf16)", 2 * psi), ("flattened gradients for the all-reduce", 2 * min(psi, ALLREDUCE_BUFFER))]
+        temp = {"for-loop": 4 * for_loop_peak(tensors), "foreach": 4 * psi, "fused": 0}[optimizer_impl]
+        step = [("gradients (bf16)", 2 * psi), ("fp32 gradients", 4 * psi)]
+        moments += [_moment("backward.epilogue", "the gradients flattened for the all-reduce", base + end),
+                    _moment("optimizer", "fp32 copies of the gradients", base + step),
+                    _moment("optimizer.adamw", "AdamW on the fp32 copies", base + step + [("step temporaries", temp)])]
+    else:
+        last = tensors[0][1] if stage == 2 and tensors[0][1] > bucket else 0  # the embedding: reduced last
+        end = ([("gradients (bf16)", 2 * psi), ("gradient partition (grads_in_partition)", 2 * sigma)]
+               if stage == 1 and bucket < psi else [("bucket's flatten copy", 2 * psi)] if bucket >= psi else
+               [("gradient partition (grads_in_partition)", 2 * sigma), ("gradient not yet reduced", 2 * last)])
+        end.append(("gradient bucket (reduce_bucket_size)", 2 * k * bucket))
+        held = [("gradient partition (averaged_gradients)", 2 * sigma)]
+        temp = {"for-loop": 8 * p, "foreach": 4 * p, "fused": 0}[optimizer_impl]
+        moments += [
+            _moment("backward.epilogue", "the last reductions", base + end),
+            _moment("optimizer", "fp64 copy of a gradient slice for the norm", base + held
+                    + [("fp64 gradient slice", 8 * slice_max)]),
+            _moment("optimizer", "the partition flattened and upcast", base + held
+                    + [("flattened partition (bf16)", 2 * p), ("fp32 gradient partition", 4 * p)]),
+            _moment("optimizer.adamw", "AdamW on the fp32 partition", base + [("fp32 gradient partition", 4 * p),
+                                                                              ("step temporaries", temp)]),
+        ]  # fmt: skip
+    moments.append(_moment("zero_grad", "after the step: the gradients freed", base))
+    return Timeline(tuple(moments))

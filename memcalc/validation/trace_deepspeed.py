@@ -1,0 +1,440 @@
+"""Live bytes of one DeepSpeed ZeRO training step of a Hugging Face model, op by op, on CPU ranks (gloo).
+
+``world`` spawned processes each build ``AutoModelForCausalLM.from_config`` in fp32, hand it to
+``deepspeed.initialize`` with ``bf16: {enabled: true}`` (DeepSpeed casts the module to bf16) and a
+``torch.optim.AdamW`` client optimizer, and run three steps of
+``loss = engine(input_ids=ids, labels=ids).loss; engine.backward(loss); engine.step()``; the third runs under
+``trace_tracker.LiveBytes`` on every rank and rank 0's trace comes back. Every storage is also recorded with the
+op, phase and source line that allocated it, and the live set is kept at each phase's peak
+(``DeepSpeedTrace.held``): storages get the name of what holds them (``zero_opt.bit16_groups_flat[0]``,
+``optimizer.state[0].exp_avg``, ``param lm_head.weight.grad``; looked up at every phase mark), and transients
+the DeepSpeed or transformers line that allocated them (``deepspeed/runtime/zero/stage_1_and_2.py:3266``).
+
+Phases: ``input``, ``forward``, ``forward.layer.i``, ``forward.head``, ``loss`` (``trace_step.mark_phases`` on
+``engine.module``), ``backward``, ``backward.layer.i``, ``backward.epilogue`` (the engine's and ZeRO's end of
+backward: the last reductions), ``optimizer`` (``engine.step``: norms, the fp32 gradient partition),
+``optimizer.adamw`` (the inner ``torch.optim.AdamW.step``), ``optimizer.update`` (fp32 → bf16 copy, all-gather),
+``zero_grad`` (after ``engine.step``, which already cleared the gradients).
+
+The caller's main module must be importable by the spawned ranks (an ``if __name__ == "__main__":`` guard).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import pickle
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from memcalc.errors import InputError
+from memcalc.validation.trace_step import ATTENTIONS, RECOMPUTES, mark_phases
+from memcalc.validation.trace_tracker import BASELINE, LiveBytes, Trace
+
+STAGES = (0, 1, 2, 3)
+PRECISIONS = ("bf16",)
+OPTIMIZERS = ("torch-adamw", "torch-adamw-foreach", "torch-adamw-fused")
+"""torch.optim.AdamW with its default implementation (the for-loop one on CPU), foreach=True, or fused=True."""
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_WRAPPERS = ("typing_extensions.py", "contextlib.py", "functools.py", os.path.join("deepspeed", "utils", "nvtx.py"))
+_OWN = {os.path.abspath(__file__), os.path.abspath(sys.modules[LiveBytes.__module__].__file__ or "")}
+
+
+@dataclass(frozen=True)
+class Held:
+    """One storage live at a moment of the step."""
+
+    nbytes: int
+    dtype: str
+    shape: tuple[int, ...]
+    """The tensor's shape, or ``(elements,)`` when the tensor seen first was a view of part of the storage."""
+    created: str
+    """The phase that allocated it, or ``baseline``."""
+    name: str
+    """What holds it (``zero_opt.<attr>``, ``param <name>.grad``, ``optimizer.state[i].exp_avg``), or ''."""
+    site: str
+    """``file:line function`` that allocated it (``autograd`` for backward kernels); '' for baseline storages."""
+    op: str
+
+
+@dataclass(frozen=True)
+class DeepSpeedTrace:
+    trace: Trace
+    held: dict[str, tuple[Held, ...]] = field(repr=False)
+    """``baseline``, every phase at its peak, and ``end``: the storages live then."""
+    config: dict = field(repr=False)
+    """The DeepSpeed config the ranks ran."""
+    facts: dict[str, int] = field(default_factory=dict)
+    """Rank 0's sizes in elements: ``psi`` (parameters), ``largest`` (parameter), ``flat`` (ZeRO-1/2's padded
+    flat bf16 buffer), ``partition`` (ZeRO-1/2: flat / world; ZeRO-3: sum of per-parameter partitions),
+    ``in_partition`` (ZeRO-1/2: elements of the parameters overlapping rank 0's partition)."""
+
+
+class _Info:
+    __slots__ = ("created", "dtype", "name", "nbytes", "op", "shape", "site")
+
+    def __init__(self, nbytes: int, dtype: str, shape: tuple, created: str, site: str, op: str) -> None:
+        self.nbytes, self.dtype, self.shape, self.created = nbytes, dtype, shape, created
+        self.site, self.op, self.name = site, op, ""
+
+    def held(self) -> Held:
+        return Held(self.nbytes, self.dtype, self.shape, self.created, self.name, self.site, self.op)
+
+
+def _site() -> str:
+    """The innermost caller outside torch, decorators and this tracker; ``autograd`` for backward kernels."""
+    f = sys._getframe(1)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if fn.startswith(_TORCH_DIR):
+            if os.sep + "autograd" + os.sep in fn:
+                return "autograd"
+        elif os.path.abspath(fn) not in _OWN and not fn.endswith(_WRAPPERS):
+            short = fn.split("site-packages" + os.sep, 1)[1] if "site-packages" in fn else os.path.basename(fn)
+            return f"{short}:{f.f_lineno} {f.f_code.co_name}"
+        f = f.f_back
+    return "?"
+
+
+class AttributedLiveBytes(LiveBytes):
+    """``LiveBytes`` that also records what each live storage is and keeps the live set at each phase's peak."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.info: dict[int, _Info] = {}
+        self.snapshots: dict[str, list[_Info]] = {}
+        self._op = ""
+        self._tensor: torch.Tensor | None = None
+
+    def _snap(self) -> None:
+        if self.live >= self.phase_peaks.get(self.current, -1):
+            self.snapshots[self.current] = list(self.info.values())
+
+    def _track(self, st: torch.UntypedStorage) -> None:
+        key = st._cdata
+        if key in self._sizes:
+            return
+        t, n = self._tensor, st.nbytes()
+        shape: tuple[int, ...] = ()
+        if t is not None:
+            shape = tuple(t.shape) if t.numel() * t.element_size() == n else (n // t.element_size(),)
+        self.info[key] = _Info(n, str(t.dtype).removeprefix("torch.") if t is not None else "?", shape, self.current,
+                               "" if self.current == BASELINE else _site(), self._op)  # fmt: skip
+        super()._track(st)
+        if n:
+            self._snap()
+
+    def _died(self, key: int, ref) -> None:
+        entry = self._sizes.get(key)
+        if entry is not None and entry[1] is ref:
+            self.info.pop(key, None)
+        super()._died(key, ref)
+
+    def _resized(self, st: torch.UntypedStorage) -> None:
+        super()._resized(st)
+        if st._cdata in self.info:
+            self.info[st._cdata].nbytes = st.nbytes()
+        self._snap()
+
+    def track_tensor(self, t: torch.Tensor) -> None:
+        self._tensor = t
+        super().track_tensor(t)
+        self._tensor = None
+
+    def phase(self, label: str) -> None:
+        super().phase(label)
+        self._snap()
+
+    def name(self, names: dict[int, str]) -> None:
+        """Give live storages still unnamed their holder's name (storage key -> name)."""
+        for key, label in names.items():
+            if key in self.info and not self.info[key].name:
+                self.info[key].name = label
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self._op = str(func.overloadpacket.__name__)
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+_FIRST = ("bit16_groups_flat", "single_partition_of_fp32_groups", "fp16_partitioned_groups_flat",
+          "fp32_partitioned_groups_flat", "grads_in_partition", "averaged_gradients", "ipg_buckets", "fp32_groups")
+
+
+def named_storages(engine: Any) -> dict[int, str]:
+    """Storage key -> the name of the biggest tensor on it that DeepSpeed's flat buffers, the inner optimizer's
+    state, the module's parameters (with ``.grad`` and ZeRO-3's ``ds_tensor``) and buffers, or the rest of the
+    ZeRO optimizer's attributes hold (in that order; the first found among equals)."""
+    best: dict[int, tuple[int, str]] = {}
+    seen: set[int] = set()
+
+    def add(label: str, t: torch.Tensor) -> None:
+        if t.device.type != "meta":
+            key = t.untyped_storage()._cdata
+            if key not in best or t.numel() > best[key][0]:
+                best[key] = (t.numel(), label)
+
+    def walk(x: Any, label: str, depth: int) -> None:
+        if id(x) in seen or depth > 6:
+            return
+        seen.add(id(x))
+        if isinstance(x, torch.Tensor):
+            add(label, x)
+            if x.grad is not None:
+                add(label + ".grad", x.grad)
+            for k, v in vars(x).items() if hasattr(x, "__dict__") else ():
+                if isinstance(v, torch.Tensor):
+                    walk(v, f"{label}.{k}", depth + 1)
+        elif isinstance(x, (list, tuple)):
+            for i, v in enumerate(x):
+                walk(v, f"{label}[{i}]", depth + 1)
+        elif isinstance(x, dict):
+            for k, v in x.items():
+                walk(v, f"{label}[{k!r}]" if isinstance(k, (str, int)) else f"{label}[.]", depth + 1)
+        elif not isinstance(x, torch.nn.Module) and type(x).__module__.startswith(("deepspeed", "torch.optim")):
+            attrs = vars(x) if hasattr(x, "__dict__") else {}
+            for k in [a for a in _FIRST if a in attrs] + [a for a in attrs if a not in _FIRST]:
+                walk(attrs[k], f"{label}.{k.split('__')[-1]}", depth + 1)
+
+    zero_opt = engine.optimizer
+    inner = getattr(zero_opt, "optimizer", zero_opt)
+    for attr in _FIRST:
+        if hasattr(zero_opt, attr):
+            walk(getattr(zero_opt, attr), f"zero_opt.{attr}", 1)
+    index = {id(p): i for i, p in enumerate(p for g in getattr(inner, "param_groups", []) for p in g["params"])}
+    for p, state in getattr(inner, "state", {}).items():
+        for k, v in state.items():
+            if isinstance(v, torch.Tensor):
+                add(f"optimizer.state[{index.get(id(p), '?')}].{k}", v)
+    for n, p in engine.module.named_parameters():
+        walk(p, f"param {n}", 1)
+    for n, b in engine.module.named_buffers():
+        add(f"buffer {n}", b)
+    walk(zero_opt, "zero_opt", 0)
+    return {k: v[1] for k, v in best.items()}
+
+
+def ds_config(stage: int, micro_batch: int, reduce_bucket_size: int | None, overlap_comm: bool | None,
+              contiguous_gradients: bool | None, zero_config: dict | None) -> dict:
+    """The DeepSpeed config: bf16, ZeRO ``stage`` (ZeRO-3 partitions every parameter), untested client optimizer."""
+    zero: dict[str, Any] = {"stage": stage}
+    if stage == 3:
+        zero["stage3_param_persistence_threshold"] = 0  # DeepSpeed's default keeps parameters up to 1e5 whole
+    for key, v in (("reduce_bucket_size", reduce_bucket_size), ("overlap_comm", overlap_comm),
+                   ("contiguous_gradients", contiguous_gradients)):  # fmt: skip
+        if v is not None:
+            zero[key] = v
+    zero.update(zero_config or {})
+    return {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": 1,
+            "zero_allow_untested_optimizer": True, "bf16": {"enabled": True}, "zero_optimization": zero,
+            "steps_per_print": 10**9}  # fmt: skip
+
+
+# --- one rank ------------------------------------------------------------------------------------------------
+def _engine(hf_config: dict, attention: str, optimizer: str, recompute: str, config: dict) -> Any:
+    import deepspeed
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = {k: v for k, v in hf_config.items()
+           if k not in ("architectures", "transformers_version", "_name_or_path", "torch_dtype", "dtype")}  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg),
+                                             attn_implementation=attention)  # fp32; DeepSpeed casts it to bf16
+    model.train()
+    impl = {"foreach": optimizer.endswith("foreach"), "fused": optimizer.endswith("fused")}
+    engine, _, _, _ = deepspeed.initialize(model=model, config=config,
+                                           optimizer=torch.optim.AdamW(model.parameters(), lr=1e-4, **impl))
+    if recompute == "full":
+        engine.module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return engine
+
+
+def _wrap_phase(obj: Any, name: str, mark, before: str, after: str | None = None) -> None:
+    """Mark phases around a method, set on the instance (DeepSpeed calls these through ``self``)."""
+    inner = getattr(obj, name, None)
+    if inner is None:
+        return
+
+    def wrapped(*a, **k):
+        mark(before)
+        out = inner(*a, **k)
+        if after:
+            mark(after)
+        return out
+
+    setattr(obj, name, wrapped)
+
+
+def _facts(engine: Any) -> dict[str, int]:
+    zero_opt, params = engine.optimizer, list(engine.module.parameters())
+    sizes = [int(getattr(p, "ds_numel", p.numel())) for p in params]
+    flat, part = getattr(zero_opt, "bit16_groups_flat", None), getattr(zero_opt, "partition_size", None)
+    facts = {"psi": sum(sizes), "largest": max(sizes), "flat": sum(t.numel() for t in flat) if flat else 0}
+    if hasattr(params[0], "partition_numel"):  # ZeRO-3: per-parameter partitions
+        facts["partition"] = sum(int(p.partition_numel()) for p in params)
+    elif isinstance(part, list):  # ZeRO-1/2
+        facts["partition"] = int(sum(part))
+        facts["in_partition"] = sum(p.numel() for g in zero_opt.params_in_partition for p in g)
+    return facts
+
+
+def _rank_main(rank: int, world: int, hf_config: dict, seq_len: int, micro_batch: int, recompute: str,
+               attention: str, optimizer: str, config: dict, init_file: str, out_dir: str, timeout: float) -> None:
+    import datetime
+    import logging
+    import warnings
+
+    import torch.distributed as dist
+
+    warnings.filterwarnings("ignore")
+    try:
+        torch.set_num_threads(1)
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))  # DeepSpeed asks for them
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=timeout))  # fmt: skip
+        import deepspeed
+
+        logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+        deepspeed.init_distributed(dist_backend="gloo")
+        engine = _engine(hf_config, attention, optimizer, recompute, config)
+        box: list[AttributedLiveBytes | None] = [None]
+
+        def mark(label: str) -> None:
+            if box[0] is not None:
+                box[0].phase(label)
+                box[0].name(named_storages(engine))
+
+        class _Marker:  # what mark_phases' hooks call .phase(label) on
+            phase = staticmethod(mark)
+
+        mark_phases(engine.module, lambda: _Marker if box[0] is not None else None)
+        _wrap_phase(engine, "_backward_epilogue", mark, "backward.epilogue")
+        _wrap_phase(engine.optimizer, "independent_gradient_partition_epilogue", mark, "backward.epilogue")
+        _wrap_phase(getattr(engine.optimizer, "optimizer", engine.optimizer), "step", mark, "optimizer.adamw",
+                    "optimizer.update")  # fmt: skip
+        gen = torch.Generator().manual_seed(rank)
+        for step in range(3):
+            ids = torch.randint(0, int(hf_config.get("vocab_size", 2)), (micro_batch, seq_len), generator=gen)
+            if step == 2:
+                tracker = AttributedLiveBytes()
+                gc.collect()
+                skip = ids.untyped_storage()._cdata
+                tracker.add_baseline(o for o in gc.get_objects()
+                                     if isinstance(o, torch.Tensor) and o.untyped_storage()._cdata != skip)
+                tracker.name(named_storages(engine))
+                tracker.snapshots[BASELINE] = list(tracker.info.values())
+                box[0] = tracker
+                start = time.perf_counter()
+                tracker.__enter__()
+                tracker.phase("input")
+                tracker.track_tensor(ids)
+            mark("forward")
+            loss = engine(input_ids=ids, labels=ids).loss
+            mark("backward")
+            engine.backward(loss)
+            del loss
+            mark("optimizer")
+            engine.step()
+            mark("zero_grad")
+        tracker.__exit__(None, None, None)
+        seconds = time.perf_counter() - start
+        del ids
+        gc.collect()
+        tracker.name(named_storages(engine))
+        tracker.snapshots["end"] = list(tracker.info.values())
+        box[0] = None
+        if rank == 0:
+            label = (f"{hf_config['model_type']} b{micro_batch}xs{seq_len} deepspeed "
+                     f"zero-{config['zero_optimization']['stage']} world={world} bf16 {optimizer} "
+                     f"recompute={recompute} {attention}")  # fmt: skip
+            held = {k: tuple(i.held() for i in v) for k, v in tracker.snapshots.items()}
+            result = DeepSpeedTrace(tracker.result(label, seconds), held, config, _facts(engine))
+            Path(out_dir, "rank0.pkl").write_bytes(pickle.dumps(result))
+    except BaseException:  # noqa: BLE001 - reported to the parent through the file system
+        Path(out_dir, f"rank{rank}.error").write_text(traceback.format_exc())
+    finally:
+        with contextlib.suppress(Exception):  # the others may be gone already
+            if dist.is_initialized():
+                dist.barrier()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # gloo can abort in destroy_process_group
+
+
+# --- public --------------------------------------------------------------------------------------------------
+def trace_deepspeed(hf_config: dict, *, stage: int, world: int, seq_len: int, micro_batch: int,
+                    precision: str = "bf16", recompute: str = "none", attention: str = "sdpa",
+                    reduce_bucket_size: int | None = None, overlap_comm: bool | None = None,
+                    contiguous_gradients: bool | None = None, optimizer: str = "torch-adamw",
+                    zero_config: dict | None = None, timeout: float = 300) -> DeepSpeedTrace:
+    """Rank 0's trace of the third DeepSpeed step, with what was live at the baseline, each phase's peak and the end.
+
+    Baseline (the exact count): every storage behind a torch tensor alive in the rank's process just before the
+    third step (``gc.get_objects()`` after ``gc.collect()``: parameters, their views into DeepSpeed's flat buffers,
+    gradients, buffers, DeepSpeed's bf16/fp32 partitions and buffers, the optimizer moments), each storage counted
+    once at its full size, meta tensors excluded, the batch excluded (it is counted in ``input``). Storages
+    created and freed inside the step are counted by ``LiveBytes``. ``None`` for ``reduce_bucket_size``,
+    ``overlap_comm`` and ``contiguous_gradients`` keeps DeepSpeed's defaults (5e8 elements, on for ZeRO-3 only,
+    on); ``zero_config`` adds entries to the ``zero_optimization`` section. Ranks still running after ``timeout``
+    seconds are killed and a ``RuntimeError`` names the configuration.
+    """
+    for name, value, accepted in (("precision", precision, PRECISIONS), ("recompute", recompute, RECOMPUTES),
+                                  ("attention", attention, ATTENTIONS), ("optimizer", optimizer, OPTIMIZERS),
+                                  ("stage", stage, STAGES)):  # fmt: skip
+        if value not in accepted:
+            raise InputError(f"{name} {value!r} is not supported; accepted: {', '.join(map(str, accepted))}")
+    if world < 1 or seq_len < 1 or micro_batch < 1:
+        raise InputError(f"world {world}, seq_len {seq_len} and micro_batch {micro_batch} must be at least 1")
+    if "model_type" not in hf_config:
+        raise InputError("hf_config lacks 'model_type'; accepted: a Hugging Face config.json dict")
+    config = ds_config(stage, micro_batch, reduce_bucket_size, overlap_comm, contiguous_gradients, zero_config)
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as out:
+        init_file = os.path.join(out, "init")
+        ctx = mp.get_context("spawn")
+        procs = [ctx.Process(target=_rank_main, args=(r, world, dict(hf_config), seq_len, micro_batch, recompute,
+                                                      attention, optimizer, config, init_file, out, timeout),
+                             daemon=True)
+                 for r in range(world)]  # fmt: skip
+        try:
+            for p in procs:
+                p.start()
+            deadline = time.monotonic() + timeout
+            for p in procs:
+                p.join(max(0.0, deadline - time.monotonic()))
+        finally:
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join(10)
+        name = f"zero-{stage} world={world}"
+        errors = sorted(Path(out).glob("*.error"))
+        if errors:
+            raise RuntimeError(f"{name}: {errors[0].read_text()}")
+        path = Path(out, "rank0.pkl")
+        if not path.exists():
+            raise RuntimeError(f"{name}: rank 0 wrote no result (exit codes {[p.exitcode for p in procs]}; "
+                               f"killed after {timeout} s or crashed)")  # fmt: skip
+        return pickle.loads(path.read_bytes())
+
+
+def trace_deepspeed_step(hf_config: dict, *, stage: int, world: int, seq_len: int, micro_batch: int,
+                         precision: str = "bf16", recompute: str = "none", attention: str = "sdpa",
+                         reduce_bucket_size: int | None = None, overlap_comm: bool | None = None,
+                         contiguous_gradients: bool | None = None, optimizer: str = "torch-adamw") -> Trace:
+    """Rank 0's ``Trace`` of the third DeepSpeed ZeRO step (two warm-up steps first, the tracker active in the
+    third only; baseline = every tensor storage alive in the rank before it, the batch excluded): see
+    ``trace_deepspeed``, which also returns what was live at each phase's peak."""
+    return trace_deepspeed(hf_config, stage=stage, world=world, seq_len=seq_len, micro_batch=micro_batch,
+                           precision=precision, recompute=recompute, attention=attention,
+                           reduce_bucket_size=reduce_bucket_size, overlap_comm=overlap_comm,
+                           contiguous_gradients=contiguous_gradients, optimizer=optimizer).trace  # fmt: skip
+
