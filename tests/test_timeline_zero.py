@@ -88,3 +88,25 @@ def test_estimate_picks_the_realistic_accounting(tmp_path):
     assert off.accounting == "paper" and any("offload" in n for n in off.notes)
     with pytest.raises(InputError, match="offload"):
         memcalc.estimate(stage=2, offload_optimizer="cpu", accounting="realistic", **kw)
+
+
+def test_reduce_bucket_size(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from memcalc.cli.app import app
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(LLAMA))
+    kw = dict(hf_config=str(cfg), gpus=2, stage=2, precision="bf16-mixed", seq_len=32, micro_batch=2,
+              optimizer_impl="for-loop", device="cpu", attention="sdpa")  # fmt: skip
+    default, small = memcalc.estimate(**kw), memcalc.estimate(reduce_bucket_size=2000, **kw)
+    # the traced peaks of the same step (on CPU) with DeepSpeed's default bucket and with 2,000 elements
+    assert abs(default.memory.per_gpu.peak_allocated - 1_001_728_856) <= 256
+    assert abs(small.memory.per_gpu.peak_allocated - 2_212_816) <= 256
+    with pytest.raises(InputError, match="--reduce-bucket-size"):
+        memcalc.estimate(params=1e9, fsdp="FULL_SHARD", gpus=8, reduce_bucket_size=1000)
+    out = CliRunner().invoke(app, ["estimate", "--hf-config", str(cfg), "--stage", "2", "--gpus", "2", "--precision",
+                                   "bf16-mixed", "--seq-len", "32", "--reduce-bucket-size", "0"])  # fmt: skip
+    assert out.exit_code == 2 and "reduce" in out.output

@@ -302,6 +302,9 @@ def _zero_knobs(c: Collector, values: dict[str, Any], spelled: dict[str, str], s
             resolved[key] = as_int(c, path, value, digit_strings=True)
         if key in K.ZERO3_KNOBS:
             c.used(path)
+        elif key == "reduce_bucket_size" and key in resolved and stage in (1, 2):
+            c.used(path)  # the gradient bucket the realistic accounting holds during backward
+            c.arguments["reduce_bucket_size"] = resolved[key]
         elif key in K.ZERO_UNMODELLED and key in resolved:
             c.unmodelled(path, f"{K.ZERO_UNMODELLED[key]} ({resolved[key]:,})")
         elif key in K.ZERO_UNMODELLED and value not in (False, None, {}):

@@ -113,6 +113,7 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "max_reuse_distance": _kind(int, float, str, text="a count of elements, 0 or more, or None", none=True),
     "max_live_parameters": _kind(int, float, str, text="a count of elements, 0 or more, or None", none=True),
     "prefetch_bucket_size": _kind(int, float, str, text="a count of elements, 0 or more, or None", none=True),
+    "reduce_bucket_size": _kind(int, float, str, text="a count of elements, 1 or more, or None", none=True),
     "persistence_threshold": _kind(int, float, str, text="a count of elements, 0 or more, or None", none=True),
     "zero3_step": _one_of("steady", "first"),
     "cluster": _kind(*_PATH, text="a cluster preset such as 'dgx-h100', the path of a .toml file, or None", none=True),

@@ -241,6 +241,7 @@ def build_input(
     max_reuse_distance: int | float | str | None = None,
     max_live_parameters: int | float | str | None = None,
     prefetch_bucket_size: int | float | str | None = None,
+    reduce_bucket_size: int | float | str | None = None,
     persistence_threshold: int | float | str | None = None,
     zero3_step: str = "steady",
     cluster: str | None = None,
@@ -342,6 +343,7 @@ def build_input(
             max_reuse_distance=_elements("--max-reuse-distance", max_reuse_distance),
             max_live_parameters=_elements("--max-live-parameters", max_live_parameters),
             prefetch_bucket_size=_elements("--prefetch-bucket-size", prefetch_bucket_size),
+            reduce_bucket_size=_elements("--reduce-bucket-size", reduce_bucket_size),
             persistence_threshold=_elements("--persistence-threshold", persistence_threshold),
             zero3_step=zero3_step,  # type: ignore[arg-type]
         ),

@@ -187,6 +187,8 @@ class EstimateInput(Record):
                 and self.accounting != "deepspeed-estimator":
             raise InputError("--buffer-factor, --no-zero-init, --largest-layer-params: arguments of DeepSpeed's "
                              f"estimator, used only with --accounting deepspeed-estimator (got {self.accounting})")
+        if fw.reduce_bucket_size is not None and spec.framework != "deepspeed":
+            raise InputError(f"--reduce-bucket-size: DeepSpeed's gradient bucket; it needs --stage (got {spec.label})")
         z3 = self.framework.zero3_flags
         if z3 and (spec.name != "zero-3" or self.accounting != "implementation"):
             raise InputError(f"{', '.join(z3)}: DeepSpeed ZeRO-3 coordinator settings, used only with --stage 3 "
