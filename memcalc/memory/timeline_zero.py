@@ -60,7 +60,8 @@ def partition(arch: Architecture, dp: int, rank: int = 0) -> tuple[int, int, int
 
 
 def worst_rank(arch: Architecture, dp: int) -> int:
-    """The rank whose partition overlaps the most parameter elements (the largest gradient partition)."""
+    """The rank whose partition overlaps the most parameter elements (the largest gradient partition); searched over
+    up to 4,096 ranks (each search walks every parameter tensor once per rank), rank 0 beyond."""
     return max(range(dp), key=lambda r: partition(arch, dp, r)[1]) if dp <= 4096 else 0
 
 
