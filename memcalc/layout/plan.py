@@ -69,6 +69,10 @@ class Work:
     """The loss compiled too (None: as the framework does; ``memcalc.memory.realistic``)."""
 
 
+REDUCE_BUCKET_SIZE = 500_000_000
+"""DeepSpeed's ``reduce_bucket_size`` default in elements (DeepSpeed 0.19 ``runtime/zero/config.py``)."""
+
+
 @dataclass(frozen=True, eq=False)
 class Plan:
     """Everything the core needs for one estimate, as numbers, strings and small frozen tables.
@@ -106,8 +110,8 @@ class Plan:
     bucket_view: bool = False
     min_num_params: int | None = None
     zero3: Zero3Settings = Zero3Settings()
-    reduce_bucket_size: int = 500_000_000
-    """DeepSpeed ZeRO-1/2: reduce_bucket_size in elements (the gradient bucket; DeepSpeed's default 5e8)."""
+    reduce_bucket_size: int = REDUCE_BUCKET_SIZE
+    """DeepSpeed ZeRO-1/2: reduce_bucket_size in elements (the gradient bucket)."""
     zero3_step: str = "steady"
     zero_init: bool = True
     buffer_factor: float = 1.5

@@ -298,7 +298,7 @@ def evaluate(plan: Plan) -> Realistic:
 
 def _finish(plan: Plan, tl: Any, allocated: int, ddp_buckets: int, comm_groups: int) -> Realistic:
     """Rows of the peak moment, the allocator's, the context's and NCCL's, and the verdict."""
-    from memcalc.memory.allocator import fit, nccl_buffers
+    from memcalc.memory.allocator import GAP_FRACTION, GAP_HIGH, fit, nccl_buffers
     from memcalc.units import GiB
 
     peak = tl.peak
@@ -317,8 +317,8 @@ def _finish(plan: Plan, tl: Any, allocated: int, ddp_buckets: int, comm_groups: 
     rows += [
         Row("allocator_reserve", "allocator: reserved beyond allocated", f.peak_reserved - allocated + plan.reserve,
             "gpu", "overhead", "the least measured gap (0.3 GiB, H100) + --reserve-gib; fragmentation can add up to "
-            f"{(f.reserved_high - allocated) / GiB:.2f} GiB (the band the verdict uses: 18.6 % of the allocated peak, "
-            "at most 7.8 GiB, or the largest single request)"),
+            f"{(f.reserved_high - allocated) / GiB:.2f} GiB (the band the verdict uses: {GAP_FRACTION * 100:.1f} % of "
+            f"the allocated peak, at most {GAP_HIGH / GiB:.1f} GiB, or the largest single request)"),
         Row("cuda_context", "CUDA context", context, "gpu", "overhead",
             "context, cuBLAS/cuDNN handles and kernels outside the allocator (0.75 GiB measured: H100, torch 2.11)"),
     ]
@@ -336,6 +336,9 @@ def _finish(plan: Plan, tl: Any, allocated: int, ddp_buckets: int, comm_groups: 
 
 def notes(plan: Plan) -> list[str]:
     """What the realistic accounting shows and assumes."""
+    from memcalc.memory.allocator import GAP_FRACTION, GAP_HIGH
+    from memcalc.units import GiB
+
     arch, w = plan.arch, plan.work
     assert arch is not None and w is not None
     code = "torchtitan's Llama 3" if _code(plan) == "torchtitan" else f"Hugging Face's {arch.family}"
@@ -344,8 +347,8 @@ def notes(plan: Plan) -> list[str]:
            f"recompute, {w.loss} loss, AdamW {w.optimizer_impl}); the rows are what is alive at that moment",
            "peak_allocated is what torch.cuda.max_memory_allocated reports; peak_reserved adds the caching allocator's "
            "least measured gap (0.3 GiB); the verdict is at-risk when the margin left is under the widest gap measured "
-           "for a step of this size (18.6 % of the allocated peak, at most 7.8 GiB) or the largest single request at "
-           "the peak, oom when it is under 0.3 GiB"]
+           f"for a step of this size ({GAP_FRACTION * 100:.1f} % of the allocated peak, at most {GAP_HIGH / GiB:.1f} "
+           "GiB) or the largest single request at the peak, oom when it is under 0.3 GiB"]
     if w.compile and w.recompute != "none":
         out.append(f"--compile with {w.recompute} recompute: what the policy keeps is kept, compiled or not; the layers "
                    "it recomputes and their backward are counted as the eager layer's (an upper bound: the compiled "

@@ -27,14 +27,13 @@ k = 2 with ``overlap_comm`` (two buckets), else 1:
 from __future__ import annotations
 
 from memcalc.errors import InputError
+from memcalc.layout.plan import REDUCE_BUCKET_SIZE
 from memcalc.memory.timeline import Moment, Timeline, _moment, timeline
 from memcalc.memory.timeline_states import buffer_bytes, for_loop_peak, param_tensors
 from memcalc.model.architecture import Architecture
 from memcalc.units import ceil_div
 
 STAGES = (0, 1, 2)
-DEFAULT_BUCKET = 500_000_000
-"""``reduce_bucket_size``'s default in DeepSpeed 0.19 (``runtime/zero/config.py``), in elements."""
 ALLREDUCE_BUFFER = 500_000_000
 """``MEMORY_OPT_ALLREDUCE_SIZE`` (``runtime/engine.py``): ZeRO-0 flattens gradients in buffers of this many."""
 _GRADS = ("parameter gradients so far", "head and final norm gradients")
@@ -60,14 +59,22 @@ def partition(arch: Architecture, dp: int, rank: int = 0) -> tuple[int, int, int
 
 
 def worst_rank(arch: Architecture, dp: int) -> int:
-    """The rank whose partition overlaps the most parameter elements (the largest gradient partition); searched over
-    up to 4,096 ranks (each search walks every parameter tensor once per rank), rank 0 beyond."""
-    return max(range(dp), key=lambda r: partition(arch, dp, r)[1]) if dp <= 4096 else 0
+    """The rank whose partition overlaps the most parameter elements (the largest gradient partition, Σ of
+    ``partition``): one walk over the parameters, each adding its elements to every rank whose slice it overlaps."""
+    tensors = param_tensors(arch)
+    p = ceil_div(sum(n for _, n in tensors), 2 * dp) * 2
+    sigma = [0] * dp
+    start = 0
+    for _, n in tensors:
+        for r in range(start // p, min(dp, -(-(start + n) // p))):
+            sigma[r] += n
+        start += n
+    return max(range(dp), key=sigma.__getitem__)
 
 
 def zero_timeline(arch: Architecture, *, family: str, stage: int, dp: int, attention: str, s: int, b: int,
                   recompute: str = "none", optimizer_impl: str = "fused", loss: str = "standard",
-                  device: str = "cpu", bucket: int = DEFAULT_BUCKET, overlap_comm: bool = False,
+                  device: str = "cpu", bucket: int = REDUCE_BUCKET_SIZE, overlap_comm: bool = False,
                   rank: int = 0, compiled: bool = False, loss_compiled: bool | None = None,
                   position_ids: bool = False, use_cache: bool = True) -> Timeline:  # fmt: skip
     """Moments of one DeepSpeed ZeRO-``stage`` step (bf16 or fp16 training dtype, torch AdamW client optimizer of
