@@ -110,3 +110,6 @@ def test_reduce_bucket_size(tmp_path):
     out = CliRunner().invoke(app, ["estimate", "--hf-config", str(cfg), "--stage", "2", "--gpus", "2", "--precision",
                                    "bf16-mixed", "--seq-len", "32", "--reduce-bucket-size", "0"])  # fmt: skip
     assert out.exit_code == 2 and "reduce" in out.output
+    for bad in (0, -5):  # one line naming the flag and what it accepts (not an internal field's name)
+        with pytest.raises(InputError, match=r"^--reduce-bucket-size .* must be positive; give a positive count"):
+            memcalc.estimate(params=1e9, stage=2, gpus=8, reduce_bucket_size=bad)

@@ -343,7 +343,8 @@ def build_input(
             max_reuse_distance=_elements("--max-reuse-distance", max_reuse_distance),
             max_live_parameters=_elements("--max-live-parameters", max_live_parameters),
             prefetch_bucket_size=_elements("--prefetch-bucket-size", prefetch_bucket_size),
-            reduce_bucket_size=_elements("--reduce-bucket-size", reduce_bucket_size),
+            reduce_bucket_size=None if reduce_bucket_size is None else parse_count(reduce_bucket_size,
+                                                                                  "--reduce-bucket-size"),
             persistence_threshold=_elements("--persistence-threshold", persistence_threshold),
             zero3_step=zero3_step,  # type: ignore[arg-type]
         ),
