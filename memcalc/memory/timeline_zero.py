@@ -17,7 +17,8 @@ k = 2 with ``overlap_comm`` (two buckets), else 1:
   reduction), and from the first reduction holds its partition of the reduced gradients (2Σ, ``grads_in_partition``);
 - end of backward: ZeRO-0 flattens all gradients for the all-reduce (2Ψ more, in buffers of at most 5e8 elements,
   ``engine.py`` ``MEMORY_OPT_ALLREDUCE_SIZE``); ZeRO-1 copies the gradients into the bucket and its partition:
-  2Ψ + 2Σ + 2kB (B ≥ Ψ: 2kB + 2Ψ, the one bucket's flatten copy); ZeRO-2: 2Σ + 2kB + the last unreduced gradient;
+  2Ψ + 2Σ + 2kB; ZeRO-2: 2Σ + 2kB + the last unreduced gradient (B ≥ Ψ, both: 2kB + the one bucket's flatten copy
+  2Ψ + 2Σ, when the copy outlives the partition's allocation, as it did in some traced runs);
 - optimizer step: ZeRO-1/2: fp64 copies of each gradient slice for the norm (2Σ + 8 × the largest slice), the
   flattened partition and its fp32 copy (2Σ + 2P + 4P), then AdamW on the fp32 partition (4P + its temporaries:
   for-loop 8P, foreach 4P, fused 0); ZeRO-0: the bf16 gradients and their fp32 copies (6Ψ) + AdamW's temporaries
@@ -140,8 +141,12 @@ def zero_timeline(arch: Architecture, *, family: str, stage: int, dp: int, atten
                     _moment("optimizer.adamw", "AdamW on the fp32 copies", base + step + [("step temporaries", temp)])]
     else:
         last = tensors[0][1] if stage == 2 and tensors[0][1] > bucket else 0  # the embedding: reduced last
+        # One bucket holds every gradient (B ≥ Ψ): its flatten copy for the all-reduce may still be alive when the
+        # partition is allocated (traced: in some runs it is, in others it was released first; the later is counted)
         end = ([("gradients (bf16)", 2 * psi), ("gradient partition (grads_in_partition)", 2 * sigma)]
-               if stage == 1 and bucket < psi else [("bucket's flatten copy", 2 * psi)] if bucket >= psi else
+               if stage == 1 and bucket < psi else
+               [("bucket's flatten copy", 2 * psi), ("gradient partition (grads_in_partition)", 2 * sigma)]
+               if bucket >= psi else
                [("gradient partition (grads_in_partition)", 2 * sigma), ("gradient not yet reduced", 2 * last)])
         end.append(("gradient bucket (reduce_bucket_size)", 2 * k * bucket))
         held = [("gradient partition (averaged_gradients)", 2 * sigma)]

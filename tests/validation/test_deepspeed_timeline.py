@@ -3,7 +3,9 @@
 Real DeepSpeed 0.19 ranks on CPU (gloo), a tiny Hugging Face Llama in bf16, torch AdamW as the client optimizer
 (its CPU default is the for-loop implementation), live bytes op by op (``memcalc.validation.trace_deepspeed``).
 The peak, its phase, the baseline and the optimizer's and the end of backward's peaks agree within 256 bytes (AdamW's
-``step`` scalars and the model's internal position ids, which the timeline keeps until the loss). The phases the
+``step`` scalars and the model's internal position ids, which the timeline keeps until the loss); where one bucket
+holds every gradient, the end of backward is the trace's or above it by exactly the gradient partition (a release the
+trace sees in some runs and not others; the timeline counts the later one). The phases the
 timeline orders at layer grain (the recomputed layer's backward under ZeRO-2) may be above the trace, never below.
 """
 
@@ -41,12 +43,18 @@ def test_deepspeed_timeline_equals_trace(stage, world, recompute, bucket, optimi
     assert tl.peak.phase == tr.peak_phase
     assert abs(tl.peak.live_bytes - tr.peak) <= 256
     assert abs(tl.moments[0].live_bytes - tr.baseline) <= 256
+    p, sigma, _, _ = partition(arch, world)
     for phase in ("backward.epilogue", "optimizer", "optimizer.adamw"):
         if phase in tr.phase_peaks:
-            assert abs(tl.phase_peaks[phase] - tr.phase_peaks[phase]) <= 256, phase
+            gap = tl.phase_peaks[phase] - tr.phase_peaks[phase]
+            if phase == "backward.epilogue" and stage and bucket >= 158_016:
+                # one bucket holds every gradient: its flatten copy outlives the partition's allocation in some runs
+                # (counted) and is released first in others, when the trace is lower by exactly the partition, 2Σ
+                assert abs(gap) <= 256 or abs(gap - 2 * sigma) <= 256, gap
+            else:
+                assert abs(gap) <= 256, phase
     backward = max(v for k, v in tr.phase_peaks.items() if k.startswith("backward") and k != "backward.epilogue")
     mine = max(v for k, v in tl.phase_peaks.items() if k.startswith("backward") and k != "backward.epilogue")
     assert -256 <= mine - backward <= 0.02 * backward
     if stage:
-        p, sigma, _, _ = partition(arch, world)
         assert (p, sigma) == (r.facts["partition"], r.facts["in_partition"])
