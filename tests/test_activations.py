@@ -112,18 +112,19 @@ def test_logits_and_the_fp32_loss_copy():
     out = {x.name: x.bytes for x in output_saved(a, Setting(s=s, b=b, dtype_bytes=2, dropout=False))}
     assert out["logits"] == s * b * 128256 * 2
     assert out["loss logits (fp32)"] == 4 * s * b * 128256
-    r = memcalc.estimate(model="llama-3-8b", stage=3, gpus=8, seq_len=s, attention="flash", recompute="full")
+    r = memcalc.estimate(model="llama-3-8b", stage=3, gpus=8, seq_len=s, attention="flash", recompute="full",
+                         accounting="paper")
     rows = {x.key: x.bytes for x in r.memory.per_gpu.rows}
     assert rows["activations_logits"] == 6 * s * 128256  # larger than all 32 checkpointed layers together
     assert rows["activations_logits"] > rows["activations_layers"]
 
 
 def test_activations_scale_with_micro_batch_and_split_with_context_parallel():
-    one = memcalc.estimate(model="llama-2-7b", stage=3, gpus=8, seq_len=4096, micro_batch=1)
-    two = memcalc.estimate(model="llama-2-7b", stage=3, gpus=8, seq_len=4096, micro_batch=2)
+    one = memcalc.estimate(model="llama-2-7b", stage=3, gpus=8, seq_len=4096, micro_batch=1, accounting="paper")
+    two = memcalc.estimate(model="llama-2-7b", stage=3, gpus=8, seq_len=4096, micro_batch=2, accounting="paper")
     assert two.memory.per_gpu.activations == 2 * one.memory.per_gpu.activations - 8 * 0  # linear in b
     cp = memcalc.estimate(model="llama-2-7b", stage=3, gpus=8, cp=2, seq_len=4096, attention="flash")
-    flash = memcalc.estimate(model="llama-2-7b", stage=3, gpus=8, seq_len=2048, attention="flash")
+    flash = memcalc.estimate(model="llama-2-7b", stage=3, gpus=8, seq_len=2048, attention="flash", accounting="paper")
     assert cp.memory.activations.layer_bytes == flash.memory.activations.layer_bytes  # s/cp tokens per rank
 
 
@@ -156,7 +157,7 @@ def test_op_sac_keeps_torchtitans_saved_outputs_and_every_k_mixes_full_and_none(
     assert layer_activations(a, st, recompute="op-sac").total == whole
     split = 2 * t * h // 8 + 2 * t * (q + kv) // 8 + 2 * t * f // 8 + 2 * t * h // 8 + 2 * t * q // 8 + 4 * 32 * t // 8
     assert layer_activations(a, st, tp=8, sp=True, recompute="op-sac").total == split
-    kw = dict(model="llama-3-8b", gpus=8, stage=3, seq_len=8192, micro_batch=1, attention="flash")
+    kw = dict(model="llama-3-8b", gpus=8, stage=3, seq_len=8192, micro_batch=1, attention="flash", accounting="paper")
     rows = {rc: next(r.bytes for r in memcalc.estimate(recompute=rc, **kw).memory.per_gpu.rows
                      if r.key == "activations_layers") for rc in ("none", "full", "every:2", "op-sac")}
     assert rows["every:2"] == (rows["none"] + rows["full"]) // 2  # layers 0, 2, ..., 30 checkpointed: 16 of 32

@@ -125,7 +125,7 @@ def test_hf_zero3_auto_buckets_from_hidden_size() -> None:
     assert a["prefetch_bucket_size"] == 15_099_494 == int(0.9 * 4096 * 4096)
     assert a["persistence_threshold"] == 40_960
     assert a["max_live_parameters"] == 1_000_000_000 and a["max_reuse_distance"] == 1_000_000_000
-    assert any("16,777,216" in u for u in r.unmodelled)  # reduce_bucket_size = 4096²
+    assert a["reduce_bucket_size"] == 16_777_216  # 4096²: ZeRO-3's gradient bucket, held all step
     est = memcalc.estimate(**a, layers=2, hidden=256, heads=8, vocab=512)
     assert est.memory.per_gpu.total > 0
 
@@ -133,9 +133,10 @@ def test_hf_zero3_auto_buckets_from_hidden_size() -> None:
 def test_alpaca_zero3_offload_and_knobs_outside_implementation() -> None:
     r = read_deepspeed(DATA / "deepspeed" / "dse_alpaca_lora_zero3.json", world_size=4)
     assert r.arguments == {"gpus": 4, "grad_accum": 1, "precision": "fp16-mixed", "optimizer": "adamw", "stage": 3,
-                           "offload_optimizer": "cpu", "offload_params": "cpu"}  # fmt: skip
+                           "offload_optimizer": "cpu", "offload_params": "cpu",
+                           "reduce_bucket_size": 10_000_000}  # fmt: skip
     assert "zero_optimization.stage3_max_live_parameters" in r.read
-    assert any("accounting='implementation'" in n for n in r.notes)
+    assert any("accounting 'realistic' or 'implementation'" in n for n in r.notes)
 
 
 def test_accelerate_deepspeed_file_relative_to_launch_directory() -> None:
@@ -306,7 +307,7 @@ def test_flags_given_win_over_the_file() -> None:
     r = read_deepspeed(DATA / "deepspeed" / "dse_alpaca_lora_zero3.json", world_size=8)
     merged = merge_arguments(r.arguments, {"fsdp": "FULL_SHARD", "gpus": 16, "params": "7B"})
     assert merged == {"gpus": 16, "grad_accum": 1, "precision": "fp16-mixed", "optimizer": "adamw",
-                      "fsdp": "FULL_SHARD", "params": "7B"}  # fmt: skip
+                      "fsdp": "FULL_SHARD", "params": "7B", "reduce_bucket_size": 10_000_000}  # fmt: skip
     t = read_torchtitan(DATA / "torchtitan" / "v0.2.2_llama3_70b.toml", world_size=64)
     merged = merge_arguments(t.arguments, {"hf_config": "config.json", "seq_len": 4096})
     assert "model" not in merged and merged["seq_len"] == 4096 and merged["fsdp"] == "FULL_SHARD"

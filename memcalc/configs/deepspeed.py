@@ -64,7 +64,8 @@ def read_deepspeed(
     accumulation (fill ``"auto"``, must agree with integers); ``hidden``: the model's hidden size for the ZeRO
     ``"auto"`` buckets; ``tp``/``pp``: model-parallel degrees (dp = world / (tp x pp)); ``fp16``/``bf16``: the
     Trainer's --fp16/--bf16; ``seq_len``: adds the micro-batch to the arguments (activations need both);
-    ``accounting="implementation"`` also passes the ZeRO-3 coordinator knobs (memcalc uses them only there).
+    ``accounting="realistic"`` or ``"implementation"`` also passes the ZeRO-3 coordinator knobs (the accountings that
+    use them).
     """
     if isinstance(config, Mapping):
         data, name = dict(config), "<dict>"
@@ -302,7 +303,7 @@ def _zero_knobs(c: Collector, values: dict[str, Any], spelled: dict[str, str], s
             resolved[key] = as_int(c, path, value, digit_strings=True)
         if key in K.ZERO3_KNOBS:
             c.used(path)
-        elif key == "reduce_bucket_size" and key in resolved and stage in (1, 2):
+        elif key == "reduce_bucket_size" and key in resolved and stage in (1, 2, 3):
             c.used(path)  # the gradient bucket the realistic accounting holds during backward
             c.arguments["reduce_bucket_size"] = resolved[key]
         elif key in K.ZERO_UNMODELLED and key in resolved:
@@ -316,12 +317,12 @@ def _zero_knobs(c: Collector, values: dict[str, Any], spelled: dict[str, str], s
         return
     if stage != 3:
         c.note(f"{', '.join(sorted(knobs))}: ZeRO-3 settings, unused at stage {stage}")
-    elif accounting == "implementation":
+    elif accounting in ("implementation", "realistic"):
         c.arguments.update(knobs)
-        c.arguments["accounting"] = "implementation"
+        c.arguments["accounting"] = accounting
     else:
-        c.note("ZeRO-3 coordinator settings read; memcalc uses them with accounting='implementation' "
-               "(pass accounting= to read_deepspeed)")  # fmt: skip
+        c.note("ZeRO-3 coordinator settings read; memcalc uses them with accounting 'realistic' or 'implementation' "
+               "(--accounting, or accounting= to read_deepspeed); otherwise DeepSpeed's defaults are assumed")  # fmt: skip
 
 
 def _activation_checkpointing(c: Collector, data: Mapping[str, Any]) -> None:

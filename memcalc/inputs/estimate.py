@@ -190,9 +190,14 @@ class EstimateInput(Record):
         if fw.reduce_bucket_size is not None and spec.framework != "deepspeed":
             raise InputError(f"--reduce-bucket-size: DeepSpeed's gradient bucket; it needs --stage (got {spec.label})")
         z3 = self.framework.zero3_flags
-        if z3 and (spec.name != "zero-3" or self.accounting != "implementation"):
-            raise InputError(f"{', '.join(z3)}: DeepSpeed ZeRO-3 coordinator settings, used only with --stage 3 "
-                             f"--accounting implementation (got {spec.label}, --accounting {self.accounting})")  # fmt: skip
+        if z3 and (spec.name != "zero-3" or self.accounting not in ("implementation", "realistic")):
+            raise InputError(f"{', '.join(z3)}: DeepSpeed ZeRO-3 coordinator settings, used only with --stage 3 and "
+                             f"--accounting realistic or implementation (got {spec.label}, --accounting "
+                             f"{self.accounting})")  # fmt: skip
+        if self.framework.zero3_step != "steady" and self.accounting != "implementation":
+            raise InputError(f"--zero3-step {self.framework.zero3_step}: the first step's gathers are replayed by "
+                             f"--accounting implementation only (got --accounting {self.accounting}); the realistic "
+                             "accounting models every step after the first")  # fmt: skip
         if par.stage_layers is not None and arch is None:
             raise InputError("--stage-layers needs the model's shape: give --model, --hf-config or --layers/--hidden/...")
         if self.strategy.shard_group is not None and not spec.hybrid:

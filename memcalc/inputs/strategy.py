@@ -134,8 +134,8 @@ class FrameworkOptions(Record):
     persistence_threshold: int | None = bounded(default=None, ge=0, le=MAX_COUNT)
     """DeepSpeed ZeRO-3: stage3_param_persistence_threshold in elements (None: DeepSpeed's default, 1e5)."""
     reduce_bucket_size: int | None = bounded(default=None, gt=0, le=MAX_COUNT)
-    """DeepSpeed ZeRO-1/2: reduce_bucket_size in elements (None: DeepSpeed's default, 5e8), the gradient bucket the
-    realistic accounting holds during backward."""
+    """DeepSpeed ZeRO-1/2/3: reduce_bucket_size in elements (None: DeepSpeed's default, 5e8), the gradient bucket the
+    realistic accounting holds during backward (ZeRO-3: all step)."""
     zero3_step: Literal["steady", "first"] = "steady"
     """DeepSpeed ZeRO-3: which step's gathers to report: any step after the first (``steady``), or the first, in
     which DeepSpeed records its module trace and gathers every parameter on each use."""

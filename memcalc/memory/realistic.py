@@ -44,10 +44,9 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
     if offload:
         return ("offload: the realistic accounting does not model what stays on the GPU under CPU/NVMe offload yet; "
                 "the paper accounting counts it")
-    if strategy == "zero-3":
-        return ("zero-3: the realistic accounting does not model ZeRO-3's gathered parameters and persistent buckets "
-                "yet (stages 0-2 are modelled); the paper accounting counts it")
-    if strategy in ZERO_STAGES:
+    if strategy == "zero-3" and work is not None and work.recompute not in ("none", "full"):
+        return f"zero-3: the realistic accounting models recompute none or full (got {work.recompute})"
+    if strategy in (*ZERO_STAGES, "zero-3"):
         return _why_not_zero(arch, precision, optimizer, strategy, work, max(tp, pp, cp, ep), lora)
     if float8_all_gather:
         return ("--float8-all-gather: the realistic accounting's FSDP2 timeline gathers the compute dtype; the paper "
@@ -115,8 +114,8 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
 
 
 ZERO_STAGES = ("zero-0", "zero-1", "zero-2")
-"""DeepSpeed stages whose step is modelled (``memcalc.memory.timeline_zero``, against a traced DeepSpeed step on CPU
-ranks); ZeRO-3 takes the paper's."""
+"""DeepSpeed stages whose step is modelled by ``memcalc.memory.timeline_zero``; ZeRO-3's by
+``memcalc.memory.timeline_zero3`` (both against traced DeepSpeed steps on CPU ranks)."""
 
 
 def _why_not_zero(arch: Any, precision: str, optimizer: str, strategy: str, work: Any, parallel: int,
@@ -205,16 +204,26 @@ _KEYS = {"parameters": ("parameters", "model_state"),
          "gradient bucket (reduce_bucket_size)": ("gradient_buckets", "model_state"),
          "gradient partition (grads_in_partition)": ("gradients", "model_state"),
          "gradient partition (averaged_gradients)": ("gradients", "model_state"),
-         "gradients (bf16)": ("gradients", "model_state"), "cuBLAS workspaces (forward, backward threads)":
+         "gradients (bf16)": ("gradients", "model_state"), "parameters (bf16 partitions)": ("parameters", "model_state"),
+         "fp32 master partitions": ("master_weights", "model_state"),
+         "gradient partitions (bf16)": ("gradients", "model_state"),
+         "persistent parameters (whole)": ("parameters_persistent", "model_state"),
+         "gathered parameters": ("gathered_parameters", "model_state"), "cuBLAS workspaces (forward, backward threads)":
          ("cublas_workspace", "overhead")}
 
 
 _DETAIL = (
-    ("master", "DeepSpeed's fp32 copy the optimizer updates (ZeRO-1/2: this rank's partition)"),
+    ("master", "DeepSpeed's fp32 copy the optimizer updates (this rank's partition)"),
+    ("bf16 partitions", "ZeRO-3: this rank's slice of every parameter, ceil(n / dp) elements each (partition_parameters.py)"),
+    ("persistent", "ZeRO-3: parameters of at most stage3_param_persistence_threshold elements, whole on every rank"),
+    ("gathered", "ZeRO-3: what the coordinator holds gathered at this moment, replayed hook by hook (memory/zero3.py)"),
+    ("gradient partitions", "ZeRO-3: this rank's reduced gradients, one flat buffer allocated once (stage3.py)"),
     ("flat buffer", "DeepSpeed's flat bf16 buffer of every parameter, padded to 2 x dp (stage_1_and_2.py)"),
-    ("fp32 moments", "AdamW's exp_avg and exp_avg_sq in fp32 (ZeRO-1/2: this rank's partition)"),
+    ("fp32 moments", "AdamW's exp_avg and exp_avg_sq in fp32 (this rank's partition)"),
     ("fp32 copies", "DeepSpeed ZeRO-0: an fp32 copy of every parameter for the optimizer"),
-    ("gradient bucket", "reduce_bucket_size elements in the training dtype, allocated at the first gradient hook"),
+    ("gradient bucket", "reduce_bucket_size elements in the training dtype (ZeRO-1/2: from the first gradient hook; "
+                        "ZeRO-3: allocated once)"),
+    ("bucket's reduction", "ZeRO-3: gradients not yet in the bucket and its padded copy for the reduce-scatter"),
     ("gradient partition", "this rank's reduced gradients: every parameter overlapping its partition (stage_1_and_2.py)"),
     ("frozen base, nf4", "bitsandbytes NF4, double quantization (model/lora.py nf4_bytes); the rest in the weight dtype"),
     ("frozen base", "the frozen weights: no gradients, no optimizer states"),
@@ -271,6 +280,13 @@ def evaluate(plan: Plan) -> Realistic:
                            attention=ATTENTION[w.attention], s=w.seq_len, b=w.micro_batch, recompute=w.recompute,
                            optimizer_impl=w.optimizer_impl, loss=w.loss, device=w.device,
                            bucket=plan.reduce_bucket_size, rank=worst_rank(arch, plan.dp), use_cache=False)
+        return _finish(plan, tl, tl.peak.live_bytes, 0, comm_groups=int(plan.dp > 1))
+    if plan.spec.name == "zero-3":
+        from memcalc.memory.timeline_zero3 import zero3_timeline
+
+        tl = zero3_timeline(arch, family=arch.family or "", dp=plan.dp, attention=ATTENTION[w.attention], s=w.seq_len,
+                            b=w.micro_batch, recompute=w.recompute, optimizer_impl=w.optimizer_impl, loss=w.loss,
+                            device=w.device, bucket=plan.reduce_bucket_size, settings=plan.zero3, use_cache=False)
         return _finish(plan, tl, tl.peak.live_bytes, 0, comm_groups=int(plan.dp > 1))
     sharded = plan.spec.name == "FULL_SHARD"
     # FSDP's mixed precision (bf16-mixed: fp32 sharded parameters, the master copy, gathered and computed in bf16)
@@ -366,6 +382,10 @@ def notes(plan: Plan) -> list[str]:
                    f"DeepSpeed ZeRO-0: the module in {plan.precision.low_dtype}, fp32 copies of every parameter, the "
                    "gradients flattened for the all-reduce and upcast for the step as DeepSpeed 0.19 holds them "
                    "(memory/timeline_zero.py, against a traced DeepSpeed step on CPU ranks)")
+    if plan.spec.name == "zero-3":
+        from memcalc.memory.timeline_zero3 import NOTE
+
+        out.append(NOTE.format(dtype=plan.precision.low_dtype, bucket=plan.reduce_bucket_size, z=plan.zero3))
     if plan.spec.name == "FULL_SHARD" and w.recompute not in ("none", "full"):
         out.append(f"FULL_SHARD with {w.recompute} recompute: the policy's kept tensors (as on one GPU) under the FSDP2 "
                    "timeline, which was traced with recompute none and full")

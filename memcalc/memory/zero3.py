@@ -35,7 +35,7 @@ from memcalc.model.memo import per_architecture
 from memcalc.model.tree import Node, module_tree
 from memcalc.units import ceil_div
 
-__all__ = ["Gathers", "Zero3Settings", "persistent", "replay"]
+__all__ = ["Gathers", "Zero3Settings", "gathered_bytes", "persistent", "replay"]
 
 AVAILABLE, INFLIGHT, NOT_AVAILABLE = "available", "inflight", "not available"
 
@@ -64,12 +64,16 @@ class _Module:
 
 
 @per_architecture
-def _called(arch: Architecture) -> tuple[list[tuple[str, str]], dict[str, _Module], dict[str, int]]:
-    """Hook events in one step (("fetch" | "release", module)), the modules, and each parameter's numel."""
+def _called(arch: Architecture, recompute: bool = False) -> tuple[list[tuple[str, str]], dict[str, _Module], dict[str, int]]:
+    """Hook events in one step (("fetch" | "release", module)), the modules, and each parameter's numel.
+    ``recompute``: each decoder layer is checkpointed; the backward of the first module its output's gradient
+    reaches (fetched first) unpacks a checkpoint, which runs the layer's forward again (its forward hooks fire once
+    more) before the rest of the layer's backward."""
     numel: dict[str, int] = {}
     mods: dict[str, _Module] = {}
     fwd: list[tuple[str, str]] = []
     bwd: list[tuple[str, str]] = []
+    pending: list[Node] = []  # a checkpointed layer whose backward has started, its forward not yet run again
 
     def register(n: Node) -> None:
         for pid, shape in n.params:
@@ -95,6 +99,13 @@ def _called(arch: Architecture) -> tuple[list[tuple[str, str]], dict[str, _Modul
                 backward(c)
             return
         bwd.append(("fetch", n.name))
+        if recompute and n.layer:
+            pending.append(n)
+        if pending and not n.children:  # the first module the gradient reaches: its backward unpacks a checkpoint
+            done = len(fwd)
+            forward(pending.pop())
+            bwd.extend(fwd[done:])
+            del fwd[done:]
         for c in reversed(n.children):
             backward(c)
         if not mods[n.name].releases_at_end:
@@ -132,14 +143,27 @@ def replay(
 
 
 @per_architecture
+def gathered_bytes(arch: Architecture, dp: int, s: Zero3Settings, recompute: bool = False, width: int = 2
+                   ) -> tuple[tuple[str, str, int, int], ...]:  # fmt: skip
+    """(phase, module, running, fetching) for each module's fetch in a later step: the bytes of gathered
+    parameters (``width`` bytes each) alive while the module runs (after its fetch and the prefetch that follows
+    it), and at its fetch (the waits done, the flat all-gather buffers they emptied not yet freed); and
+    ("loss", "", bytes, 0) as backward starts. Persistent parameters are left out (whole on every rank all step)."""
+    mem: list[tuple[str, str, int, int]] = []
+    _replay(arch, dp, s, False, None, mem, recompute, width)
+    return tuple(mem)
+
+
+@per_architecture
 def _replay_once(arch: Architecture, dp: int, s: Zero3Settings, first_step: bool) -> Gathers:
     return _replay(arch, dp, s, first_step, None)
 
 
 def _replay(
-    arch: Architecture, dp: int, s: Zero3Settings, first_step: bool, log: list[tuple[str, int, object]] | None
+    arch: Architecture, dp: int, s: Zero3Settings, first_step: bool, log: list[tuple[str, int, object]] | None,
+    mem: list[tuple[str, str, int, int]] | None = None, recompute: bool = False, width: int = 2,
 ) -> Gathers:
-    events, mods, numel = _called(arch)
+    events, mods, numel = _called(arch, recompute)
     persist = set(_persistent(numel, s))
     padded = {p: ceil_div(n, dp) * dp for p, n in numel.items()}
     trace = [m for kind, m in events if kind == "fetch"]
@@ -165,6 +189,15 @@ def _replay(
     gathered = {"forward": 0, "backward": 0}
     calls = {"forward": 0, "backward": 0}
 
+    # Bytes (``mem``): one parameter gathered alone is a view of its padded all-gather buffer from the gather on
+    # (``_all_gather_sequential``); several are gathered into one flat buffer of their padded partitions
+    # (``_all_gather_dtype``), alive until the last of them is waited for, and the first wait copies each out
+    # whole (``AllGatherCoalescedHandle.wait``: ``torch.cat`` of its slices), freed at its release.
+    copies: dict[str, int] = {}
+    flats: list[list] = []  # [bytes, params not yet waited for, copied out]
+    handle_of: dict[str, int] = {}
+    done: list[list] = []
+
     def gather(params: list[str]) -> None:
         nonlocal live, peak
         todo = [p for p in params if status[p] == NOT_AVAILABLE]
@@ -178,12 +211,32 @@ def _replay(
             log.append(("ag", step, sorted(todo)))
         for p in todo:
             status[p] = INFLIGHT
+        if mem is not None and len(todo) == 1:
+            copies[todo[0]] = width * padded[todo[0]]
+        elif mem is not None:
+            for p in todo:
+                handle_of[p] = len(flats)
+            flats.append([width * sum(padded[p] for p in todo), set(todo), False])
+
+    def wait(p: str) -> None:
+        h = handle_of.pop(p, None)
+        if h is None:
+            return
+        f = flats[h]
+        if not f[2]:
+            f[2] = True
+            for q in f[1]:
+                copies[q] = width * numel[q]
+        f[1].discard(p)
+        if not f[1]:
+            done.append(f)  # freed once the module that waited for it has run (traced)
 
     def release(p: str) -> None:
         nonlocal live
         if status[p] == AVAILABLE and not active[p]:
             status[p] = NOT_AVAILABLE
             live -= numel[p]
+            copies.pop(p, None)
             if log is not None:
                 log.append(("rel", step, p))
 
@@ -203,6 +256,8 @@ def _replay(
     for kind, name in events:
         if kind == "backward":
             phase = "backward"
+            if mem is not None:  # gathered into the loss, as backward starts
+                mem.append(("loss", "", sum(copies.values()) + sum(f[0] for f in flats), 0))
             continue
         m = mods[name]
         if kind == "fetch":
@@ -211,6 +266,10 @@ def _replay(
             for p in params:
                 active[p].add(name)
                 status[p] = AVAILABLE
+                if mem is not None:
+                    wait(p)
+            if mem is not None:
+                peak_fetch = sum(copies.values()) + sum(f[0] for f in flats)
             if not first_step:
                 wanted = {p for p in params if fetched_for.get(p, -(10**10)) < step}
                 popped: set[str] = set()
@@ -231,6 +290,12 @@ def _replay(
                             n += numel[p]
                     if n > 0:
                         gather(list(ahead))
+            if mem is not None:
+                held = sum(copies.values()) + sum(f[0] for f in flats)
+                for f in done:  # the flat buffers whose last parameter this fetch waited for: freed as it returns
+                    held, f[0] = held - f[0], 0
+                done.clear()
+                mem.append((phase, name, held, peak_fetch))
             step += 1
         elif kind == "release":
             drop = set(m.params) if first_step else to_release(m, step)

@@ -1,4 +1,5 @@
-"""The realistic DeepSpeed ZeRO-0/1/2 timeline (``memcalc.memory.timeline_zero``) against a traced DeepSpeed step.
+"""The realistic DeepSpeed ZeRO timelines (``memcalc.memory.timeline_zero``: stages 0-2; ``timeline_zero3``) against
+a traced DeepSpeed step.
 
 Real DeepSpeed 0.19 ranks on CPU (gloo), a tiny Hugging Face Llama in bf16, torch AdamW as the client optimizer
 (its CPU default is the for-loop implementation), live bytes op by op (``memcalc.validation.trace_deepspeed``).
@@ -14,6 +15,7 @@ import pytest
 pytest.importorskip("deepspeed")
 pytest.importorskip("transformers")
 
+from memcalc.memory.timeline_states import param_tensors
 from memcalc.memory.timeline_zero import partition, zero_timeline
 from memcalc.model.hf_config import architecture_from_config
 from memcalc.validation.trace_deepspeed import trace_deepspeed
@@ -58,3 +60,47 @@ def test_deepspeed_timeline_equals_trace(stage, world, recompute, bucket, optimi
     assert -256 <= mine - backward <= 0.02 * backward
     if stage:
         assert (p, sigma) == (r.facts["partition"], r.facts["in_partition"])
+
+
+# ZeRO-3: DeepSpeed's defaults keep every parameter of the tiny model gathered from forward to backward (all of it
+# within stage3_max_reuse_distance) and prefetch the whole model at once; the other cases keep part of it, prefetch in
+# small buckets, gather module by module, or recompute the layers.
+Z3_CASES = [  # (layers, world, recompute, reuse distance, prefetch bucket, optimizer)
+    (2, 2, "none", 1_000_000_000, 50_000_000, "torch-adamw"),
+    (4, 2, "none", 100_000, 20_000, "torch-adamw"),
+    (4, 2, "full", 100_000, 0, "torch-adamw"),
+    (4, 4, "none", 0, 0, "torch-adamw-fused"),
+]
+
+
+@pytest.mark.parametrize("layers,world,recompute,reuse,prefetch,optimizer", Z3_CASES)
+def test_zero3_timeline_equals_trace(layers, world, recompute, reuse, prefetch, optimizer):
+    from memcalc.layout.plan import Zero3Settings
+    from memcalc.memory.timeline_zero3 import zero3_timeline
+
+    cfg = dict(LLAMA, num_hidden_layers=layers)
+    r = trace_deepspeed(cfg, stage=3, world=world, seq_len=S, micro_batch=B, recompute=recompute,
+                        reduce_bucket_size=2000, optimizer=optimizer, timeout=240,
+                        zero_config={"stage3_max_reuse_distance": reuse, "stage3_prefetch_bucket_size": prefetch})
+    tr = r.trace
+    settings = Zero3Settings(max_reuse_distance=reuse, prefetch_bucket_size=prefetch, param_persistence_threshold=0)
+    tl = zero3_timeline(architecture_from_config(cfg), family="llama", dp=world, attention="sdpa", s=S, b=B,
+                        recompute=recompute, optimizer_impl=IMPL[optimizer], bucket=2000, settings=settings)
+    assert tl.peak.phase == tr.peak_phase
+    assert abs(tl.peak.live_bytes - tr.peak) <= 256
+    assert abs(tl.moments[0].live_bytes - tr.baseline) <= 256
+    for phase in ("loss", "backward", "backward.epilogue", "optimizer", "optimizer.adamw"):
+        assert abs(tl.phase_peaks[phase] - tr.phase_peaks[phase]) <= 256, phase
+    # Layers: the forward's moments up to 2.5 % below and 1 % above (the timeline's one moment per layer misses the MLP's
+    # intermediates alive while a just-in-time or recomputed module runs, and DeepSpeed's hooks keep one or two
+    # hidden-size outputs a little longer); the backward's above, by at most what each layer counts at every moment of
+    # its backward for its largest gradient hook and its most gathered parameters.
+    for key in [k for k in tr.phase_peaks if k.startswith(("forward.layer.", "backward.layer."))]:
+        gap = tl.phase_peaks[key] - tr.phase_peaks[key]
+        if key.startswith("forward"):
+            assert -0.025 * tr.phase_peaks[key] <= gap <= 0.01 * tr.phase_peaks[key], (key, gap)
+        else:
+            counted = max(dict(m.parts)["gradients and the bucket's reduction"] + dict(m.parts)["gathered parameters"]
+                          for m in tl.moments if m.phase == key)
+            assert 0 <= gap <= counted + 256, (key, gap, counted)
+    assert r.facts["partition"] == sum(-(-n // world) for _, n in param_tensors(architecture_from_config(cfg)))

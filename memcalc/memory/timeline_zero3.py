@@ -1,0 +1,188 @@
+"""The live bytes of one DeepSpeed ZeRO-3 step of a Hugging Face model, moment by moment.
+
+As for ZeRO-0/1/2 (``memcalc.memory.timeline_zero``), DeepSpeed casts the module to the training dtype, so the
+layers save what a pure bf16 model saves (``memcalc.memory.timeline``, ``regime="bf16"``) and only the model states
+and their transients differ. What rank ``rank`` of N holds, read from DeepSpeed 0.19 (``runtime/zero/stage3.py``,
+``partition_parameters.py``, ``partitioned_param_coordinator.py``, ``runtime/comm/coalesced_collectives.py``) and
+traced op by op on CPU ranks (``memcalc.validation.trace_deepspeed``; tests/validation/test_deepspeed_timeline.py),
+with each parameter of n elements partitioned into ⌈n/N⌉ (P3 = Σ⌈n/N⌉ on rank 0, which holds full chunks):
+
+- between steps: the bf16 partitions (2·P3), the fp32 master partitions (4·P3), AdamW's moments (8·P3), the bf16
+  gradient partitions (2·P3, ``grad_partitions_flat_buffer``, allocated once), the gradient bucket
+  (2·``reduce_bucket_size``, ``ipg_buckets[...].buffer``, with ``contiguous_gradients``, the default) and the
+  persistent parameters whole (those of at most ``stage3_param_persistence_threshold`` elements);
+- forward and backward: the parameters the coordinator holds gathered while each module runs, replayed hook by
+  hook with its prefetching and ``stage3_max_reuse_distance`` (``memcalc.memory.zero3.gathered_bytes``);
+- backward: each gradient as autograd makes it, copied into the bucket in its hook and freed (one that does not fit
+  stays until the bucket is reduced); a gradient that overflows the bucket reduces it first:
+  ``reduce_scatter_coalesced`` concatenates the bucket's gradients padded to N·⌈n/N⌉ each into a new buffer (none
+  for a single gradient divisible by N), reduce-scatters in place and copies the rank's slice into its partitions
+  (on gloo, ``reduce_scatter_tensor`` copies its input once more: ``device="cpu"``);
+- optimizer step, per sub-group of at most ``sub_group_size`` partition elements: an fp64 copy of each gradient
+  partition for the norm, the flattened partitions and their fp32 copy (``flatten(...).to(fp32)``: 2 + 4 bytes per
+  element), then AdamW on the fp32 gradient (its temporaries: for-loop 8, foreach 4, fused 0 bytes per element).
+"""
+
+from __future__ import annotations
+
+from memcalc.errors import InputError
+from memcalc.layout.plan import REDUCE_BUCKET_SIZE, Zero3Settings
+from memcalc.memory.timeline import Moment, Timeline, _moment, timeline
+from memcalc.memory.timeline_states import buffer_bytes, param_tensors
+from memcalc.memory.zero3 import _called, gathered_bytes, persistent
+from memcalc.model.architecture import Architecture
+from memcalc.units import ceil_div
+
+SUB_GROUP_SIZE = 1_000_000_000
+"""``zero_optimization.sub_group_size`` (DeepSpeed's default): the optimizer steps this many partition elements at
+a time."""
+_GRADS = ("parameter gradients so far", "head and final norm gradients")
+NOTE = ("DeepSpeed ZeRO-3: the module in {dtype} saves what a pure {dtype} model saves; rank 0's partitions, the "
+        "gradient partitions and bucket (reduce_bucket_size {bucket:,} elements), the parameters its coordinator holds "
+        "gathered module by module (stage3_prefetch_bucket_size {z.prefetch_bucket_size:,}, stage3_max_reuse_distance "
+        "{z.max_reuse_distance:,}, stage3_max_live_parameters {z.max_live_parameters:,}, persistence threshold "
+        "{z.param_persistence_threshold:,}), the bucket's reductions and the step's fp32 gradients per sub-group as "
+        "DeepSpeed 0.19 holds them (memory/timeline_zero3.py, against traced DeepSpeed steps on CPU ranks)")
+
+
+def sub_groups(arch: Architecture, dp: int, size: int = SUB_GROUP_SIZE) -> tuple[int, ...]:
+    """Partition elements of each optimizer sub-group (``stage3.py`` ``_create_fp16_sub_groups``: parameters in
+    order, a group closed once it reaches ``size``)."""
+    out, run = [], 0
+    tensors = param_tensors(arch)
+    for k, (_, n) in enumerate(tensors):
+        run += ceil_div(n, dp)
+        if run >= size or k == len(tensors) - 1:
+            out.append(run)
+            run = 0
+    return tuple(out)
+
+
+def _layer_of(module: str) -> str:
+    """The timeline phase a module's work belongs to: ``layer<i>...`` → ``layer.i``; the rest by name."""
+    if module.startswith("layer"):
+        return "layer." + module[5:].split(".", 1)[0]
+    return module
+
+
+def _gradients(arch: Architecture, dp: int, bucket: int, device: str, width: int = 2) -> tuple[dict[str, int], int]:
+    """Per phase key (``layer.i``, ``head``...), the most bytes of gradients and reduction buffers alive at one of
+    its gradient hooks; and at the end of backward (the last bucket reduced)."""
+    events, mods, numel = _called(arch)
+    order = [m for kind, m in events[events.index(("backward", "")) + 1:] if kind == "fetch" and mods[m].params]
+    held: list[tuple[str, int]] = []  # (parameter, elements) in the bucket
+    own = 0  # bytes of gradients in the bucket's list but not in its buffer (larger than the room left)
+    elements = 0
+    out: dict[str, int] = {}
+
+    def flush() -> int:
+        if not held:
+            return 0
+        padded = width * dp * sum(ceil_div(n, dp) for _, n in held)
+        concat = 0 if len(held) == 1 and held[0][1] % dp == 0 else padded
+        return concat + (padded if device == "cpu" else 0)  # gloo's reduce_scatter_tensor copies its input
+
+    for m in order:
+        key = _layer_of(m)
+        for p in mods[m].params:
+            n = numel[p]
+            at = width * n + own
+            if elements + n > bucket and elements > 0:
+                at += flush()
+                held, own, elements = [], 0, 0
+            out[key] = max(out.get(key, 0), at)
+            if elements + n > bucket:
+                own += width * n
+            held.append((p, n))
+            elements += n
+    return out, own + flush()
+
+
+def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, s: int, b: int,
+                   recompute: str = "none", optimizer_impl: str = "fused", loss: str = "standard",
+                   device: str = "cpu", bucket: int = REDUCE_BUCKET_SIZE, settings: Zero3Settings = Zero3Settings(),
+                   sub_group_size: int = SUB_GROUP_SIZE, compiled: bool = False, loss_compiled: bool | None = None,
+                   position_ids: bool = False, use_cache: bool = True) -> Timeline:  # fmt: skip
+    """Moments of one DeepSpeed ZeRO-3 step (bf16 or fp16 training dtype, torch AdamW of ``optimizer_impl`` or
+    DeepSpeed's FusedAdam: ``fused``) on data-parallel rank 0 of ``dp`` (the rank with the largest partitions)."""
+    if dp < 1 or bucket < 1 or sub_group_size < 1:
+        raise InputError(f"dp {dp}, reduce_bucket_size {bucket} and sub_group_size {sub_group_size} must be positive")
+    if optimizer_impl not in ("foreach", "fused", "for-loop"):
+        raise InputError(f"optimizer implementation {optimizer_impl!r} under DeepSpeed: accepted foreach, fused, "
+                         "for-loop")  # fmt: skip
+    if recompute not in ("none", "full"):
+        raise InputError(f"recompute {recompute!r} under ZeRO-3: accepted none, full")
+    tl = timeline(arch, family=family, regime="bf16", attention=attention, s=s, b=b, recompute=recompute,
+                  optimizer_impl="fused", loss=loss, device=device, position_ids=position_ids, use_cache=use_cache,
+                  compiled=compiled, loss_compiled=loss_compiled)  # fmt: skip
+    tensors = param_tensors(arch)
+    p3 = sum(ceil_div(n, dp) for _, n in tensors)
+    groups = sub_groups(arch, dp, sub_group_size)
+    whole = 2 * sum(persistent(arch, settings).values()) if dp > 1 else 0
+    states = [("parameters (bf16 partitions)", 2 * p3), ("fp32 master partitions", 4 * p3),
+              ("optimizer states (fp32 moments)", 8 * p3 + 4 * len(groups)),
+              ("gradient partitions (bf16)", 2 * p3), ("gradient bucket (reduce_bucket_size)", 2 * bucket),
+              ("persistent parameters (whole)", whole), ("buffers", buffer_bytes(arch, family, 2))]  # fmt: skip
+    # Gathered parameters while each module runs; at world 1 nothing is gathered (``_no_gather_coalesced``).
+    gathered: dict[tuple[str, str], int] = {}
+    fetching: dict[tuple[str, str], int] = {}  # at a fetch, an emptied flat buffer not yet freed (when larger)
+    after_forward = 0
+    if dp > 1:
+        for phase, module, x, at in gathered_bytes(arch, dp, settings, recompute == "full"):
+            if phase == "loss":
+                after_forward = x
+                continue
+            key = (phase, _layer_of(module))
+            gathered[key] = max(gathered.get(key, 0), x)
+            if at > x:
+                fetching[key] = max(fetching.get(key, 0), at)
+    grads, epilogue = _gradients(arch, dp, bucket, device)
+    moments: list[Moment] = []
+    last: list[tuple[str, int]] = []  # the previous moment's parts, less the gathered parameters
+    seen: set[tuple[str, str]] = set()
+    for m in tl.moments:
+        if m.phase in ("optimizer", "zero_grad"):
+            continue
+        made = sum(x for n, x in m.parts if n in _GRADS)  # no parameter's gradient made yet: none in flight
+        parts = [(n, x) for n, x in m.parts if n not in ("parameters", "optimizer states", "buffers", *_GRADS)]
+        extra: list[tuple[str, int]] = []
+        if m.phase.startswith(("forward", "backward")):
+            phase, _, rest = m.phase.partition(".")
+            key = rest if rest.startswith("layer.") else ("head" if phase == "forward" else "final_norm")
+            here = gathered.get((phase, key), 0)
+            if phase == "forward" and m.label.startswith("the final norm"):
+                here = max(here, gathered.get((phase, "final_norm"), 0))
+            if phase == "backward" and not rest:  # the loss's backward, then the head's and the final norm's
+                here = gathered.get((phase, "final_norm"), gathered.get((phase, "head"), 0)) if made else after_forward
+                extra.append(("gradients and the bucket's reduction", max(grads.get("head", 0),
+                                                                          grads.get("final_norm", 0)) if made else 0))
+            elif phase == "backward":
+                extra.append(("gradients and the bucket's reduction", grads.get(key, 0) if made else 0))
+            extra.insert(0, ("gathered parameters", here))
+            k = (phase, key)
+            if k in fetching and k not in seen:  # the fetch, before this phase's work: what the moment before held
+                moments.append(_moment(m.phase, "the parameters gathered, the emptied all-gather buffer not yet freed",
+                                       last + [("gathered parameters", fetching[k])]))
+            seen.add(k)
+        elif m.phase == "loss":
+            extra.append(("gathered parameters", after_forward))
+        moments.append(_moment(m.phase, m.label, states + parts + extra))
+        last = states + parts + [e for e in extra if e[0] != "gathered parameters"]
+    inputs = [(n, x) for n, x in tl.moments[1].parts if n.startswith("input ids")]
+    base = states + inputs
+    big = max(groups)
+    temp = {"for-loop": 8 * big, "foreach": 4 * big, "fused": 0}[optimizer_impl]
+    largest = max(ceil_div(n, dp) for _, n in tensors)
+    end_gather = gathered.get(("backward", "embed"), 0)
+    moments += [
+        _moment("backward.epilogue", "the last bucket reduced", base + [("gathered parameters", end_gather),
+                                                                       ("gradients and the bucket's reduction", epilogue)]),
+        _moment("optimizer", "fp64 copy of a gradient partition for the norm", base
+                + [("fp64 gradient partition", 8 * largest)]),
+        _moment("optimizer", "a sub-group's gradients flattened and upcast", base
+                + [("flattened gradients (bf16)", 2 * big), ("fp32 gradients", 4 * big)]),
+        _moment("optimizer.adamw", "AdamW on a sub-group's fp32 partition", base
+                + [("fp32 gradients", 4 * big), ("step temporaries", temp)]),
+        _moment("zero_grad", "after the step", base),
+    ]  # fmt: skip
+    return Timeline(tuple(moments))

@@ -1,0 +1,133 @@
+"""DeepSpeed ZeRO-3 under the realistic accounting (``memcalc.memory.timeline_zero3``).
+
+The traced check (real DeepSpeed ranks on CPU) is tests/validation/test_deepspeed_timeline.py; the peaks pinned here
+are what that tracer measured for the same tiny Llama (``memcalc.validation.trace_deepspeed``, re-runnable), beside
+the model's figure."""
+
+import json
+
+import pytest
+
+import memcalc
+from memcalc.errors import InputError
+from memcalc.layout.plan import Zero3Settings
+from memcalc.memory.timeline_states import buffer_bytes, param_tensors
+from memcalc.memory.timeline_zero3 import sub_groups, zero3_timeline
+from memcalc.memory.zero3 import gathered_bytes
+from memcalc.model.hf_config import architecture_from_config
+
+LLAMA = dict(model_type="llama", hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=512, max_position_embeddings=128, tie_word_embeddings=False)
+ARCH = architecture_from_config(LLAMA)
+ARCH4 = architecture_from_config(dict(LLAMA, num_hidden_layers=4))
+PSI = 158_016
+NONE = Zero3Settings(param_persistence_threshold=0)
+
+
+def tl(arch=ARCH, dp=2, **kw):
+    kw.setdefault("settings", NONE)
+    return zero3_timeline(arch, family="llama", dp=dp, attention="sdpa", s=32, b=2, **kw)
+
+
+@pytest.mark.parametrize("arch,dp,kw,traced,model,phase", [
+    # DeepSpeed's coordinator defaults: the whole tiny model gathered from forward into backward
+    (ARCH, 2, dict(bucket=2000, optimizer_impl="for-loop"), 2_376_573, 2_376_812, "backward"),
+    # the default bucket: 1 GB in bf16, allocated once
+    (ARCH, 2, dict(bucket=500_000_000, optimizer_impl="for-loop"), 1_002_372_573, 1_002_372_812, "backward"),
+    (ARCH4, 2, dict(bucket=2000, optimizer_impl="for-loop"), 3_805_165, 3_796_964, "forward.layer.3"),
+    (ARCH4, 2, dict(bucket=2000, optimizer_impl="for-loop", settings=Zero3Settings(
+        max_reuse_distance=100_000, prefetch_bucket_size=20_000, param_persistence_threshold=0)),
+     3_664_253, 3_664_492, "backward"),
+    (ARCH4, 2, dict(bucket=2000, optimizer_impl="for-loop", recompute="full", settings=Zero3Settings(
+        max_reuse_distance=100_000, prefetch_bucket_size=0, param_persistence_threshold=0)),
+     3_510_661, 3_510_628, "optimizer.adamw"),
+])
+def test_peaks_beside_the_traced(arch, dp, kw, traced, model, phase):
+    t = tl(arch, dp, **kw)
+    assert (t.peak.live_bytes, t.peak.phase) == (model, phase)
+    assert abs(model - traced) <= 0.0025 * traced  # the traced forward is above by DeepSpeed's hook outputs (8 KB)
+
+
+def test_states_follow_the_formulas():
+    p3 = sum(-(-n // 2) for _, n in param_tensors(ARCH))
+    assert p3 == 79_008
+    t = tl(bucket=2000, optimizer_impl="for-loop")
+    base = dict(t.moments[0].parts)
+    # 2 bf16 + 4 fp32 + 8 moments + 2 gradient partitions per partition element, the bucket, one step scalar
+    assert base["parameters (bf16 partitions)"] == base["gradient partitions (bf16)"] == 2 * p3
+    assert base["fp32 master partitions"] == 4 * p3
+    assert base["optimizer states (fp32 moments)"] == 8 * p3 + 4
+    assert base["gradient bucket (reduce_bucket_size)"] == 4000
+    assert t.moments[0].live_bytes == 16 * p3 + 4000 + 4 + buffer_bytes(ARCH, "llama", 2)
+    # optimizer: the flattened partition and its fp32 copy, then AdamW's for-loop temporaries (8 bytes per element)
+    assert t.phase_peaks["optimizer"] - t.moments[0].live_bytes == 6 * p3 + 512  # + the batch (input ids)
+    assert t.phase_peaks["optimizer.adamw"] - t.moments[0].live_bytes == 12 * p3 + 512
+    fused = tl(bucket=2000, optimizer_impl="fused")
+    assert fused.phase_peaks["optimizer.adamw"] - fused.moments[0].live_bytes == 4 * p3 + 512
+
+
+def test_sub_groups_bound_the_step():
+    assert sub_groups(ARCH, 2) == (79_008,)
+    groups = sub_groups(ARCH, 2, 30_000)  # parameters in order, a group closed once it reaches the size
+    # the embedding's 16,384 + q 2,048 + k, v 1,024 each + o 2,048 + gate, up 5,632 each crosses 30,000
+    assert groups == (33_792, 45_216)  # the second: layer 0's down onwards, reaching 30,000 only with the head
+    small = tl(bucket=2000, optimizer_impl="for-loop", sub_group_size=30_000)
+    assert small.phase_peaks["optimizer.adamw"] - small.moments[0].live_bytes == 12 * 45_216 + 512
+    assert small.moments[0].live_bytes == tl(bucket=2000).moments[0].live_bytes + 4  # a step scalar per sub-group
+
+
+def test_gathered_as_the_coordinator_holds_them():
+    g = {(ph, m): (x, at) for ph, m, x, at in gathered_bytes(ARCH, 2, NONE)}
+    # defaults: the root's prefetch gathers the whole model into one flat buffer (2Ψ bytes); the first wait copies
+    # every parameter out of it (2Ψ more), and the buffer lives until the head, the last of them, is waited for
+    assert g[("forward", "root")] == (2 * PSI, 0)  # nothing at its fetch; the prefetch after it
+    assert g[("forward", "embed")] == (4 * PSI, 4 * PSI)
+    assert g[("forward", "head")] == (2 * PSI, 4 * PSI)
+    assert g[("loss", "")][0] == 2 * PSI  # all kept: each reused within stage3_max_reuse_distance
+    # no prefetching, no reuse: each module's one parameter alone, a view of its padded all-gather buffer
+    lone = {(ph, m): x for ph, m, x, _ in gathered_bytes(ARCH, 2, Zero3Settings(0, 10**9, 0, 0))}
+    assert lone[("forward", "layer0.q")] == 2 * 64 * 64 and lone[("forward", "layer1.mlp.down")] == 2 * 64 * 176
+    assert lone[("loss", "")] == 0
+    # one rank gathers nothing
+    assert tl(dp=1, bucket=2000).phase_peaks["loss"] == tl(dp=1, bucket=2000, settings=Zero3Settings()).phase_peaks["loss"]
+
+
+def test_estimate_and_config(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(LLAMA))
+    kw = dict(hf_config=str(cfg), gpus=2, stage=3, precision="bf16-mixed", seq_len=32, micro_batch=2,
+              optimizer_impl="for-loop", device="cpu", attention="sdpa", reduce_bucket_size=2000,
+              persistence_threshold=0)  # fmt: skip
+    r = memcalc.estimate(**kw)
+    assert r.accounting == "realistic" and r.memory.per_gpu.peak_allocated == 2_376_812
+    assert any("DeepSpeed ZeRO-3" in n and "stage3_max_reuse_distance 1,000,000,000" in n for n in r.notes)
+    rows = {x.key: x.bytes for x in r.memory.per_gpu.rows}
+    assert rows["gathered_parameters"] == 2 * PSI and rows["gradient_buckets"] == 4000
+    # the coordinator's settings change the answer: with no reuse and no prefetching little is gathered
+    lean = memcalc.estimate(max_reuse_distance=0, prefetch_bucket_size=0, **kw)
+    assert lean.memory.per_gpu.peak_allocated == 2_216_804  # traced 2,216,837
+    # a DeepSpeed config's reduce_bucket_size and coordinator knobs reach it
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True}, "zero_optimization": {
+        "stage": 3, "reduce_bucket_size": 2000, "stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 0,
+        "stage3_param_persistence_threshold": 0}}))
+    from memcalc.configs import read_deepspeed
+
+    got = read_deepspeed(str(ds), world_size=2, accounting="realistic").arguments
+    assert got["reduce_bucket_size"] == 2000 and got["max_reuse_distance"] == 0 and got["prefetch_bucket_size"] == 0
+
+
+def test_bad_input(tmp_path):
+    with pytest.raises(InputError, match="recompute"):
+        tl(recompute="selective")
+    with pytest.raises(InputError, match="sub_group_size"):
+        tl(sub_group_size=0)
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(LLAMA))
+    kw = dict(hf_config=str(cfg), gpus=2, stage=3, seq_len=32)
+    with pytest.raises(InputError, match=r"--zero3-step first: .*--accounting implementation"):
+        memcalc.estimate(zero3_step="first", accounting="realistic", **kw)
+    with pytest.raises(InputError, match="zero-3: the realistic accounting models recompute none or full"):
+        memcalc.estimate(recompute="every:2", accounting="realistic", **kw)
+    with pytest.raises(InputError, match="--max-reuse-distance"):
+        memcalc.estimate(max_reuse_distance=0, accounting="paper", **kw)
