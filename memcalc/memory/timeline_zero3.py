@@ -29,6 +29,7 @@ from memcalc.errors import InputError
 from memcalc.layout.plan import REDUCE_BUCKET_SIZE, Zero3Settings
 from memcalc.memory.timeline import Moment, Timeline, _moment, timeline
 from memcalc.memory.timeline_states import buffer_bytes, param_tensors
+from memcalc.memory.timeline_zero import _GRADS
 from memcalc.memory.zero3 import _called, gathered_bytes, persistent
 from memcalc.model.architecture import Architecture
 from memcalc.units import ceil_div
@@ -36,7 +37,6 @@ from memcalc.units import ceil_div
 SUB_GROUP_SIZE = 1_000_000_000
 """``zero_optimization.sub_group_size`` (DeepSpeed's default): the optimizer steps this many partition elements at
 a time."""
-_GRADS = ("parameter gradients so far", "head and final norm gradients")
 NOTE = ("DeepSpeed ZeRO-3: the module in {dtype} saves what a pure {dtype} model saves; rank 0's partitions, the "
         "gradient partitions and bucket (reduce_bucket_size {bucket:,} elements), the parameters its coordinator holds "
         "gathered module by module (stage3_prefetch_bucket_size {z.prefetch_bucket_size:,}, stage3_max_reuse_distance "
@@ -118,6 +118,8 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
     tensors = param_tensors(arch)
     p3 = sum(ceil_div(n, dp) for _, n in tensors)
     groups = sub_groups(arch, dp, sub_group_size)
+    # Persistent parameters stay whole beside their partitions; on one rank the partition is the whole parameter,
+    # already counted (that case was traced with no persistent parameters only).
     whole = 2 * sum(persistent(arch, settings).values()) if dp > 1 else 0
     states = [("parameters (bf16 partitions)", 2 * p3), ("fp32 master partitions", 4 * p3),
               ("optimizer states (fp32 moments)", 8 * p3 + 4 * len(groups)),
