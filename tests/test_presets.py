@@ -65,3 +65,29 @@ def test_bad_user_preset_is_one_clear_line(tmp_path: Path):
         load_gpu(str(bad))
     with pytest.raises(InputError, match="does not exist"):
         load_gpu(str(tmp_path / "missing.toml"))
+
+
+@pytest.mark.parametrize("kind", ["gpus", "models", "clusters", "calibration"])
+def test_lookup_reads_only_what_it_must_and_agrees_with_the_index(kind, monkeypatch):
+    """``find`` (which parses only the files whose text can hold the name) gives the file the full alias index gives,
+    for every shipped name and alias, in every spelling the index accepts; and it parses one file for an alias."""
+    from memcalc.inputs import presets
+
+    index = presets._alias_index(kind)
+    assert index
+    for key, path in index.items():
+        for spelling in (key, key.upper(), key.replace("-", "_"), f"  {key} "):
+            presets.find.cache_clear()
+            assert presets.find(kind, spelling) == path, spelling
+    presets.find.cache_clear()
+    assert presets.find(kind, "no-such-preset-anywhere") is None
+    aliases = [k for k, p in index.items() if presets._norm(p.stem) != k]
+    if aliases:
+        parsed = []
+        real = presets._read
+        monkeypatch.setattr(presets, "_read", lambda p: parsed.append(p) or real(p))
+        presets.find.cache_clear()
+        assert presets.find(kind, aliases[0]) == index[aliases[0]]
+        assert parsed[-1] == index[aliases[0]]
+        assert len(parsed) < len(list((presets_dir() / kind).glob("*.toml")))
+    presets.find.cache_clear()

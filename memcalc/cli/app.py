@@ -160,9 +160,15 @@ def show(result: Any, fmt: str, units: str) -> None:
 
         sys.stdout.write(to_markdown(result, units) + "\n")
     else:
-        from memcalc.report.render import render
+        from memcalc.report.render import plain_text, render, renderables
 
-        console().print(render(result, units))  # type: ignore[arg-type]
+        width = unstyled_width()
+        text = None if width is None else plain_text(renderables(result, units), width)  # type: ignore[arg-type]
+        if text is None:
+            console().print(render(result, units))  # type: ignore[arg-type]
+        else:  # the characters rich's console would write, without importing it
+            sys.stdout.write(text)
+            sys.stdout.flush()
 
 
 def show_rows(title: str, rows: list[dict[str, Any]], fmt: str, right: tuple[str, ...] = ()) -> None:
@@ -187,6 +193,27 @@ def show_rows(title: str, rows: list[dict[str, Any]], fmt: str, right: tuple[str
     console().print(t)
 
 
+def unstyled_width() -> int | None:
+    """The width of ``console()`` where rich would write plain text (no colour system, no notebook, UTF-8 box
+    characters; rich.console.Console.is_terminal and _detect_color_system): piped output without COLUMNS, no
+    FORCE_COLOR or TTY_COMPATIBLE, not in IPython, not on Windows. None elsewhere: rich decides."""
+    import builtins
+    import os
+
+    env = os.environ
+    if sys.stdout.isatty() or "COLUMNS" in env or "FORCE_COLOR" in env or "TTY_COMPATIBLE" in env:
+        return None
+    if hasattr(builtins, "get_ipython") or sys.platform == "win32":
+        return None
+    if not (getattr(sys.stdout, "encoding", "utf-8") or "utf-8").lower().startswith("utf"):
+        return None
+    return PIPED_WIDTH
+
+
+PIPED_WIDTH = 160
+"""Columns of piped output: not squeezed to rich's 80."""
+
+
 def console() -> Any:
     """A terminal gets its own width; piped output (files, CI logs) is not squeezed to 80 columns."""
     import os
@@ -195,7 +222,7 @@ def console() -> Any:
 
     wide = not sys.stdout.isatty() and "COLUMNS" not in os.environ
     # memcalc's cells are plain text: no markup, emoji codes or number highlighting to parse in them.
-    return Console(width=160 if wide else None, markup=False, emoji=False, highlight=False)
+    return Console(width=PIPED_WIDTH if wide else None, markup=False, emoji=False, highlight=False)
 
 
 def run_or_fail(fn: Any) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tomllib
 from functools import cache
 from pathlib import Path
 from stat import S_ISREG
@@ -62,13 +61,120 @@ def _parsed(path: str, mtime_ns: int, size: int) -> dict[str, Any]:
         raise InputError(f"preset file {path!r} has more than {MAX_FILE_BYTES:,} bytes; accepted: a .toml file of at "
                          f"most {MAX_FILE_BYTES:,} bytes (presets are a few hundred)")
     try:
-        return tomllib.loads(data.decode("utf-8"))
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise InputError(f"preset file {path!r} is not UTF-8 text (byte {e.start}); accepted: a UTF-8 .toml file") from None
+    flat = _flat_toml(text)
+    if flat is not None:
+        return flat
+    import tomllib  # the rest of TOML, and its error messages
+
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise InputError(f"preset file {path!r} is not valid TOML: {' '.join(str(e).split())}") from None
     except RecursionError:
         raise InputError(f"preset file {path!r} nests too deeply; accepted: a flat .toml file of keys and values") from None
+
+
+# What a preset file is: comments, and ``key = value`` lines whose values are basic strings without escapes, decimal
+# numbers, booleans or arrays of those (over several lines, with comments). Any other TOML goes to tomllib (importing
+# it, and compiling its patterns, costs more than reading every preset a command needs).
+_BARE_KEY = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+_CONTROL = tuple(chr(c) for c in (*range(0x20), 0x7F) if chr(c) not in "\t\n")  # for tomllib (CRLF line ends too)
+_NO = object()
+
+
+def _flat_toml(text: str) -> dict[str, Any] | None:
+    """``tomllib.loads(text)`` where the text is a flat preset, else None (for tomllib to read, or to refuse)."""
+    if any(c in text for c in _CONTROL):
+        return None
+    out: dict[str, Any] = {}
+    i, n = 0, len(text)
+    while True:
+        i = _skip(text, i, newlines=True)
+        if i >= n:
+            return out
+        k = i
+        while i < n and text[i] in _BARE_KEY:
+            i += 1
+        key = text[k:i]
+        i = _skip(text, i)
+        if not key or key in out or text[i:i + 1] != "=":
+            return None
+        value, i = _flat_value(text, _skip(text, i + 1), 0)
+        if value is _NO:
+            return None
+        i = _skip(text, i)  # then a comment, the line's end or the text's
+        if i < n and text[i] != "\n":
+            return None
+        out[key] = value
+
+
+def _skip(text: str, i: int, newlines: bool = False) -> int:
+    """The index past spaces and tabs (and, with ``newlines``, line ends and whole comments); a comment's text is
+    skipped either way, up to its line's end."""
+    n = len(text)
+    while i < n:
+        c = text[i]
+        if c in " \t" or (newlines and c == "\n"):
+            i += 1
+        elif c == "#":
+            j = text.find("\n", i)
+            i = n if j < 0 else (j + 1 if newlines else j)
+        else:
+            break
+    return i
+
+
+def _flat_value(text: str, i: int, depth: int) -> tuple[Any, int]:
+    """The value at ``text[i]`` and the index past it; ``_NO`` where it is not one a flat preset holds."""
+    c = text[i:i + 1]
+    if c == '"':
+        end = text.find('"', i + 1)
+        body = text[i + 1:end]
+        if text[i:i + 3] == '"""' or end < 0 or "\\" in body or "\n" in body:
+            return _NO, i
+        return body, end + 1
+    if c == "[":
+        if depth > 8:  # tomllib tells how deep is too deep
+            return _NO, i
+        items: list[Any] = []
+        i = _skip(text, i + 1, newlines=True)
+        while text[i:i + 1] != "]":
+            item, i = _flat_value(text, i, depth + 1)
+            if item is _NO:
+                return _NO, i
+            items.append(item)
+            i = _skip(text, i, newlines=True)
+            if text[i:i + 1] == ",":
+                i = _skip(text, i + 1, newlines=True)
+            elif text[i:i + 1] != "]":
+                return _NO, i
+        return items, i + 1
+    for word, value in (("true", True), ("false", False)):
+        if text.startswith(word, i):
+            return value, i + len(word)
+    j = i
+    while j < len(text) and text[j] not in " \t\n,]#":
+        j += 1
+    return _number(text[i:j]), j
+
+
+def _digits(s: str) -> bool:
+    return s.isascii() and s.isdigit()
+
+
+def _number(token: str) -> Any:
+    """A decimal integer or float (no underscores, no plus sign, no leading zero), as tomllib reads it; else _NO."""
+    body = token[1:] if token[:1] == "-" else token
+    head, e, exp = body.replace("E", "e").partition("e")
+    whole, dot, frac = head.partition(".")
+    if not _digits(whole) or (len(whole) > 1 and whole[0] == "0") or (dot and not _digits(frac)):
+        return _NO
+    if e and not _digits(exp[1:] if exp[:1] in ("+", "-") else exp):
+        return _NO
+    return float(token) if dot or e else int(token)
 
 
 @cache
@@ -80,6 +186,29 @@ def _alias_index(kind: str) -> dict[str, Path]:
         for alias in _read(path).get("aliases", []):
             index.setdefault(_norm(alias), path)
     return index
+
+
+@cache
+def find(kind: str, name: str) -> Path | None:
+    """The shipped preset of one kind that ``name`` names (file name or alias), as ``_alias_index(kind)`` maps it,
+    parsing only the files whose text can hold the alias: a TOML string without escapes is a run of the file's
+    characters, so its normalised form is a run of the file's normalised text where that text is ASCII (the did-you-mean
+    of an unknown name still reads them all)."""
+    key = _norm(name)
+    files = sorted((presets_dir() / kind).glob("*.toml"))
+    stems = [p for p in files if _norm(p.stem) == key]
+    if stems:  # a file's name wins over every alias (the index sets names over aliases, the last file last)
+        return stems[-1]
+    for path in files:  # else the first file, in sorted order, with the alias (the index keeps the first)
+        try:
+            with open(path, "rb") as f:
+                raw = f.read(MAX_FILE_BYTES + 1)
+        except OSError:
+            raw = b"\\"  # read it below, for the error
+        if not raw.isascii() or b"\\" in raw or key in _norm(raw.decode("ascii")):
+            if any(_norm(str(alias)) == key for alias in _read(path).get("aliases", [])):
+                return path
+    return None
 
 
 def names(kind: str) -> list[str]:
@@ -126,9 +255,9 @@ def _load(kind: str, name: str, cls: type[T], key_field: str, flag: str) -> T:
     direct = presets_dir() / kind / f"{_norm(text)}.toml"
     if direct.is_file():
         return _from_file(direct, cls, kind, key_field)
-    index = _alias_index(kind)
-    path = index.get(_norm(text))
+    path = find(kind, text)
     if path is None:
+        index = _alias_index(kind)
         raise InputError(
             f"unknown {KINDS[kind]} {text!r}{did_you_mean(_norm(text), index)} for {flag}; known: "
             f"{', '.join(names(kind))} (or a path to a .toml file)"

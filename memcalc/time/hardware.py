@@ -1,6 +1,6 @@
 """Hardware as data: clusters (``presets/clusters/*.toml``) and achievable rates (``presets/calibration/<gpu>.toml``).
 
-Each file names its sources in a comment at the top. Read with tomllib into frozen dataclasses; every rate is
+Each file names its sources in a comment at the top. Read as TOML (``memcalc.inputs.presets``) into frozen dataclasses; every rate is
 converted here to bytes/s, FLOP/s and seconds. A calibration file may say ``extends = "<other gpu>"`` to reuse
 another's values (the H200 reuses the H100's compute, which is the same GH100 die).
 """
@@ -64,9 +64,11 @@ def _find(kind: str, name: str, what: str) -> Path:
         if not path.is_file():
             raise InputError(f"{what} file {text!r} does not exist")
         return path
-    index = _index(kind)
-    path = index.get(_norm(text))
+    from memcalc.inputs.presets import find
+
+    path = find(kind, text)  # parses only the files that can name it
     if path is None:
+        index = _index(kind)
         known = sorted(p.stem for p in _dir(kind).glob("*.toml"))
         raise InputError(f"unknown {what} {text!r}{did_you_mean(_norm(text), index)}; known: {', '.join(known)}")
     return path
