@@ -59,3 +59,35 @@ def test_bad_inputs():
         step_flops(a, 0, 1)
     with pytest.raises(InputError, match="recompute"):
         step_flops(a, 128, 1, "some")  # type: ignore[arg-type]
+
+
+GEMMA3_1B = {"model_type": "gemma3_text", "hidden_size": 1152, "intermediate_size": 6912, "num_hidden_layers": 26,
+             "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256, "vocab_size": 262144,
+             "sliding_window": 512, "sliding_window_pattern": 6}  # fmt: skip
+
+
+@pytest.mark.parametrize("seq", [1, 7, 511, 512, 513, 2048])
+@pytest.mark.parametrize("window", [None, 1, 512, 4096])
+def test_attention_pairs_count_the_mask(seq, window):
+    """The pairs transformers' masks allow, counted one by one: causal ``kv <= q``, sliding ``kv > q - w``."""
+    from memcalc.time.flops import attention_pairs
+
+    allowed = sum(1 for q in range(seq) for kv in range(seq) if kv <= q and (window is None or kv > q - window))
+    assert attention_pairs(seq, "causal", window) == allowed
+    assert attention_pairs(seq, "full", window) == seq * seq  # the full convention ignores every mask
+
+
+def test_sliding_layers_count_their_window_under_the_causal_convention():
+    from memcalc.model.hf_config import architecture_from_config
+
+    a = architecture_from_config(GEMMA3_1B)
+    assert len(a.sliding_layers) == 22 and a.sliding_window == 512  # 5 of every 6 layers slide
+    s, q = 8192, 4 * 256
+    causal = step_flops(a, s, 2, attention="causal").attention_forward
+    sliding_pairs = 512 * 513 // 2 + (s - 512) * 512
+    assert causal == 2 * 4 * q * (22 * sliding_pairs + 4 * s * (s + 1) // 2)
+    # The Megatron/PaLM convention counts s² on every layer, sliding or not.
+    assert step_flops(a, s, 2).attention_forward == 2 * 4 * q * 26 * s * s
+    # Selective recompute runs each layer's own attention again.
+    sel = step_flops(a, s, 2, "selective", attention="causal")
+    assert sel.recompute == causal

@@ -159,3 +159,28 @@ def test_eager_norms_and_rotary_follow_the_model_code():
     h, qw, kvw = LLAMA.hidden, LLAMA.q_width, LLAMA.kv_width
     extra = 8192 * (2 * (36 - 4) * h + 20 * (qw + kvw) - 2 * 2 * (qw + 2 * kvw))
     assert hf.memory_fwd - fused.memory_fwd == pytest.approx(extra / cal.hbm_bytes_per_s, rel=1e-12)
+
+
+def test_sliding_window_layers_run_their_window_or_the_whole_mask():
+    """Gemma 3's sliding layers: FlashAttention-2's window skips the keys outside it; SDPA, handed the sliding mask
+    once s >= the window, computes every pair; below the window both are a causal layer."""
+    from memcalc.model.hf_config import architecture_from_config
+    from memcalc.time.flops import attention_core_flops
+    from memcalc.time.step import layer_time
+
+    g = architecture_from_config({"model_type": "gemma3_text", "hidden_size": 1152, "intermediate_size": 6912,
+                                  "num_hidden_layers": 26, "num_attention_heads": 4, "num_key_value_heads": 1,
+                                  "head_dim": 256, "vocab_size": 262144, "sliding_window": 512})  # fmt: skip
+    cal = H100.calibration
+    full = layer_time(g, False, cal, "bf16", 8192, 1)
+    window = layer_time(g, False, cal, "bf16", 8192, 1, window=512)
+    masked = layer_time(g, False, cal, "bf16", 8192, 1, window=512, sliding="masked")
+    assert window.attention_fwd < full.attention_fwd / 2 < masked.attention_fwd / 2  # 1/8 of the pairs; 2x
+    # Each at the kernel's efficiency for its own FLOPs: the window's (2·512·8192 pairs) and every pair (8192²).
+    w_flops = attention_core_flops(g, 8192, "causal", window=512)
+    assert w_flops == 4 * (512 * 513 // 2 + (8192 - 512) * 512) * 1024
+    assert window.attention_fwd == pytest.approx(w_flops / (cal.peak("bf16") * cal.attention("flash", 3.5 * w_flops)))
+    f_flops = attention_core_flops(g, 8192, "full")
+    assert masked.attention_fwd == pytest.approx(f_flops / (cal.peak("bf16") * cal.attention("flash", 3.5 * f_flops)))
+    short = [layer_time(g, False, cal, "bf16", 256, 1, window=512, sliding=k) for k in ("window", "masked")]
+    assert short[0] == short[1] == layer_time(g, False, cal, "bf16", 256, 1)

@@ -8,7 +8,8 @@ Sources:
   72·B·L·s·h²·(1 + s/(6h) + V/(12·h·L)); with full recompute (Narayanan et al. 2021, eq. 3) 96·B·L·s·h²·(1 + s/(6h) +
   V/(16·h·L)). Both count attention without causal masking: QKᵀ and attention x V cost 2·s²·h each per layer and
   sequence. torchtitan and PaLM (Chowdhery et al. 2022, Appendix B) use the same convention: 6·N + 12·L·h·s per token.
-- ``attention="causal"`` counts the work a causal kernel really does: s(s+1)/2 query-key pairs instead of s².
+- ``attention="causal"`` counts the work a causal kernel really does: s(s+1)/2 query-key pairs instead of s², and on
+  a sliding-window layer (Gemma 2 and 3) the pairs its window allows, w(w+1)/2 + (s - w)·w once s > w.
 - MFU counts model FLOPs (no recompute); HFU adds what recompute runs again: a whole forward of every layer (full) or
   the attention core (selective, Korthikanti §5), or every second weight matmul of a layer in call order (op:
   torchtitan's per-op selective AC, torchtitan/parallelisms/parallelize_llama.py ``_custom_policy``, "Saves output of
@@ -77,10 +78,28 @@ def head_gemm(arch: Architecture, tp: int = 1) -> Gemm:
     return Gemm("lm_head", arch.hidden, -(-arch.padded_vocab // tp))
 
 
-def attention_core_flops(arch: Architecture, seq: int, attention: AttentionCount = "full", tp: int = 1) -> int:
-    """Forward FLOPs of QKᵀ and attention x V for one sequence in one layer: 2 matmuls x 2·pairs·(heads·d)/t."""
-    pairs = seq * seq if attention == "full" else seq * (seq + 1) // 2
-    return 2 * 2 * pairs * (arch.q_width // tp)
+def attention_pairs(seq: int, attention: AttentionCount = "full", window: int | None = None) -> int:
+    """Query-key pairs one head computes over a sequence of ``seq`` tokens: all s² (``full``), the causal ones,
+    s(s+1)/2, or with a sliding ``window`` (causal, each query sees itself and the window - 1 tokens before it:
+    transformers' masking_utils ``sliding_window_overlay``, ``kv_idx > q_idx - sliding_window``) Σ min(i + 1, w) =
+    w(w+1)/2 + (s - w)·w once s > w."""
+    if attention == "full":
+        return seq * seq
+    if window is None or window >= seq:
+        return seq * (seq + 1) // 2
+    return window * (window + 1) // 2 + (seq - window) * window
+
+
+def attention_core_flops(arch: Architecture, seq: int, attention: AttentionCount = "full", tp: int = 1,
+                         window: int | None = None) -> int:  # fmt: skip
+    """Forward FLOPs of QKᵀ and attention x V for one sequence in one layer: 2 matmuls x 2·pairs·(heads·d)/t
+    (``window``: a sliding layer's, counted by the causal convention only)."""
+    return 2 * 2 * attention_pairs(seq, attention, window) * (arch.q_width // tp)
+
+
+def layer_window(arch: Architecture, index: int) -> int | None:
+    """The sliding window of layer ``index`` (Gemma 2 and 3 ``layer_types``), None for a full-attention layer."""
+    return arch.sliding_window if index in arch.sliding_layers else None
 
 
 @frozen
@@ -126,11 +145,12 @@ def step_flops(arch: Architecture, seq: int, sequences: int, recompute: Recomput
     tokens = seq * sequences
     per_token = sum(g.flops_per_token for i in range(arch.layers) for g in layer_gemms(arch, arch.is_moe_layer(i)))
     layers = per_token * tokens
-    attn = arch.layers * sequences * attention_core_flops(arch, seq, attention)
+    per_layer = [sequences * attention_core_flops(arch, seq, attention, window=layer_window(arch, i))
+                 for i in range(arch.layers)]  # fmt: skip
+    attn = sum(per_layer)
     head = head_gemm(arch).flops_per_token * tokens
     extra = 0
-    attn_layer = attn // arch.layers
-    for i in range(arch.layers):
+    for i, attn_layer in enumerate(per_layer):
         how = layer_policy(recompute, i)
         gemms = layer_gemms(arch, arch.is_moe_layer(i))
         if how == "op":

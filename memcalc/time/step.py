@@ -34,6 +34,7 @@ from memcalc.time.flops import (
     head_gemm,
     layer_gemms,
     layer_policy,
+    layer_window,
     op_recomputed,
     policy_name,
     step_flops,
@@ -81,6 +82,10 @@ class Plan:
     elementwise: str = "fused"
     residual_bytes: int = 0
     """Bytes per element of the residual stream the norms read (0: the compute dtype's; 4 under autocast)."""
+    sliding: str = "window"
+    """How a sliding-window layer's attention kernel runs (Gemma 2 and 3): window (it skips the keys outside the
+    window: FlashAttention-2's ``window_size``, flex attention) or masked (SDPA handed the sliding mask, which
+    transformers passes once s ≥ the window: the kernel computes every query-key pair)."""
     """How the model code runs its norms and rotary embedding: fused (one read and one write per element: Megatron's
     fused kernels, torch's fused rms_norm, torch.compile), hf (Hugging Face's eager Python ops), torchtitan (torch's
     fused rms_norm, eager complex rotary): ``elementwise_bytes``."""
@@ -206,8 +211,10 @@ def elementwise_bytes(code: str, e: int, r: int) -> tuple[float, float]:
 
 def layer_time(arch: Architecture, moe: bool, cal: Calibration, dtype: str, seq: int, micro_batch: int, tp: int = 1,
                cp: int = 1, ep: int = 1, sp: bool = False, attention: str = "flash", dropout: bool = False,
-               float8: str = "none", elementwise: str = "fused", residual_bytes: int = 0) -> LayerTime:  # fmt: skip
-    """One decoder layer for one micro-batch of ``micro_batch`` x ``seq`` tokens on one TP/CP/EP rank."""
+               float8: str = "none", elementwise: str = "fused", residual_bytes: int = 0, window: int | None = None,
+               sliding: str = "window") -> LayerTime:  # fmt: skip
+    """One decoder layer for one micro-batch of ``micro_batch`` x ``seq`` tokens on one TP/CP/EP rank (``window``:
+    a sliding layer's window, run as ``sliding`` says: ``Plan.sliding``)."""
     peak, e = cal.peak(dtype), _DTYPE_BYTES[dtype]
     # Float8: the projections' GEMMs at the fp8 peak, on the same efficiency curve (torchao's roofline takes one
     # achievable fraction, 0.78, for bf16 and fp8: roofline_utils.py)
@@ -229,7 +236,10 @@ def layer_time(arch: Architecture, moe: bool, cal: Calibration, dtype: str, seq:
         op += t if g in again else 0.0
     # Context parallelism: this rank's s/cp queries against the whole sequence = 1/cp of the pairs.
     if attention in ("flash", "cudnn"):
-        fwd = micro_batch * attention_core_flops(arch, seq, "causal", tp) / cp
+        if window is not None and sliding == "masked" and seq >= window:  # every pair, the mask applied to each
+            fwd = micro_batch * attention_core_flops(arch, seq, "full", tp) / cp
+        else:  # causal: the blocks above the diagonal (and, with a window, left of it) are skipped
+            fwd = micro_batch * attention_core_flops(arch, seq, "causal", tp, window) / cp
         eff = cal.attention(attention, 3.5 * fwd)  # curve keyed, as measured, by fwd+bwd FLOPs = 3.5 x forward
         attn_f, attn_b = fwd / (peak * eff), 2.5 * fwd / (peak * eff)
     elif attention == "eager":
@@ -288,7 +298,8 @@ def _stage_profile(arch: Architecture, cal: Calibration, plan: Plan) -> tuple[fl
         comp = mem = rec = fwd = bwd = attn = 0.0
         for i in ranks[stage]:
             lt = layer_time(arch, arch.is_moe_layer(i), cal, p.dtype, p.seq, p.micro_batch, p.tp, p.cp, p.ep, p.sp,
-                            p.attention, p.dropout, p.float8, p.elementwise, p.residual_bytes)  # fmt: skip
+                            p.attention, p.dropout, p.float8, p.elementwise, p.residual_bytes, layer_window(arch, i),
+                            p.sliding)  # fmt: skip
             comp += 3 * lt.matmul_fwd + lt.attention_fwd + lt.attention_bwd
             mem += 3 * lt.memory_fwd
             again = lt.recompute(layer_policy(p.recompute, i))
