@@ -63,6 +63,23 @@ def _realistic(plan: Plan) -> tuple[StageLoad, Any]:
     return StageLoad(0, psi, plan.arch.layers, 1.0, ms, a, sum(x.bytes for x in r.rows)), r
 
 
+def _host_rows(plan: Plan) -> list[Row]:
+    """What one rank keeps in host memory under offload (the realistic accounting models DeepSpeed ZeRO-3's): the
+    paper's offloaded states (the bf16 gradient partitions, ``grad_partitions_flat_buffer`` on ``self.device``, the
+    fp32 master partitions and the moments; the bf16 partitions with offload_param) and the fp32 gradient of each
+    optimizer sub-group the step reads (DeepSpeed 0.19 runtime/zero/stage3.py: ``fp32_partitioned_groups_flat[i].grad``
+    on the sub-group's device, 4 bytes per partition element)."""
+    if (plan.offload_optimizer, plan.offload_params) == ("none", "none"):
+        return []
+    rows = [r for r in paper.model_state_rows(plan, paper.param_groups(plan, 0)[1]) if r.location != "gpu"]
+    master = next((r for r in rows if r.key == "master_weights"), None)
+    if plan.spec.name == "zero-3" and master is not None:
+        rows.append(Row("gradients_fp32", "fp32 gradients (optimizer sub-groups)", master.bytes, master.location,
+                        "model_state", "DeepSpeed ZeRO-3 offload: the fp32 .grad of each sub-group's master partition, "
+                        "4 bytes per element (stage3.py)"))  # fmt: skip
+    return rows
+
+
 def _stage(plan: Plan, k: int, st: object) -> tuple[StageLoad, list[Row], list[Row], list]:
     psi_k, groups = paper.param_groups(plan, k)
     issued: list = []
@@ -99,7 +116,7 @@ def evaluate(plan: Plan) -> Evaluation:
     real = None
     if plan.accounting == "realistic":
         load, real = _realistic(plan)
-        gpu_rows, host_rows, issued = real.rows, [], []
+        gpu_rows, host_rows, issued = real.rows, _host_rows(plan), []
         stages, top = [load], 0
     elif plan.pp == 1:
         load, gpu_rows, host_rows, issued = _stage(plan, 0, st)

@@ -125,7 +125,9 @@ def test_options_change_the_peak_the_way_the_mechanisms_say():
     (dict(params=7e9, seq_len=2048, recompute="op-sac"), "needs the model's shape|realistic accounting"),
     (dict(model="llama-2-7b", seq_len=2048, loss="chunked:8", accounting="paper"), "--loss chunked:8: .*realistic"),
     (dict(model="llama-2-7b", seq_len=2048, optimizer_impl="fused", stage=3, offload_optimizer="cpu"),
-     "--optimizer-impl fused"),
+     "--optimizer-impl fused: with the optimizer offloaded DeepSpeed steps with DeepSpeedCPUAdam"),
+    (dict(model="llama-2-7b", seq_len=2048, optimizer_impl="fused", stage=2, offload_optimizer="cpu"),
+     "--optimizer-impl fused: .*offload so far"),
     (dict(model="llama-2-7b", seq_len=2048, recompute="every:0"), "--recompute 'every:0'|recompute"),
     (dict(model="llama-2-7b", seq_len=2048, loss="chunky"), "loss"),
 ])

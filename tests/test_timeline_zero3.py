@@ -131,3 +131,55 @@ def test_bad_input(tmp_path):
         memcalc.estimate(recompute="every:2", accounting="realistic", **kw)
     with pytest.raises(InputError, match="--max-reuse-distance"):
         memcalc.estimate(max_reuse_distance=0, accounting="paper", **kw)
+
+
+def test_offload_keeps_the_bf16_partitions_the_bucket_and_the_gathered_parameters_on_the_gpu():
+    """offload_optimizer (DeepSpeed 0.19 stage3.py): the fp32 master partitions, the moments and the gradient
+    partitions move to the host; each reduced partition passes through the GPU on its way there (a bf16 copy, its
+    fp64 norm, its fp32 copy); the step adds nothing on the GPU. offload_param moves the bf16 partitions too."""
+    from memcalc.memory.timeline_zero3 import _gradients, _to_host
+
+    p3 = sum(-(-n // 2) for _, n in param_tensors(ARCH))
+    plain = tl(bucket=2000, optimizer_impl="for-loop")
+    off = tl(bucket=2000, optimizer_impl="for-loop", offload_optimizer=True)
+    base = dict(off.moments[0].parts)
+    assert "fp32 master partitions" not in base and "gradient partitions (bf16)" not in base
+    assert base["parameters (bf16 partitions)"] == 2 * p3 and base["gradient bucket (reduce_bucket_size)"] == 4000
+    assert off.moments[0].live_bytes == plain.moments[0].live_bytes - 14 * p3 - 4
+    # The step on the host: the optimizer's moments hold the baseline and the batch alone.
+    assert off.phase_peaks["optimizer"] == off.moments[0].live_bytes + 512
+    assert "optimizer.adamw" not in off.phase_peaks
+    # Each bucket's reduction carries the largest partition's trip to the host: 2n + max(8·min(n, 2.5e8), 4n).
+    assert _to_host(1000) == 10_000 and _to_host(300_000_000) == 600_000_000 + 2_000_000_000
+    assert _to_host(600_000_000) == 1_200_000_000 + 2_400_000_000
+    g_plain, end_plain = _gradients(ARCH, 2, 2000, "cuda")
+    g_off, end_off = _gradients(ARCH, 2, 2000, "cuda", offload=True)
+    assert all(g_off[k] >= g_plain[k] for k in g_plain) and g_off != g_plain
+    # The last bucket reduced is the embedding's alone (512 x 64 elements: 16,384 per rank).
+    assert end_off - end_plain == _to_host(512 * 64 // 2) == 163_840
+    params = tl(bucket=2000, optimizer_impl="for-loop", offload_optimizer=True, offload_params=True)
+    assert params.moments[0].live_bytes == off.moments[0].live_bytes - 2 * p3
+    assert params.peak.live_bytes < off.peak.live_bytes < plain.peak.live_bytes
+    with pytest.raises(InputError, match="offload_param without offload_optimizer"):
+        tl(offload_params=True)
+
+
+def test_offload_under_the_default_accounting(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(LLAMA))
+    kw = dict(hf_config=str(cfg), gpus=2, precision="bf16-mixed", seq_len=32, micro_batch=2, device="cpu",
+              attention="sdpa", reduce_bucket_size=2000, persistence_threshold=0)  # fmt: skip
+    r = memcalc.estimate(strategy="zero-3+opt-cpu", **kw)
+    plain = memcalc.estimate(stage=3, optimizer_impl="for-loop", **kw)
+    assert r.accounting == "realistic" and any("ZeRO-3 offload" in n for n in r.notes)
+    assert r.memory.per_gpu.peak_allocated < plain.memory.per_gpu.peak_allocated
+    host = {x.key: x.bytes for x in r.memory.per_node.rows}
+    p3 = sum(-(-n // 2) for _, n in param_tensors(ARCH))
+    # per node (2 ranks): bf16 gradient partitions, fp32 master, moments, and the sub-groups' fp32 gradients
+    assert host["gradients_fp32"] == host["master_weights"] == 2 * 4 * p3
+    # ZeRO-1/2 and FSDP offload keep the paper accounting, saying why
+    del kw["persistence_threshold"]
+    z2 = memcalc.estimate(strategy="zero-2+opt-cpu", **kw)
+    assert z2.accounting == "paper"
+    with pytest.raises(InputError, match="models DeepSpeed ZeRO-3's CPU/NVMe offload so far"):
+        memcalc.estimate(strategy="zero-2+opt-cpu", accounting="realistic", **kw)

@@ -266,6 +266,12 @@ class EstimateInput(Record):
                           sequence_parallel=par.sequence_parallel, offload=self._offloads)
             if why is not None:
                 raise InputError(f"--accounting realistic: {why}; use --accounting paper")
+            from memcalc.layout.compose import composition
+
+            impl = composition(par.framework).optimizer_impl
+            if w is not None and self.strategy.offload_optimizer != "none" and w.optimizer_impl != impl:
+                raise InputError(f"--optimizer-impl {w.optimizer_impl}: with the optimizer offloaded DeepSpeed steps "
+                                 "with DeepSpeedCPUAdam on the host; leave --optimizer-impl out")
         elif w is not None:
             from memcalc.layout.compose import composition
 

@@ -41,9 +41,9 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
             cp: int = 1, ep: int = 1, fsdp_version: int = 2, lora: Any = None, framework: str | None = None,
             float8_all_gather: bool = False, sequence_parallel: bool = False, offload: bool = False) -> str | None:  # fmt: skip
     """Why the realistic accounting does not apply to this set-up (one line), or None when it does."""
-    if offload:
-        return ("offload: the realistic accounting does not model what stays on the GPU under CPU/NVMe offload yet; "
-                "the paper accounting counts it")
+    if offload and strategy != "zero-3":
+        return ("offload: the realistic accounting models DeepSpeed ZeRO-3's CPU/NVMe offload so far; the paper "
+                "accounting counts the others")
     if strategy == "zero-3" and work is not None and work.recompute not in ("none", "full"):
         return f"zero-3: the realistic accounting models recompute none or full (got {work.recompute})"
     if strategy in (*ZERO_STAGES, "zero-3"):
@@ -286,7 +286,8 @@ def evaluate(plan: Plan) -> Realistic:
 
         tl = zero3_timeline(arch, family=arch.family or "", dp=plan.dp, attention=ATTENTION[w.attention], s=w.seq_len,
                             b=w.micro_batch, recompute=w.recompute, optimizer_impl=w.optimizer_impl, loss=w.loss,
-                            device=w.device, bucket=plan.reduce_bucket_size, settings=plan.zero3, use_cache=False)
+                            device=w.device, bucket=plan.reduce_bucket_size, settings=plan.zero3, use_cache=False,
+                            offload_optimizer=plan.offload_optimizer != "none", offload_params=plan.offload_params != "none")
         return _finish(plan, tl, tl.peak.live_bytes, 0, comm_groups=int(plan.dp > 1))
     sharded = plan.spec.name == "FULL_SHARD"
     # FSDP's mixed precision (bf16-mixed: fp32 sharded parameters, the master copy, gathered and computed in bf16)
@@ -386,6 +387,10 @@ def notes(plan: Plan) -> list[str]:
         from memcalc.memory.timeline_zero3 import NOTE
 
         out.append(NOTE.format(dtype=plan.precision.low_dtype, bucket=plan.reduce_bucket_size, z=plan.zero3))
+        if plan.offload_optimizer != "none":
+            from memcalc.memory.timeline_zero3 import OFFLOAD_NOTE
+
+            out.append(OFFLOAD_NOTE)
     if plan.spec.name == "FULL_SHARD" and w.recompute not in ("none", "full"):
         out.append(f"FULL_SHARD with {w.recompute} recompute: the policy's kept tensors (as on one GPU) under the FSDP2 "
                    "timeline, which was traced with recompute none and full")

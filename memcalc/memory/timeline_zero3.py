@@ -65,9 +65,24 @@ def _layer_of(module: str) -> str:
     return module
 
 
-def _gradients(arch: Architecture, dp: int, bucket: int, device: str, width: int = 2) -> tuple[dict[str, int], int]:
+NORM_BUFFER = 250_000_000
+"""``_constant_buffered_norm2``'s buffer_size (runtime/zero/stage3.py): the elements cast to fp64 at a time."""
+
+
+def _to_host(n: int, width: int = 2) -> int:
+    """GPU bytes one reduced gradient partition of ``n`` elements takes on its way to the CPU under offload_optimizer
+    (stage3.py ``partition_grads``): its copy ``grad_buffer.to(device)`` (width·n) while its norm runs in fp64 chunks
+    (``get_norm_dtype``: torch.double on CUDA; 8·min(n, 2.5e8)), then while the fp32 copy for the CPU's ``.grad`` is
+    made (4n)."""
+    return width * n + max(8 * min(n, NORM_BUFFER), 4 * n)
+
+
+def _gradients(arch: Architecture, dp: int, bucket: int, device: str, width: int = 2,
+               offload: bool = False) -> tuple[dict[str, int], int]:  # fmt: skip
     """Per phase key (``layer.i``, ``head``...), the most bytes of gradients and reduction buffers alive at one of
-    its gradient hooks; and at the end of backward (the last bucket reduced)."""
+    its gradient hooks; and at the end of backward (the last bucket reduced). ``offload``: the optimizer is on the
+    CPU, and each reduced partition leaves the GPU one parameter at a time (``_to_host``) while the bucket's
+    reduction buffer holds it."""
     events, mods, numel = _called(arch)
     order = [m for kind, m in events[events.index(("backward", "")) + 1:] if kind == "fetch" and mods[m].params]
     held: list[tuple[str, int]] = []  # (parameter, elements) in the bucket
@@ -80,7 +95,8 @@ def _gradients(arch: Architecture, dp: int, bucket: int, device: str, width: int
             return 0
         padded = width * dp * sum(ceil_div(n, dp) for _, n in held)
         concat = 0 if len(held) == 1 and held[0][1] % dp == 0 else padded
-        return concat + (padded if device == "cpu" else 0)  # gloo's reduce_scatter_tensor copies its input
+        host = max(_to_host(ceil_div(n, dp), width) for _, n in held) if offload else 0
+        return concat + host + (padded if device == "cpu" else 0)  # gloo's reduce_scatter_tensor copies its input
 
     for m in order:
         key = _layer_of(m)
@@ -97,14 +113,29 @@ def _gradients(arch: Architecture, dp: int, bucket: int, device: str, width: int
             elements += n
     return out, own + flush()
 
+OFFLOAD_NOTE = ("DeepSpeed ZeRO-3 offload: on the GPU the bf16 partitions (on the host too with offload_param), the "
+                "1-bucket gradient buffer, the gathered parameters and each reduced gradient partition's copies on its "
+                "way to the host (bf16 copy, fp64 norm chunks of at most 2.5e8 elements, fp32 copy); the fp32 master "
+                "partitions, moments, bf16 and fp32 gradient partitions in host memory; read from DeepSpeed 0.19's "
+                "stage3.py, not traced (a CPU run cannot tell the devices apart)")
+
 
 def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, s: int, b: int,
                    recompute: str = "none", optimizer_impl: str = "fused", loss: str = "standard",
                    device: str = "cpu", bucket: int = REDUCE_BUCKET_SIZE, settings: Zero3Settings = Zero3Settings(),
                    sub_group_size: int = SUB_GROUP_SIZE, compiled: bool = False, loss_compiled: bool | None = None,
-                   position_ids: bool = False, use_cache: bool = True) -> Timeline:  # fmt: skip
+                   position_ids: bool = False, use_cache: bool = True, offload_optimizer: bool = False,
+                   offload_params: bool = False) -> Timeline:  # fmt: skip
     """Moments of one DeepSpeed ZeRO-3 step (bf16 or fp16 training dtype, torch AdamW of ``optimizer_impl`` or
-    DeepSpeed's FusedAdam: ``fused``) on data-parallel rank 0 of ``dp`` (the rank with the largest partitions)."""
+    DeepSpeed's FusedAdam: ``fused``) on data-parallel rank 0 of ``dp`` (the rank with the largest partitions).
+
+    ``offload_optimizer`` (``offload_optimizer.device`` cpu or nvme, ratio 1, DeepSpeedCPUAdam): the fp32 master
+    partitions, the moments and the gradient partitions (``grad_partitions_flat_buffer``, ``device=self.device``:
+    stage3.py ``self.device`` is the CPU) live on the host; the GPU keeps the bf16 partitions, the bucket (allocated on
+    the accelerator whatever offloads), the gathered parameters, and each reduced gradient partition's copies on its
+    way to the CPU (``_to_host``); the step runs on the CPU and writes the updated partitions back into the bf16 GPU
+    partitions (``copy_``, no GPU temporary). ``offload_params`` (with it; ``offload_param.device``): the bf16
+    partitions live in pinned host memory too; parameters are gathered onto the GPU as without offload."""
     if dp < 1 or bucket < 1 or sub_group_size < 1:
         raise InputError(f"dp {dp}, reduce_bucket_size {bucket} and sub_group_size {sub_group_size} must be positive")
     if optimizer_impl not in ("foreach", "fused", "for-loop"):
@@ -121,10 +152,15 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
     # Persistent parameters stay whole beside their partitions; on one rank the partition is the whole parameter,
     # already counted (that case was traced with no persistent parameters only).
     whole = 2 * sum(persistent(arch, settings).values()) if dp > 1 else 0
-    states = [("parameters (bf16 partitions)", 2 * p3), ("fp32 master partitions", 4 * p3),
-              ("optimizer states (fp32 moments)", 8 * p3 + 4 * len(groups)),
-              ("gradient partitions (bf16)", 2 * p3), ("gradient bucket (reduce_bucket_size)", 2 * bucket),
-              ("persistent parameters (whole)", whole), ("buffers", buffer_bytes(arch, family, 2))]  # fmt: skip
+    if offload_params and not offload_optimizer:
+        raise InputError("offload_param without offload_optimizer: DeepSpeed offloads the parameters only together "
+                         "with the optimizer (give both)")
+    on_gpu = [] if offload_params else [("parameters (bf16 partitions)", 2 * p3)]
+    if not offload_optimizer:
+        on_gpu += [("fp32 master partitions", 4 * p3), ("optimizer states (fp32 moments)", 8 * p3 + 4 * len(groups)),
+                   ("gradient partitions (bf16)", 2 * p3)]  # fmt: skip
+    states = [*on_gpu, ("gradient bucket (reduce_bucket_size)", 2 * bucket), ("persistent parameters (whole)", whole),
+              ("buffers", buffer_bytes(arch, family, 2))]  # fmt: skip
     # Gathered parameters while each module runs; at world 1 nothing is gathered (``_no_gather_coalesced``).
     gathered: dict[tuple[str, str], int] = {}
     fetching: dict[tuple[str, str], int] = {}  # at a fetch, an emptied flat buffer not yet freed (when larger)
@@ -138,7 +174,7 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
             gathered[key] = max(gathered.get(key, 0), x)
             if at > x:
                 fetching[key] = max(fetching.get(key, 0), at)
-    grads, epilogue = _gradients(arch, dp, bucket, device)
+    grads, epilogue = _gradients(arch, dp, bucket, device, offload=offload_optimizer)
     moments: list[Moment] = []
     last: list[tuple[str, int]] = []  # the previous moment's parts, less the gathered parameters
     seen: set[tuple[str, str]] = set()
@@ -176,9 +212,13 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
     temp = {"for-loop": 8 * big, "foreach": 4 * big, "fused": 0}[optimizer_impl]
     largest = max(ceil_div(n, dp) for _, n in tensors)
     end_gather = gathered.get(("backward", "embed"), 0)
+    moments.append(_moment("backward.epilogue", "the last bucket reduced", base + [
+        ("gathered parameters", end_gather), ("gradients and the bucket's reduction", epilogue)]))
+    if offload_optimizer:  # the norm, clipping and Adam on the host; the write-back copies into the bf16 partitions
+        moments += [_moment("optimizer", "DeepSpeedCPUAdam on the host, the bf16 partitions written back", base),
+                    _moment("zero_grad", "after the step", base)]
+        return Timeline(tuple(moments))
     moments += [
-        _moment("backward.epilogue", "the last bucket reduced", base + [("gathered parameters", end_gather),
-                                                                       ("gradients and the bucket's reduction", epilogue)]),
         _moment("optimizer", "fp64 copy of a gradient partition for the norm", base
                 + [("fp64 gradient partition", 8 * largest)]),
         _moment("optimizer", "a sub-group's gradients flattened and upcast", base
