@@ -69,7 +69,7 @@ def _host_rows(plan: Plan) -> list[Row]:
     fp32 master partitions and the moments; the bf16 partitions with offload_param) and the fp32 gradient of each
     optimizer sub-group the step reads (DeepSpeed 0.19 runtime/zero/stage3.py: ``fp32_partitioned_groups_flat[i].grad``
     on the sub-group's device, 4 bytes per partition element)."""
-    if (plan.offload_optimizer, plan.offload_params) == ("none", "none"):
+    if not plan.offloads:
         return []
     rows = [r for r in paper.model_state_rows(plan, paper.param_groups(plan, 0)[1]) if r.location != "gpu"]
     master = next((r for r in rows if r.key == "master_weights"), None)
@@ -219,7 +219,7 @@ def notes(plan: Plan) -> list[str]:
         why = why_not(plan.arch, plan.precision.name, plan.optimizer.name, plan.spec.name, plan.work, plan.tp,
                       plan.pp, plan.cp, plan.ep, plan.fsdp_version, lora=plan.lora, framework=plan.framework,
                       float8_all_gather=plan.float8_all_gather, sequence_parallel=plan.sequence_parallel,
-                      offload=(plan.offload_optimizer, plan.offload_params) != ("none", "none"))
+                      offload=plan.offloads)
         if why is not None:
             out.append(f"realistic accounting (the peak of a real step) not used: {why}")
     return out

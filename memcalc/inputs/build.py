@@ -311,7 +311,7 @@ def build_input(
                             lora=the_lora, framework=parallelism.framework,
                             float8_all_gather=float8_all_gather,
                             sequence_parallel=parallelism.sequence_parallel,
-                            offload=(the_strategy.offload_optimizer, the_strategy.offload_params) != ("none", "none")) is None
+                            offload=the_strategy.offloads) is None
         accounting = "realistic" if realistic else "paper"
     if overheads is None:
         # CUDA context: the paper's round 0.5 GiB; the realistic accounting's measured 0.75 GiB (H100, torch 2.11).

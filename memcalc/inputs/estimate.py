@@ -250,10 +250,6 @@ class EstimateInput(Record):
 
         return self.lora.plan(resolve_targets(self.model.architecture, self.lora.targets))
 
-    @property
-    def _offloads(self) -> bool:
-        return (self.strategy.offload_optimizer, self.strategy.offload_params) != ("none", "none")
-
     def _accounting_applies(self, arch: object, dp: int) -> None:
         """The realistic accounting's inputs go with it; its set-ups are the ones it models."""
         w, par = self.workload, self.parallelism
@@ -263,7 +259,7 @@ class EstimateInput(Record):
             why = why_not(arch, self.precision.name, self.optimizer.name, self.strategy.spec.name, w, par.tp,
                           par.pp, par.cp, par.ep, self.framework.fsdp_version, lora=self.lora,
                           framework=par.framework, float8_all_gather=self.float8_all_gather,
-                          sequence_parallel=par.sequence_parallel, offload=self._offloads)
+                          sequence_parallel=par.sequence_parallel, offload=self.strategy.offloads)
             if why is not None:
                 raise InputError(f"--accounting realistic: {why}; use --accounting paper")
             from memcalc.layout.compose import composition
@@ -291,7 +287,7 @@ class EstimateInput(Record):
                 why = why_not(arch, self.precision.name, self.optimizer.name, self.strategy.spec.name, w, par.tp,
                               par.pp, par.cp, par.ep, self.framework.fsdp_version, lora=self.lora,
                               framework=par.framework, float8_all_gather=self.float8_all_gather,
-                              sequence_parallel=par.sequence_parallel, offload=self._offloads)  # fmt: skip
+                              sequence_parallel=par.sequence_parallel, offload=self.strategy.offloads)  # fmt: skip
                 raise InputError(f"{', '.join(extra)}: what the step holds moment by moment, modelled by the realistic "
                                  f"accounting, which does not apply here ({why or 'not chosen'}); --accounting "
                                  f"{self.accounting} does not use it")

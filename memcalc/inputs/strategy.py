@@ -31,6 +31,11 @@ class Strategy(Record):
         return STRATEGIES[self.name]
 
     @property
+    def offloads(self) -> bool:
+        """Something (optimizer states or parameters) lives off the GPU."""
+        return (self.offload_optimizer, self.offload_params) != ("none", "none")
+
+    @property
     def label(self) -> str:
         parts = [self.spec.label]
         if self.spec.offload_together and self.offload_params != "none":

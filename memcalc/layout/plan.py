@@ -182,6 +182,11 @@ class Plan:
         return max(1, min(self.dp, self.gpus_per_node // (self.tp * self.cp)))
 
     @property
+    def offloads(self) -> bool:
+        """Something (optimizer states or parameters) lives off the GPU."""
+        return (self.offload_optimizer, self.offload_params) != ("none", "none")
+
+    @property
     def optimizer_device(self) -> str:
         """Where optimizer states live (FSDP's CPUOffload takes them along with the params)."""
         return self.offload_params if self.spec.offload_together else self.offload_optimizer

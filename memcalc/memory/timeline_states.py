@@ -108,6 +108,16 @@ def for_loop_peak(tensors: tuple[tuple[str, int], ...]) -> int:
     return peak
 
 
+def step_temporaries(impl: str, tensors: tuple[tuple[str, int], ...], width: int) -> int:
+    """Bytes torch's AdamW allocates beyond its states while it steps ``tensors`` of ``width`` bytes per element:
+    foreach, one temporary per parameter (``_multi_tensor_adam``'s ``torch._foreach_sqrt``); fused, none; for-loop,
+    ``for_loop_peak``; in the backward (torchtune's optimizer-in-backward, a step per parameter in its gradient hook),
+    3 x the largest parameter (the bound of ``for_loop_peak``: 2·n_i + n_(i-1)). DeepSpeed hands it one flat tensor
+    per partition or sub-group: foreach 1, for-loop 2 elements per element."""
+    return {"foreach": width * sum(n for _, n in tensors), "fused": 0, "for-loop": width * for_loop_peak(tensors),
+            "in-backward": 3 * width * max(n for _, n in tensors)}[impl]  # fmt: skip
+
+
 def states(arch: Architecture, family: str, width: int, impl: str = "foreach", kind: str = "adamw") -> States:
     """Model states for parameters of ``width`` bytes (4 fp32 or autocast, 2 pure bf16); AdamW moments in the
     parameter dtype (torch.optim keeps ``exp_avg`` like the parameter: 2 + 2 under pure bf16)."""
@@ -124,8 +134,7 @@ def states(arch: Architecture, family: str, width: int, impl: str = "foreach", k
     else:  # 8-bit: uint8 m and v + fp32 absmax per block of 256 for each; small tensors stay 32-bit
         moments = sum(2 * n + 2 * 4 * -(-n // BNB_BLOCK) if n >= BNB_MIN_8BIT else 2 * 4 * n for _, n in tensors)
         moments, paged = (0, moments) if kind.startswith("paged") else (moments, 0)
-    temp = {"foreach": width * p, "fused": 0, "for-loop": width * for_loop_peak(tensors),
-            "in-backward": 3 * width * big}[impl]
+    temp = step_temporaries(impl, tensors, width)
     if kind != "adamw":
         temp = 0  # bitsandbytes runs one fused kernel per parameter (optimizer_update_8bit_blockwise)
     return States(width * p, width * p, moments + scalars, paged, buffer_bytes(arch, family, width), temp, width * big)

@@ -30,7 +30,7 @@ from __future__ import annotations
 from memcalc.errors import InputError
 from memcalc.layout.plan import REDUCE_BUCKET_SIZE
 from memcalc.memory.timeline import Moment, Timeline, _moment, timeline
-from memcalc.memory.timeline_states import buffer_bytes, for_loop_peak, param_tensors
+from memcalc.memory.timeline_states import buffer_bytes, param_tensors, step_temporaries
 from memcalc.model.architecture import Architecture
 from memcalc.units import ceil_div
 
@@ -134,7 +134,7 @@ def zero_timeline(arch: Architecture, *, family: str, stage: int, dp: int, atten
     base = states + inputs
     if stage == 0:
         end = [("gradients (bf16)", 2 * psi), ("flattened gradients for the all-reduce", 2 * min(psi, ALLREDUCE_BUFFER))]
-        temp = {"for-loop": 4 * for_loop_peak(tensors), "foreach": 4 * psi, "fused": 0}[optimizer_impl]
+        temp = step_temporaries(optimizer_impl, tensors, 4)  # on the fp32 copies
         step = [("gradients (bf16)", 2 * psi), ("fp32 gradients", 4 * psi)]
         moments += [_moment("backward.epilogue", "the gradients flattened for the all-reduce", base + end),
                     _moment("optimizer", "fp32 copies of the gradients", base + step),
@@ -150,7 +150,7 @@ def zero_timeline(arch: Architecture, *, family: str, stage: int, dp: int, atten
                [("gradient partition (grads_in_partition)", 2 * sigma), ("gradient not yet reduced", 2 * last)])
         end.append(("gradient bucket (reduce_bucket_size)", 2 * k * bucket))
         held = [("gradient partition (averaged_gradients)", 2 * sigma)]
-        temp = {"for-loop": 8 * p, "foreach": 4 * p, "fused": 0}[optimizer_impl]
+        temp = step_temporaries(optimizer_impl, (("fp32 partition", p),), 4)
         moments += [
             _moment("backward.epilogue", "the last reductions", base + end),
             _moment("optimizer", "fp64 copy of a gradient slice for the norm", base + held

@@ -28,7 +28,7 @@ from __future__ import annotations
 from memcalc.errors import InputError
 from memcalc.layout.plan import REDUCE_BUCKET_SIZE, Zero3Settings
 from memcalc.memory.timeline import Moment, Timeline, _moment, timeline
-from memcalc.memory.timeline_states import buffer_bytes, param_tensors
+from memcalc.memory.timeline_states import buffer_bytes, param_tensors, step_temporaries
 from memcalc.memory.timeline_zero import _GRADS
 from memcalc.memory.zero3 import _called, gathered_bytes, persistent
 from memcalc.model.architecture import Architecture
@@ -209,7 +209,7 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
     inputs = [(n, x) for n, x in tl.moments[1].parts if n.startswith("input ids")]
     base = states + inputs
     big = max(groups)
-    temp = {"for-loop": 8 * big, "foreach": 4 * big, "fused": 0}[optimizer_impl]
+    temp = step_temporaries(optimizer_impl, (("fp32 sub-group", big),), 4)
     largest = max(ceil_div(n, dp) for _, n in tensors)
     end_gather = gathered.get(("backward", "embed"), 0)
     moments.append(_moment("backward.epilogue", "the last bucket reduced", base + [

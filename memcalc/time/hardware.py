@@ -35,26 +35,12 @@ def _dir(kind: str) -> Path:
     return presets_dir() / kind
 
 
-def _norm(name: str) -> str:
-    return name.strip().lower().replace("_", "-").replace(" ", "-")
-
-
 def _read(path: Path) -> dict[str, Any]:
     """The preset file's TOML, parsed once per file version and shared with ``memcalc.inputs.presets`` (which reads the
     GPU files too): a fresh dict per call."""
     from memcalc.inputs.presets import _read as read_preset
 
     return read_preset(path)
-
-
-@cache
-def _index(kind: str) -> dict[str, Path]:
-    out: dict[str, Path] = {}
-    for path in sorted(_dir(kind).glob("*.toml")):
-        out[_norm(path.stem)] = path
-        for alias in _read(path).get("aliases", []):
-            out.setdefault(_norm(alias), path)
-    return out
 
 
 def _find(kind: str, name: str, what: str) -> Path:
@@ -64,13 +50,12 @@ def _find(kind: str, name: str, what: str) -> Path:
         if not path.is_file():
             raise InputError(f"{what} file {text!r} does not exist")
         return path
-    from memcalc.inputs.presets import find
+    from memcalc.inputs.presets import _alias_index, _norm, find, names
 
     path = find(kind, text)  # parses only the files that can name it
-    if path is None:
-        index = _index(kind)
-        known = sorted(p.stem for p in _dir(kind).glob("*.toml"))
-        raise InputError(f"unknown {what} {text!r}{did_you_mean(_norm(text), index)}; known: {', '.join(known)}")
+    if path is None:  # the did-you-mean reads every name and alias
+        raise InputError(f"unknown {what} {text!r}{did_you_mean(_norm(text), _alias_index(kind))}; known: "
+                         f"{', '.join(names(kind))}")
     return path
 
 
@@ -168,11 +153,15 @@ class Calibration:
 
 
 def cluster_names() -> list[str]:
-    return sorted(p.stem for p in _dir("clusters").glob("*.toml"))
+    from memcalc.inputs.presets import names
+
+    return names("clusters")
 
 
 def calibration_names() -> list[str]:
-    return sorted(p.stem for p in _dir("calibration").glob("*.toml"))
+    from memcalc.inputs.presets import names
+
+    return names("calibration")
 
 
 @cache
