@@ -117,7 +117,7 @@ def compare(
     strategies_ = [s if isinstance(s, Strategy) else parse_strategy(s, shard_group) for s in chosen]
     if kwargs.get("accounting", "auto") == "auto":
         # One accounting for every row: the realistic one only where it covers every strategy compared.
-        from memcalc.memory.realistic import STRATEGIES as REALISTIC
+        from memcalc.memory.scope import STRATEGIES as REALISTIC
 
         if any(s.name not in REALISTIC for s in strategies_):
             kwargs["accounting"] = "paper"

@@ -64,19 +64,46 @@ def _realistic(plan: Plan) -> tuple[StageLoad, Any]:
 
 
 def _host_rows(plan: Plan) -> list[Row]:
-    """What one rank keeps in host memory under offload (the realistic accounting models DeepSpeed ZeRO-3's): the
-    paper's offloaded states (the bf16 gradient partitions, ``grad_partitions_flat_buffer`` on ``self.device``, the
+    """What one rank keeps in host memory under offload, as DeepSpeed 0.19 holds it. ZeRO-3 (runtime/zero/stage3.py):
+    the paper's offloaded states (the bf16 gradient partitions, ``grad_partitions_flat_buffer`` on ``self.device``, the
     fp32 master partitions and the moments; the bf16 partitions with offload_param) and the fp32 gradient of each
-    optimizer sub-group the step reads (DeepSpeed 0.19 runtime/zero/stage3.py: ``fp32_partitioned_groups_flat[i].grad``
-    on the sub-group's device, 4 bytes per partition element)."""
+    optimizer sub-group the step reads (``fp32_partitioned_groups_flat[i].grad``, 4 bytes per partition element).
+    ZeRO-1/2 (stage_1_and_2.py with ``cpu_offload``): the fp32 master partition and the moments, the partition's fp32
+    gradient (``single_partition_of_fp32_groups[i].grad``, 4P) in place of a bf16 one, the bf16 buffer the updated
+    partition is copied back through (``param_buffer_of_bit16_for_cpu_offload_groups``, 2P) and a bf16 buffer of
+    the largest parameter (``temp_grad_buffer_for_cpu_offload``). FSDP2 FULL_SHARD with CPUOffloadPolicy (torch
+    ``_fully_shard``): the sharded parameters in their own dtype (fp32 under bf16-mixed: the master copy, no bf16 one
+    on the host), their gradients in the same dtype (``.grad`` of the sharded parameter) and AdamW's moments."""
     if not plan.offloads:
         return []
     rows = [r for r in paper.model_state_rows(plan, paper.param_groups(plan, 0)[1]) if r.location != "gpu"]
     master = next((r for r in rows if r.key == "master_weights"), None)
-    if plan.spec.name == "zero-3" and master is not None:
+    if master is None:
+        return rows
+    if plan.spec.name == "zero-3":
         rows.append(Row("gradients_fp32", "fp32 gradients (optimizer sub-groups)", master.bytes, master.location,
                         "model_state", "DeepSpeed ZeRO-3 offload: the fp32 .grad of each sub-group's master partition, "
                         "4 bytes per element (stage3.py)"))  # fmt: skip
+    elif plan.spec.name == "FULL_SHARD":
+        grads = next((r for r in rows if r.key == "gradients"), None)
+        rows = [r for r in rows if r.key not in ("parameters", "gradients")]
+        if grads is not None:
+            rows.append(grads._replace(bytes=master.bytes, label="gradients (fp32)",
+                                       detail="FSDP2 CPUOffloadPolicy: the sharded parameters' .grad on the host, in "
+                                              "their dtype (_fsdp_collectives.py foreach_reduce)"))
+    elif plan.spec.name in ("zero-1", "zero-2") and plan.arch is not None:
+        from memcalc.memory.timeline_states import param_tensors
+        from memcalc.memory.timeline_zero import partition
+
+        where, p = master.location, partition(plan.arch, plan.dp)[0]
+        largest = max(n for _, n in param_tensors(plan.arch))
+        rows = [r for r in rows if r.key != "gradients"] + [
+            Row("gradients_fp32", "fp32 gradient partition", 4 * p, where, "model_state", "DeepSpeed ZeRO-1/2 offload: "
+                "the fp32 .grad of the master partition, 4 bytes per element (stage_1_and_2.py)"),
+            Row("parameters_staging", "bf16 partition copy-back buffer", 2 * p, where, "model_state",
+                "the updated partition in bf16 on its way back to the GPU, 2 bytes per element (stage_1_and_2.py)"),
+            Row("gradient_staging", "gradient staging buffer (bf16)", 2 * largest, where, "model_state",
+                "temp_grad_buffer_for_cpu_offload: the largest parameter's elements (stage_1_and_2.py)")]  # fmt: skip
     return rows
 
 
@@ -214,12 +241,12 @@ def notes(plan: Plan) -> list[str]:
         return realistic.notes(plan)
     out = paper.notes(plan)
     if plan.arch is not None and plan.work is not None:
-        from memcalc.memory.realistic import why_not
+        from memcalc.memory.scope import why_not
 
         why = why_not(plan.arch, plan.precision.name, plan.optimizer.name, plan.spec.name, plan.work, plan.tp,
                       plan.pp, plan.cp, plan.ep, plan.fsdp_version, lora=plan.lora, framework=plan.framework,
                       float8_all_gather=plan.float8_all_gather, sequence_parallel=plan.sequence_parallel,
-                      offload=plan.offloads)
+                      offload=plan.offloads, overlap_comm=plan.overlap_comm)
         if why is not None:
             out.append(f"realistic accounting (the peak of a real step) not used: {why}")
     return out

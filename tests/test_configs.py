@@ -110,8 +110,9 @@ def test_hf_zero2_auto_filled_from_the_trainer() -> None:
                        bf16=True, seq_len=2048)  # fmt: skip
     assert r.arguments == {"gpus": 16, "grad_accum": 2, "micro_batch": 4, "seq_len": 2048, "precision": "bf16-mixed",
                            "optimizer": "adamw", "stage": 2, "offload_optimizer": "cpu",
-                           "reduce_bucket_size": 200_000_000}  # fmt: skip
+                           "reduce_bucket_size": 200_000_000, "overlap_comm": True}  # fmt: skip
     assert "zero_optimization.offload_optimizer.device" in r.read
+    assert {"zero_optimization.overlap_comm", "zero_optimization.contiguous_gradients"} <= set(r.read)
     assert "zero_optimization.reduce_bucket_size" in r.read  # the gradient bucket the realistic accounting holds
     assert any(i.startswith("scheduler:") for i in r.ignored)
 
@@ -141,7 +142,8 @@ def test_alpaca_zero3_offload_and_knobs_outside_implementation() -> None:
 
 def test_accelerate_deepspeed_file_relative_to_launch_directory() -> None:
     r = read_accelerate(DATA / "accelerate" / "deepspeed.yaml", cwd=DATA / "accelerate")
-    assert r.arguments == {"gpus": 2, "grad_accum": 1, "optimizer": "adamw", "stage": 1, "precision": "fp16-mixed"}
+    assert r.arguments == {"gpus": 2, "grad_accum": 1, "optimizer": "adamw", "stage": 1, "precision": "fp16-mixed",
+                           "overlap_comm": True}
     assert "../deepspeed_config_templates/zero_stage1_config.json: zero_optimization.stage" in r.read
     with pytest.raises(InputError, match="cannot read"):
         read_accelerate(DATA / "accelerate" / "deepspeed.yaml", cwd=DATA)

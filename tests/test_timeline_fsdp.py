@@ -166,3 +166,35 @@ def test_estimate_full_shard_is_realistic(tmp_path):
     e = memcalc.estimate(hf_config=str(cfg), fsdp="FULL_SHARD", fsdp_version=2, gpus=8, precision="amp-bf16",
                          seq_len=2048, micro_batch=4)  # fmt: skip
     assert e.model_dump()["accounting"] == "realistic"
+
+
+def test_cpu_offload_policy_leaves_the_gathered_units_on_the_gpu(tmp_path):
+    """FSDP2 CPUOffloadPolicy (torch 2.13 _fully_shard, read, not traced): every moment loses the sharded parameters,
+    the moments, the reduced gradient shards and the step; a moment with an all-gather in flight gains the largest
+    layer parameter's fp32 shard (copied in, then cast to bf16); the rest is the same moment without offload."""
+    import json
+
+    import memcalc
+    from memcalc.memory.timeline_states import FSDP_OFFLOADED, offload_fsdp
+
+    arch = architecture_from_config(LLAMA3)
+    plain = timeline(arch, family="llama", regime="amp-bf16", attention="sdpa", s=S, b=B, world=8,
+                     fsdp=True, fsdp_param_dtype="bf16", position_ids=False, use_cache=False)  # fmt: skip
+    largest = 25 * 96  # gate, up: 200 rows -> 25 on each of 8 ranks, of 96; down 96 rows -> 12 of 200
+    for m, (phase, _, parts) in zip(plain.moments, offload_fsdp(plain.moments, arch, 8)):
+        gone = sum(x for n, x in m.parts if n in FSDP_OFFLOADED)
+        staged = 4 * largest if any(n.startswith("all-gather output (") for n, _ in m.parts) \
+            and phase.startswith(("forward", "backward")) else 0  # fmt: skip
+        assert sum(x for _, x in parts) == m.live_bytes - gone + staged, phase
+        assert phase not in ("optimizer", "zero_grad") or sum(x for _, x in parts) < m.live_bytes - 8 * 16 * 96
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(LLAMA3))
+    kw = dict(hf_config=str(cfg), fsdp="FULL_SHARD", fsdp_version=2, gpus=8, precision="bf16-mixed", seq_len=S,
+              micro_batch=B, attention="sdpa")  # fmt: skip
+    on, off = memcalc.estimate(offload_params="cpu", **kw), memcalc.estimate(**kw)
+    assert on.accounting == "realistic" and any("CPUOffloadPolicy" in n for n in on.notes)
+    assert on.memory.per_gpu.peak_allocated < off.memory.per_gpu.peak_allocated
+    host = {r.key: r.bytes for r in on.memory.per_node.rows}
+    # per node: fp32 shards (the master copy), their fp32 gradients, AdamW's two fp32 moments; no bf16 copy
+    assert host["gradients"] == host["master_weights"] and host["optimizer_moments"] == 2 * host["master_weights"]
+    assert "parameters" not in host

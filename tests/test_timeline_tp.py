@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from memcalc.errors import InputError
-from memcalc.memory.realistic import why_not
+from memcalc.memory.scope import why_not
 from memcalc.memory.timeline import timeline
 from memcalc.memory.timeline_states import param_tensors
 from memcalc.memory.timeline_tp import rank_arch, step_temporary

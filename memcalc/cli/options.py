@@ -40,6 +40,7 @@ MinNumParams = Annotated[str | None, typer.Option("--min-num-params", help="impl
 ReuseDistance = Annotated[str | None, typer.Option("--max-reuse-distance", help="realistic and implementation accounting, ZeRO-3: stage3_max_reuse_distance in elements (default 1e9).")]
 MaxLive = Annotated[str | None, typer.Option("--max-live-parameters", help="realistic and implementation accounting, ZeRO-3: stage3_max_live_parameters in elements (default 1e9).")]
 ReduceBucket = Annotated[str | None, typer.Option("--reduce-bucket-size", help="realistic accounting, ZeRO-1/2/3: reduce_bucket_size in elements (default 5e8; the Hugging Face Trainer's auto: hidden²).")]
+OverlapComm = Annotated[bool | None, typer.Option("--overlap-comm/--no-overlap-comm", help="realistic accounting, ZeRO-1/2: DeepSpeed's overlap_comm (default off for stages 1-2): a second gradient bucket.", show_default=False)]
 PrefetchBucket = Annotated[str | None, typer.Option("--prefetch-bucket-size", help="realistic and implementation accounting, ZeRO-3: stage3_prefetch_bucket_size in elements (default 5e7).")]
 Persistence = Annotated[str | None, typer.Option("--persistence-threshold", help="realistic and implementation accounting, ZeRO-3: stage3_param_persistence_threshold in elements (default 1e5).")]
 Zero3Step = Annotated[str, typer.Option("--zero3-step", help="implementation accounting, ZeRO-3: steady (every step after the first; default) or first (DeepSpeed records its trace and gathers every parameter on each use).")]
@@ -91,7 +92,7 @@ PANELS: dict[str, tuple[str, ...]] = {
     "Fine-tuning": ("lora_rank", "lora_targets", "quantize"),
     "Hardware": ("gpu", "cluster", "cuda_context_gib", "reserve_gib"),
     "Accounting": ("accounting", "fsdp_version", "bucket_view", "min_num_params", "max_reuse_distance",
-                   "max_live_parameters", "prefetch_bucket_size", "reduce_bucket_size", "persistence_threshold", "zero3_step", "zero_init",
+                   "max_live_parameters", "prefetch_bucket_size", "reduce_bucket_size", "overlap_comm", "persistence_threshold", "zero3_step", "zero_init",
                    "buffer_factor", "largest_layer_params"),
     "Step time": ("tokens", "price_per_gpu_hour", "intra_node_gbps", "network_gbits_per_gpu",
                   "intra_node_efficiency", "network_efficiency", "pcie_gbps", "host_memory_gbps"),

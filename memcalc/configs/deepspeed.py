@@ -306,6 +306,13 @@ def _zero_knobs(c: Collector, values: dict[str, Any], spelled: dict[str, str], s
         elif key == "reduce_bucket_size" and key in resolved and stage in (1, 2, 3):
             c.used(path)  # the gradient bucket the realistic accounting holds during backward
             c.arguments["reduce_bucket_size"] = resolved[key]
+        elif key == "overlap_comm" and isinstance(value, bool) and stage in (1, 2):
+            c.used(path)  # ZeRO-1/2: a second gradient bucket in flight
+            c.arguments["overlap_comm"] = value
+        elif key == "contiguous_gradients" and value is True:
+            c.used(path)  # DeepSpeed's default, which the realistic timelines follow (the gradient bucket)
+        elif key == "overlap_comm":
+            c.ignore(path, f"stage {stage}: {'one gradient bucket either way (side streams)' if stage == 3 else 'no bucket'}")
         elif key in K.ZERO_UNMODELLED and key in resolved:
             c.unmodelled(path, f"{K.ZERO_UNMODELLED[key]} ({resolved[key]:,})")
         elif key in K.ZERO_UNMODELLED and value not in (False, None, {}):

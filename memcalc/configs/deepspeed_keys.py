@@ -90,7 +90,6 @@ ZERO_UNMODELLED: dict[str, str] = {
     "reduce_bucket_size": "gradient reduce bucket (elements), held during backward",
     "allgather_bucket_size": "parameter all-gather bucket (elements) after the step (stages 1-2)",
     "contiguous_gradients": "contiguous gradient buffer (stages 2-3)",
-    "overlap_comm": "overlapped reduction keeps a second bucket in flight",
     "sub_group_size": "optimizer sub-group flat buffers (ZeRO-3)",
     "model_persistence_threshold": "cap on persistent (unpartitioned) parameters",
     "module_granularity_threshold": "fetch granularity of small modules (ZeRO-3)",

@@ -242,6 +242,7 @@ def build_input(
     max_live_parameters: int | float | str | None = None,
     prefetch_bucket_size: int | float | str | None = None,
     reduce_bucket_size: int | float | str | None = None,
+    overlap_comm: bool | None = None,
     persistence_threshold: int | float | str | None = None,
     zero3_step: str = "steady",
     cluster: str | None = None,
@@ -304,14 +305,14 @@ def build_input(
     the_lora = _lora(lora_rank, lora_targets, quantize)
     if accounting == "auto":
         # The realistic answer wherever memcalc models the step's timeline; the paper's elsewhere (a note says why).
-        from memcalc.memory.realistic import why_not
+        from memcalc.memory.scope import why_not
 
         realistic = why_not(the_model.architecture, the_precision.name, the_optimizer.name, the_strategy.spec.name, workload,
                             parallelism.tp, parallelism.pp, parallelism.cp, parallelism.ep, fsdp_version,
                             lora=the_lora, framework=parallelism.framework,
                             float8_all_gather=float8_all_gather,
                             sequence_parallel=parallelism.sequence_parallel,
-                            offload=the_strategy.offloads) is None
+                            offload=the_strategy.offloads, overlap_comm=bool(overlap_comm)) is None
         accounting = "realistic" if realistic else "paper"
     if overheads is None:
         # CUDA context: the paper's round 0.5 GiB; the realistic accounting's measured 0.75 GiB (H100, torch 2.11).
@@ -346,6 +347,7 @@ def build_input(
             reduce_bucket_size=None if reduce_bucket_size is None else parse_count(reduce_bucket_size,
                                                                                   "--reduce-bucket-size"),
             persistence_threshold=_elements("--persistence-threshold", persistence_threshold),
+            overlap_comm=overlap_comm,
             zero3_step=zero3_step,  # type: ignore[arg-type]
         ),
         model=the_model,

@@ -187,6 +187,9 @@ class EstimateInput(Record):
                 and self.accounting != "deepspeed-estimator":
             raise InputError("--buffer-factor, --no-zero-init, --largest-layer-params: arguments of DeepSpeed's "
                              f"estimator, used only with --accounting deepspeed-estimator (got {self.accounting})")
+        if fw.overlap_comm is not None and spec.framework != "deepspeed":
+            raise InputError(f"--overlap-comm: DeepSpeed's overlapped gradient reduction; it needs --stage (got "
+                             f"{spec.label})")
         if fw.reduce_bucket_size is not None and spec.framework != "deepspeed":
             raise InputError(f"--reduce-bucket-size: DeepSpeed's gradient bucket; it needs --stage (got {spec.label})")
         z3 = self.framework.zero3_flags
@@ -254,12 +257,13 @@ class EstimateInput(Record):
         """The realistic accounting's inputs go with it; its set-ups are the ones it models."""
         w, par = self.workload, self.parallelism
         if self.accounting == "realistic":
-            from memcalc.memory.realistic import why_not
+            from memcalc.memory.scope import why_not
 
             why = why_not(arch, self.precision.name, self.optimizer.name, self.strategy.spec.name, w, par.tp,
                           par.pp, par.cp, par.ep, self.framework.fsdp_version, lora=self.lora,
                           framework=par.framework, float8_all_gather=self.float8_all_gather,
-                          sequence_parallel=par.sequence_parallel, offload=self.strategy.offloads)
+                          sequence_parallel=par.sequence_parallel, offload=self.strategy.offloads,
+                          overlap_comm=bool(self.framework.overlap_comm))
             if why is not None:
                 raise InputError(f"--accounting realistic: {why}; use --accounting paper")
             from memcalc.layout.compose import composition
@@ -282,12 +286,13 @@ class EstimateInput(Record):
             if w.compile and not paper_too:
                 extra.append("--compile")
             if extra:
-                from memcalc.memory.realistic import why_not
+                from memcalc.memory.scope import why_not
 
                 why = why_not(arch, self.precision.name, self.optimizer.name, self.strategy.spec.name, w, par.tp,
                               par.pp, par.cp, par.ep, self.framework.fsdp_version, lora=self.lora,
                               framework=par.framework, float8_all_gather=self.float8_all_gather,
-                              sequence_parallel=par.sequence_parallel, offload=self.strategy.offloads)  # fmt: skip
+                              sequence_parallel=par.sequence_parallel, offload=self.strategy.offloads,
+                              overlap_comm=bool(self.framework.overlap_comm))  # fmt: skip
                 raise InputError(f"{', '.join(extra)}: what the step holds moment by moment, modelled by the realistic "
                                  f"accounting, which does not apply here ({why or 'not chosen'}); --accounting "
                                  f"{self.accounting} does not use it")

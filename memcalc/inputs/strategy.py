@@ -141,6 +141,9 @@ class FrameworkOptions(Record):
     reduce_bucket_size: int | None = bounded(default=None, gt=0, le=MAX_COUNT)
     """DeepSpeed ZeRO-1/2/3: reduce_bucket_size in elements (None: DeepSpeed's default, 5e8), the gradient bucket the
     realistic accounting holds during backward (ZeRO-3: all step)."""
+    overlap_comm: bool | None = None
+    """DeepSpeed ZeRO-1/2: overlap_comm (None: DeepSpeed's default, off for stages 1-2): the reduction runs beside
+    backward in a second gradient bucket."""
     zero3_step: Literal["steady", "first"] = "steady"
     """DeepSpeed ZeRO-3: which step's gathers to report: any step after the first (``steady``), or the first, in
     which DeepSpeed records its module trace and gathers every parameter on each use."""

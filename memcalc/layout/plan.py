@@ -112,6 +112,8 @@ class Plan:
     zero3: Zero3Settings = Zero3Settings()
     reduce_bucket_size: int = REDUCE_BUCKET_SIZE
     """DeepSpeed ZeRO-1/2: reduce_bucket_size in elements (the gradient bucket)."""
+    overlap_comm: bool = False
+    """DeepSpeed ZeRO-1/2: overlap_comm (a second gradient bucket)."""
     zero3_step: str = "steady"
     zero_init: bool = True
     buffer_factor: float = 1.5

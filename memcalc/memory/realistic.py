@@ -10,7 +10,7 @@ reports), ``peak_reserved`` and the total a GPU must have, and a verdict: fits, 
 Where it applies: a Hugging Face family with a saved-tensor profile, a sequence length, the regimes Hugging Face
 runs (fp32, pure bf16, autocast), AdamW (torch or bitsandbytes 8-bit) and replicated model states (one GPU, or DDP),
 FSDP2 FULL_SHARD and DTensor tensor parallelism of Llama-style layers (``memcalc.memory.timeline_tp``); elsewhere
-the paper's accounting answers and a note says why (``why_not``).
+the paper's accounting answers and a note says why (``memcalc.memory.scope.why_not``).
 """
 
 from __future__ import annotations
@@ -20,162 +20,7 @@ from typing import Any, NamedTuple
 from memcalc.layout.plan import Plan
 from memcalc.memory.rows import Row
 
-REGIME = {"fp32": "fp32", "bf16": "bf16", "amp-bf16": "amp-bf16", "amp-fp16": "amp-bf16"}
-"""memcalc's precision -> the saved-tensor profile's regime. amp-fp16 saves what amp-bf16 does (both 2-byte casts;
-the GradScaler's scale and found-inf flags are a few bytes)."""
-OPTIMIZER_STATES = {"adamw": "adamw", "adam-8bit": "adamw-8bit", "paged-adam-8bit": "paged-adamw-8bit"}
-ATTENTION = {"eager": "eager", "sdpa": "sdpa", "flash": "sdpa"}
-"""flash: SDPA's flash kernel, which saves what CPU's SDPA saves (output and log-sum-exp; DOMAIN §13)."""
-STRATEGIES = ("ddp", "FULL_SHARD")
-"""Replicated model states (one GPU, DDP) and FSDP2 FULL_SHARD (``fully_shard`` per decoder layer and on the root,
-exact against the tracer's FSDP2 rank 0); the other sharded and model-parallel layouts take the paper's."""
-SHARDED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "smollm3", "gemma", "gemma2", "gemma3_text",
-                    "olmo2")
-"""Families whose FSDP2 step was checked against the tracer (tests/test_timeline_fsdp.py): exact for the Llama-style
-decoder layers and Gemma; Gemma 2, Gemma 3 and OLMo 2 (post-norms) exact in fp32 and 1.9-3.2 % below the trace in
-2-byte regimes. GPT-2, BLOOM (-6 to -16 %), GPT-NeoX and Falcon (+3 to +5 %) were traced too and are left out."""
-POST_NORM_FSDP = ("gemma2", "gemma3_text", "olmo2")
-
-
-def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any, tp: int = 1, pp: int = 1,
-            cp: int = 1, ep: int = 1, fsdp_version: int = 2, lora: Any = None, framework: str | None = None,
-            float8_all_gather: bool = False, sequence_parallel: bool = False, offload: bool = False) -> str | None:  # fmt: skip
-    """Why the realistic accounting does not apply to this set-up (one line), or None when it does."""
-    if offload and strategy != "zero-3":
-        return ("offload: the realistic accounting models DeepSpeed ZeRO-3's CPU/NVMe offload so far; the paper "
-                "accounting counts the others")
-    if strategy == "zero-3" and work is not None and work.recompute not in ("none", "full"):
-        return f"zero-3: the realistic accounting models recompute none or full (got {work.recompute})"
-    if strategy in (*ZERO_STAGES, "zero-3"):
-        return _why_not_zero(arch, precision, optimizer, strategy, work, max(tp, pp, cp, ep), lora)
-    if float8_all_gather:
-        return ("--float8-all-gather: the realistic accounting's FSDP2 timeline gathers the compute dtype; the paper "
-                "accounting counts the fp8 gathers")
-    if getattr(work, "compile", False):
-        from memcalc.memory.saved import LLAMA_LIKE
-
-        if (arch is not None and arch.family not in LLAMA_LIKE) or lora is not None or work.recompute == "selective":
-            return ("--compile: the compiled layers' saved set is measured for Llama-style layers without LoRA, "
-                    "recompute none, full, every:K or op-sac")
-    if framework == "torchtitan" and arch is not None and work is not None:
-        from memcalc.memory.saved import LLAMA_LIKE
-
-        if arch.family not in LLAMA_LIKE or precision.startswith("amp") or work.attention == "eager" or lora:
-            return ("--framework torchtitan: its model code is profiled for Llama-style layers in fp32, bf16 or "
-                    "bf16-mixed (FSDP2) with flash/sdpa attention and no LoRA")
-    if lora is not None:
-        why = _why_not_lora(arch, strategy, work)
-        if why is not None:
-            return why
-    if arch is None:
-        return "the realistic accounting needs the model's shape"
-    if work is None:
-        return "the realistic accounting needs --seq-len"
-    from memcalc.memory.saved import EAGER_ONLY, FAMILIES  # loaded only when there is a shape to profile
-
-    if arch.family in EAGER_ONLY and work.attention != "eager":
-        return (f"--attention {work.attention}: Hugging Face's {arch.family} has no SDPA path (its attention is "
-                "profiled eager); give --attention eager")
-    if arch.family not in FAMILIES or arch.moe:
-        return (f"no saved-tensor profile for family {arch.family or 'unset'}{' (MoE)' if arch.moe else ''}; "
-                f"profiles: {', '.join(FAMILIES)}")
-    if precision not in REGIME and not (strategy == "FULL_SHARD" and precision == "bf16-mixed"):
-        return (f"--precision {precision} is a master-weight regime (DeepSpeed, Megatron); the realistic accounting "
-                "models what Hugging Face runs: amp-bf16 (Trainer(bf16=True)), amp-fp16, bf16, fp32")
-    if optimizer not in OPTIMIZER_STATES:
-        return f"--optimizer {optimizer}: the realistic accounting models AdamW (torch, or bitsandbytes 8-bit)"
-    if strategy not in STRATEGIES or max(pp, ep) > 1 or (cp > 1 and strategy != "FULL_SHARD"):
-        return ("the realistic accounting covers one GPU, DDP and FSDP FULL_SHARD, each with DTensor tensor "
-                "parallelism, and context parallelism under FULL_SHARD, so far; other sharded and model-parallel "
-                "layouts (pipeline, expert, context without FSDP) take the paper's")
-    compiled = getattr(work, "compile", False)
-    if tp > 1 and sequence_parallel and (ATTENTION.get(work.attention) != "sdpa" or arch.tied_embeddings
-                                         or getattr(work, "loss", "standard") != "standard"
-                                         or (compiled and (work.recompute != "full" or work.compile_loss))
-                                         or cp > 1 or getattr(work, "seq_len", tp) % tp):  # fmt: skip
-        return (f"--tp {tp} --sequence-parallel: the realistic accounting models torchtitan's sequence-parallel plan "
-                "(with loss_parallel) for untied layers, sdpa, the standard eager loss, layers eager (or compiled "
-                "under full recompute), tp dividing seq_len, no cp; the paper accounting counts the rest")
-    if tp > 1:
-        why = _why_not_tp(arch, optimizer, work, tp, lora, framework, sequence_parallel)
-        if why is not None:
-            return why
-    if strategy == "FULL_SHARD":
-        if fsdp_version != 2:
-            return ("FULL_SHARD: the realistic accounting follows FSDP2 (fully_shard, traced); FSDP1's flat parameters "
-                    "were not traced: give --fsdp-version 2")
-        if arch.family not in SHARDED_FAMILIES:
-            return f"FULL_SHARD: the realistic accounting models {', '.join(SHARDED_FAMILIES)} layers under FSDP2"
-        if optimizer != "adamw" or getattr(work, "optimizer_impl", "foreach") not in ("foreach", "fused"):
-            return "FULL_SHARD: the realistic accounting models torch AdamW, foreach or fused"
-        if getattr(work, "recompute", "none") == "selective":
-            return "FULL_SHARD: the realistic accounting models recompute none, full, every:K or op-sac"
-    return None
-
-
-ZERO_STAGES = ("zero-0", "zero-1", "zero-2")
-"""DeepSpeed stages whose step is modelled by ``memcalc.memory.timeline_zero``; ZeRO-3's by
-``memcalc.memory.timeline_zero3`` (both against traced DeepSpeed steps on CPU ranks)."""
-
-
-def _why_not_zero(arch: Any, precision: str, optimizer: str, strategy: str, work: Any, parallel: int,
-                  lora: Any) -> str | None:  # fmt: skip
-    """DeepSpeed ZeRO-0/1/2 on Hugging Face layers: the bf16 module's timeline under DeepSpeed's states."""
-    from memcalc.memory.saved import EAGER_ONLY, FAMILIES
-
-    if arch is None or work is None:
-        return "the realistic accounting needs the model's shape and --seq-len"
-    if arch.family not in FAMILIES or arch.moe:
-        return f"{strategy}: no saved-tensor profile for family {arch.family or 'unset'}; profiles: {', '.join(FAMILIES)}"
-    if arch.family in EAGER_ONLY and work.attention != "eager":
-        return f"--attention {work.attention}: Hugging Face's {arch.family} is profiled eager; give --attention eager"
-    if precision not in ("bf16-mixed", "fp16-mixed"):
-        return (f"{strategy} with --precision {precision}: the realistic accounting models DeepSpeed's bf16/fp16 "
-                "training (bf16-mixed, fp16-mixed: the module in 2 bytes, an fp32 master partition)")
-    if optimizer != "adamw" or getattr(work, "optimizer_impl", "fused") not in ("foreach", "fused", "for-loop"):
-        return f"{strategy}: the realistic accounting models AdamW (DeepSpeed's FusedAdam, or torch's)"
-    if parallel > 1 or lora is not None or (work.recompute not in ("none", "full")
-                                            and not work.recompute.startswith("every:")):
-        return (f"{strategy}: the realistic accounting models data parallelism alone, without LoRA, recompute none, "
-                "full or every:K")
-    if getattr(work, "compile", False):
-        return f"{strategy}: --compile under DeepSpeed is not modelled"
-    return None
-
-
-def _why_not_tp(arch: Any, optimizer: str, work: Any, tp: int, lora: Any, framework: str | None,
-                sequence_parallel: bool = False) -> str | None:  # fmt: skip
-    """Tensor parallelism is modelled as the tracer's DTensor plan runs it (``memcalc.memory.timeline_tp``)."""
-    from memcalc.memory.timeline_tp import TP_FAMILIES
-
-    if arch.family not in TP_FAMILIES or arch.moe or arch.fused_qkv or not arch.gated_mlp:
-        return f"--tp {tp}: the realistic accounting models DTensor TP on dense {', '.join(TP_FAMILIES)} layers"
-    if arch.heads % tp or arch.n_kv % tp:
-        return f"--tp {tp}: it must divide heads ({arch.heads}) and kv heads ({arch.n_kv}); DTensor shards whole heads"
-    # torchtitan's own layers under its sequence-parallel plan: with full recompute each keeps its checkpoint whatever
-    # the code; the recomputed layer is counted as Hugging Face's (``_code``)
-    titan_ok = sequence_parallel and getattr(work, "recompute", "none") == "full"
-    if lora is not None or (framework == "torchtitan" and not titan_ok):
-        return (f"--tp {tp}: the realistic accounting models Hugging Face layers under DTensor TP (no LoRA); "
-                "torchtitan's own layers only under its sequence-parallel plan with full recompute")
-    if optimizer != "adamw" or getattr(work, "optimizer_impl", "foreach") not in ("foreach", "fused"):
-        return f"--tp {tp}: the realistic accounting models torch AdamW, foreach or fused"
-    if getattr(work, "recompute", "none") not in ("none", "full"):
-        return f"--tp {tp}: the realistic accounting models recompute none or full"
-    return None
-
-
-def _why_not_lora(arch: Any, strategy: str, work: Any) -> str | None:
-    """LoRA's step (peft on Hugging Face code) is modelled for Llama-style layers on one GPU or DDP."""
-    from memcalc.memory.saved import LORA_FAMILIES
-
-    if arch is not None and arch.family not in LORA_FAMILIES:
-        return f"LoRA: the realistic accounting models peft on {', '.join(LORA_FAMILIES)} layers"
-    if strategy != "ddp":
-        return "LoRA: the realistic accounting covers one GPU and DDP so far"
-    if work is not None and getattr(work, "recompute", "none") not in ("none", "full"):
-        return "LoRA: the realistic accounting models recompute none or full"
-    return None
+from memcalc.memory.scope import ATTENTION, OPTIMIZER_STATES, POST_NORM_FSDP, REGIME, ZERO_STAGES
 
 
 class Realistic(NamedTuple):
@@ -202,6 +47,11 @@ _KEYS = {"parameters": ("parameters", "model_state"),
          "fp32 copies of the parameters": ("master_weights", "model_state"),
          "optimizer states (fp32 moments)": ("optimizer_moments", "model_state"),
          "gradient bucket (reduce_bucket_size)": ("gradient_buckets", "model_state"),
+         "gradient staging buffer (temp_grad_buffer_for_gpu_offload)": ("gradient_staging", "model_state"),
+         "fp32 shard copied in for the all-gather": ("parameters_staging", "model_state"),
+         "gradients not yet reduced": ("gradients", "model_state"),
+         "gradients on their way to the host": ("gradients_to_host", "model_state"),
+         "gradients not yet reduced or on their way to the host": ("gradients", "model_state"),
          "gradient partition (grads_in_partition)": ("gradients", "model_state"),
          "gradient partition (averaged_gradients)": ("gradients", "model_state"),
          "gradients (bf16)": ("gradients", "model_state"), "parameters (bf16 partitions)": ("parameters", "model_state"),
@@ -223,6 +73,15 @@ _DETAIL = (
     ("fp32 copies", "DeepSpeed ZeRO-0: an fp32 copy of every parameter for the optimizer"),
     ("gradient bucket", "reduce_bucket_size elements in the training dtype (ZeRO-1/2: from the first gradient hook; "
                         "ZeRO-3: allocated once)"),
+    ("copied in for the all-gather", "FSDP2 CPUOffloadPolicy: a parameter's fp32 shard on the GPU before its bf16 "
+                                     "cast (_fsdp_param.py all_gather_inputs), the largest layer's, one at a time"),
+    ("staging buffer", "ZeRO-1/2 offload: temp_grad_buffer_for_gpu_offload, bf16, the largest parameter's elements "
+                       "(stage_1_and_2.py)"),
+    ("not yet reduced", "offload: gradients waiting for their bucket's reduction (one larger than the bucket cloned "
+                        "into a tensor of its own), and the rank's slices on their way to the host: an fp64 copy for "
+                        "the norm, then an fp32 one, one slice at a time (stage_1_and_2.py)"),
+    ("way to the host", "offload: the rank's reduced gradient slices on their way to the host: an fp64 copy for the "
+                        "norm, then an fp32 one, one slice at a time (stage_1_and_2.py)"),
     ("bucket's reduction", "ZeRO-3: gradients not yet in the bucket and its padded copy for the reduce-scatter"),
     ("gradient partition", "this rank's reduced gradients: every parameter overlapping its partition (stage_1_and_2.py)"),
     ("frozen base, nf4", "bitsandbytes NF4, double quantization (model/lora.py nf4_bytes); the rest in the weight dtype"),
@@ -247,7 +106,7 @@ def _row(name: str, n_bytes: int, plan: Plan) -> Row:
 
 def _code(plan: Plan) -> str:
     """The saved-tensor profile the layers follow: torchtitan's own code (without tensor parallelism), else Hugging
-    Face's (torchtitan under its sequence-parallel plan with full recompute: ``_why_not_tp``)."""
+    Face's (torchtitan under its sequence-parallel plan with full recompute: ``memcalc.memory.scope._why_not_tp``)."""
     from memcalc.layout.compose import composition
 
     return "torchtitan" if composition(plan.framework).model_code == "torchtitan" and plan.tp == 1 else "hf"
@@ -268,7 +127,7 @@ def _loss_compiled(plan: Plan) -> bool:
 
 
 def evaluate(plan: Plan) -> Realistic:
-    """The realistic peak of one GPU for ``plan`` (which ``why_not`` accepts)."""
+    """The realistic peak of one GPU for ``plan`` (which ``memcalc.memory.scope.why_not`` accepts)."""
     from memcalc.memory.timeline import timeline
 
     arch, w, p = plan.arch, plan.work, plan.precision
@@ -279,7 +138,8 @@ def evaluate(plan: Plan) -> Realistic:
         tl = zero_timeline(arch, family=arch.family or "", stage=int(plan.spec.name[-1]), dp=plan.dp,
                            attention=ATTENTION[w.attention], s=w.seq_len, b=w.micro_batch, recompute=w.recompute,
                            optimizer_impl=w.optimizer_impl, loss=w.loss, device=w.device,
-                           bucket=plan.reduce_bucket_size, rank=worst_rank(arch, plan.dp), use_cache=False)
+                           bucket=plan.reduce_bucket_size, rank=worst_rank(arch, plan.dp), use_cache=False,
+                           overlap_comm=plan.overlap_comm, offload=plan.offload_optimizer != "none")
         return _finish(plan, tl, tl.peak.live_bytes, 0, comm_groups=int(plan.dp > 1))
     if plan.spec.name == "zero-3":
         from memcalc.memory.timeline_zero3 import zero3_timeline
@@ -302,6 +162,11 @@ def evaluate(plan: Plan) -> Realistic:
                   world=plan.shard_group_size if sharded else 1, fsdp=sharded, fsdp_param_dtype=policy, lora=plan.lora,
                   code=_code(plan), tp=plan.tp, compiled=w.compile,
                   loss_compiled=_loss_compiled(plan), sequence_parallel=plan.sequence_parallel)
+    if sharded and plan.offload_params != "none":
+        from memcalc.memory.timeline import Timeline, _moment
+        from memcalc.memory.timeline_states import offload_fsdp
+
+        tl = Timeline(tuple(_moment(*m) for m in offload_fsdp(tl.moments, arch, plan.shard_group_size)))
     allocated = tl.peak.live_bytes
     extra = 0
     if plan.dp > 1 and not plan.bucket_view and not sharded:
@@ -361,7 +226,8 @@ def notes(plan: Plan) -> list[str]:
     code = "torchtitan's Llama 3" if _code(plan) == "torchtitan" else f"Hugging Face's {arch.family}"
     out = [f"accounting: realistic: the peak of one training step over its timeline as {code} "
            f"code runs it ({plan.precision.name}, {ATTENTION[w.attention]} attention, {w.recompute} "
-           f"recompute, {w.loss} loss, AdamW {w.optimizer_impl}); the rows are what is alive at that moment",
+           f"recompute, {w.loss} loss, "
+           f"{'DeepSpeedCPUAdam on the host' if plan.offload_optimizer != 'none' else 'AdamW ' + w.optimizer_impl}); the rows are what is alive at that moment",
            "peak_allocated is what torch.cuda.max_memory_allocated reports; peak_reserved adds the caching allocator's "
            "least measured gap (0.3 GiB); the verdict is at-risk when the margin left is under the widest gap measured "
            f"for a step of this size ({GAP_FRACTION * 100:.1f} % of the allocated peak, at most {GAP_HIGH / GiB:.1f} "
@@ -376,13 +242,19 @@ def notes(plan: Plan) -> list[str]:
         rank = worst_rank(arch, plan.dp)
         out.append(f"DeepSpeed {plan.spec.label}: the module in {plan.precision.low_dtype} saves what a pure "
                    f"{plan.precision.low_dtype} model saves; the states, gradient bucket (reduce_bucket_size "
-                   f"{plan.reduce_bucket_size:,} elements) and the step's fp32 gradients as DeepSpeed 0.19 holds them "
-                   f"(memory/timeline_zero.py, against a traced DeepSpeed step on CPU ranks); data-parallel rank {rank} "
-                   f"of {plan.dp}, whose partition overlaps the most parameters "
-                   f"({partition(arch, plan.dp, rank)[1]:,} elements)" if plan.spec.name != "zero-0" else
+                   f"{plan.reduce_bucket_size:,} elements{', two with overlap_comm' if plan.overlap_comm else ''}) and the step's fp32 gradients as DeepSpeed 0.19 holds them "
+                   f"(memory/timeline_zero.py, against a traced DeepSpeed step on CPU ranks); "
+                   + ("every rank alike under offload but for the gradient slices on their way to the host (the largest "
+                      "any rank holds)" if plan.offload_optimizer != "none" else
+                      f"data-parallel rank {rank} of {plan.dp}, whose partition overlaps the most parameters "
+                      f"({partition(arch, plan.dp, rank)[1]:,} elements)") if plan.spec.name != "zero-0" else
                    f"DeepSpeed ZeRO-0: the module in {plan.precision.low_dtype}, fp32 copies of every parameter, the "
                    "gradients flattened for the all-reduce and upcast for the step as DeepSpeed 0.19 holds them "
                    "(memory/timeline_zero.py, against a traced DeepSpeed step on CPU ranks)")
+        if plan.offload_optimizer != "none":
+            from memcalc.memory.timeline_zero import OFFLOAD_NOTE
+
+            out.append(OFFLOAD_NOTE)
     if plan.spec.name == "zero-3":
         from memcalc.memory.timeline_zero3 import NOTE
 
@@ -404,6 +276,12 @@ def notes(plan: Plan) -> list[str]:
         out.append(f"FULL_SHARD: FSDP2 fully_shard per decoder layer and on the root over {plan.shard_group_size} "
                    "ranks (rank 0's padded shards; the root stays gathered from forward to backward; one layer "
                    f"gathered and the next prefetched; {policy}); NCCL buffers counted as for one communicator")
+        if plan.offload_params != "none":
+            out.append("FULL_SHARD with CPUOffloadPolicy: the fp32 sharded parameters, the reduced gradient shards and "
+                       "AdamW's moments and step in host memory; the GPU keeps the buffers, the gathered units, the "
+                       "all-gather outputs and reduce-scatter inputs, and each parameter's fp32 shard while it is cast "
+                       "for the all-gather (read from torch 2.13's _fully_shard, not traced: a CPU run cannot tell the "
+                       "devices apart)")
         if plan.arch is not None and plan.arch.family in POST_NORM_FSDP and plan.precision.name != "fp32":
             out.append(f"FULL_SHARD with {plan.arch.family}'s post-norm layers in a 2-byte regime: traced 1.9-3.2 % above "
                        "this peak (exact in fp32; the difference is not located yet)")

@@ -308,3 +308,28 @@ class FsdpOverlay:
                  fs.layer_flat if i > 0 or gather else 0),
                 ("gradient shards of the layers above", done * fs.layer_grad_shard),
                 ("reduce-scatter input (layer above)", fs.layer_flat if done else 0)]
+
+
+FSDP_OFFLOADED = ("parameters", "optimizer states", "gradient shards of the layers above", "gradients (shards)",
+                  "step temporaries")
+"""The FSDP2 timeline's parts that ``CPUOffloadPolicy`` keeps in host memory: the fp32 sharded parameters, AdamW's
+moments, the reduced gradient shards and the step (``offload_fsdp``)."""
+
+
+def offload_fsdp(moments: tuple, arch: Architecture, world: int) -> list[tuple[str, str, list[tuple[str, int]]]]:
+    """FSDP2 with ``CPUOffloadPolicy`` (torch 2.13 ``distributed/fsdp/_fully_shard``), moment by moment: the sharded
+    fp32 parameters are pinned host tensors (``_fsdp_param.py`` ``_init_sharded_param``), each reduced gradient shard
+    is copied to a host ``.grad`` and its GPU copy freed when ``foreach_reduce`` returns (``_fsdp_collectives.py``),
+    and AdamW steps on the host (no GPU bytes); buffers, the gathered units, the all-gather outputs and the
+    reduce-scatter inputs stay as without offload. An all-gather copies each parameter's fp32 shard to the GPU before
+    casting it to bf16 (``all_gather_inputs``), one parameter at a time: 4 × the largest layer shard while a layer's
+    all-gather is in flight. Returns (phase, label, parts) for ``timeline._moment``."""
+    largest = max((-(-_dim0(arch, name, n) // world) * (n // _dim0(arch, name, n)) for name, n in param_tensors(arch)
+                   if name.startswith("layer 0 ")), default=0)  # fmt: skip
+    out = []
+    for m in moments:
+        parts = [(n, x) for n, x in m.parts if n not in FSDP_OFFLOADED]
+        if any(n.startswith("all-gather output (") for n, _ in parts) and m.phase.startswith(("forward", "backward")):
+            parts.append(("fp32 shard copied in for the all-gather", 4 * largest))
+        out.append((m.phase, m.label, parts))
+    return out

@@ -59,6 +59,30 @@ def partition(arch: Architecture, dp: int, rank: int = 0) -> tuple[int, int, int
     return p, sigma, largest, frozenset(names)
 
 
+def _walk(tl: Timeline, tensors: tuple[tuple[str, int], ...]):
+    """The bf16 module's moments up to the step without its states: (moment, its other parts, the gradient bytes it
+    holds, the parameters whose gradients a backward moment makes: its layer's, or the head's and final norm's)."""
+    root = [(name, n) for name, n in tensors if not name.startswith(("layer ", "embedding", "position"))]
+    for m in tl.moments:
+        if m.phase in ("optimizer", "zero_grad"):
+            continue
+        parts = [(n, x) for n, x in m.parts if n not in ("parameters", "optimizer states", "buffers")]
+        grads = sum(x for n, x in parts if n in _GRADS) if m.phase.startswith("backward") else 0
+        layer = m.phase.rsplit(".", 1)[1] if m.phase.startswith("backward.layer.") else None
+        unit = [(name, n) for name, n in tensors if name.startswith(f"layer {layer} ")] if layer is not None else root
+        yield m, parts, grads, unit
+
+
+def largest_piece(start: int, n: int, p: int) -> int:
+    """The most elements of one parameter (elements ``start`` to ``start + n`` of the flat buffer) that fall in one
+    rank's partition of ``p`` elements: what one rank's reduced slice of it can hold."""
+    if n <= 0:
+        return 0
+    first = min(n, p - start % p)
+    rest = n - first
+    return max(first, min(rest, p)) if rest else first
+
+
 def worst_rank(arch: Architecture, dp: int) -> int:
     """The rank whose partition overlaps the most parameter elements (the largest gradient partition, Σ of
     ``partition``): one walk over the parameters, each adding its elements to every rank whose slice it overlaps."""
@@ -77,13 +101,26 @@ def zero_timeline(arch: Architecture, *, family: str, stage: int, dp: int, atten
                   recompute: str = "none", optimizer_impl: str = "fused", loss: str = "standard",
                   device: str = "cpu", bucket: int = REDUCE_BUCKET_SIZE, overlap_comm: bool = False,
                   rank: int = 0, compiled: bool = False, loss_compiled: bool | None = None,
-                  position_ids: bool = False, use_cache: bool = True) -> Timeline:  # fmt: skip
+                  position_ids: bool = False, use_cache: bool = True, offload: bool = False) -> Timeline:  # fmt: skip
     """Moments of one DeepSpeed ZeRO-``stage`` step (bf16 or fp16 training dtype, torch AdamW client optimizer of
-    ``optimizer_impl``, or DeepSpeed's FusedAdam: ``fused``) on data-parallel rank ``rank`` of ``dp``."""
+    ``optimizer_impl``, or DeepSpeed's FusedAdam: ``fused``) on data-parallel rank ``rank`` of ``dp``.
+    ``offload``: ``offload_optimizer`` (cpu or nvme) under ZeRO-1/2 (``OFFLOAD_NOTE``); the moments are then the
+    same on every rank but for the reduced slices on their way to the host, taken on the rank holding the largest."""
     if stage not in STAGES:
         raise InputError(f"ZeRO stage {stage}: the realistic timeline models stages 0, 1, 2")
     if dp < 1 or not 0 <= rank < dp or bucket < 1:
         raise InputError(f"dp {dp}, rank {rank} and reduce_bucket_size {bucket} must be positive, rank below dp")
+    if offload:
+        if stage not in (1, 2):
+            raise InputError(f"offload_optimizer under ZeRO-{stage}: the realistic timeline models stages 1 and 2 "
+                             "(stage 3: memcalc.memory.timeline_zero3)")
+        if stage == 1 and overlap_comm:
+            raise InputError("offload_optimizer under ZeRO-1 with overlap_comm: not modelled; without overlap_comm, "
+                             "or ZeRO-2")
+        return _offload_timeline(arch, family=family, stage=stage, dp=dp, attention=attention, s=s, b=b,
+                                 recompute=recompute, loss=loss, device=device, bucket=bucket,
+                                 overlap_comm=overlap_comm, compiled=compiled, loss_compiled=loss_compiled,
+                                 position_ids=position_ids, use_cache=use_cache)
     if optimizer_impl not in ("foreach", "fused", "for-loop"):
         raise InputError(f"optimizer implementation {optimizer_impl!r} under DeepSpeed: accepted foreach, fused, "
                          "for-loop")  # fmt: skip
@@ -102,21 +139,13 @@ def zero_timeline(arch: Architecture, *, family: str, stage: int, dp: int, atten
                   ("optimizer states (fp32 moments)", 8 * p + steps)]
     states.append(("buffers", buffer_bytes(arch, family, 2)))
     k = 2 if overlap_comm else 1
-    root = [(name, n) for name, n in tensors if not name.startswith("layer ")]
     made: list[tuple[str, int]] = []  # gradients made so far in backward, in the order autograd makes them
     reduced = False  # ZeRO-2: a bucket holding one of this rank's parameters was reduced (grads_in_partition exists)
     moments: list[Moment] = []
-    for m in tl.moments:
-        if m.phase in ("optimizer", "zero_grad"):
-            continue
-        parts = [(n, x) for n, x in m.parts if n not in ("parameters", "optimizer states", "buffers")]
-        grads = sum(x for n, x in parts if n in _GRADS)
-        if m.phase.startswith("backward") and grads and stage in (1, 2):
+    for m, parts, grads, unit in _walk(tl, tensors):
+        if grads and stage in (1, 2):
             parts.append(("gradient bucket (reduce_bucket_size)", 2 * k * bucket))
             if stage == 2:  # gradients go to the bucket in their hooks; larger ones wait for the next reduction
-                layer = int(m.phase.rsplit(".", 1)[1]) if m.phase.startswith("backward.layer.") else None
-                unit = ([(name, n) for name, n in tensors if name.startswith(f"layer {layer} ")] if layer is not None
-                        else [(name, n) for name, n in root if not name.startswith(("embedding", "position"))])
                 # The partition is allocated at the first reduction after one of this rank's gradients was made. A
                 # gradient that would overflow the bucket reduces it first (``reduce_independent_p_g_buckets_and_
                 # remove_grads``); one larger than B skips the bucket (``extra_large_param_to_reduce``) and is
@@ -162,3 +191,109 @@ def zero_timeline(arch: Architecture, *, family: str, stage: int, dp: int, atten
         ]  # fmt: skip
     moments.append(_moment("zero_grad", "after the step: the gradients freed", base))
     return Timeline(tuple(moments))
+
+
+OFFLOAD_NOTE = ("DeepSpeed ZeRO-1/2 offload_optimizer: on the GPU the bf16 flat buffer, a bf16 staging buffer the size "
+                "of the largest parameter (temp_grad_buffer_for_gpu_offload), the gradient bucket(s) and, as each "
+                "bucket is reduced, the fp64 copy of each of the rank's gradient slices for its norm, then its fp32 "
+                "copy for the host, one slice at a time; the fp32 master partition, its fp32 gradient, the moments and "
+                "a bf16 copy-back buffer in host memory; read from DeepSpeed 0.19's stage_1_and_2.py, not traced (a "
+                "CPU run cannot tell the devices apart)")
+
+
+class _Buckets:
+    """DeepSpeed's gradient bucket under offload_optimizer (``reduce_independent_p_g_buckets_and_remove_grads``): a
+    gradient that would overflow the bucket reduces it first; one larger than the bucket is cloned into a tensor of
+    its own (``_offload_gradient_safety_enabled``) and reduced alone at the next overflow. Each reduction copies the
+    rank's slice of every parameter in it to the host (``copy_grads_in_partition``): an fp64 copy for its norm
+    (``set_norm_for_param_grad_in_gpu``: 8 bytes an element), then an fp32 one (4 bytes), one slice at a time."""
+
+    def __init__(self, bucket: int, piece: dict[str, int]) -> None:
+        self.bucket, self.piece = bucket, piece
+        self.held: list[tuple[str, int]] = []
+        self.elements = 0
+
+    @property
+    def own(self) -> int:
+        """Bytes of the gradient waiting in a tensor of its own (larger than the bucket)."""
+        return sum(2 * n for _, n in self.held if n > self.bucket)
+
+    def flush(self) -> tuple[int, int]:
+        """Reduce what the bucket holds: (bytes of a gradient reduced from its own tensor, the most bytes its
+        slices take on their way to the host)."""
+        out = (self.own, 8 * max((self.piece[name] for name, _ in self.held), default=0))
+        self.held, self.elements = [], 0
+        return out
+
+    def add(self, name: str, n: int) -> tuple[int, int, int]:
+        """A gradient of ``n`` elements arrives (its own 2n bytes not counted): (the most bytes beside it while
+        the bucket is reduced, while it is cloned, and after)."""
+        flushed = sum(self.flush()) if self.elements + n > self.bucket else 0
+        self.held.append((name, n))
+        self.elements += n
+        return flushed, self.own if n > self.bucket else 0, self.own
+
+
+def _offload_timeline(arch: Architecture, *, family: str, stage: int, dp: int, attention: str, s: int, b: int,
+                      recompute: str, loss: str, device: str, bucket: int, overlap_comm: bool, compiled: bool,
+                      loss_compiled: bool | None, position_ids: bool, use_cache: bool) -> Timeline:  # fmt: skip
+    """``zero_timeline`` with ``offload_optimizer``: DeepSpeed 0.19 ``stage_1_and_2.py`` with ``cpu_offload``. The
+    GPU keeps the bf16 flat buffer (2NP) and ``temp_grad_buffer_for_gpu_offload`` (bf16, the largest parameter);
+    no gradient partition (``copy_grads_in_partition`` sends each slice to the host's fp32 ``.grad``); the step
+    runs on the host (DeepSpeedCPUAdam) and copies the bf16 partition back through a pinned host buffer (``copy_``,
+    no GPU temporary). ZeRO-2 reduces in its gradient hooks; ZeRO-1 keeps autograd's gradients to the end of
+    backward and reduces them in parameter order (``reduce_gradients``), each gradient freed as it is copied into
+    the bucket (its ``.data`` becomes the bucket's view)."""
+    tl = timeline(arch, family=family, regime="bf16", attention=attention, s=s, b=b, recompute=recompute,
+                  optimizer_impl="fused", loss=loss, device=device, position_ids=position_ids, use_cache=use_cache,
+                  compiled=compiled, loss_compiled=loss_compiled)  # fmt: skip
+    tensors = param_tensors(arch)
+    psi = sum(n for _, n in tensors)
+    p = ceil_div(psi, 2 * dp) * 2
+    piece, start = {}, 0
+    for name, n in tensors:
+        piece[name] = largest_piece(start, n, p)
+        start += n
+    states = [("parameters (bf16 flat buffer)", 2 * dp * p),
+              ("gradient staging buffer (temp_grad_buffer_for_gpu_offload)", 2 * max(n for _, n in tensors)),
+              ("buffers", buffer_bytes(arch, family, 2))]  # fmt: skip
+    slots = ("gradient bucket (reduce_bucket_size)", 2 * (2 if overlap_comm else 1) * bucket)
+    buckets = _Buckets(bucket, piece)
+    made: set[str] = set()
+    moments: list[Moment] = []
+    for m, parts, grads, unit in _walk(tl, tensors):
+        if grads:
+            parts.append(slots)
+            if stage == 2:
+                extra = max((_at(buckets.add(name, n), n) for name, n in unit if name not in made), default=0)
+                made.update(name for name, _ in unit)
+                parts = [(n, x) for n, x in parts if n not in _GRADS]
+                parts += [("gradients not yet reduced", buckets.own),
+                          ("gradients on their way to the host", max(0, extra - buckets.own))]
+        moments.append(_moment(m.phase, m.label, states + parts))
+    inputs = [(n, x) for n, x in tl.moments[1].parts if n.startswith("input ids")]
+    base = states + inputs
+    if stage == 2:  # the embedding's gradient arrives last, then the last bucket is reduced
+        extra = max((_at(buckets.add(name, n), n) for name, n in tensors if name not in made), default=0)
+        extra = max(extra, sum(buckets.flush()))
+        tail = [("gradients not yet reduced or on their way to the host", extra)]
+    else:  # reduce_gradients: every gradient alive, each copied into the bucket in parameter order
+        left, extra = 2 * psi, 0
+        for name, n in tensors:
+            flushed, cloned, after = buckets.add(name, n)
+            extra = max(extra, left + flushed, left + cloned, left - 2 * n + after)
+            left -= 2 * n
+        extra = max(extra, sum(buckets.flush()))
+        tail = [("gradients not yet reduced or on their way to the host", extra)]
+    moments.append(_moment("backward.epilogue", "the last reductions", base + [slots] + tail))
+    moments += [_moment("optimizer", "DeepSpeedCPUAdam on the host, the bf16 partition copied back", base),
+                _moment("zero_grad", "after the step", base)]
+    return Timeline(tuple(moments))
+
+
+def _at(moments: tuple[int, int, int], n: int) -> int:
+    """The most bytes one arriving gradient of ``n`` elements has beside the moment's others (``_Buckets.add``): its
+    own 2n bytes while its hook reduces the bucket or clones it; a gradient copied into the bucket is not counted, as
+    in the traced step without offload."""
+    flushed, cloned, after = moments
+    return max(flushed + 2 * n if flushed else 0, cloned + 2 * n if cloned else 0, after)

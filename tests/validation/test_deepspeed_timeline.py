@@ -62,6 +62,17 @@ def test_deepspeed_timeline_equals_trace(stage, world, recompute, bucket, optimi
         assert (p, sigma) == (r.facts["partition"], r.facts["in_partition"])
 
 
+def test_zero2_overlap_comm_second_bucket_as_traced():
+    """overlap_comm: the reduction runs on its own stream with a second bucket; the end of backward holds both."""
+    r = trace_deepspeed(LLAMA, stage=2, world=2, seq_len=S, micro_batch=B, reduce_bucket_size=2000, overlap_comm=True,
+                        optimizer="torch-adamw", timeout=240)  # fmt: skip
+    tl = zero_timeline(architecture_from_config(LLAMA), family="llama", stage=2, dp=2, attention="sdpa", s=S, b=B,
+                       optimizer_impl="for-loop", bucket=2000, overlap_comm=True)  # fmt: skip
+    assert tl.peak.phase == r.trace.peak_phase and abs(tl.peak.live_bytes - r.trace.peak) <= 256
+    assert abs(tl.phase_peaks["backward.epilogue"] - r.trace.phase_peaks["backward.epilogue"]) <= 256
+    assert abs(tl.moments[0].live_bytes - r.trace.baseline) <= 256
+
+
 # ZeRO-3: DeepSpeed's defaults keep every parameter of the tiny model gathered from forward to backward (all of it
 # within stage3_max_reuse_distance) and prefetch the whole model at once; the other cases keep part of it, prefetch in
 # small buckets, gather module by module, or recompute the layers.

@@ -1,0 +1,168 @@
+"""Where the realistic accounting applies (``why_not``): the families, regimes, optimizers and layouts whose step
+``memcalc.memory.realistic`` models, and for the rest one line saying why the paper's accounting answers instead.
+Loaded without the timelines, so that checking an input costs no more than these rules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+REGIME = {"fp32": "fp32", "bf16": "bf16", "amp-bf16": "amp-bf16", "amp-fp16": "amp-bf16"}
+"""memcalc's precision -> the saved-tensor profile's regime. amp-fp16 saves what amp-bf16 does (both 2-byte casts;
+the GradScaler's scale and found-inf flags are a few bytes)."""
+OPTIMIZER_STATES = {"adamw": "adamw", "adam-8bit": "adamw-8bit", "paged-adam-8bit": "paged-adamw-8bit"}
+ATTENTION = {"eager": "eager", "sdpa": "sdpa", "flash": "sdpa"}
+"""flash: SDPA's flash kernel, which saves what CPU's SDPA saves (output and log-sum-exp; DOMAIN §13)."""
+STRATEGIES = ("ddp", "FULL_SHARD")
+"""Replicated model states (one GPU, DDP) and FSDP2 FULL_SHARD (``fully_shard`` per decoder layer and on the root,
+exact against the tracer's FSDP2 rank 0); the other sharded and model-parallel layouts take the paper's."""
+SHARDED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "smollm3", "gemma", "gemma2", "gemma3_text",
+                    "olmo2")
+"""Families whose FSDP2 step was checked against the tracer (tests/test_timeline_fsdp.py): exact for the Llama-style
+decoder layers and Gemma; Gemma 2, Gemma 3 and OLMo 2 (post-norms) exact in fp32 and 1.9-3.2 % below the trace in
+2-byte regimes. GPT-2, BLOOM (-6 to -16 %), GPT-NeoX and Falcon (+3 to +5 %) were traced too and are left out."""
+POST_NORM_FSDP = ("gemma2", "gemma3_text", "olmo2")
+
+
+def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any, tp: int = 1, pp: int = 1,
+            cp: int = 1, ep: int = 1, fsdp_version: int = 2, lora: Any = None, framework: str | None = None,
+            float8_all_gather: bool = False, sequence_parallel: bool = False, offload: bool = False,
+            overlap_comm: bool = False) -> str | None:  # fmt: skip
+    """Why the realistic accounting does not apply to this set-up (one line), or None when it does."""
+    if offload and strategy not in ("zero-1", "zero-2", "zero-3", "FULL_SHARD"):
+        return ("offload: the realistic accounting models DeepSpeed ZeRO-1/2/3's CPU/NVMe offload and FSDP2 "
+                "FULL_SHARD's CPUOffloadPolicy; the paper accounting counts the others")
+    if overlap_comm and strategy == "zero-1":
+        return ("zero-1 with overlap_comm: its reduction in the gradient hooks is not modelled (the traced step holds "
+                "more than without it); ZeRO-2, or ZeRO-1 without overlap_comm")
+    if strategy == "zero-3" and work is not None and work.recompute not in ("none", "full"):
+        return f"zero-3: the realistic accounting models recompute none or full (got {work.recompute})"
+    if strategy in (*ZERO_STAGES, "zero-3"):
+        return _why_not_zero(arch, precision, optimizer, strategy, work, max(tp, pp, cp, ep), lora)
+    if float8_all_gather:
+        return ("--float8-all-gather: the realistic accounting's FSDP2 timeline gathers the compute dtype; the paper "
+                "accounting counts the fp8 gathers")
+    if getattr(work, "compile", False):
+        from memcalc.memory.saved import LLAMA_LIKE
+
+        if (arch is not None and arch.family not in LLAMA_LIKE) or lora is not None or work.recompute == "selective":
+            return ("--compile: the compiled layers' saved set is measured for Llama-style layers without LoRA, "
+                    "recompute none, full, every:K or op-sac")
+    if framework == "torchtitan" and arch is not None and work is not None:
+        from memcalc.memory.saved import LLAMA_LIKE
+
+        if arch.family not in LLAMA_LIKE or precision.startswith("amp") or work.attention == "eager" or lora:
+            return ("--framework torchtitan: its model code is profiled for Llama-style layers in fp32, bf16 or "
+                    "bf16-mixed (FSDP2) with flash/sdpa attention and no LoRA")
+    if lora is not None:
+        why = _why_not_lora(arch, strategy, work)
+        if why is not None:
+            return why
+    if arch is None:
+        return "the realistic accounting needs the model's shape"
+    if work is None:
+        return "the realistic accounting needs --seq-len"
+    from memcalc.memory.saved import EAGER_ONLY, FAMILIES  # loaded only when there is a shape to profile
+
+    if arch.family in EAGER_ONLY and work.attention != "eager":
+        return (f"--attention {work.attention}: Hugging Face's {arch.family} has no SDPA path (its attention is "
+                "profiled eager); give --attention eager")
+    if arch.family not in FAMILIES or arch.moe:
+        return (f"no saved-tensor profile for family {arch.family or 'unset'}{' (MoE)' if arch.moe else ''}; "
+                f"profiles: {', '.join(FAMILIES)}")
+    if precision not in REGIME and not (strategy == "FULL_SHARD" and precision == "bf16-mixed"):
+        return (f"--precision {precision} is a master-weight regime (DeepSpeed, Megatron); the realistic accounting "
+                "models what Hugging Face runs: amp-bf16 (Trainer(bf16=True)), amp-fp16, bf16, fp32")
+    if optimizer not in OPTIMIZER_STATES:
+        return f"--optimizer {optimizer}: the realistic accounting models AdamW (torch, or bitsandbytes 8-bit)"
+    if strategy not in STRATEGIES or max(pp, ep) > 1 or (cp > 1 and strategy != "FULL_SHARD"):
+        return ("the realistic accounting covers one GPU, DDP and FSDP FULL_SHARD, each with DTensor tensor "
+                "parallelism, and context parallelism under FULL_SHARD, so far; other sharded and model-parallel "
+                "layouts (pipeline, expert, context without FSDP) take the paper's")
+    compiled = getattr(work, "compile", False)
+    if tp > 1 and sequence_parallel and (ATTENTION.get(work.attention) != "sdpa" or arch.tied_embeddings
+                                         or getattr(work, "loss", "standard") != "standard"
+                                         or (compiled and (work.recompute != "full" or work.compile_loss))
+                                         or cp > 1 or getattr(work, "seq_len", tp) % tp):  # fmt: skip
+        return (f"--tp {tp} --sequence-parallel: the realistic accounting models torchtitan's sequence-parallel plan "
+                "(with loss_parallel) for untied layers, sdpa, the standard eager loss, layers eager (or compiled "
+                "under full recompute), tp dividing seq_len, no cp; the paper accounting counts the rest")
+    if tp > 1:
+        why = _why_not_tp(arch, optimizer, work, tp, lora, framework, sequence_parallel)
+        if why is not None:
+            return why
+    if strategy == "FULL_SHARD":
+        if fsdp_version != 2:
+            return ("FULL_SHARD: the realistic accounting follows FSDP2 (fully_shard, traced); FSDP1's flat parameters "
+                    "were not traced: give --fsdp-version 2")
+        if arch.family not in SHARDED_FAMILIES:
+            return f"FULL_SHARD: the realistic accounting models {', '.join(SHARDED_FAMILIES)} layers under FSDP2"
+        if optimizer != "adamw" or getattr(work, "optimizer_impl", "foreach") not in ("foreach", "fused"):
+            return "FULL_SHARD: the realistic accounting models torch AdamW, foreach or fused"
+        if getattr(work, "recompute", "none") == "selective":
+            return "FULL_SHARD: the realistic accounting models recompute none, full, every:K or op-sac"
+    return None
+
+
+ZERO_STAGES = ("zero-0", "zero-1", "zero-2")
+"""DeepSpeed stages whose step is modelled by ``memcalc.memory.timeline_zero``; ZeRO-3's by
+``memcalc.memory.timeline_zero3`` (both against traced DeepSpeed steps on CPU ranks)."""
+
+
+def _why_not_zero(arch: Any, precision: str, optimizer: str, strategy: str, work: Any, parallel: int,
+                  lora: Any) -> str | None:  # fmt: skip
+    """DeepSpeed ZeRO-0/1/2 on Hugging Face layers: the bf16 module's timeline under DeepSpeed's states."""
+    from memcalc.memory.saved import EAGER_ONLY, FAMILIES
+
+    if arch is None or work is None:
+        return "the realistic accounting needs the model's shape and --seq-len"
+    if arch.family not in FAMILIES or arch.moe:
+        return f"{strategy}: no saved-tensor profile for family {arch.family or 'unset'}; profiles: {', '.join(FAMILIES)}"
+    if arch.family in EAGER_ONLY and work.attention != "eager":
+        return f"--attention {work.attention}: Hugging Face's {arch.family} is profiled eager; give --attention eager"
+    if precision not in ("bf16-mixed", "fp16-mixed"):
+        return (f"{strategy} with --precision {precision}: the realistic accounting models DeepSpeed's bf16/fp16 "
+                "training (bf16-mixed, fp16-mixed: the module in 2 bytes, an fp32 master partition)")
+    if optimizer != "adamw" or getattr(work, "optimizer_impl", "fused") not in ("foreach", "fused", "for-loop"):
+        return f"{strategy}: the realistic accounting models AdamW (DeepSpeed's FusedAdam, or torch's)"
+    if parallel > 1 or lora is not None or (work.recompute not in ("none", "full")
+                                            and not work.recompute.startswith("every:")):
+        return (f"{strategy}: the realistic accounting models data parallelism alone, without LoRA, recompute none, "
+                "full or every:K")
+    if getattr(work, "compile", False):
+        return f"{strategy}: --compile under DeepSpeed is not modelled"
+    return None
+
+
+def _why_not_tp(arch: Any, optimizer: str, work: Any, tp: int, lora: Any, framework: str | None,
+                sequence_parallel: bool = False) -> str | None:  # fmt: skip
+    """Tensor parallelism is modelled as the tracer's DTensor plan runs it (``memcalc.memory.timeline_tp``)."""
+    from memcalc.memory.timeline_tp import TP_FAMILIES
+
+    if arch.family not in TP_FAMILIES or arch.moe or arch.fused_qkv or not arch.gated_mlp:
+        return f"--tp {tp}: the realistic accounting models DTensor TP on dense {', '.join(TP_FAMILIES)} layers"
+    if arch.heads % tp or arch.n_kv % tp:
+        return f"--tp {tp}: it must divide heads ({arch.heads}) and kv heads ({arch.n_kv}); DTensor shards whole heads"
+    # torchtitan's own layers under its sequence-parallel plan: with full recompute each keeps its checkpoint whatever
+    # the code; the recomputed layer is counted as Hugging Face's (``_code``)
+    titan_ok = sequence_parallel and getattr(work, "recompute", "none") == "full"
+    if lora is not None or (framework == "torchtitan" and not titan_ok):
+        return (f"--tp {tp}: the realistic accounting models Hugging Face layers under DTensor TP (no LoRA); "
+                "torchtitan's own layers only under its sequence-parallel plan with full recompute")
+    if optimizer != "adamw" or getattr(work, "optimizer_impl", "foreach") not in ("foreach", "fused"):
+        return f"--tp {tp}: the realistic accounting models torch AdamW, foreach or fused"
+    if getattr(work, "recompute", "none") not in ("none", "full"):
+        return f"--tp {tp}: the realistic accounting models recompute none or full"
+    return None
+
+
+def _why_not_lora(arch: Any, strategy: str, work: Any) -> str | None:
+    """LoRA's step (peft on Hugging Face code) is modelled for Llama-style layers on one GPU or DDP."""
+    from memcalc.memory.saved import LORA_FAMILIES
+
+    if arch is not None and arch.family not in LORA_FAMILIES:
+        return f"LoRA: the realistic accounting models peft on {', '.join(LORA_FAMILIES)} layers"
+    if strategy != "ddp":
+        return "LoRA: the realistic accounting covers one GPU and DDP so far"
+    if work is not None and getattr(work, "recompute", "none") not in ("none", "full"):
+        return "LoRA: the realistic accounting models recompute none or full"
+    return None
