@@ -94,8 +94,9 @@ def test_estimate_picks_the_realistic_accounting(tmp_path):
     assert ov.accounting == "paper" and any("overlap_comm" in n for n in ov.notes)
     with pytest.raises(InputError, match="zero-1 with overlap_comm"):
         memcalc.estimate(stage=1, overlap_comm=True, accounting="realistic", **kw)
-    with pytest.raises(InputError, match="^--overlap-comm: .*needs --stage"):
-        memcalc.estimate(fsdp="FULL_SHARD", overlap_comm=True, **kw)
+    for other in (dict(fsdp="FULL_SHARD"), dict(stage=3), dict(stage=0)):
+        with pytest.raises(InputError, match="^--overlap-comm: .*needs --stage 1 or 2"):
+            memcalc.estimate(overlap_comm=True, **other, **kw)
 
 
 def test_overlap_comm_holds_a_second_bucket_as_traced():

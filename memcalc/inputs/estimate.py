@@ -187,9 +187,9 @@ class EstimateInput(Record):
                 and self.accounting != "deepspeed-estimator":
             raise InputError("--buffer-factor, --no-zero-init, --largest-layer-params: arguments of DeepSpeed's "
                              f"estimator, used only with --accounting deepspeed-estimator (got {self.accounting})")
-        if fw.overlap_comm is not None and spec.framework != "deepspeed":
-            raise InputError(f"--overlap-comm: DeepSpeed's overlapped gradient reduction; it needs --stage (got "
-                             f"{spec.label})")
+        if fw.overlap_comm is not None and spec.name not in ("zero-1", "zero-2"):
+            raise InputError(f"--overlap-comm: DeepSpeed ZeRO-1/2's second gradient bucket; it needs --stage 1 or 2 "
+                             f"(got {spec.label}; ZeRO-3 holds one bucket either way)")
         if fw.reduce_bucket_size is not None and spec.framework != "deepspeed":
             raise InputError(f"--reduce-bucket-size: DeepSpeed's gradient bucket; it needs --stage (got {spec.label})")
         z3 = self.framework.zero3_flags
