@@ -313,3 +313,14 @@ def test_flags_given_win_over_the_file() -> None:
     t = read_torchtitan(DATA / "torchtitan" / "v0.2.2_llama3_70b.toml", world_size=64)
     merged = merge_arguments(t.arguments, {"hf_config": "config.json", "seq_len": 4096})
     assert "model" not in merged and merged["seq_len"] == 4096 and merged["fsdp"] == "FULL_SHARD"
+
+
+def test_overlap_comm_is_read_where_it_holds_a_bucket() -> None:
+    # ZeRO-1/2: a second gradient bucket (the realistic accounting counts it); ZeRO-3: one bucket either way
+    for stage in (1, 2):
+        for value in (True, False):
+            r = read_deepspeed({"zero_optimization": {"stage": stage, "overlap_comm": value}})
+            assert r.arguments["overlap_comm"] is value and "zero_optimization.overlap_comm" in r.read
+    r = read_deepspeed({"zero_optimization": {"stage": 3, "overlap_comm": True}})
+    assert "overlap_comm" not in r.arguments
+    assert any(i.startswith("zero_optimization.overlap_comm: stage 3: one gradient bucket") for i in r.ignored)

@@ -312,7 +312,8 @@ def _zero_knobs(c: Collector, values: dict[str, Any], spelled: dict[str, str], s
         elif key == "contiguous_gradients" and value is True:
             c.used(path)  # DeepSpeed's default, which the realistic timelines follow (the gradient bucket)
         elif key == "overlap_comm":
-            c.ignore(path, f"stage {stage}: {'one gradient bucket either way (side streams)' if stage == 3 else 'no bucket'}")
+            what = "one gradient bucket either way (side streams)" if stage == 3 else "no gradient bucket"
+            c.ignore(path, f"stage {stage}: {what}")
         elif key in K.ZERO_UNMODELLED and key in resolved:
             c.unmodelled(path, f"{K.ZERO_UNMODELLED[key]} ({resolved[key]:,})")
         elif key in K.ZERO_UNMODELLED and value not in (False, None, {}):

@@ -9,7 +9,9 @@ reports), ``peak_reserved`` and the total a GPU must have, and a verdict: fits, 
 
 Where it applies: a Hugging Face family with a saved-tensor profile, a sequence length, the regimes Hugging Face
 runs (fp32, pure bf16, autocast), AdamW (torch or bitsandbytes 8-bit) and replicated model states (one GPU, or DDP),
-FSDP2 FULL_SHARD and DTensor tensor parallelism of Llama-style layers (``memcalc.memory.timeline_tp``); elsewhere
+FSDP2 FULL_SHARD (with CPUOffloadPolicy too) and DTensor tensor parallelism of Llama-style layers
+(``memcalc.memory.timeline_tp``), DeepSpeed ZeRO-0 to 3 (``timeline_zero``, ``timeline_zero3``, with CPU/NVMe
+offload); elsewhere
 the paper's accounting answers and a note says why (``memcalc.memory.scope.why_not``).
 """
 

@@ -104,8 +104,9 @@ def zero_timeline(arch: Architecture, *, family: str, stage: int, dp: int, atten
                   position_ids: bool = False, use_cache: bool = True, offload: bool = False) -> Timeline:  # fmt: skip
     """Moments of one DeepSpeed ZeRO-``stage`` step (bf16 or fp16 training dtype, torch AdamW client optimizer of
     ``optimizer_impl``, or DeepSpeed's FusedAdam: ``fused``) on data-parallel rank ``rank`` of ``dp``.
-    ``offload``: ``offload_optimizer`` (cpu or nvme) under ZeRO-1/2 (``OFFLOAD_NOTE``); the moments are then the
-    same on every rank but for the reduced slices on their way to the host, taken on the rank holding the largest."""
+    ``offload``: ``offload_optimizer`` cpu (``OFFLOAD_NOTE``; ZeRO-1/2 keep it in host memory); the moments are then
+    the same on every rank but for the reduced slices on their way to the host, taken on the rank holding the
+    largest."""
     if stage not in STAGES:
         raise InputError(f"ZeRO stage {stage}: the realistic timeline models stages 0, 1, 2")
     if dp < 1 or not 0 <= rank < dp or bucket < 1:
