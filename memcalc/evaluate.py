@@ -64,7 +64,7 @@ def _realistic(plan: Plan) -> tuple[StageLoad, Any]:
 
 
 def _host_rows(plan: Plan) -> list[Row]:
-    """What one rank keeps in host memory under offload, as DeepSpeed 0.19 holds it. ZeRO-3 (runtime/zero/stage3.py):
+    """What one rank keeps in host memory under offload, as the framework holds it. ZeRO-3 (DeepSpeed 0.19 stage3.py):
     the paper's offloaded states (the bf16 gradient partitions, ``grad_partitions_flat_buffer`` on ``self.device``, the
     fp32 master partitions and the moments; the bf16 partitions with offload_param) and the fp32 gradient of each
     optimizer sub-group the step reads (``fp32_partitioned_groups_flat[i].grad``, 4 bytes per partition element).

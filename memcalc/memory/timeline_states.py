@@ -194,14 +194,19 @@ class ShardUnits:
     tensors: int
 
 
+def shard_elements(arch: Architecture, name: str, n: int, world: int) -> int:
+    """Elements of rank 0's shard of one parameter of ``n`` elements: ``ceil(dim0 / world)`` rows of the rest."""
+    d0 = _dim0(arch, name, n)
+    return -(-d0 // world) * (n // d0)
+
+
 def shard_units(arch: Architecture, world: int) -> ShardUnits:
     if world < 1:
         raise InputError(f"world {world} must be at least 1")
     root = root_shard = layer = layer_shard = 0
     tensors = param_tensors(arch)
     for name, n in tensors:
-        d0 = _dim0(arch, name, n)
-        piece = -(-d0 // world) * (n // d0)
+        piece = shard_elements(arch, name, n, world)
         if name.startswith("layer 0 "):
             layer, layer_shard = layer + n, layer_shard + piece
         elif not name.startswith("layer "):
@@ -324,8 +329,8 @@ def offload_fsdp(moments: tuple, arch: Architecture, world: int) -> list[tuple[s
     reduce-scatter inputs stay as without offload. An all-gather copies each parameter's fp32 shard to the GPU before
     casting it to bf16 (``all_gather_inputs``), one parameter at a time: 4 × the largest layer shard while a layer's
     all-gather is in flight. Returns (phase, label, parts) for ``timeline._moment``."""
-    largest = max((-(-_dim0(arch, name, n) // world) * (n // _dim0(arch, name, n)) for name, n in param_tensors(arch)
-                   if name.startswith("layer 0 ")), default=0)  # fmt: skip
+    largest = max((shard_elements(arch, name, n, world) for name, n in param_tensors(arch)
+                   if name.startswith("layer 0 ")), default=0)
     out = []
     for m in moments:
         parts = [(n, x) for n, x in m.parts if n not in FSDP_OFFLOADED]
