@@ -33,22 +33,24 @@ class Row:
     status: str
     peak_gib: float | None
     """Measured peak allocated (GiB); for OOM rows, the 'needed ≥' figure."""
+    reserved_gib: float | None = None
+    """Measured ``max_memory_reserved`` (GiB) of ok rows."""
 
 
 ROWS = (
-    Row("llama-3.2-1b", "A", "sdpa", False, 4096, 4, "ok", 71.51),
-    Row("llama-3.2-1b", "A", "sdpa", False, 2048, 4, "ok", 43.84),
+    Row("llama-3.2-1b", "A", "sdpa", False, 4096, 4, "ok", 71.51, 74.14),
+    Row("llama-3.2-1b", "A", "sdpa", False, 2048, 4, "ok", 43.84, 44.49),
     Row("llama-3.2-1b", "A", "sdpa", True, 4096, 8, "OOM in backward", 65.96),
     Row("llama-3.2-1b", "P", "sdpa", False, 4096, 8, "OOM in forward", 79.42),
-    Row("llama-3.2-1b", "A", "eager", False, 1024, 4, "ok", 42.38),
+    Row("llama-3.2-1b", "A", "eager", False, 1024, 4, "ok", 42.38, 43.73),
     Row("tinyllama-1.1b", "A", "eager", False, 2048, 4, "OOM in forward", 77.94),
-    Row("tinyllama-1.1b", "A", "sdpa", False, 2048, 8, "ok", 56.60),
-    Row("tinyllama-1.1b", "A", "sdpa", False, 2048, 4, "ok", 35.44),
-    Row("tinyllama-1.1b", "A", "sdpa", True, 4096, 8, "ok", 30.43),
-    Row("tinyllama-1.1b", "A", "eager", True, 2048, 4, "ok", 24.64),
-    Row("tinyllama-1.1b", "P", "sdpa", False, 4096, 4, "ok", 41.59),
-    Row("tinyllama-1.1b", "P", "sdpa", True, 4096, 8, "ok", 21.18),
-    Row("tinyllama-1.1b", "A", "sdpa", False, 1024, 1, "ok", 20.56),
+    Row("tinyllama-1.1b", "A", "sdpa", False, 2048, 8, "ok", 56.60, 62.29),
+    Row("tinyllama-1.1b", "A", "sdpa", False, 2048, 4, "ok", 35.44, 37.34),
+    Row("tinyllama-1.1b", "A", "sdpa", True, 4096, 8, "ok", 30.43, 35.13),
+    Row("tinyllama-1.1b", "A", "eager", True, 2048, 4, "ok", 24.64, 26.60),
+    Row("tinyllama-1.1b", "P", "sdpa", False, 4096, 4, "ok", 41.59, 46.14),
+    Row("tinyllama-1.1b", "P", "sdpa", True, 4096, 8, "ok", 21.18, 25.12),
+    Row("tinyllama-1.1b", "A", "sdpa", False, 1024, 1, "ok", 20.56, 22.40),
 )  # fmt: skip
 
 
@@ -92,5 +94,42 @@ def table() -> str:
     return "\n".join(out)
 
 
+CAPACITY = 85_017_493_504 - int(0.75 * GiB)
+"""The measured card's ``total_memory`` less the widest CUDA context measured (0.75 GiB)."""
+
+
+def replay_table() -> str:
+    """Every row traced on fake tensors (two steps, ``memcalc.validation.trace``) and its allocations replayed
+    through the caching allocator (``memcalc.memory.caching``) into the card's memory: the reserved peak against
+    the measured one, and whether a request failed. Needs torch and transformers."""
+    import json
+
+    from memcalc.validation.trace import trace_step
+
+    out = ["| model | regime | attention | ckpt | seq | batch | status | measured reserved GiB | replayed reserved GiB "
+           "| error | replayed verdict |", "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    errs = []
+    for r in ROWS:
+        cfg = json.loads((CONFIGS / r.model / "config.json").read_text())
+        t = trace_step(cfg, seq_len=r.seq, micro_batch=r.batch, precision=PRECISION[r.regime],
+                       recompute="full" if r.ckpt else "none", attention=r.attention, capacity=CAPACITY)
+        verdict = (f"oom: a {t.oom_request / GiB:.2f} GiB segment, {t.oom_free / GiB:.2f} GiB left"
+                   if t.oom_request else "fits")
+        meas, err = "", ""
+        if r.reserved_gib is not None:
+            e = (t.peak_reserved / GiB - r.reserved_gib) / r.reserved_gib
+            errs.append(abs(e))
+            meas, err = f"{r.reserved_gib:.2f}", f"{100 * e:+.1f} %"
+        got = "" if t.oom_request else f"{t.peak_reserved / GiB:.2f}"
+        out.append(f"| {r.model} | {r.regime} | {r.attention} | {'on' if r.ckpt else 'off'} | {r.seq} | {r.batch} | "
+                   f"{r.status} | {meas} | {got} | {err} | {verdict} |")
+    out.append("")
+    out.append(f"Median |error| over the {len(errs)} ok rows: {100 * statistics.median(errs):.1f} %; "
+               f"largest: {100 * max(errs):.1f} %.")
+    return "\n".join(out)
+
+
 if __name__ == "__main__":
     sys.stdout.write(table() + "\n")
+    if "--replay" in sys.argv:
+        sys.stdout.write("\n" + replay_table() + "\n")

@@ -101,9 +101,11 @@ def trace(
     world: Annotated[int, typer.Option("--world", help="Ranks; rank 0 is traced with torch's fake process group.")] = 1,
     fsdp: Annotated[bool, typer.Option("--fsdp", help="FSDP2 fully_shard per decoder layer and the root.")] = False,
     tp: Annotated[int, typer.Option("--tp", help="DTensor tensor-parallel degree.")] = 1,
+    gpu: Annotated[str | None, typer.Option("--gpu", help="A GPU preset or .toml: replay the steps' allocations into its memory (less the CUDA context) and say whether a request fails.")] = None,
 ) -> None:
     """Run one real training step of the model's code on fake tensors (CPU, no GPU, no weights) and print its
-    live bytes: the peak, where it happens, and each phase's peak (needs torch and transformers)."""
+    live bytes: the peak, where it happens, each phase's peak, and the caching allocator's reserved peak when the
+    steps' allocations are replayed through it (needs torch and transformers)."""
 
     def go() -> None:
         try:
@@ -117,11 +119,17 @@ def trace(
         from memcalc.model.hf_config import read_bounded
         from memcalc.validation.trace import trace_step, trace_summary
 
+        capacity = None
+        if gpu is not None:
+            from memcalc.inputs.presets import load_gpu
+            from memcalc.memory.allocator import CONTEXT_HIGH
+
+            capacity = load_gpu(gpu).usable_memory_bytes - CONTEXT_HIGH
         path, data = read_bounded(hf_config)
         cfg = js.loads(data.decode("utf-8-sig"))
         t = trace_step(cfg, seq_len=seq_len, micro_batch=micro_batch, precision=precision,
                        optimizer_impl=optimizer_impl, recompute=recompute, attention=attention, world=world,
-                       fsdp=fsdp, tp=tp)
+                       fsdp=fsdp, tp=tp, capacity=capacity)
         summary = trace_summary(t)
         sys.stdout.write(js.dumps(summary, indent=2) + "\n")
 

@@ -40,18 +40,22 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
                optimizer_impl: str = "foreach", recompute: str = "none", attention: str = "sdpa", steps: int = 2,
                world: int = 1, fsdp: bool = False, tp: int = 1, fsdp_param_dtype: str | None = None,
                fake: bool = True, seed: int = 0, sequence_parallel: bool = False,
-               loss_parallel: bool | None = None) -> Trace:
+               loss_parallel: bool | None = None, capacity: int | None = None) -> Trace:
     """Trace the last of ``steps`` training steps of rank 0; ``fake=False`` runs the same step on real tensors.
 
     ``world`` ranks are ``world // tp`` data-parallel (FSDP2-sharded when ``fsdp``) × ``tp`` tensor-parallel.
     ``fsdp_param_dtype="bf16"`` adds FSDP2's ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)``.
     ``sequence_parallel``: torchtitan's sequence-parallel TP plan (``trace_parallel._sp_plan``), with the loss under
     ``loss_parallel`` unless ``loss_parallel=False`` (None: as ``sequence_parallel``).
+    ``capacity``: the bytes the caching allocator may reserve (the GPU's memory less the CUDA context); the replayed
+    allocator then reports the first request the GPU could not serve (``Trace.oom_request``).
     """
     spec = StepSpec(seq_len, micro_batch, precision, optimizer_impl, recompute, attention)
     spec.check()
     if steps < 1:
         raise InputError(f"steps {steps} must be at least 1")
+    if capacity is not None and capacity <= 0:
+        raise InputError(f"capacity {capacity} must be a positive number of bytes")
     if world < 1 or tp < 1 or world % tp:
         raise InputError(f"tp({tp}) must divide world({world}); accepted: world = data-parallel × tp")
     if fsdp_param_dtype not in (None, "bf16"):
@@ -76,7 +80,7 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
                              sequence_parallel=sequence_parallel, loss_parallel=loss_parallel)
             optimizer = build_optimizer(model, optimizer_impl)
             ids, pos = batch(hf_config, spec)
-            tracker = traced_steps(model, optimizer, ids, pos, spec, steps, loss_parallel)
+            tracker = traced_steps(model, optimizer, ids, pos, spec, steps, loss_parallel, capacity)
         label = _label(hf_config, spec, world, fsdp, tp, fsdp_param_dtype == "bf16")
         label += (" sp" + (" loss_parallel" if loss_parallel else "")) if sequence_parallel else ""
         result = tracker.result(label, tracker.seconds)
@@ -91,6 +95,10 @@ def trace_summary(trace: Trace) -> dict:
         "baseline_bytes": int(trace.baseline),
         "peak_bytes": int(trace.peak),
         "peak_phase": trace.peak_phase,
+        "peak_reserved_bytes": int(trace.peak_reserved),
+        "oom": bool(trace.oom_request),
+        "oom_request_bytes": int(trace.oom_request),
+        "oom_free_bytes": int(trace.oom_free),
         "end_bytes": int(trace.end),
         "phase_peak_bytes": {k: int(v) for k, v in trace.phase_peaks.items()},
         "seconds": round(trace.seconds, 3),

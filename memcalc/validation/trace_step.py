@@ -172,14 +172,30 @@ def run_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: torc
 
 
 def traced_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: torch.Tensor, pos: torch.Tensor,
-                 spec: StepSpec, steps: int, loss_parallel: bool = False) -> LiveBytes:
-    """Run ``steps`` steps; the last one under a fresh tracker whose baseline is the states alive before it."""
+                 spec: StepSpec, steps: int, loss_parallel: bool = False, capacity: int | None = None) -> LiveBytes:
+    """Run ``steps`` steps; the last one under a fresh tracker whose baseline is the states alive before it.
+
+    Every step's storages, after the states that exist before the first one, are also logged in order and replayed
+    through the caching allocator (``memcalc.memory.caching``): ``tracker.peak_reserved`` is the reserved peak a
+    GPU would reach by the end of the last step, the first steps' cached blocks included (the optimizer's states
+    are created in the first step's ``optimizer.step()``, into blocks the activations left). With ``capacity`` the
+    replay stops at the first request the GPU could not serve, kept in ``tracker.oom``."""
     import time
+
+    from memcalc.memory.caching import replay
+    from memcalc.memory.timeline import CUBLAS_WORKSPACE
 
     box: list[LiveBytes | None] = [None]
     handles = mark_phases(model, lambda: box[0])
+    log = LiveBytes(record_timeline=False, record_blocks=True)
+    log.add_baseline(model_state_tensors(model, optimizer))
+    assert log.blocks is not None
+    # the forward's thread and autograd's backward thread each get a cuBLAS workspace at their first matmul
+    log.blocks += [(-1, CUBLAS_WORKSPACE), (-2, CUBLAS_WORKSPACE)]
     try:
-        with eager_masks():
+        with eager_masks(), log:
+            log.track_tensor(ids)
+            log.track_tensor(pos)
             for _ in range(steps - 1):
                 run_step(model, optimizer, ids, pos, spec, None, loss_parallel)
             tracker = LiveBytes()
@@ -195,4 +211,6 @@ def traced_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: 
     finally:
         for h in handles:
             h.remove()
+    replayed = replay(log.blocks, capacity)
+    tracker.peak_reserved, tracker.oom = replayed.peak_reserved, replayed.oom
     return tracker

@@ -60,6 +60,14 @@ class Trace:
     """The configuration traced, for printing."""
     seconds: float = 0.0
     """Wall time of the traced step."""
+    peak_reserved: int = 0
+    """The caching allocator's reserved peak over every traced step (``torch.cuda.max_memory_reserved`` after the
+    last one): the states' and the steps' storages replayed in order through ``memcalc.memory.caching``, with the
+    two cuBLAS workspaces; 0 when not replayed."""
+    oom_request: int = 0
+    """With a capacity: the segment the replayed allocator could not get (``torch.OutOfMemoryError``), else 0."""
+    oom_free: int = 0
+    """With a capacity: the bytes left outside the reserved segments when that request failed."""
 
 
 class LiveBytes(TorchDispatchMode):
@@ -68,7 +76,7 @@ class LiveBytes(TorchDispatchMode):
     Usage: ``t = LiveBytes(); t.add_baseline(tensors); with t: ...; t.phase("backward"); ...``
     """
 
-    def __init__(self, record_timeline: bool = True) -> None:
+    def __init__(self, record_timeline: bool = True, record_blocks: bool = False) -> None:
         super().__init__()
         self.live = 0
         self.peak = 0
@@ -82,8 +90,27 @@ class LiveBytes(TorchDispatchMode):
         self._sizes: dict[int, tuple[int, weakref.ref]] = {}  # storage cdata -> (bytes counted, weakref)
         self._orig_resize = None
         self.seconds = 0.0  # wall time of the traced step, set by the caller
+        self.peak_reserved = 0  # set by the caller that replays the logged blocks
+        self.oom: object = None  # memcalc.memory.caching.OutOfMemory, set by the same replay
+        self.blocks: list[tuple[int, int]] | None = [] if record_blocks else None
+        """With ``record_blocks``: ``(uid, nbytes)`` when a storage is allocated, ``(uid, -1)`` when it dies, in order:
+        the requests a caching allocator would see (``memcalc.memory.caching.replay``)."""
+        self._uids: dict[int, int] = {}  # storage cdata -> uid of its current allocation
+        self._uid = 0
 
     # --- bookkeeping -------------------------------------------------------------------------------------------
+    def _block(self, key: int, n: int) -> None:
+        """Log the storage ``key`` now holding ``n`` bytes: its old allocation is freed, a new one made."""
+        if self.blocks is None:
+            return
+        old = self._uids.pop(key, None)
+        if old is not None:
+            self.blocks.append((old, -1))
+        if n:
+            self._uid += 1
+            self._uids[key] = self._uid
+            self.blocks.append((self._uid, n))
+
     def _change(self, delta: int) -> None:
         self.live += delta
         self.events += 1
@@ -98,6 +125,7 @@ class LiveBytes(TorchDispatchMode):
         entry = self._sizes.get(key)
         if entry is not None and entry[1] is ref:
             del self._sizes[key]
+            self._block(key, 0)
             if entry[0]:
                 self._change(-entry[0])
 
@@ -108,6 +136,7 @@ class LiveBytes(TorchDispatchMode):
         n = st.nbytes()
         ref = weakref.ref(st, lambda r, k=key: self._died(k, r))
         self._sizes[key] = (n, ref)
+        self._block(key, n)
         if n:
             self._change(n)
 
@@ -122,6 +151,7 @@ class LiveBytes(TorchDispatchMode):
             self._track(st)
         elif entry[0] != n:
             self._sizes[key] = (n, entry[1])
+            self._block(key, n)
             self._change(n - entry[0])
 
     # --- public ------------------------------------------------------------------------------------------------
@@ -143,8 +173,10 @@ class LiveBytes(TorchDispatchMode):
             self.phase_peaks[label] = self.live
 
     def result(self, label: str = "", seconds: float = 0.0) -> Trace:
+        oom = self.oom
         return Trace(self.baseline, self.peak, self.peak_phase, dict(self.phase_peaks), self.live,
-                     list(self.timeline), label, seconds)  # fmt: skip
+                     list(self.timeline), label, seconds, self.peak_reserved, getattr(oom, "request", 0),
+                     getattr(oom, "free", 0))  # fmt: skip
 
     # --- mode --------------------------------------------------------------------------------------------------
     def __enter__(self) -> LiveBytes:
@@ -173,6 +205,8 @@ class LiveBytes(TorchDispatchMode):
                 continue
             del self._sizes[sa._cdata]
             key = sb._cdata
+            if sa._cdata in self._uids:
+                self._uids[key] = self._uids.pop(sa._cdata)
             self._sizes[key] = (entry[0], weakref.ref(sb, lambda r, k=key: self._died(k, r)))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
