@@ -46,3 +46,21 @@ def test_a_fragmentation_oom_is_replayed():
     assert t.oom_request == 16_810_770_432  # 8 x 4096 x 128256 fp32, rounded to 2 MiB
     assert 10 * GiB < t.oom_free < t.oom_request  # 10.9 GiB left outside the segments
     assert t.peak < CAPACITY  # live bytes alone would have fitted
+
+
+def test_the_trace_command_prints_the_replayed_reserved_peak():
+    from typer.testing import CliRunner
+
+    from memcalc.cli import app
+
+    small = str(Path(__file__).parent / "data" / "small-llama-config.json")
+    r = CliRunner().invoke(app, ["trace", "--hf-config", small, "--seq-len", "64", "--gpu", "h100"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["peak_reserved_bytes"] >= data["peak_bytes"] > data["baseline_bytes"] > 0
+    assert data["oom"] is False and data["oom_request_bytes"] == 0
+    r = CliRunner().invoke(app, ["trace", "--hf-config", small, "--seq-len", "64", "--gpu", "h10"])
+    assert r.exit_code == 2 and "did you mean 'h100'" in r.output
+    r = CliRunner().invoke(app, ["trace", "--hf-config", small, "--seq-len", "64", "--world", "2", "--fsdp",
+                                 "--fsdp-param-dtype", "fp16"])
+    assert r.exit_code == 2 and "accepted: bf16" in r.output

@@ -101,6 +101,7 @@ def trace(
     world: Annotated[int, typer.Option("--world", help="Ranks; rank 0 is traced with torch's fake process group.")] = 1,
     fsdp: Annotated[bool, typer.Option("--fsdp", help="FSDP2 fully_shard per decoder layer and the root.")] = False,
     tp: Annotated[int, typer.Option("--tp", help="DTensor tensor-parallel degree.")] = 1,
+    fsdp_param_dtype: Annotated[str | None, typer.Option("--fsdp-param-dtype", help="bf16: FSDP2's MixedPrecisionPolicy(param_dtype=bfloat16) over fp32 shards (use with --precision fp32).")] = None,
     gpu: Annotated[str | None, typer.Option("--gpu", help="A GPU preset or .toml: replay the steps' allocations into its memory (less the CUDA context) and say whether a request fails.")] = None,
 ) -> None:
     """Run one real training step of the model's code on fake tensors (CPU, no GPU, no weights) and print its
@@ -129,7 +130,7 @@ def trace(
         cfg = js.loads(data.decode("utf-8-sig"))
         t = trace_step(cfg, seq_len=seq_len, micro_batch=micro_batch, precision=precision,
                        optimizer_impl=optimizer_impl, recompute=recompute, attention=attention, world=world,
-                       fsdp=fsdp, tp=tp, capacity=capacity)
+                       fsdp=fsdp, tp=tp, fsdp_param_dtype=fsdp_param_dtype, capacity=capacity)
         summary = trace_summary(t)
         sys.stdout.write(js.dumps(summary, indent=2) + "\n")
 
