@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import memcalc
+from memcalc.memory.allocator import CONTEXT_HIGH
 from memcalc.units import GiB
 
 CONFIGS = Path(__file__).resolve().parent.parent / "tests" / "data" / "h100"
@@ -94,8 +95,9 @@ def table() -> str:
     return "\n".join(out)
 
 
-CAPACITY = 85_017_493_504 - int(0.75 * GiB)
-"""The measured card's ``total_memory`` less the widest CUDA context measured (0.75 GiB)."""
+CAPACITY = 85_017_493_504 - CONTEXT_HIGH
+"""The measured card's ``torch.cuda.get_device_properties().total_memory`` (bytes, as recorded with the runs) less
+the widest CUDA context measured (``memcalc.memory.allocator.CONTEXT_HIGH``, 0.75 GiB)."""
 
 
 def replay_table() -> str:

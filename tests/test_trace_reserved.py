@@ -11,11 +11,14 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from memcalc.memory.allocator import CONTEXT_HIGH
 from memcalc.validation.trace import trace_step
 
 GiB = 1 << 30
 H100 = Path(__file__).parent / "data" / "h100"
-CAPACITY = 85_017_493_504 - int(0.75 * GiB)  # total_memory less the widest CUDA context measured
+# the measured card's torch.cuda.get_device_properties().total_memory (bytes, docs/timeline.md's H100 runs) less the
+# widest CUDA context measured
+CAPACITY = 85_017_493_504 - CONTEXT_HIGH
 
 
 def _trace(model: str, **kw):

@@ -24,9 +24,7 @@ import bisect
 from collections.abc import Iterable
 
 from memcalc.errors import InputError
-from memcalc.memory.allocator import SMALL_SIZE, round_request, segment_size
-
-MIN_BLOCK = 512
+from memcalc.memory.allocator import MIN_BLOCK, SMALL_SIZE, round_request, segment_size
 
 
 class OutOfMemory(Exception):
