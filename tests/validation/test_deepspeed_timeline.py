@@ -105,11 +105,15 @@ def test_zero3_timeline_equals_trace(layers, world, recompute, reuse, prefetch, 
     # Layers: the forward's moments up to 2.5 % below and 1 % above (the timeline's one moment per layer misses the MLP's
     # intermediates alive while a just-in-time or recomputed module runs, and DeepSpeed's hooks keep one or two
     # hidden-size outputs a little longer); the backward's above, by at most what each layer counts at every moment of
-    # its backward for its largest gradient hook and its most gathered parameters.
+    # its backward for its largest gradient hook and its most gathered parameters. Whether the all-gather of the next
+    # parameter (``_all_gather_sequential``: one MLP weight, gathered in bf16) lands before or after a forward layer's
+    # peak depends on the ranks' timing (one layer or another in three of five runs of the recomputed case here), so
+    # the forward's lower bound leaves room for one gathered layer weight.
+    weight = 2 * max(n for name, n in param_tensors(architecture_from_config(cfg)) if name.startswith("layer "))
     for key in [k for k in tr.phase_peaks if k.startswith(("forward.layer.", "backward.layer."))]:
         gap = tl.phase_peaks[key] - tr.phase_peaks[key]
         if key.startswith("forward"):
-            assert -0.025 * tr.phase_peaks[key] <= gap <= 0.01 * tr.phase_peaks[key], (key, gap)
+            assert -0.025 * tr.phase_peaks[key] - weight <= gap <= 0.01 * tr.phase_peaks[key], (key, gap)
         else:
             counted = max(dict(m.parts)["gradients and the bucket's reduction"] + dict(m.parts)["gathered parameters"]
                           for m in tl.moments if m.phase == key)
