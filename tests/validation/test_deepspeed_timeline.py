@@ -107,7 +107,7 @@ def test_zero3_timeline_equals_trace(layers, world, recompute, reuse, prefetch, 
     # hidden-size outputs a little longer); the backward's above, by at most what each layer counts at every moment of
     # its backward for its largest gradient hook and its most gathered parameters. Whether the all-gather of the next
     # parameter (``_all_gather_sequential``: one MLP weight, gathered in bf16) lands before or after a forward layer's
-    # peak depends on the ranks' timing (one layer or another in three of five runs of the recomputed case here), so
+    # peak depends on the ranks' timing (one layer or another in three of four runs of the recomputed case here), so
     # the forward's lower bound leaves room for one gathered layer weight.
     weight = 2 * max(n for name, n in param_tensors(architecture_from_config(cfg)) if name.startswith("layer "))
     for key in [k for k in tr.phase_peaks if k.startswith(("forward.layer.", "backward.layer."))]:
