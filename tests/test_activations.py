@@ -46,7 +46,7 @@ def test_table_2_exactly_for_the_papers_models(name, a, h, layers, t, p, b, kind
 def test_first_stage_holds_L_layers_eq_5(name, a, h, layers, t, p, b):
     # Eq. 5: with 1F1B the first stage keeps p micro-batches of L/p layers = L layers' worth, whatever p.
     r = memcalc.estimate(model=name, gpus=t * p, tp=t, pp=p, seq_len=S, micro_batch=b, sequence_parallel=True,
-                         recompute="selective", grad_accum=max(p, 2), cuda_context_gib=0)  # fmt: skip
+                         recompute="selective", grad_accum=max(p, 2), cuda_context_gib=0, attention="eager")  # fmt: skip
     first = r.memory.stages[0]
     assert first.micro_batches_in_flight == p
     layer_rows = [x for x in r.memory.per_gpu.rows if x.key == "activations_layers"]

@@ -256,7 +256,8 @@ def test_estimate_with_compile_keeps_the_compiled_saved_set():
     # the paper accounting (ZeRO-3) counts the eager layer and says so; without a shape there is nothing to compile
     zero3 = memcalc.estimate(model="llama-3-8b", gpus=8, stage=3, seq_len=2048, compile=True)
     assert zero3.accounting == "paper" and any(n.startswith("--compile: the activations are the eager") for n in zero3.notes)
+    assert zero3.input.workload.attention == "sdpa"  # the model's own attention, as without --compile
     assert zero3.memory.per_gpu.total == memcalc.estimate(model="llama-3-8b", gpus=8, stage=3, seq_len=2048,
-                                                          accounting="paper").memory.per_gpu.total
+                                                          accounting="paper", attention="sdpa").memory.per_gpu.total
     with pytest.raises(Refused, match="--compile"):
         memcalc.estimate(params=8e9, gpus=8, stage=3, seq_len=2048, compile=True)

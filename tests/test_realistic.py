@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 import memcalc
 from memcalc.cli import app
 from memcalc.errors import InputError
+from memcalc.inputs import Workload
 from memcalc.units import GiB
 
 H100 = Path(__file__).resolve().parent / "data" / "h100"
@@ -172,6 +173,37 @@ def test_an_eager_only_family_with_flash_takes_the_paper_and_says_why(tmp_path):
     with pytest.raises(InputError, match="--attention flash: .*give --attention eager"):
         memcalc.estimate(attention="flash", accounting="realistic", **kw)
     assert memcalc.estimate(attention="eager", **kw).accounting == "realistic"
+
+
+def test_attention_left_out_is_what_the_model_code_runs(tmp_path):
+    # transformers loads a model that supports it with SDPA: the default is the sdpa step, not eager's a·s² scores
+    kw = dict(hf_config=LLAMA1B, gpus=1, gpu="h100", precision="amp-bf16", seq_len=2048, micro_batch=4)
+    default, sdpa, eager = (memcalc.estimate(**kw), memcalc.estimate(attention="sdpa", **kw),
+                            memcalc.estimate(attention="eager", **kw))  # fmt: skip
+    assert default.input.workload.attention == "sdpa" and default.accounting == "realistic"
+    assert default.memory.per_gpu.peak_allocated == sdpa.memory.per_gpu.peak_allocated
+    # eager keeps each layer's fp32 scores and bf16 probabilities (a·s²·b each): 16 layers x 32 heads x 2048² x 4
+    assert eager.memory.per_gpu.peak_allocated - sdpa.memory.per_gpu.peak_allocated > 16 * 32 * 2048**2 * 4 * 6
+    # Gemma 2 has no SDPA path: eager, realistic; --accounting paper asked for by name counts the paper's eager scores
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "gemma2", "hidden_size": 2304, "intermediate_size": 9216,
+                                "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+                                "head_dim": 256, "vocab_size": 256000}))  # fmt: skip
+    gemma = memcalc.estimate(hf_config=str(path), gpus=1, gpu="h100", precision="amp-bf16", seq_len=1024)
+    assert (gemma.input.workload.attention, gemma.accounting) == ("eager", "realistic")
+    assert memcalc.estimate(accounting="paper", **kw).input.workload.attention == "eager"
+    # a Workload made without it takes the same default
+    own = memcalc.estimate(hf_config=LLAMA1B, gpus=1, gpu="h100", precision="amp-bf16",
+                           workload=Workload(seq_len=2048, micro_batch=4))
+    assert own.input.workload.attention == "sdpa"
+    assert own.memory.per_gpu.peak_allocated == sdpa.memory.per_gpu.peak_allocated
+    # the command line: the JSON says which; without --seq-len the flag has nothing to act on
+    res = runner.invoke(app, ["estimate", "--hf-config", LLAMA1B, "--gpus", "1", "--gpu", "h100", "--precision",
+                              "amp-bf16", "--seq-len", "2048", "--micro-batch", "4", "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["input"]["workload"]["attention"] == "sdpa"
+    res = runner.invoke(app, ["estimate", "--params", "7e9", "--attention", "flash"])
+    assert res.exit_code == 2 and "--attention flash needs --seq-len" in res.output
+    assert "accepted without it: leave it out" in res.output
 
 
 def test_torchtitan_configurations_run_with_compile_and_per_op_checkpointing():

@@ -186,16 +186,19 @@ def test_estimate_tp_fsdp_is_realistic():
     assert e.model_dump()["accounting"] == "realistic"
 
 
-def test_sequence_parallel_is_left_to_the_paper_accounting():
+def test_sequence_parallel_with_eager_attention_is_left_to_the_paper_accounting():
     import memcalc
     from memcalc.errors import InputError
 
     kw = dict(hf_config="tests/data/small-llama-config.json", gpus=4, tp=2, fsdp="FULL_SHARD", fsdp_version=2,
               seq_len=256)
     assert memcalc.estimate(**kw).accounting == "realistic"
-    assert memcalc.estimate(sequence_parallel=True, **kw).accounting == "paper"
+    # the model's own attention (sdpa): torchtitan's sequence-parallel plan, modelled; eager attention is not
+    assert memcalc.estimate(sequence_parallel=True, **kw).input.workload.attention == "sdpa"
+    assert memcalc.estimate(sequence_parallel=True, **kw).accounting == "realistic"
+    assert memcalc.estimate(sequence_parallel=True, attention="eager", **kw).accounting == "paper"
     with pytest.raises(InputError, match="--sequence-parallel"):
-        memcalc.estimate(sequence_parallel=True, accounting="realistic", **kw)
+        memcalc.estimate(sequence_parallel=True, accounting="realistic", attention="eager", **kw)
 
 
 # ---- sequence parallelism (torchtitan's plan on Hugging Face names, loss_parallel) ---------------------------------

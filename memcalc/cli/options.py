@@ -22,7 +22,7 @@ CompileLoss = Annotated[bool | None, typer.Option("--compile-loss/--no-compile-l
 Recompute = Annotated[str, typer.Option("--recompute", help="Activation recomputation: none, selective, full, every:K (every K-th layer), op-sac (torchtitan's per-op policy; realistic accounting).")]
 Loss = Annotated[str, typer.Option("--loss", help="standard (the framework's own: fp32 upcast of the logits), chunked:N (torchtune, N chunks) or fused (the logits never exist). Realistic accounting.")]
 OptimizerImpl = Annotated[str | None, typer.Option("--optimizer-impl", help="AdamW's implementation: foreach (torch's default on CUDA), fused (torchtitan's, torchtune's, Megatron's and DeepSpeed's default), for-loop, in-backward (torchtune's optimizer in backward). Default: the --framework's. Realistic accounting; step time.")]
-AttentionOpt = Annotated[str, typer.Option("--attention", help="eager (keeps a·s² scores, as the paper), flash, or sdpa.")]
+AttentionOpt = Annotated[str | None, typer.Option("--attention", help="eager (keeps a·s² scores, as the paper), flash, or sdpa. Default: what the model code runs (sdpa; eager for BLOOM and Gemma 2, which have no SDPA path, and under --accounting paper).", show_default=False)]
 Dropout = Annotated[float | None, typer.Option("--dropout", help="Dropout probability (default: the preset's or config's, else 0).")]
 Device = Annotated[str, typer.Option("--device", help="cuda (1-byte dropout masks) or cpu (masks in the activation dtype).")]
 Tp = Annotated[int, typer.Option("--tp", help="Tensor-parallel degree.")]

@@ -91,7 +91,7 @@ CHECKS: dict[str, tuple[Check, str]] = {
                                              or re.fullmatch(r"chunked:[1-9][0-9]{0,3}", v) is not None)),
              "standard, chunked:N (N chunks, 1-9999), fused"),
     "optimizer_impl": _maybe(_one_of("foreach", "fused", "for-loop", "in-backward")),
-    "attention": _one_of("eager", "flash", "sdpa"),
+    "attention": _maybe(_one_of("eager", "flash", "sdpa")),
     "dropout": _maybe(((lambda v: type(v) in (int, float) and 0 <= v < 1), "a number from 0 up to (not including) 1")),
     "device": _one_of("cuda", "cpu"),
     "tp": _whole(1, shape.MAX_HEADS, "tp divides the attention heads"),
@@ -142,7 +142,7 @@ REPLACES = {
     "overheads": ("cuda_context_gib", "reserve_gib"),
 }
 # Activation settings that mean nothing without a sequence length (they would be ignored).
-NEEDS_SEQ_LEN = {"recompute": "none", "attention": "eager", "device": "cuda", "loss": "standard"}
+NEEDS_SEQ_LEN = {"recompute": "none", "attention": None, "device": "cuda", "loss": "standard"}
 
 
 def flag(name: str) -> str:
@@ -183,7 +183,7 @@ def check_values(values: dict[str, Any], defaults: dict[str, Any]) -> None:
         for name, default in NEEDS_SEQ_LEN.items():
             if values.get(name, default) != default:
                 raise InputError(f"{flag(name)} {values[name]} needs --seq-len (activations are counted per sequence); "
-                                 f"accepted without it: {default}")
+                                 f"accepted without it: {'leave it out' if default is None else default}")
 
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -213,7 +213,7 @@ def build_input(
     seq_len: int | None = None,
     micro_batch: int | None = None,
     recompute: str = "none",
-    attention: str = "eager",
+    attention: str | None = None,
     dropout: float | None = None,
     device: str = "cuda",
     loss: str = "standard",
@@ -282,7 +282,8 @@ def build_input(
 
             fw_given = _framework(framework)
             optimizer_impl = composition(None if fw_given is None else fw_given.name).optimizer_impl
-        _choice("--attention", attention, ("eager", "flash", "sdpa"))
+        if attention is not None:
+            _choice("--attention", attention, ("eager", "flash", "sdpa"))
         _choice("--device", device, ("cuda", "cpu"))
         workload = Workload(seq_len=seq_len, micro_batch=1 if micro_batch is None else micro_batch,  # type: ignore[arg-type]
                             recompute=recompute, attention=attention, dropout=dropout, device=device,  # type: ignore[arg-type]
@@ -290,6 +291,10 @@ def build_input(
                             compile_loss=compile_loss)  # fmt: skip
     elif workload is None and (micro_batch is not None or dropout is not None or compile):
         raise InputError("--micro-batch, --dropout and --compile need --seq-len (activations are counted per sequence)")
+    if workload is not None and workload.attention is None:  # the model code's own attention
+        from memcalc.memory.scope import default_attention
+
+        workload = dataclasses.replace(workload, attention=default_attention(the_model.architecture, accounting))
     if parallelism is None:
         from memcalc.layout.compose import framework as _framework, parse_stage_layers, shard_over as _shard_over
 

@@ -30,8 +30,10 @@ class Workload(Record):
     recompute: str = "none"
     """Activation recomputation: none, selective (core attention, Korthikanti §5), full (every layer), every:K
     (every K-th layer, torchtitan's layer AC) or op-sac (torchtitan's per-op selective AC)."""
-    attention: Literal["eager", "flash", "sdpa"] = "eager"
-    """eager keeps the a·s² score matrices (the paper's case); flash does not; sdpa is PyTorch's dispatcher."""
+    attention: Literal["eager", "flash", "sdpa"] | None = None
+    """eager keeps the a·s² score matrices (the paper's case); flash does not; sdpa is PyTorch's dispatcher. None:
+    what the model code runs (``memcalc.memory.scope.default_attention``: sdpa; eager for BLOOM and Gemma 2, and
+    under ``accounting="paper"``), resolved by ``build_input``."""
     dropout: float | None = bounded(default=None, ge=0, lt=1)
     """Dropout probability; None takes the architecture's (0 when it has none)."""
     device: Literal["cuda", "cpu"] = "cuda"
@@ -111,6 +113,11 @@ class EstimateInput(Record):
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.workload is not None and self.workload.attention is None:  # a Workload made without one
+            from memcalc.memory.scope import default_attention
+
+            chosen = default_attention(self.model.architecture, self.accounting)
+            object.__setattr__(self, "workload", self.workload.model_copy(update={"attention": chosen}))
         par, w, g = self.parallelism, self.cluster.gpus, self.cluster.gpus_per_node
         mp = par.model_parallel
         if w % mp:

@@ -23,6 +23,19 @@ decoder layers and Gemma; Gemma 2, Gemma 3 and OLMo 2 (post-norms) exact in fp32
 POST_NORM_FSDP = ("gemma2", "gemma3_text", "olmo2")
 
 
+def default_attention(arch: Any, accounting: str) -> str:
+    """The attention a step runs when ``--attention`` is not given: what the model code picks. transformers loads
+    every model with ``attn_implementation="sdpa"`` where the model class supports it (``_supports_sdpa``), and
+    torchtitan, torchtune and Megatron-LM call SDPA or a flash kernel; BLOOM and Gemma 2 have no SDPA path, so
+    they run eager. ``--accounting paper`` asked for by name counts the papers' eager attention (Korthikanti et al.
+    2022 §4: the a·s² scores and their softmax are kept)."""
+    if accounting == "paper" or arch is None:
+        return "eager"
+    from memcalc.memory.saved import EAGER_ONLY
+
+    return "eager" if arch.family in EAGER_ONLY else "sdpa"
+
+
 def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any, tp: int = 1, pp: int = 1,
             cp: int = 1, ep: int = 1, fsdp_version: int = 2, lora: Any = None, framework: str | None = None,
             float8_all_gather: bool = False, sequence_parallel: bool = False, offload: bool = False,
