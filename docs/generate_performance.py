@@ -75,11 +75,12 @@ FLOAT8 = [
 
 
 def narayanan_bridge(L: int, h: int, a: int, gpus: int, tp: int, pp: int, batch: int):
-    """Configured as measurements/published.md's MEG21-* rows: DDP (stage 0), fp16-mixed, micro-batch 1."""
+    """Configured as measurements/published.md's MEG21-* rows: Megatron-LM (its fused kernels), DDP (stage 0),
+    fp16-mixed, micro-batch 1."""
     inp = memcalc.build_input(model="megatron-22b", layers=L, hidden=h, heads=a, ffn=4 * h, vocab=51200, stage=0,
                               gpus=gpus, tp=tp, pp=pp, precision="fp16-mixed", seq_len=2048, micro_batch=1,
                               grad_accum=batch // (gpus // (tp * pp)), recompute="full", attention="eager",
-                              gpu="a100-80g")  # fmt: skip
+                              gpu="a100-80g", framework="megatron")  # fmt: skip
     return time_evaluation(evaluate(to_plan(inp)), gpu=inp.gpu.key)
 
 
@@ -182,6 +183,32 @@ def main() -> None:
         pred = f8.tokens_per_s_per_gpu / base.tokens_per_s_per_gpu
         print(f"| {name} | {source} | {recipe}{' + fp8 all-gather' if ag else ''} | {bf16:,} -> {fp8:,} | "
               f"{100 * (fp8 / bf16 - 1):+.1f} % | {100 * (pred - 1):+.1f} % |")
+
+    print()
+    single_gpu()
+
+
+def single_gpu() -> None:
+    """One H100 80GB, Hugging Face models under the Trainer's step (measurements/h100-single-gpu.md, the rows
+    docs/generate_timeline.py holds): measured step ms against ``time.step_s``."""
+    import statistics
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import generate_timeline as g
+
+    print("| one H100, measured step | regime | attention | recompute | seq x batch | measured ms | predicted ms "
+          "| error |")
+    print("|---|---|---|---|---|---|---|---|")
+    errors = []
+    for r in (r for r in g.ROWS if r.step_ms is not None):
+        ms = g.predict_step_s(r) * 1e3
+        errors.append(ms / r.step_ms - 1)
+        print(f"| {r.model} | {r.regime} | {r.attention} | {'full' if r.ckpt else 'none'} | {r.seq} x {r.batch} | "
+              f"{r.step_ms:.0f} | {ms:.0f} | {100 * errors[-1]:+.0f} % |")
+    print(f"\nmedian |error| {100 * statistics.median(abs(e) for e in errors):.1f} %, "
+          f"largest {100 * max(abs(e) for e in errors):.1f} %")
 
 
 if __name__ == "__main__":

@@ -36,22 +36,24 @@ class Row:
     """Measured peak allocated (GiB); for OOM rows, the 'needed ≥' figure."""
     reserved_gib: float | None = None
     """Measured ``max_memory_reserved`` (GiB) of ok rows."""
+    step_ms: float | None = None
+    """Measured wall time of the step (ms) of ok rows."""
 
 
 ROWS = (
-    Row("llama-3.2-1b", "A", "sdpa", False, 4096, 4, "ok", 71.51, 74.14),
-    Row("llama-3.2-1b", "A", "sdpa", False, 2048, 4, "ok", 43.84, 44.49),
+    Row("llama-3.2-1b", "A", "sdpa", False, 4096, 4, "ok", 71.51, 74.14, 416),
+    Row("llama-3.2-1b", "A", "sdpa", False, 2048, 4, "ok", 43.84, 44.49, 224),
     Row("llama-3.2-1b", "A", "sdpa", True, 4096, 8, "OOM in backward", 65.96),
     Row("llama-3.2-1b", "P", "sdpa", False, 4096, 8, "OOM in forward", 79.42),
-    Row("llama-3.2-1b", "A", "eager", False, 1024, 4, "ok", 42.38, 43.73),
+    Row("llama-3.2-1b", "A", "eager", False, 1024, 4, "ok", 42.38, 43.73, 199),
     Row("tinyllama-1.1b", "A", "eager", False, 2048, 4, "OOM in forward", 77.94),
-    Row("tinyllama-1.1b", "A", "sdpa", False, 2048, 8, "ok", 56.60, 62.29),
-    Row("tinyllama-1.1b", "A", "sdpa", False, 2048, 4, "ok", 35.44, 37.34),
-    Row("tinyllama-1.1b", "A", "sdpa", True, 4096, 8, "ok", 30.43, 35.13),
-    Row("tinyllama-1.1b", "A", "eager", True, 2048, 4, "ok", 24.64, 26.60),
-    Row("tinyllama-1.1b", "P", "sdpa", False, 4096, 4, "ok", 41.59, 46.14),
-    Row("tinyllama-1.1b", "P", "sdpa", True, 4096, 8, "ok", 21.18, 25.12),
-    Row("tinyllama-1.1b", "A", "sdpa", False, 1024, 1, "ok", 20.56, 22.40),
+    Row("tinyllama-1.1b", "A", "sdpa", False, 2048, 8, "ok", 56.60, 62.29, 389),
+    Row("tinyllama-1.1b", "A", "sdpa", False, 2048, 4, "ok", 35.44, 37.34, 218),
+    Row("tinyllama-1.1b", "A", "sdpa", True, 4096, 8, "ok", 30.43, 35.13, 969),
+    Row("tinyllama-1.1b", "A", "eager", True, 2048, 4, "ok", 24.64, 26.60, 795),
+    Row("tinyllama-1.1b", "P", "sdpa", False, 4096, 4, "ok", 41.59, 46.14, 358),
+    Row("tinyllama-1.1b", "P", "sdpa", True, 4096, 8, "ok", 21.18, 25.12, 864),
+    Row("tinyllama-1.1b", "A", "sdpa", False, 1024, 1, "ok", 20.56, 22.40, 89),
 )  # fmt: skip
 
 
@@ -76,6 +78,15 @@ def predict(row: Row) -> Result:
                          recompute="full" if row.ckpt else "none", seq_len=row.seq, micro_batch=row.batch)
     assert r.accounting == "realistic" and r.memory.timeline is not None
     return Result(row, r.memory.per_gpu.peak_allocated, r.memory.timeline.peak_phase, r.memory.fit.verdict)
+
+
+def predict_step_s(row: Row) -> float:
+    """memcalc's step time for the row (``time.step_s``), configured as ``predict`` configures its memory."""
+    r = memcalc.estimate(hf_config=str(CONFIGS / row.model / "config.json"), gpus=1, gpu="h100",
+                         precision=PRECISION[row.regime], optimizer_impl="foreach", attention=row.attention,
+                         recompute="full" if row.ckpt else "none", seq_len=row.seq, micro_batch=row.batch)
+    assert r.time is not None
+    return r.time.step_s
 
 
 def table() -> str:

@@ -146,7 +146,8 @@ def test_hbm2e_calibration_only_slows_memory_bound_work():
 
 
 def test_eager_norms_and_rotary_follow_the_model_code():
-    from memcalc.time.step import elementwise_bytes, layer_time
+    from memcalc.time.moved import elementwise_bytes
+    from memcalc.time.step import layer_time
 
     # LlamaRMSNorm on a bf16 stream: to(fp32) 2 + 4, pow 8, mean 4, x * rsqrt 8, to(bf16) 4 + 2, * weight 4
     assert elementwise_bytes("hf", 2, 2) == (36.0, 20.0)
@@ -184,3 +185,58 @@ def test_sliding_window_layers_run_their_window_or_the_whole_mask():
     assert masked.attention_fwd == pytest.approx(f_flops / (cal.peak("bf16") * cal.attention("flash", 3.5 * f_flops)))
     short = [layer_time(g, False, cal, "bf16", 256, 1, window=512, sliding=k) for k in ("window", "masked")]
     assert short[0] == short[1] == layer_time(g, False, cal, "bf16", 256, 1)
+
+
+@pytest.mark.parametrize("e, m", [(2, 4), (2, 2), (4, 4)])  # autocast (fp32 mask), pure bf16, fp32
+def test_eager_attention_bytes_are_what_hugging_face_code_moves(e, m):
+    """Every aten op of transformers' ``eager_attention_forward`` and its backward, run on CPU: the bytes of each
+    score-sized tensor an op reads or writes (views excluded; the broadcast mask read once per score element)."""
+    torch = pytest.importorskip("torch")
+    llama = pytest.importorskip("transformers.models.llama.modeling_llama")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from memcalc.time.moved import eager_attention_bytes
+
+    dt = {2: torch.bfloat16, 4: torch.float32}
+    b, a, s, d = 1, 2, 16, 8
+    n = b * a * s * s
+    q, k, v = (torch.randn(b, a, s, d, dtype=dt[e], requires_grad=True) for _ in range(3))
+    mask = torch.zeros(b, 1, s, s, dtype=dt[m])
+
+    class Count(TorchDispatchMode):
+        moved = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if not func.is_view and func is not torch.ops.aten._unsafe_view.default:  # no bytes move
+                for t in [*args, *((out,) if isinstance(out, torch.Tensor) else out or ())]:
+                    if isinstance(t, torch.Tensor) and (t is mask or t.numel() == n):
+                        self.moved += n * t.element_size()
+            return out
+
+    module = SimpleNamespace(num_key_value_groups=1, training=True)
+    with Count() as fwd:
+        out, _ = llama.eager_attention_forward(module, q, k, v, mask, scaling=d**-0.5)
+    grad = torch.ones_like(out)
+    with Count() as bwd:
+        out.backward(grad)
+    assert (fwd.moved / n, bwd.moved / n) == eager_attention_bytes("hf", e, m, False)
+
+
+def test_autocast_steps_pay_for_their_casts_and_pure_bf16_for_half_the_optimizer_bytes():
+    from memcalc.time.step import layer_time
+
+    cal = H100.calibration
+    pure = layer_time(LLAMA, False, cal, "bf16", 4096, 1, elementwise="hf", residual_bytes=2)
+    amp = layer_time(LLAMA, False, cal, "bf16", 4096, 1, elementwise="hf", residual_bytes=4)
+    h, f = LLAMA.hidden, LLAMA.ffn_size
+    norms = 2 * 28 * h - 2 * 36 * h  # LlamaRMSNorm on an fp32 stream moves 28 bytes per element, on bf16 36
+    adds = 2 * (2 * 4 + 2) * h - 2 * (2 * 2 + 2) * h  # the residual adds read and write the fp32 stream
+    inputs = (3 + 2) * (4 + 2) * h  # q, k, v, gate and up each cast their fp32 input
+    weights = 2 * h * h + 2 * h * LLAMA.kv_width + 3 * h * f  # q, o; k, v; gate, up, down
+    extra = 4096 * (norms + adds + inputs) / cal.hbm_bytes_per_s + 2 * (4 + 2) * weights / 3 / cal.hbm_bytes_per_s
+    assert amp.memory_fwd - pure.memory_fwd == pytest.approx(extra, rel=1e-12)
+    # AdamW moves 7 x the state bytes per parameter: 28 in fp32, 14 when pure bf16 keeps bf16 moments
+    plan = Plan(gpus=1, seq=4096, micro_batch=1, optimizer="foreach")
+    fp32 = step_time(LLAMA, plan, H100).optimizer_s
+    assert step_time(LLAMA, replace(plan, optimizer_state_bytes=2), H100).optimizer_s == pytest.approx(fp32 / 2)

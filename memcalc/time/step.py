@@ -40,9 +40,10 @@ from memcalc.time.flops import (
     step_flops,
 )
 from memcalc.time.hardware import Calibration, Machine
+from memcalc.time.moved import eager_attention_bytes, elementwise_bytes
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DistributedDataParallel bucket_cap_mb=25 (the last bucket cannot overlap)
-ADAMW_BYTES_PER_PARAM = 28  # fp32 AdamW: read param, grad, m, v (16) + write param, m, v (12)
+ADAMW_BYTES_PER_PARAM = 28  # fp32 AdamW: read param, grad, m, v (16) + write param, m, v (12); half in pure bf16
 _DP_GROUPS = ("data-parallel", "shard group", "replica group")
 _CRITICAL_GROUPS = ("tensor-parallel", "expert-parallel", "pipeline")
 _DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 2, "tf32": 4}  # fp8 GEMMs keep 16-bit activations between ops
@@ -71,6 +72,10 @@ class Plan:
     dropout: bool = False
     optimizer: str = "fused"
     """fused | foreach (torch AdamW on the GPU) | cpu (offloaded, DeepSpeed CPUAdam)."""
+    optimizer_state_bytes: int = 4
+    """Bytes per element of the parameters, gradients and moments a GPU optimizer step reads and writes: 4 (fp32
+    weights, or a master copy), 2 under pure bf16 (torch AdamW keeps its moments in the parameters' dtype): the
+    step moves 7 x this per parameter."""
     optimizer_params: int | None = None
     """Parameters this rank's optimizer updates; default Ψ/(tp·pp) (nothing sharded over data parallelism)."""
     flops_attention: str = "full"
@@ -187,28 +192,6 @@ def _gemm_s(cal: Calibration, peak: float, flops: float) -> float:
     return flops / (peak * cal.gemm(flops)) if flops else 0.0
 
 
-@cache
-def elementwise_bytes(code: str, e: int, r: int) -> tuple[float, float]:
-    """(bytes per element of one RMSNorm, bytes per q or k element of the rotary embedding), forward, for a residual
-    stream of ``r`` bytes and compute dtype of ``e``; the backward moves twice as much (the model's convention).
-
-    - fused: a norm reads its input and writes its output (2r); rotary reads and writes q and k (2e).
-    - hf, LlamaRMSNorm (transformers modeling_llama.py): ``x.to(float32)`` (read r, write 4 unless r = 4), ``pow(2)``
-      (8), ``mean`` (read 4), ``x * rsqrt`` (8), ``.to(input_dtype)`` (read 4, write r unless r = 4), ``weight *``
-      (2r): 36 bytes for a bf16 stream, 28 for fp32. ``apply_rotary_pos_emb``: ``rotate_half`` (negate half: e,
-      ``cat``: 2e), ``q * cos`` (2e), ``rotate_half(q) * sin`` (2e), the sum (3e): 10e.
-    - torchtitan on torch 2.13: ``nn.RMSNorm`` dispatches to the fused ``_fused_rms_norm`` on CUDA (2r); its complex
-      rotary upcasts (read e, write 4 unless e = 4), multiplies in complex64 (8) and casts back (read 4, write e
-      unless e = 4): 20 bytes at bf16, 8 at fp32.
-    """
-    if code == "hf":
-        up = 0 if r == 4 else r + 4 + 4 + r
-        return float(up + 8 + 4 + 8 + 2 * r), float(10 * e)
-    if code == "torchtitan":
-        return float(2 * r), float(8 if e == 4 else (e + 4) + 8 + (4 + e))
-    return float(2 * r), float(2 * e)
-
-
 def layer_time(arch: Architecture, moe: bool, cal: Calibration, dtype: str, seq: int, micro_batch: int, tp: int = 1,
                cp: int = 1, ep: int = 1, sp: bool = False, attention: str = "flash", dropout: bool = False,
                float8: str = "none", elementwise: str = "fused", residual_bytes: int = 0, window: int | None = None,
@@ -245,10 +228,11 @@ def layer_time(arch: Architecture, moe: bool, cal: Calibration, dtype: str, seq:
     elif attention == "eager":
         fwd = micro_batch * attention_core_flops(arch, seq, "full", tp) / cp  # batched GEMMs skip nothing
         scores = micro_batch * (arch.heads // tp) * seq * seq / cp
-        # Per score element, 16-bit: write QKᵀ 2 + softmax read 2 write 2 (+ dropout read 2 write 2 mask 1) bytes.
-        soft = scores * (6 + (5 if dropout else 0)) / cal.hbm_bytes_per_s
-        attn_f = _gemm_s(cal, peak, fwd) + soft
-        attn_b = 2 * _gemm_s(cal, peak, fwd) + 2 * soft
+        # the scores' round trips through HBM between the two batched matmuls, as the model code makes them
+        soft_f, soft_b = eager_attention_bytes("hf" if elementwise == "hf" else "fused", e, residual_bytes or e,
+                                               dropout)  # fmt: skip
+        attn_f = _gemm_s(cal, peak, fwd) + scores * soft_f / cal.hbm_bytes_per_s
+        attn_b = 2 * _gemm_s(cal, peak, fwd) + scores * soft_b / cal.hbm_bytes_per_s
     else:
         raise InputError(f"attention {attention!r} is not one of flash, cudnn, eager")
     h = arch.hidden
@@ -256,7 +240,18 @@ def layer_time(arch: Architecture, moe: bool, cal: Calibration, dtype: str, seq:
     norm_b, rot_b = elementwise_bytes(elementwise, e, residual_bytes or e)
     if arch.norm != "rmsnorm":  # nn.LayerNorm is one native kernel in every code base
         norm_b = 2.0 * (residual_bytes or e)
-    replicated = arch.norms_per_layer * norm_b * h + 2 * 3 * e * h + (2 * (2 * e + 1) * h if dropout else 0)
+    r = residual_bytes or e
+    # two residual adds (read the stream and the branch's output, write the stream); dropout (read, write, 1-byte mask)
+    replicated = arch.norms_per_layer * norm_b * h + 2 * (2 * r + e) * h + (2 * (2 * e + 1) * h if dropout else 0)
+    weight_casts = 0.0
+    if r > e:  # torch.autocast on an fp32 stream (autocast_mode.cpp: linear is in the lower-precision cast list)
+        # each projection casts its fp32 input to e bytes (read r, write e); the cast cache keeps only the weights
+        # (leaves), so q, k and v cast the same normed input three times, gate and up twice
+        replicated += ((1 if arch.fused_qkv else 3) + (2 if arch.gated_mlp else 1)) * (r + e) * h
+        # the weights, cast once per forward (and again by a recomputed forward), and their gradients cast back to
+        # fp32 in backward: r + e bytes each way per weight; a third counted as forward (the convention below)
+        weights = sum((arch.experts // ep if g.name.startswith("expert ") else g.count) * g.k * g.n for g in gemms)
+        weight_casts = 2 * (r + e) * weights / 3 / cal.hbm_bytes_per_s
     split = (5 if arch.gated_mlp else 2) * e * f  # silu read/write + mul read 2 write 1; gelu read/write
     if arch.position == "rotary" and elementwise == "fused":
         split += 2 * e * (arch.q_width + 2 * arch.kv_width)  # read and write q and k (kv_width counted twice: k only)
@@ -268,7 +263,7 @@ def layer_time(arch: Architecture, moe: bool, cal: Calibration, dtype: str, seq:
         from memcalc.model.float8 import cast_bytes
 
         casts = cast_bytes(arch, float8, m, tp) / 3 / cal.hbm_bytes_per_s
-    return LayerTime(mm, attn_f, attn_b, m * per_token / cal.hbm_bytes_per_s + casts, op)
+    return LayerTime(mm, attn_f, attn_b, m * per_token / cal.hbm_bytes_per_s + casts + weight_casts, op)
 
 
 def head_time(arch: Architecture, cal: Calibration, dtype: str, tokens: int, tp: int) -> tuple[float, float]:
@@ -423,7 +418,7 @@ def step_time(arch: Architecture, plan: Plan, machine: Machine, collectives: Ite
     if p.optimizer == "cpu":
         opt = n_opt * per_node * ADAMW_BYTES_PER_PARAM / machine.cluster.host_memory_bytes_per_s
     else:
-        opt = n_opt * ADAMW_BYTES_PER_PARAM / (cal.hbm_peak_bytes_per_s * cal.adamw(p.optimizer))
+        opt = n_opt * ADAMW_BYTES_PER_PARAM * p.optimizer_state_bytes / 4 / (cal.hbm_peak_bytes_per_s * cal.adamw(p.optimizer))
 
     bubble = (p.pp - 1) / p.virtual * (per_mb + critical / m) if p.pp > 1 else 0.0
     sequences = p.dp * p.micro_batch * m
