@@ -181,7 +181,8 @@ def step_plan(plan: LayoutPlan, optimizer_impl: str = "foreach", flops_attention
         recompute=w.recompute if recompute is None else recompute,
         attention=_ATTENTION[w.attention], dtype=_MATMUL_DTYPE[plan.precision.compute_dtype],
         dropout=w.dropout > 0, optimizer="cpu" if plan.optimizer_device != "none" else optimizer_impl,
-        optimizer_params=optimizer_params(plan), optimizer_state_bytes=plan.precision.state_bytes, flops_attention=flops_attention, stage_layers=plan.stage_layers,
+        optimizer_params=optimizer_params(plan), optimizer_state_bytes=plan.precision.state_bytes,
+        flops_attention=flops_attention, stage_layers=plan.stage_layers,
         float8=plan.float8, elementwise=_elementwise(plan), residual_bytes=4 if plan.precision.autocast else 0,
         sliding="masked" if w.attention == "sdpa" else "window", **_lora_fields(plan),
     )  # fmt: skip

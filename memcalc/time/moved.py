@@ -40,21 +40,22 @@ def eager_attention_bytes(code: str, e: int, m: int, dropout: bool) -> tuple[flo
       the softmax's backward reads both and writes dS (3e), the dQ and dK matmuls read dS (2e): 7e. Dropout reads
       and writes the probabilities and writes a 1-byte mask (2e + 1), and its backward the same.
     - hf (transformers ``eager_attention_forward``): QKᵀ written (e); ``* scaling`` (2e); ``+ attention_mask``
-      (read e and m, write p = the promoted dtype, max(e, m)); ``softmax(dtype=float32)``, whose ATen takes the
-      half-to-float path for fp16 only, so other inputs are first cast (read p, write 4, unless p = 4), then
-      read 4 and write 4; ``.to(query.dtype)`` (read 4, write e, unless e = 4); dropout when p > 0 (2e + 1;
-      p = 0 returns its input); P·V reads P (e). Backward (derivatives.yaml, autograd casting each gradient to its
-      input's dtype): dP written (e) and P read for dV (e); dropout (2e + 1); the ``.to``'s cast (e + 4, unless
-      e = 4); ``_softmax_backward_data`` reads the gradient and the output and writes (12); the pre-softmax cast
-      undone (4 + p, unless p = 4); the add's gradient cast to the scores' dtype (p + e, unless p = e); ``*
-      scaling`` (2e); dS read by the dQ and dK matmuls (2e). Autocast (e = 2, m = 4): 32 forward, 36 backward.
+      (read e and m, write w = the promoted dtype's bytes, max(e, m)); ``softmax(dtype=float32)``, whose ATen takes
+      the half-to-float path for fp16 only, so other inputs are first cast (read w, write 4, unless w = 4), then
+      read 4 and write 4; ``.to(query.dtype)`` (read 4, write e, unless e = 4); dropout with a probability above 0
+      (2e + 1; at 0 it returns its input); P·V reads P (e). Backward (derivatives.yaml, autograd casting each
+      gradient to its input's dtype): dP written (e) and P read for dV (e); dropout (2e + 1); the ``.to``'s cast
+      (e + 4, unless e = 4); ``_softmax_backward_data`` reads the gradient and the output and writes (12); the
+      pre-softmax cast undone (4 + w, unless w = 4); the add's gradient cast to the scores' dtype (w + e, unless
+      w = e); ``* scaling`` (2e); dS read by the dQ and dK matmuls (2e). Autocast (e = 2, m = 4): 32 forward, 36
+      backward.
     """
     drop = 2 * e + 1 if dropout else 0
     if code != "hf":
         return float(4 * e + drop), float(7 * e + drop)
-    p = max(e, m)
-    cast_in = 0 if p == 4 else p + 4
+    w = max(e, m)
+    cast_in = 0 if w == 4 else w + 4
     cast_out = 0 if e == 4 else 4 + e
-    fwd = e + 2 * e + (e + m + p) + cast_in + 8 + cast_out + drop + e
-    bwd = 2 * e + drop + cast_out + 12 + cast_in + (0 if p == e else p + e) + 2 * e + 2 * e
+    fwd = e + 2 * e + (e + m + w) + cast_in + 8 + cast_out + drop + e
+    bwd = 2 * e + drop + cast_out + 12 + cast_in + (0 if w == e else w + e) + 2 * e + 2 * e
     return float(fwd), float(bwd)
