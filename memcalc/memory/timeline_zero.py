@@ -250,7 +250,7 @@ def _offload_timeline(arch: Architecture, *, family: str, stage: int, dp: int, a
                   compiled=compiled, loss_compiled=loss_compiled)  # fmt: skip
     tensors = param_tensors(arch)
     psi = sum(n for _, n in tensors)
-    p = ceil_div(psi, 2 * dp) * 2
+    p = partition(arch, dp)[0]
     piece, start = {}, 0
     for name, n in tensors:
         piece[name] = largest_piece(start, n, p)
