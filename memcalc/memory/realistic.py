@@ -5,7 +5,8 @@
 census of the real modules on CPU; the loss, autocast's cast cache, recomputation, the optimizer's temporaries);
 the answer is the largest moment, shown as its parts. On top: the caching allocator, the CUDA context and NCCL's
 buffers (``memcalc.memory.allocator``), giving ``peak_allocated`` (what ``torch.cuda.max_memory_allocated``
-reports), ``peak_reserved`` and the total a GPU must have, and a verdict: fits, at-risk or oom.
+reports), ``peak_reserved`` (``max_memory_reserved``: with the cached blocks the peak cannot use,
+``memcalc.memory.reserved``) and the total a GPU must have, and a verdict: fits, at-risk or oom.
 
 Where it applies: a Hugging Face family with a saved-tensor profile, a sequence length, the regimes Hugging Face
 runs (fp32, pure bf16, autocast), AdamW (torch or bitsandbytes 8-bit) and replicated model states (one GPU, or DDP),
@@ -165,10 +166,10 @@ def evaluate(plan: Plan) -> Realistic:
                   code=_code(plan), tp=plan.tp, compiled=w.compile,
                   loss_compiled=_loss_compiled(plan), sequence_parallel=plan.sequence_parallel)
     if sharded and plan.offload_params != "none":
-        from memcalc.memory.timeline import Timeline, _moment
+        from memcalc.memory.timeline import _moment, with_loss
         from memcalc.memory.timeline_states import offload_fsdp
 
-        tl = Timeline(tuple(_moment(*m) for m in offload_fsdp(tl.moments, arch, plan.shard_group_size)))
+        tl = with_loss(tl, [_moment(*m) for m in offload_fsdp(tl.moments, arch, plan.shard_group_size)])
     allocated = tl.peak.live_bytes
     extra = 0
     if plan.dp > 1 and not plan.bucket_view and not sharded:
@@ -183,6 +184,7 @@ def evaluate(plan: Plan) -> Realistic:
 def _finish(plan: Plan, tl: Any, allocated: int, ddp_buckets: int, comm_groups: int) -> Realistic:
     """Rows of the peak moment, the allocator's, the context's and NCCL's, and the verdict."""
     from memcalc.memory.allocator import GAP_FRACTION, GAP_HIGH, fit, nccl_buffers
+    from memcalc.memory.reserved import POOLS, reserved_peak
     from memcalc.units import GiB
 
     peak = tl.peak
@@ -198,11 +200,23 @@ def _finish(plan: Plan, tl: Any, allocated: int, ddp_buckets: int, comm_groups: 
     comm = nccl_buffers(comm_groups, 16, 2)
     context = plan.cuda_context
     f = fit(allocated, plan.usable_bytes, largest_request=largest, context=context, communication=comm)
+    # Cached blocks the step's peak cannot use (memcalc.memory.reserved): the loss's freed logits, FSDP2's
+    # side-stream pools. Wholly free segments, released before a cudaMalloc fails: max_memory_reserved shows them
+    # up to what the GPU leaves the allocator; the verdict and the total do not count them.
+    streams = plan.spec.name == "FULL_SHARD" and plan.fsdp_version == 2
+    held, pools = reserved_peak(tl.moments, tl.loss_moment, tl.loss_cache, streams)
+    cached = max(0, held - peak.live_bytes)
+    reserved = max(f.peak_reserved, min(f.peak_reserved + cached, plan.usable_bytes - context - comm))
+    kept = (f"; max_memory_reserved also holds {(reserved - f.peak_reserved) / GiB:.2f} GiB of cached blocks the "
+            "peak cannot use (" + ", ".join([f"the loss's freed logits {tl.loss_cache / GiB:.2f}"] * (tl.loss_cache > 0)
+                                            + [f"FSDP2 {name} pool {b / GiB:.2f}" for (name, _), b in zip(POOLS, pools)
+                                               if b]) + " GiB; memory/reserved.py), released before an allocation "
+            "fails") if reserved > f.peak_reserved else ""  # fmt: skip
     rows += [
         Row("allocator_reserve", "allocator: reserved beyond allocated", f.peak_reserved - allocated + plan.reserve,
             "gpu", "overhead", "the least measured gap (0.3 GiB, H100) + --reserve-gib; fragmentation can add up to "
             f"{(f.reserved_high - allocated) / GiB:.2f} GiB (the band the verdict uses: {GAP_FRACTION * 100:.1f} % of "
-            f"the allocated peak, at most {GAP_HIGH / GiB:.1f} GiB, or the largest single request)"),
+            f"the allocated peak, at most {GAP_HIGH / GiB:.1f} GiB, or the largest single request){kept}"),
         Row("cuda_context", "CUDA context", context, "gpu", "overhead",
             "context, cuBLAS/cuDNN handles and kernels outside the allocator (0.75 GiB measured: H100, torch 2.11)"),
     ]
@@ -214,7 +228,7 @@ def _finish(plan: Plan, tl: Any, allocated: int, ddp_buckets: int, comm_groups: 
     for name, n in tl.phase_peaks.items():
         key = name.split(".")[0]
         phases[key] = max(phases.get(key, 0), n)
-    return Realistic(rows, allocated, f.peak_reserved + plan.reserve, f.total + plan.reserve, f.verdict,
+    return Realistic(rows, allocated, reserved + plan.reserve, f.total + plan.reserve, f.verdict,
                      f.margin - plan.reserve, peak.phase, peak.label, phases)
 
 
@@ -231,7 +245,8 @@ def notes(plan: Plan) -> list[str]:
            f"recompute, {w.loss} loss, "
            f"{'DeepSpeedCPUAdam on the host' if plan.offload_optimizer != 'none' else 'AdamW ' + w.optimizer_impl}); the rows are what is alive at that moment",
            "peak_allocated is what torch.cuda.max_memory_allocated reports; peak_reserved adds the caching allocator's "
-           "least measured gap (0.3 GiB); the verdict is at-risk when the margin left is under the widest gap measured "
+           "least measured gap (0.3 GiB) and the cached blocks the peak cannot use (the loss's freed bf16 logits, "
+           "FSDP2's stream pools: memory/reserved.py), which the allocator releases before it fails; the verdict is at-risk when the margin left is under the widest gap measured "
            f"for a step of this size ({GAP_FRACTION * 100:.1f} % of the allocated peak, at most {GAP_HIGH / GiB:.1f} "
            "GiB) or the largest single request at the peak, oom when it is under 0.3 GiB"]
     if w.compile and w.recompute != "none":

@@ -16,6 +16,7 @@ import dataclasses
 
 from memcalc.errors import InputError
 from memcalc.frozen import frozen
+from memcalc.memory.reserved import loss_cached
 from memcalc.memory.saved import (FAMILIES, LLAMA_STYLE, OTHER_NORMS, REGIMES, _check, check_code, loss_transient,
                                   shape)
 from memcalc.memory.saved_gemma import GEMMAS, rope_types
@@ -46,6 +47,10 @@ class Moment:
 @frozen
 class Timeline:
     moments: tuple[Moment, ...]
+    loss_moment: int = -1
+    """The index of the loss's peak moment (-1: none marked)."""
+    loss_cache: int = 0
+    """Bytes the loss leaves cached and free at that moment (``memcalc.memory.reserved.loss_cached``)."""
 
     @property
     def peak(self) -> Moment:
@@ -262,8 +267,10 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     saved_end += [(saved_name, _chunk(lp, 2)), ("loss and its gradient", 8)] + softcap
     saved_end += [("logits (saved by the compiled loss)", d * n)] if compiled_loss else []
     saved_end += FsdpOverlay.after_layers(fs)
+    loss_moment = len(moments)
     moments.append(_moment("backward", "log_softmax backward: its output gradient and its input gradient",
                            saved_end + [(grad_name, grad_bytes)]))  # fmt: skip
+    loss_cache = loss_cached(t, v, d, loss, compiled_loss, parallel=sp > 1)
 
     # ---- backward layer by layer -------------------------------------------------------------------------------
     tensors = param_tensors(arch)
@@ -326,7 +333,17 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     with_grads = base + [("gradients (shards)" if fs else "gradients", grads)]
     moments.append(_moment("optimizer", "optimizer.step()", with_grads + [("step temporaries", st.step_temporary)]))
     moments.append(_moment("zero_grad", "after the step, before zero_grad", with_grads))
-    return Timeline(tuple(moments))
+    return Timeline(tuple(moments), loss_moment, loss_cache)
+
+
+def with_loss(tl: Timeline, moments) -> Timeline:
+    """A timeline of ``moments`` made from ``tl``'s, with ``tl``'s loss peak marked on the moment of the same phase
+    and label (the ZeRO timelines, FSDP's offload)."""
+    if tl.loss_moment < 0:
+        return Timeline(tuple(moments))
+    key = tl.moments[tl.loss_moment].phase, tl.moments[tl.loss_moment].label
+    i = next((i for i, m in enumerate(moments) if (m.phase, m.label) == key), -1)
+    return Timeline(tuple(moments), i, tl.loss_cache if i >= 0 else 0)
 
 
 def _mask_kinds(arch: Architecture) -> int:
@@ -361,4 +378,4 @@ def _head(x, family: str, regime: str, loss: str, code: str = "hf", device: str 
     return out
 
 
-__all__ = ["FAMILIES", "REGIMES", "Moment", "Timeline", "timeline"]
+__all__ = ["FAMILIES", "REGIMES", "Moment", "Timeline", "timeline", "with_loss"]

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from memcalc.errors import InputError
 from memcalc.layout.plan import REDUCE_BUCKET_SIZE
-from memcalc.memory.timeline import Moment, Timeline, _moment, timeline
+from memcalc.memory.timeline import Moment, Timeline, _moment, timeline, with_loss
 from memcalc.memory.timeline_states import buffer_bytes, param_tensors, step_temporaries
 from memcalc.model.architecture import Architecture
 from memcalc.units import ceil_div
@@ -191,7 +191,7 @@ def zero_timeline(arch: Architecture, *, family: str, stage: int, dp: int, atten
                                                                               ("step temporaries", temp)]),
         ]  # fmt: skip
     moments.append(_moment("zero_grad", "after the step: the gradients freed", base))
-    return Timeline(tuple(moments))
+    return with_loss(tl, moments)
 
 
 OFFLOAD_NOTE = ("DeepSpeed ZeRO-1/2 offload_optimizer: on the GPU the bf16 flat buffer, a bf16 staging buffer the size "
@@ -289,7 +289,7 @@ def _offload_timeline(arch: Architecture, *, family: str, stage: int, dp: int, a
     moments.append(_moment("backward.epilogue", "the last reductions", base + [slots] + tail))
     moments += [_moment("optimizer", "DeepSpeedCPUAdam on the host, the bf16 partition copied back", base),
                 _moment("zero_grad", "after the step", base)]
-    return Timeline(tuple(moments))
+    return with_loss(tl, moments)
 
 
 def _at(moments: tuple[int, int, int], n: int) -> int:

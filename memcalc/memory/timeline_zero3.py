@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from memcalc.errors import InputError
 from memcalc.layout.plan import REDUCE_BUCKET_SIZE, Zero3Settings
-from memcalc.memory.timeline import Moment, Timeline, _moment, timeline
+from memcalc.memory.timeline import Moment, Timeline, _moment, timeline, with_loss
 from memcalc.memory.timeline_states import buffer_bytes, param_tensors, step_temporaries
 from memcalc.memory.timeline_zero import _GRADS
 from memcalc.memory.zero3 import _called, gathered_bytes, persistent
@@ -217,7 +217,7 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
     if offload_optimizer:  # the norm, clipping and Adam on the host; the write-back copies into the bf16 partitions
         moments += [_moment("optimizer", "DeepSpeedCPUAdam on the host, the bf16 partitions written back", base),
                     _moment("zero_grad", "after the step", base)]
-        return Timeline(tuple(moments))
+        return with_loss(tl, moments)
     moments += [
         _moment("optimizer", "fp64 copy of a gradient partition for the norm", base
                 + [("fp64 gradient partition", 8 * largest)]),
@@ -227,4 +227,4 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
                 + [("fp32 gradients", 4 * big), ("step temporaries", temp)]),
         _moment("zero_grad", "after the step", base),
     ]  # fmt: skip
-    return Timeline(tuple(moments))
+    return with_loss(tl, moments)

@@ -68,7 +68,8 @@ class PerGPU(_Result):
     """What ``torch.cuda.max_memory_allocated`` reports at the step's peak (the rows but the allocator's gap, the
     CUDA context and NCCL's buffers)."""
     peak_reserved: int = 0
-    """What the caching allocator holds then (``max_memory_reserved``): peak_allocated + its gap."""
+    """What the caching allocator holds then (``max_memory_reserved``): peak_allocated + its least gap + the cached
+    blocks the peak cannot use (``memcalc.memory.reserved``), at most what the GPU leaves the allocator."""
 
 
 @record
