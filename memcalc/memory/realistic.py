@@ -208,10 +208,11 @@ def _finish(plan: Plan, tl: Any, allocated: int, ddp_buckets: int, comm_groups: 
     cached = max(0, held - peak.live_bytes)
     reserved = max(f.peak_reserved, min(f.peak_reserved + cached, plan.usable_bytes - context - comm))
     kept = (f"; max_memory_reserved also holds {(reserved - f.peak_reserved) / GiB:.2f} GiB of cached blocks the "
-            "peak cannot use (" + ", ".join([f"the loss's freed logits {tl.loss_cache / GiB:.2f}"] * (tl.loss_cache > 0)
-                                            + [f"FSDP2 {name} pool {b / GiB:.2f}" for (name, _), b in zip(POOLS, pools)
-                                               if b]) + " GiB; memory/reserved.py), released before an allocation "
-            "fails") if reserved > f.peak_reserved else ""  # fmt: skip
+            "peak cannot use (" + ", ".join([f"the loss's freed logits {tl.loss_cache / GiB:.2f} GiB"] * (tl.loss_cache > 0)
+                                            + [f"FSDP2's {name} pool of {b / GiB:.2f} GiB" for (name, _), b in
+                                               zip(POOLS, pools) if b])
+            + (", less the pools' blocks alive at the peak" if any(pools) else "") + "; memory/reserved.py), released "
+            "before an allocation fails") if reserved > f.peak_reserved else ""  # fmt: skip
     rows += [
         Row("allocator_reserve", "allocator: reserved beyond allocated", f.peak_reserved - allocated + plan.reserve,
             "gpu", "overhead", "the least measured gap (0.3 GiB, H100) + --reserve-gib; fragmentation can add up to "
