@@ -205,12 +205,11 @@ def shard_units(arch: Architecture, world: int) -> ShardUnits:
         raise InputError(f"world {world} must be at least 1")
     root = root_shard = layer = layer_shard = 0
     tensors = param_tensors(arch)
-    for name, n in tensors:
-        piece = shard_elements(arch, name, n, world)
+    for name, n in tensors:  # layer 0 stands for every decoder layer (they are alike)
         if name.startswith("layer 0 "):
-            layer, layer_shard = layer + n, layer_shard + piece
+            layer, layer_shard = layer + n, layer_shard + shard_elements(arch, name, n, world)
         elif not name.startswith("layer "):
-            root, root_shard = root + n, root_shard + piece
+            root, root_shard = root + n, root_shard + shard_elements(arch, name, n, world)
     return ShardUnits(world, root, layer, root_shard, layer_shard, len(tensors))
 
 
