@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 from memcalc.comm import traffic
 from memcalc.comm.traffic import Collective, HostTransfer
 from memcalc.layout.compose import composition
-from memcalc.layout.plan import Plan
+from memcalc.layout.plan import Plan, Zero3Settings
 from memcalc.memory import paper
 from memcalc.memory.rows import Row, overhead_rows
 
@@ -240,13 +240,16 @@ def notes(plan: Plan) -> list[str]:
 
         return realistic.notes(plan)
     out = paper.notes(plan)
+    if plan.spec.name == "zero-3" and plan.zero3 != Zero3Settings():
+        out.append("the ZeRO-3 coordinator settings given (stage3_max_live_parameters, ...) are not used: the paper "
+                   "accounting has no coordinator (the realistic and implementation accountings replay it)")
     if plan.arch is not None and plan.work is not None:
         from memcalc.memory.scope import why_not
 
         why = why_not(plan.arch, plan.precision.name, plan.optimizer.name, plan.spec.name, plan.work, plan.tp,
                       plan.pp, plan.cp, plan.ep, plan.fsdp_version, lora=plan.lora, framework=plan.framework,
                       float8_all_gather=plan.float8_all_gather, sequence_parallel=plan.sequence_parallel,
-                      offload=plan.offloads, overlap_comm=plan.overlap_comm)
+                      offload=(plan.offload_optimizer, plan.offload_params), overlap_comm=plan.overlap_comm)
         if why is not None:
             out.append(f"realistic accounting (the peak of a real step) not used: {why}")
     return out

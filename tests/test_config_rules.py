@@ -29,7 +29,7 @@ def _yaml(tmp_path: Path, text: str) -> Path:
 
 def test_accelerate_rules(tmp_path: Path) -> None:
     r = read_accelerate(_yaml(tmp_path, "distributed_type: NO\nmixed_precision: bf16\n"))  # bare NO is false
-    assert r.arguments == {"ddp": True, "precision": "bf16-mixed", "gpus": 1}
+    assert r.arguments == {"ddp": True, "precision": "amp-bf16", "gpus": 1}  # one process: autocast over fp32
     assert any("bare NO" in n for n in r.notes)
     r = read_accelerate(_yaml(tmp_path, "distributed_type: FSDP\nnum_processes: 8\nfsdp_config:\n"
                                         "  fsdp_sharding_strategy: '2'\n"))  # fmt: skip

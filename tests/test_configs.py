@@ -137,7 +137,48 @@ def test_alpaca_zero3_offload_and_knobs_outside_implementation() -> None:
                            "offload_optimizer": "cpu", "offload_params": "cpu",
                            "reduce_bucket_size": 10_000_000}  # fmt: skip
     assert "zero_optimization.stage3_max_live_parameters" in r.read
-    assert any("accounting 'realistic' or 'implementation'" in n for n in r.notes)
+    assert any("accounting 'realistic', 'implementation' or 'auto'" in n for n in r.notes)
+
+
+def test_zero3_knobs_reach_the_default_accounting() -> None:
+    # estimate's default accounting is auto: the file's coordinator settings count where the answer is realistic
+    # (axolotl's zero3_bf16.json sets stage3_max_live_parameters and stage3_max_reuse_distance to 0)
+    ds = {"zero_optimization": {"stage": 3, "stage3_max_live_parameters": 0, "stage3_max_reuse_distance": 0},
+          "bf16": {"enabled": True}, "train_micro_batch_size_per_gpu": 1}  # fmt: skip
+    kw = dict(model="llama-3-8b", gpu="h100")
+    auto = read_deepspeed(ds, world_size=8, hidden=4096, accounting="auto", seq_len=2048).arguments
+    assert auto["max_live_parameters"] == 0 == auto["max_reuse_distance"] and auto["accounting"] == "auto"
+    told = read_deepspeed(ds, world_size=8, hidden=4096, accounting="realistic", seq_len=2048).arguments
+    got, want = memcalc.estimate(**auto, **kw), memcalc.estimate(**told, **kw)
+    assert got.accounting == "realistic" and got.memory.per_gpu.total == want.memory.per_gpu.total
+    defaults = read_deepspeed(ds, world_size=8, seq_len=2048).arguments  # paper: the settings left out
+    assert got.memory.per_gpu.total < memcalc.estimate(**defaults, accounting="auto", **kw).memory.per_gpu.total
+    # where auto answers with the paper's accounting (no shape) the settings are kept and said to be unused
+    bare = {k: v for k, v in auto.items() if k not in ("seq_len", "micro_batch")}
+    paper = memcalc.estimate(params=8e9, gpu="h100", **bare)
+    assert paper.accounting == "paper" and any("coordinator settings given" in n for n in paper.notes)
+
+
+def test_zero3_parameter_offload_alone_is_answered_not_refused() -> None:
+    # DeepSpeed runs offload_param without offload_optimizer (axolotl's zero3_bf16_cpuoffload_params.json); the
+    # realistic ZeRO-3 timeline does not model it, so the default answer is the paper's, with the reason
+    ds = {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}, "bf16": {"enabled": True},
+          "train_micro_batch_size_per_gpu": 1}  # fmt: skip
+    a = read_deepspeed(ds, world_size=8, seq_len=2048, accounting="auto").arguments
+    r = memcalc.estimate(model="llama-3-8b", gpu="h100", **a)
+    assert r.accounting == "paper" and r.input.strategy.offload_params == "cpu"
+    assert any("offload_param without offload_optimizer" in n for n in r.notes)
+    with pytest.raises(InputError, match="offload_param without offload_optimizer"):
+        memcalc.estimate(model="llama-3-8b", gpu="h100", **(a | {"accounting": "realistic"}))
+
+
+@pytest.mark.parametrize("kind, precision", [("MULTI_GPU", "amp-bf16"), ("NO", "amp-bf16"), ("FSDP", "bf16-mixed")])
+def test_accelerate_bf16_is_autocast_outside_fsdp_and_deepspeed(tmp_path, kind, precision) -> None:
+    # accelerate keeps fp32 weights and runs the forward under torch.autocast (native_amp); FSDP casts through
+    # its mixed-precision policy over fp32 shards
+    path = tmp_path / "config.yaml"
+    path.write_text(f"distributed_type: {kind}\nmixed_precision: bf16\nnum_processes: {1 if kind == 'NO' else 2}\n")
+    assert read_accelerate(path).arguments["precision"] == precision
 
 
 def test_accelerate_deepspeed_file_relative_to_launch_directory() -> None:
@@ -324,3 +365,18 @@ def test_overlap_comm_is_read_where_it_holds_a_bucket() -> None:
     r = read_deepspeed({"zero_optimization": {"stage": 3, "overlap_comm": True}})
     assert "overlap_comm" not in r.arguments
     assert any(i.startswith("zero_optimization.overlap_comm: stage 3: one gradient bucket") for i in r.ignored)
+
+
+def test_the_command_names_the_ignored_keys_of_a_file_the_yaml_points_at(monkeypatch) -> None:
+    # accelerate/deepspeed.yaml names ../deepspeed_config_templates/zero_stage1_config.json: its ignored keys are
+    # listed as file:key, not as the bare file name once per key
+    from typer.testing import CliRunner
+
+    from memcalc.cli import app
+
+    monkeypatch.chdir(DATA / "accelerate")
+    res = CliRunner().invoke(app, ["estimate", "--params", "1e9", "--accelerate-config", "deepspeed.yaml"])
+    assert res.exit_code == 0, res.output
+    line = next(x for x in res.stderr.splitlines() if "are ignored:" in x)
+    assert "zero_stage1_config.json:fp16.loss_scale_window" in line
+    assert ", ../deepspeed_config_templates/zero_stage1_config.json," not in line + ","

@@ -139,7 +139,10 @@ def test_settings_are_refused_where_they_do_not_apply(flag):
     with pytest.raises(ValueError, match="--stage 3"):
         memcalc.estimate(model="gpt2", stage=2, gpus=8, accounting="implementation", **{flag: 0})
     with pytest.raises(ValueError, match="--accounting realistic or implementation"):
-        memcalc.estimate(model="gpt2", stage=3, gpus=8, **{flag: 0})
+        memcalc.estimate(model="gpt2", stage=3, gpus=8, accounting="deepspeed-estimator", **{flag: 0})
+    # the paper's accounting (here what auto answers without a sequence length) keeps them and says they are unused
+    paper = memcalc.estimate(model="gpt2", stage=3, gpus=8, **{flag: 0})
+    assert paper.accounting == "paper" and any("coordinator settings given" in n for n in paper.notes)
     with pytest.raises(ValueError, match="0 or more"):
         memcalc.estimate(model="gpt2", stage=3, gpus=8, accounting="implementation", **{flag: -1})
 

@@ -56,7 +56,18 @@ def with_config(ctx: Any, kwargs: dict[str, Any], deepspeed: str | None, acceler
                 sys.stderr.write(f"memcalc: {reading.source}: {what}: {item}\n")
         if reading.ignored:
             sys.stderr.write(f"memcalc: {reading.source}: {len(reading.ignored)} keys do not change memory and are "
-                             f"ignored: {', '.join(x.split(':')[0] for x in reading.ignored)}\n")
+                             f"ignored: {', '.join(_key(x) for x in reading.ignored)}\n")
     kept = {k: v for k, v in kwargs.items() if k not in given}
     merged = merge_arguments(reading.arguments, {k: kwargs[k] for k in given})
+    if merged.get("stage") != 3:  # a typed --stage over the file's ZeRO-3: its stage3_* settings no longer apply
+        for key in ("max_reuse_distance", "max_live_parameters", "prefetch_bucket_size", "persistence_threshold"):
+            if key not in given:
+                merged.pop(key, None)
     return {**kept, **merged}
+
+
+def _key(entry: str) -> str:
+    """An ignored entry's key path without its reason ("path: reason"; a nested file's "file: path: reason" as
+    "file:path")."""
+    first, _, rest = entry.partition(": ")
+    return f"{first}:{rest.partition(': ')[0]}" if first.endswith((".json", ".yaml", ".yml")) and rest else first

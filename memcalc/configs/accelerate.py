@@ -64,6 +64,10 @@ SHARDING_NAMES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HY
 DDP_TYPES = ("MULTI_GPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA", "MULTI_XPU", "MULTI_HPU", "MULTI_NEURON")
 DISTRIBUTED_TYPES = ("NO", *DDP_TYPES, "DEEPSPEED", "FSDP", "MULTI_CPU", "XLA", "MEGATRON_LM")
 PRECISIONS = {"no": "fp32", "fp16": "fp16-mixed", "bf16": "bf16-mixed", "fp8": "bf16-mixed"}
+AUTOCAST = {"no": "fp32", "fp16": "amp-fp16", "bf16": "amp-bf16", "fp8": "amp-bf16"}
+"""One process or DDP: accelerate keeps the model's fp32 weights and runs the forward under ``torch.autocast``
+(accelerator.py ``native_amp``, ``get_mixed_precision_context_manager``); FSDP casts through its mixed-precision
+policy over fp32 shards (``PRECISIONS``' bf16-mixed)."""
 LAUNCH_ONLY = "launch setting"
 
 
@@ -129,7 +133,7 @@ def read_accelerate(
     else:
         c.arguments["ddp"] = True
     if "precision" not in c.arguments or kind != "DEEPSPEED":
-        c.arguments["precision"] = PRECISIONS[precision or "no"]
+        c.arguments["precision"] = (PRECISIONS if kind in ("FSDP", "DEEPSPEED") else AUTOCAST)[precision or "no"]
     if world is not None:
         c.arguments["gpus"] = world
     return c.freeze()

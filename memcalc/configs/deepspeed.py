@@ -64,8 +64,8 @@ def read_deepspeed(
     accumulation (fill ``"auto"``, must agree with integers); ``hidden``: the model's hidden size for the ZeRO
     ``"auto"`` buckets; ``tp``/``pp``: model-parallel degrees (dp = world / (tp x pp)); ``fp16``/``bf16``: the
     Trainer's --fp16/--bf16; ``seq_len``: adds the micro-batch to the arguments (activations need both);
-    ``accounting="realistic"`` or ``"implementation"`` also passes the ZeRO-3 coordinator knobs (the accountings that
-    use them).
+    ``accounting="realistic"``, ``"implementation"`` or ``"auto"`` also passes the ZeRO-3 coordinator knobs (the
+    accountings that use them; where ``auto`` answers with the paper's accounting a note says they are unused).
     """
     if isinstance(config, Mapping):
         data, name = dict(config), "<dict>"
@@ -325,12 +325,13 @@ def _zero_knobs(c: Collector, values: dict[str, Any], spelled: dict[str, str], s
         return
     if stage != 3:
         c.note(f"{', '.join(sorted(knobs))}: ZeRO-3 settings, unused at stage {stage}")
-    elif accounting in ("implementation", "realistic"):
-        c.arguments.update(knobs)
+    elif accounting in ("implementation", "realistic", "auto"):
+        c.arguments.update(knobs)  # where auto answers with the paper's accounting, a note says they are unused
         c.arguments["accounting"] = accounting
     else:
-        c.note("ZeRO-3 coordinator settings read; memcalc uses them with accounting 'realistic' or 'implementation' "
-               "(--accounting, or accounting= to read_deepspeed); otherwise DeepSpeed's defaults are assumed")  # fmt: skip
+        c.note("ZeRO-3 coordinator settings read; memcalc uses them with accounting 'realistic', 'implementation' "
+               "or 'auto' (--accounting, or accounting= to read_deepspeed); the paper's accounting has no "
+               "coordinator")  # fmt: skip
 
 
 def _activation_checkpointing(c: Collector, data: Mapping[str, Any]) -> None:

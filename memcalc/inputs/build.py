@@ -308,6 +308,13 @@ def build_input(
     the_optimizer = optimizer if isinstance(optimizer, Optimizer) else resolve_optimizer(optimizer)
     the_strategy = _strategy(stage, fsdp, ddp, strategy, offload_optimizer, offload_params, shard_group)
     the_lora = _lora(lora_rank, lora_targets, quantize)
+    knobs = [flag for flag, v in (("--max-reuse-distance", max_reuse_distance),
+                                  ("--max-live-parameters", max_live_parameters),
+                                  ("--prefetch-bucket-size", prefetch_bucket_size),
+                                  ("--persistence-threshold", persistence_threshold)) if v is not None]
+    if knobs and accounting == "paper":  # asked for by name; under auto the paper's answer notes them as unused
+        raise InputError(f"{', '.join(knobs)}: DeepSpeed ZeRO-3 coordinator settings, used only with --stage 3 and "
+                         "--accounting realistic or implementation (got --accounting paper)")
     if accounting == "auto":
         # The realistic answer wherever memcalc models the step's timeline; the paper's elsewhere (a note says why).
         from memcalc.memory.scope import why_not
@@ -317,7 +324,8 @@ def build_input(
                             lora=the_lora, framework=parallelism.framework,
                             float8_all_gather=float8_all_gather,
                             sequence_parallel=parallelism.sequence_parallel,
-                            offload=the_strategy.offloads, overlap_comm=bool(overlap_comm)) is None
+                            offload=(the_strategy.offload_optimizer, the_strategy.offload_params),
+                            overlap_comm=bool(overlap_comm)) is None
         accounting = "realistic" if realistic else "paper"
     if overheads is None:
         # CUDA context: the paper's round 0.5 GiB; the realistic accounting's measured 0.75 GiB (H100, torch 2.11).

@@ -200,7 +200,9 @@ class EstimateInput(Record):
         if fw.reduce_bucket_size is not None and spec.framework != "deepspeed":
             raise InputError(f"--reduce-bucket-size: DeepSpeed's gradient bucket; it needs --stage (got {spec.label})")
         z3 = self.framework.zero3_flags
-        if z3 and (spec.name != "zero-3" or self.accounting not in ("implementation", "realistic")):
+        # under the paper's accounting they are kept and a note says they are not used (a config file's settings,
+        # read for --accounting auto, stay with a step that auto answers with the paper's accounting)
+        if z3 and (spec.name != "zero-3" or self.accounting == "deepspeed-estimator"):
             raise InputError(f"{', '.join(z3)}: DeepSpeed ZeRO-3 coordinator settings, used only with --stage 3 and "
                              f"--accounting realistic or implementation (got {spec.label}, --accounting "
                              f"{self.accounting})")  # fmt: skip
@@ -269,7 +271,8 @@ class EstimateInput(Record):
             why = why_not(arch, self.precision.name, self.optimizer.name, self.strategy.spec.name, w, par.tp,
                           par.pp, par.cp, par.ep, self.framework.fsdp_version, lora=self.lora,
                           framework=par.framework, float8_all_gather=self.float8_all_gather,
-                          sequence_parallel=par.sequence_parallel, offload=self.strategy.offloads,
+                          sequence_parallel=par.sequence_parallel,
+                          offload=(self.strategy.offload_optimizer, self.strategy.offload_params),
                           overlap_comm=bool(self.framework.overlap_comm))
             if why is not None:
                 raise InputError(f"--accounting realistic: {why}; use --accounting paper")
@@ -298,7 +301,8 @@ class EstimateInput(Record):
                 why = why_not(arch, self.precision.name, self.optimizer.name, self.strategy.spec.name, w, par.tp,
                               par.pp, par.cp, par.ep, self.framework.fsdp_version, lora=self.lora,
                               framework=par.framework, float8_all_gather=self.float8_all_gather,
-                              sequence_parallel=par.sequence_parallel, offload=self.strategy.offloads,
+                              sequence_parallel=par.sequence_parallel,
+                          offload=(self.strategy.offload_optimizer, self.strategy.offload_params),
                               overlap_comm=bool(self.framework.overlap_comm))  # fmt: skip
                 raise InputError(f"{', '.join(extra)}: what the step holds moment by moment, modelled by the realistic "
                                  f"accounting, which does not apply here ({why or 'not chosen'}); --accounting "

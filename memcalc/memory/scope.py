@@ -38,10 +38,15 @@ def default_attention(arch: Any, accounting: str) -> str:
 
 def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any, tp: int = 1, pp: int = 1,
             cp: int = 1, ep: int = 1, fsdp_version: int = 2, lora: Any = None, framework: str | None = None,
-            float8_all_gather: bool = False, sequence_parallel: bool = False, offload: bool = False,
-            overlap_comm: bool = False) -> str | None:  # fmt: skip
-    """Why the realistic accounting does not apply to this set-up (one line), or None when it does."""
-    if offload and strategy not in ("zero-1", "zero-2", "zero-3", "FULL_SHARD"):
+            float8_all_gather: bool = False, sequence_parallel: bool = False,
+            offload: tuple[str, str] = ("none", "none"), overlap_comm: bool = False) -> str | None:  # fmt: skip
+    """Why the realistic accounting does not apply to this set-up (one line), or None when it does.
+
+    offload: (optimizer, parameters) devices."""
+    if strategy == "zero-3" and offload[1] != "none" and offload[0] == "none":
+        return ("zero-3 offload_param without offload_optimizer: the realistic ZeRO-3 timeline was traced with the "
+                "parameters offloaded together with the optimizer; the paper accounting counts this one")
+    if offload != ("none", "none") and strategy not in ("zero-1", "zero-2", "zero-3", "FULL_SHARD"):
         return ("offload: the realistic accounting models DeepSpeed ZeRO-1/2/3's CPU/NVMe offload and FSDP2 "
                 "FULL_SHARD's CPUOffloadPolicy; the paper accounting counts the others")
     if overlap_comm and strategy == "zero-1":

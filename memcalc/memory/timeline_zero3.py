@@ -153,8 +153,9 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
     # already counted (that case was traced with no persistent parameters only).
     whole = 2 * sum(persistent(arch, settings).values()) if dp > 1 else 0
     if offload_params and not offload_optimizer:
-        raise InputError("offload_param without offload_optimizer: DeepSpeed offloads the parameters only together "
-                         "with the optimizer (give both)")
+        raise InputError("offload_param without offload_optimizer: the ZeRO-3 timeline models parameter offload "
+                         "together with optimizer offload only (DeepSpeed runs either alone); --accounting paper "
+                         "counts this one")
     on_gpu = [] if offload_params else [("parameters (bf16 partitions)", 2 * p3)]
     if not offload_optimizer:
         on_gpu += [("fp32 master partitions", 4 * p3), ("optimizer states (fp32 moments)", 8 * p3 + 4 * len(groups)),
