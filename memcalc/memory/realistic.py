@@ -207,10 +207,10 @@ def _finish(plan: Plan, tl: Any, allocated: int, ddp_buckets: int, comm_groups: 
     held, pools = reserved_peak(tl.moments, tl.loss_moment, tl.loss_cache, streams)
     cached = max(0, held - peak.live_bytes)
     reserved = max(f.peak_reserved, min(f.peak_reserved + cached, plan.usable_bytes - context - comm))
+    what = ([f"the loss's freed logits {tl.loss_cache / GiB:.2f} GiB"] * (tl.loss_cache > 0)
+            + [f"FSDP2's {name} pool of {b / GiB:.2f} GiB" for (name, _), b in zip(POOLS, pools) if b])
     kept = (f"; max_memory_reserved also holds {(reserved - f.peak_reserved) / GiB:.2f} GiB of cached blocks the "
-            "peak cannot use (" + ", ".join([f"the loss's freed logits {tl.loss_cache / GiB:.2f} GiB"] * (tl.loss_cache > 0)
-                                            + [f"FSDP2's {name} pool of {b / GiB:.2f} GiB" for (name, _), b in
-                                               zip(POOLS, pools) if b])
+            "peak cannot use (" + ", ".join(what)
             + (", less the pools' blocks alive at the peak" if any(pools) else "") + "; memory/reserved.py), released "
             "before an allocation fails") if reserved > f.peak_reserved else ""  # fmt: skip
     rows += [
@@ -247,7 +247,8 @@ def notes(plan: Plan) -> list[str]:
            f"{'DeepSpeedCPUAdam on the host' if plan.offload_optimizer != 'none' else 'AdamW ' + w.optimizer_impl}); the rows are what is alive at that moment",
            "peak_allocated is what torch.cuda.max_memory_allocated reports; peak_reserved adds the caching allocator's "
            "least measured gap (0.3 GiB) and the cached blocks the peak cannot use (the loss's freed bf16 logits, "
-           "FSDP2's stream pools: memory/reserved.py), which the allocator releases before it fails; the verdict is at-risk when the margin left is under the widest gap measured "
+           "FSDP2's stream pools: memory/reserved.py), which the allocator releases before it fails; the verdict is "
+           "at-risk when the margin left is under the widest gap measured "
            f"for a step of this size ({GAP_FRACTION * 100:.1f} % of the allocated peak, at most {GAP_HIGH / GiB:.1f} "
            "GiB) or the largest single request at the peak, oom when it is under 0.3 GiB"]
     if w.compile and w.recompute != "none":

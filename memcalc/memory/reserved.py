@@ -22,9 +22,9 @@ cached blocks that the requests at a step's peak cannot use, each read from the 
 Both leave wholly free segments, which ``release_cached_blocks`` gives back before a ``cudaMalloc`` fails: they
 raise ``max_memory_reserved`` when the GPU has room, never the verdict.
 
-Not modelled: the first step's optimizer states, created lazily inside ``optimizer.step()`` into blocks the
-activations left, which can displace a later step's loss into one more segment (``memcalc trace`` replays that
-per tensor, docs/timeline.md), and fragmentation among the layers' own tensors.
+Not modelled: a chunked loss's freed chunks; the first step's optimizer states, created lazily inside
+``optimizer.step()`` into blocks the activations left, which can displace a later step's loss into one more segment
+(``memcalc trace`` replays that per tensor, docs/timeline.md); fragmentation among the layers' own tensors.
 """
 
 from __future__ import annotations
@@ -47,9 +47,10 @@ def loss_events(tokens: int, vocab: int, width: int, option: str = "standard", c
     logits, their fp32 copy, log-softmax's fp32 output (saved); the copy and the logits freed; backward: NLL's
     gradient, log-softmax's input gradient, the cast back to the logits' dtype. parallel (torch
     ``distributed/tensor/parallel/loss.py``): the same around ``_log_softmax``'s ``shifted`` (alive until its result
-    is made) and ``exp(shifted)`` (summed and freed before), and its backward's ``zeros_like``, ``exp`` and their sum (``memcalc.memory.timeline_tp.parallel_loss``).
-    compiled: inductor's fused kernels save the logits and write their gradient (``saved.loss_transient``).
-    chunked:N and fused make no logit-sized block that a later request of another size needs: no events."""
+    is made) and ``exp(shifted)`` (summed and freed before), and its backward's ``zeros_like``, ``exp`` and their
+    sum (``memcalc.memory.timeline_tp.parallel_loss``). compiled: inductor's fused kernels save the logits and write
+    their gradient (``saved.loss_transient``). chunked:N and fused are not replayed (no events): fused makes no
+    logits; a chunked loss's blocks are a chunk's size each, and what its freed chunks leave is not counted."""
     n = tokens * vocab
     d, f = width * n, 4 * n
     if option != "standard":
