@@ -64,8 +64,11 @@ def test_side_stream_pools_are_reserved_for_the_whole_step():
                Moment("backward", "loss", 300, (("activations", 300),)),
                Moment("optimizer", "step", 150, (("parameters", 100), ("gradients (shards)", 50)))]
     # default stream: its own bytes at each moment (60, 300, 100), the loss's cache at moment 1
-    assert reserved_peak(moments, 1, 20, streams=True) == (300 + 20 + 40 + 50, [40, 50])
-    assert reserved_peak(moments, 1, 20, streams=False) == (320, [0, 0])
+    assert reserved_peak(moments, 1, 20, streams=True) == (300 + 20 + 40 + 50, [40, 50], True)
+    assert reserved_peak(moments, 1, 20, streams=False) == (320, [0, 0], True)
+    # the loss's cache counts only where its moment is the default stream's peak
+    assert reserved_peak(moments, 0, 20, streams=True) == (300 + 40 + 50, [40, 50], False)
+    assert reserved_peak(moments, 0, 20, streams=False) == (300, [0, 0], False)
 
 
 def _titan(**kw):

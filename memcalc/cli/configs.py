@@ -30,7 +30,13 @@ def with_config(ctx: Any, kwargs: dict[str, Any], deepspeed: str | None, acceler
         return kwargs
     if len(files) > 1:
         raise InputError(f"{' and '.join(f for f, _ in files)} cannot be combined; choose one config file")
-    from memcalc.configs import merge_arguments, read_accelerate, read_deepspeed, read_torchtitan
+    from memcalc.configs import (
+        merge_arguments,
+        read_accelerate,
+        read_deepspeed,
+        read_torchtitan,
+    )
+    from memcalc.configs.deepspeed_keys import ZERO3_KNOBS
 
     given = typed(ctx) & set(kwargs)
     mb = kwargs.get("micro_batch") if "micro_batch" in given and kwargs.get("micro_batch") != "auto" else None
@@ -60,7 +66,7 @@ def with_config(ctx: Any, kwargs: dict[str, Any], deepspeed: str | None, acceler
     kept = {k: v for k, v in kwargs.items() if k not in given}
     merged = merge_arguments(reading.arguments, {k: kwargs[k] for k in given})
     if merged.get("stage") != 3:  # a typed --stage over the file's ZeRO-3: its stage3_* settings no longer apply
-        for key in ("max_reuse_distance", "max_live_parameters", "prefetch_bucket_size", "persistence_threshold"):
+        for key in ZERO3_KNOBS.values():
             if key not in given:
                 merged.pop(key, None)
     return {**kept, **merged}

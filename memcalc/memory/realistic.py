@@ -204,10 +204,10 @@ def _finish(plan: Plan, tl: Any, allocated: int, ddp_buckets: int, comm_groups: 
     # side-stream pools. Wholly free segments, released before a cudaMalloc fails: max_memory_reserved shows them
     # up to what the GPU leaves the allocator; the verdict and the total do not count them.
     streams = plan.spec.name == "FULL_SHARD" and plan.fsdp_version == 2
-    held, pools = reserved_peak(tl.moments, tl.loss_moment, tl.loss_cache, streams)
+    held, pools, loss_binds = reserved_peak(tl.moments, tl.loss_moment, tl.loss_cache, streams)
     cached = max(0, held - peak.live_bytes)
     reserved = max(f.peak_reserved, min(f.peak_reserved + cached, plan.usable_bytes - context - comm))
-    what = ([f"the loss's freed logits {tl.loss_cache / GiB:.2f} GiB"] * (tl.loss_cache > 0)
+    what = ([f"the loss's freed logits {tl.loss_cache / GiB:.2f} GiB"] * loss_binds
             + [f"FSDP2's {name} pool of {b / GiB:.2f} GiB" for (name, _), b in zip(POOLS, pools) if b])
     kept = (f"; max_memory_reserved also holds {(reserved - f.peak_reserved) / GiB:.2f} GiB of cached blocks the "
             "peak cannot use (" + ", ".join(what)

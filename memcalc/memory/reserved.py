@@ -105,9 +105,10 @@ def _pool_of(name: str) -> int:
     return i
 
 
-def reserved_peak(moments, loss_moment: int = -1, loss_cache: int = 0, streams: bool = False) -> tuple[int, list[int]]:
-    """The reserved peak of a timeline (``memcalc.memory.timeline.Moment``s), less the allocator's least gap, and
-    the side-stream pools' bytes in it.
+def reserved_peak(moments, loss_moment: int = -1, loss_cache: int = 0,
+                  streams: bool = False) -> tuple[int, list[int], bool]:  # fmt: skip
+    """The reserved peak of a timeline (``memcalc.memory.timeline.Moment``s), less the allocator's least gap; the
+    side-stream pools' bytes in it; whether the loss's cached bytes are in it.
 
     The default stream reserves at least its own live bytes at every moment, and from the loss's peak
     (``loss_moment``) on at least that moment's bytes plus ``loss_cache`` (segments are kept: reserved never falls).
@@ -116,10 +117,10 @@ def reserved_peak(moments, loss_moment: int = -1, loss_cache: int = 0, streams: 
     pools = [0] * len(POOLS)
     if not streams:
         default = max(m.live_bytes for m in moments)
-        if 0 <= loss_moment < len(moments):
-            default = max(default, moments[loss_moment].live_bytes + loss_cache)
-        return default, pools
-    default, memo, side = 0, _POOL_OF, [0] * len(POOLS)
+        at_loss = moments[loss_moment].live_bytes + loss_cache if 0 <= loss_moment < len(moments) else 0
+        return max(default, at_loss), pools, at_loss > default
+    default = at_loss = 0
+    memo, side = _POOL_OF, [0] * len(POOLS)
     for i, m in enumerate(moments):
         for k in range(len(side)):
             side[k] = 0
@@ -131,8 +132,11 @@ def reserved_peak(moments, loss_moment: int = -1, loss_cache: int = 0, streams: 
                 side[k] += b
         for k, x in enumerate(side):
             pools[k] = max(pools[k], x)
-        default = max(default, m.live_bytes - sum(side) + (loss_cache if i == loss_moment else 0))
-    return default + sum(pools), pools
+        own = m.live_bytes - sum(side)
+        if i == loss_moment:
+            at_loss = own + loss_cache
+        default = max(default, own)
+    return max(default, at_loss) + sum(pools), pools, at_loss > default
 
 
 __all__ = ["POOLS", "cached_at_peak", "loss_cached", "loss_events", "reserved_peak"]
