@@ -5,6 +5,7 @@ The sample files are published configs (tests/data/configs/README.md names each 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -181,6 +182,22 @@ def test_accelerate_bf16_is_autocast_outside_fsdp_and_deepspeed(tmp_path, kind, 
     assert read_accelerate(path).arguments["precision"] == precision
 
 
+def test_accelerate_sequence_parallel_under_deepspeed_is_named_not_ignored(tmp_path) -> None:
+    # accelerate reads parallelism_config's sp sizes under DEEPSPEED (Ulysses/ALST): a memory change memcalc does
+    # not model, said as such; its mesh sizes are FSDP2's; an unknown key is refused as under FSDP
+    path = tmp_path / "config.yaml"
+    body = ("distributed_type: DEEPSPEED\nnum_processes: 8\ndeepspeed_config:\n  zero_stage: 3\n"
+            "parallelism_config:\n  parallelism_config_sp_size: 4\n  parallelism_config_sp_backend: deepspeed\n")
+    path.write_text(body)
+    r = read_accelerate(path)
+    assert [u.partition(":")[0] for u in r.unmodelled] == ["parallelism_config.parallelism_config_sp_size"]
+    assert "parallelism_config.parallelism_config_sp_backend: sequence parallelism setting" in r.ignored
+    assert r.arguments["stage"] == 3
+    path.write_text(body + "  parallelism_config_sp_sise: 2\n")
+    with pytest.raises(InputError, match=r"parallelism_config\.parallelism_config_sp_sise: unknown key"):
+        read_accelerate(path)
+
+
 def test_accelerate_deepspeed_file_relative_to_launch_directory() -> None:
     r = read_accelerate(DATA / "accelerate" / "deepspeed.yaml", cwd=DATA / "accelerate")
     assert r.arguments == {"gpus": 2, "grad_accum": 1, "optimizer": "adamw", "stage": 1, "precision": "fp16-mixed",
@@ -332,6 +349,22 @@ def test_deepspeed_key_sets_match_the_installed_deepspeed() -> None:
     assert set(K.TENSOR_PARALLEL_KEYS) == set(tp_fields) | {f.alias for f in tp_fields.values() if f.alias}
     assert set(K.ACTIVATION_CHECKPOINTING_KEYS) == set(ACT_CHKPT_DEFAULT)
     assert set(K.ZERO_REMOVED) == set(_REMOVED_ZERO_CONFIG_KEYS)
+    from deepspeed.compile.config import CompileConfig
+
+    assert set(K.COMPILE_KEYS) == set(CompileConfig.model_fields)
+
+
+def test_compile_section_keys_deepspeed_refuses_are_refused() -> None:
+    # DeepSpeed builds CompileConfig(**section) (extra="forbid"): "backend" is torch.compile's argument, not a key
+    with pytest.raises(InputError, match=r"compile\.backend: unknown key"):
+        read_deepspeed({"train_micro_batch_size_per_gpu": 1, "compile": {"deepcompile": True, "backend": "inductor"}})
+    with pytest.raises(InputError, match=r"compile\.disable: unknown key"):
+        read_deepspeed({"train_micro_batch_size_per_gpu": 1, "compile": {"disable": False}})
+    reading = read_deepspeed({"train_micro_batch_size_per_gpu": 1, "compile": {"deepcompile": True}})
+    assert any(entry.startswith("compile:") for entry in reading.unmodelled)
+    if importlib.util.find_spec("deepspeed") is not None:  # and DeepSpeed itself refuses the file
+        with pytest.raises(Exception, match="backend"):
+            _deepspeed_accepts({"compile": {"deepcompile": True, "backend": "inductor"}})
 
 
 @pytest.mark.parametrize("config", [
@@ -340,6 +373,7 @@ def test_deepspeed_key_sets_match_the_installed_deepspeed() -> None:
     {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}},
     {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": "3"}, "bf16": {"enabled": True}},
     {"train_micro_batch_size_per_gpu": 2, "zero_optimization": True, "my_notes": 1},
+    {"train_micro_batch_size_per_gpu": 2, "compile": {"deepcompile": True, "free_activation": True}},
 ])  # fmt: skip
 def test_deepspeed_accepts_inline_configs_the_reader_accepts(config: dict) -> None:
     read_deepspeed(config, world_size=1)
@@ -380,3 +414,33 @@ def test_the_command_names_the_ignored_keys_of_a_file_the_yaml_points_at(monkeyp
     line = next(x for x in res.stderr.splitlines() if "are ignored:" in x)
     assert "zero_stage1_config.json:fp16.loss_scale_window" in line
     assert ", ../deepspeed_config_templates/zero_stage1_config.json," not in line + ","
+
+
+def test_the_command_says_flags_where_the_reader_names_arguments(tmp_path) -> None:
+    # the readers' notes name memcalc.estimate's arguments; a command-line user is told the flags
+    from typer.testing import CliRunner
+
+    from memcalc.cli import app
+
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"train_batch_size": 16, "gradient_accumulation_steps": 2,
+                                "zero_optimization": {"stage": 2}}))  # fmt: skip
+    res = CliRunner().invoke(app, ["estimate", "--params", "1e9", "--deepspeed", str(path)])
+    assert res.exit_code == 2 and "give --gpus" in res.stderr and "world_size=" not in res.stderr, res.output
+    res = CliRunner().invoke(app, ["estimate", "--params", "1e9", "--deepspeed", str(path), "--gpus", "8"])
+    assert res.exit_code == 0, res.output
+    assert "micro-batch 1 per GPU: give --seq-len to count activations" in res.stderr, res.stderr
+
+
+def test_an_error_over_a_flag_the_file_gave_names_the_file(tmp_path) -> None:
+    # tensor_parallel.autotp_size gives --tp; the error about --tp says where it came from
+    from typer.testing import CliRunner
+
+    from memcalc.cli import app
+
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "tensor_parallel": {"autotp_size": 4}}))
+    res = CliRunner().invoke(app, ["estimate", "--params", "7e9", "--gpus", "8", "--deepspeed", str(path)])
+    assert res.exit_code == 2
+    assert res.stderr.strip().endswith(f"(--tp 4 is read from {path})"), res.stderr
+    assert "--tp needs the model's shape" in res.stderr

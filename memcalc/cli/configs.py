@@ -7,6 +7,7 @@ holds that memcalc does not model, or that does not change memory, is said on st
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,10 @@ def typed(ctx: Any) -> set[str]:
 
 
 def with_config(ctx: Any, kwargs: dict[str, Any], deepspeed: str | None, accelerate: str | None,
-                torchtitan: str | None, *, quiet: bool = False) -> dict[str, Any]:
-    """``kwargs`` (the command's arguments for ``memcalc.estimate``) with a config file's arguments beneath them."""
+                torchtitan: str | None, *, quiet: bool = False, origin: dict[str, str] | None = None) -> dict[str, Any]:
+    """``kwargs`` (the command's arguments for ``memcalc.estimate``) with a config file's arguments beneath them.
+
+    origin: filled with the arguments the file gave (name -> the file), for ``blame``."""
     files = [(flag, f) for flag, f in (("--deepspeed", deepspeed), ("--accelerate-config", accelerate),
                                        ("--torchtitan-config", torchtitan)) if f is not None]
     if not files:
@@ -49,22 +52,27 @@ def with_config(ctx: Any, kwargs: dict[str, Any], deepspeed: str | None, acceler
     world = kwargs["gpus"] if "gpus" in given else None
     common = dict(world_size=world, micro_batch=mb, grad_accum=kwargs.get("grad_accum"), hidden=hidden,
                   seq_len=kwargs.get("seq_len"), accounting=kwargs.get("accounting", "paper"))
-    if deepspeed is not None:
-        reading = read_deepspeed(deepspeed, tp=kwargs["tp"] if "tp" in given else None, pp=kwargs.get("pp", 1),
-                                 **common)
-    elif accelerate is not None:
-        reading = read_accelerate(accelerate, cwd=Path.cwd(), **common)
-    else:
-        reading = read_torchtitan(torchtitan, world_size=world)  # type: ignore[arg-type]
+    try:
+        if deepspeed is not None:
+            reading = read_deepspeed(deepspeed, tp=kwargs["tp"] if "tp" in given else None, pp=kwargs.get("pp", 1),
+                                     **common)
+        elif accelerate is not None:
+            reading = read_accelerate(accelerate, cwd=Path.cwd(), **common)
+        else:
+            reading = read_torchtitan(torchtitan, world_size=world)  # type: ignore[arg-type]
+    except InputError as e:
+        raise InputError(as_flags(str(e))) from None
     if not quiet:
         for what, items in (("not modelled", reading.unmodelled), ("note", reading.notes)):
             for item in items:
-                sys.stderr.write(f"memcalc: {reading.source}: {what}: {item}\n")
+                sys.stderr.write(f"memcalc: {reading.source}: {what}: {as_flags(item)}\n")
         if reading.ignored:
             sys.stderr.write(f"memcalc: {reading.source}: {len(reading.ignored)} keys do not change memory and are "
                              f"ignored: {', '.join(_key(x) for x in reading.ignored)}\n")
     kept = {k: v for k, v in kwargs.items() if k not in given}
     merged = merge_arguments(reading.arguments, {k: kwargs[k] for k in given})
+    if origin is not None:
+        origin.update({k: reading.source for k in reading.arguments if k not in given})
     if merged.get("stage") != 3:  # a typed --stage over the file's ZeRO-3: its stage3_* settings no longer apply
         for key in ZERO3_KNOBS.values():
             if key not in given:
@@ -77,3 +85,24 @@ def _key(entry: str) -> str:
     "file:path")."""
     first, _, rest = entry.partition(": ")
     return f"{first}:{rest.partition(': ')[0]}" if first.endswith((".json", ".yaml", ".yml")) and rest else first
+
+
+# The readers' notes name memcalc.estimate's arguments ("pass micro_batch="); on the command line they are flags.
+FLAGS = {"world_size": "--gpus", "micro_batch": "--micro-batch", "seq_len": "--seq-len", "recompute": "--recompute",
+         "hidden": "--hidden", "model": "--model", "hf_config": "--hf-config", "tp": "--tp", "pp": "--pp"}
+
+
+def as_flags(text: str) -> str:
+    """A reader's message with the API arguments it names (``micro_batch=``) written as the command's flags."""
+    text = re.sub(r"\b([a-z_]+)=(?=[\s),;]|$)", lambda m: FLAGS.get(m[1], m[0]), text)
+    return text.replace("pass --", "give --")
+
+
+def blame(error: InputError, arguments: dict[str, Any], origin: dict[str, str]) -> InputError:
+    """``error`` with the file named where a flag it names was not typed but read from a config file."""
+    text = str(error)
+    for name, source in origin.items():
+        flag = "--" + name.replace("_", "-")
+        if re.search(rf"{re.escape(flag)}(?![\w-])", text):
+            text += f" ({flag} {arguments.get(name)} is read from {source})"
+    return InputError(text)

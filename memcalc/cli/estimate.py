@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from memcalc.cli.app import Command, app, micro_batch_arg, output_format, positive, run_or_fail, show, units_arg
-from memcalc.cli.configs import with_config
+from memcalc.cli.configs import blame, with_config
 from memcalc.cli.options import (
     ClusterOpt,
     HostGbps,
@@ -207,7 +207,12 @@ def estimate(
             lora_rank=lora_rank, lora_targets=lora_targets, quantize=quantize.strip().lower(),
             float8=float8, float8_all_gather=float8_all_gather,
         )  # fmt: skip
-        result = run(**with_config(ctx, kwargs, deepspeed, accelerate_config, torchtitan_config))
+        origin: dict[str, str] = {}
+        arguments = with_config(ctx, kwargs, deepspeed, accelerate_config, torchtitan_config, origin=origin)
+        try:
+            result = run(**arguments)
+        except InputError as e:
+            raise blame(e, arguments, origin) from None
         show(result, output_format(fmt, json), u)
 
     run_or_fail(go)

@@ -113,9 +113,12 @@ def read_accelerate(
             c.unmodelled("fp8_config", "fp8 recipe")
         else:
             c.ignore("fp8_config", "mixed_precision is not fp8")
-    for section, owner in (("deepspeed_config", "DEEPSPEED"), ("fsdp_config", "FSDP"), ("parallelism_config", "FSDP")):
-        if section in data and kind != owner and data[section]:
+    for section, owners in (("deepspeed_config", ("DEEPSPEED",)), ("fsdp_config", ("FSDP",)),
+                            ("parallelism_config", ("FSDP", "DEEPSPEED"))):  # fmt: skip
+        if section in data and kind not in owners and data[section]:
             c.ignore(section, f"distributed_type {kind} does not use it")
+    if kind == "DEEPSPEED" and data.get("parallelism_config"):
+        _deepspeed_sequence_parallel(c, as_mapping(c, "parallelism_config", data["parallelism_config"]))
     if grad_accum is not None and kind != "DEEPSPEED":
         c.arguments["grad_accum"] = grad_accum
     if seq_len is not None and kind != "DEEPSPEED":
@@ -364,6 +367,25 @@ def _sharding(c: Collector, fsdp: Mapping[str, tuple[str, Any]], version: int) -
     if not found:
         c.note("no sharding strategy given: accelerate's default, FULL_SHARD")
     return next(iter(found.values()), "FULL_SHARD")
+
+
+def _deepspeed_sequence_parallel(c: Collector, section: Mapping[str, Any]) -> None:
+    """parallelism_config under DeepSpeed: accelerate reads its sp sizes (Ulysses/ALST sequence parallelism, which
+    DeepSpeed runs with its own groups: parallelism_config.py ``build_device_mesh`` skips the mesh); the mesh sizes
+    are FSDP2's."""
+    for key, value in section.items():
+        short = key.removeprefix("parallelism_config_")
+        path = f"parallelism_config.{key}"
+        if short not in PARALLELISM_KEYS:
+            raise c.fail(path, f"unknown key{near(short, PARALLELISM_KEYS)}; accepted: parallelism_config_ + "
+                               f"{', '.join(PARALLELISM_KEYS)}")  # fmt: skip
+        if short == "sp_size" and as_int(c, path, value, minimum=1) > 1:
+            c.unmodelled(path, "DeepSpeed Ulysses/ALST sequence parallelism (activations split over the sequence, "
+                               "ZeRO over data x sequence ranks); counted without it")  # fmt: skip
+        elif short.startswith("sp_"):
+            c.ignore(path, "sequence parallelism off (sp_size 1)" if short == "sp_size" else "sequence parallelism setting")
+        else:
+            c.ignore(path, "FSDP2's device mesh; DeepSpeed does not build it")
 
 
 def _mesh(c: Collector, data: Mapping[str, Any], version: int, world: int | None) -> tuple[int, int, int, int]:

@@ -96,6 +96,8 @@ def _check_top(c: Collector, data: Mapping[str, Any]) -> None:
         if key in K.TOP_IGNORED:
             c.ignore(key, K.TOP_IGNORED[key])
         elif key in K.TOP_UNMODELLED:
+            if key == "compile":  # DeepSpeed builds CompileConfig(**section): an unknown key fails the file
+                refuse_unknown(c, key, as_mapping(c, key, value), K.COMPILE_KEYS)
             if key == "torch_autocast" and isinstance(value, dict) and value.get("enabled") is not True:
                 c.ignore(key, "not enabled")
             else:

@@ -121,6 +121,13 @@ TENSOR_PARALLEL_KEYS = ("autotp_size", "tp_overlap_comm", "vocab_parallel_lm_hea
                         "tp", "tensor_parallel", "dtype", "injection_policy_tuple", "partition_config", "preset_model",
                         "keep_module_on_host", "replace_with_kernel_inject", "kernel_inject")  # fmt: skip
 
+# compile (DeepSpeed 0.19 compile/config.py ``CompileConfig``, ``extra="forbid"``): DeepCompile's options. Whether
+# the model is compiled is the training script's call (``engine.compile()``), not a key of this section.
+COMPILE_KEYS = ("deepcompile", "autoep_non_moe", "free_activation", "free_activation_threshold", "offload_activation",
+                "offload_activation_pin_memory", "offload_opt_states", "double_buffer", "symmetric_memory",
+                "debug_log", "offload_parameters", "sync_before_reduce", "sync_after_reduce", "sync_before_allgather",
+                "sync_after_allgather", "keep_int_input_tensors", "keep_all_input_tensors", "passes")  # fmt: skip
+
 # optimizer.type (case-insensitive) -> memcalc optimizer, and what the mapping leaves out.
 # DeepSpeed's own optimizers (runtime/config.py DEEPSPEED_OPTIMIZERS); other names are torch.optim classes.
 OPTIMIZERS: dict[str, tuple[str | None, str | None]] = {
