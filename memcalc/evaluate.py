@@ -115,7 +115,7 @@ def _stage(plan: Plan, k: int, st: object) -> tuple[StageLoad, list[Row], list[R
 
         states, issued = implementation.model_state_rows(plan)
     else:
-        states = paper.model_state_rows(plan, groups)
+        states = paper.model_state_rows(plan, groups, k)
     gpu: list[Row] = []
     host: list[Row] = []
     ms = a = 0
@@ -128,9 +128,13 @@ def _stage(plan: Plan, k: int, st: object) -> tuple[StageLoad, list[Row], list[R
     flight = 0.0
     if st is not None:
         acts, flight = paper.activation_rows(plan, k, st)  # type: ignore[arg-type]
-        for r in acts:
-            a += r.bytes
         gpu += acts
+        if plan.virtual_stages > 1 and paper.fsdp_under_pipeline(plan):
+            from memcalc.memory.pipeline import interleave_fsdp
+
+            gpu, flight = interleave_fsdp(plan, k, gpu, flight)
+            ms = sum(r.bytes for r in gpu if r.category == "model_state")
+        a = sum(r.bytes for r in gpu if r.category == "activation")
     gpu += overhead_rows(plan.cuda_context, plan.reserve)
     layers = paper.layer_count(plan, k) if plan.arch else 0
     load = StageLoad(k, psi_k, layers, flight, ms, a, ms + a + plan.cuda_context + plan.reserve)

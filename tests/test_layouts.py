@@ -340,3 +340,21 @@ def test_torchtitan_reduces_fsdp_gradients_in_fp32():
                    if c.op == "reduce-scatter") for fw in ("torchtitan", "hf")}
     assert (rs["torchtitan"].dtype, rs["hf"].dtype) == ("fp32", "bf16")
     assert rs["torchtitan"].payload_bytes_per_call == 2 * rs["hf"].payload_bytes_per_call == 4 * 8_030_261_248
+
+
+def test_float8_all_gather_keeps_the_pipeline_stage_gathered_in_fp8():
+    # torchao's fsdp_post_all_gather wraps the gathered fp8 bytes: under PP they stay gathered all step, 1 byte per
+    # converted weight element, the embedding, norms and head in bf16
+    from memcalc.inputs.presets import load_model
+    from memcalc.model.float8 import layer_weights
+
+    kw = dict(model="llama-3-8b", gpus=16, pp=2, fsdp="FULL_SHARD", fsdp_version=2, seq_len=2048, grad_accum=4,
+              gpu="h100", framework="torchtitan", precision="bf16-mixed", float8="tensorwise")
+    plain = memcalc.estimate(**kw)
+    fp8 = memcalc.estimate(**kw, float8_all_gather=True)
+    rows = lambda e: {r.key: r.bytes for r in e.memory.per_gpu.rows}  # noqa: E731
+    stage = max(plain.memory.stages, key=lambda s: s.total)
+    n8 = stage.layers * layer_weights(load_model("llama-3-8b"), 1)
+    assert rows(plain)["pipeline_gathered_parameters"] == 2 * stage.parameters
+    assert rows(fp8)["pipeline_gathered_parameters"] == 2 * stage.parameters - n8
+    assert rows(fp8)["pipeline_unsharded_gradients"] == rows(plain)["pipeline_unsharded_gradients"]

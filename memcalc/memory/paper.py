@@ -97,8 +97,8 @@ def moe_layers(plan: Plan, stage: int) -> int:
     return sum(_moe_layers(plan.arch, r.start, r.stop) for r in stage_chunks(plan, stage))
 
 
-def model_state_rows(plan: Plan, groups: list[ParamGroup]) -> list[Row]:
-    """Every model-state tensor of one rank, one row per tensor per location it occupies."""
+def model_state_rows(plan: Plan, groups: list[ParamGroup], stage: int = 0) -> list[Row]:
+    """Every model-state tensor of one rank (of pipeline stage ``stage``), one row per tensor per location."""
     if plan.lora is not None:
         return lora_state_rows(plan, groups[0])
     p, opt, spec = plan.precision, plan.optimizer, plan.spec
@@ -114,7 +114,7 @@ def model_state_rows(plan: Plan, groups: list[ParamGroup]) -> list[Row]:
                  (shard if spec.shards_optimizer else psi) * opt.moments * b_mom)
         rows = [Row(key, label, size, "gpu", "model_state", detail) for key, (label, detail, _), size
                 in zip(_STATE_KEYS, _state_labels(p, opt, spec, plan.shard_group_size), sizes)]
-        return rows + pipeline_fsdp_rows(plan, groups) if plan.pp > 1 else rows
+        return rows + pipeline_fsdp_rows(plan, groups, stage) if plan.pp > 1 else rows
     placed = [
         (
             states.parameter_bytes(g.psi, p.param_bytes, spec.shards_params, g.n, param_dev),
@@ -135,7 +135,7 @@ def model_state_rows(plan: Plan, groups: list[ParamGroup]) -> list[Row]:
             rows.append(Row(key, label, cpu, "cpu", "model_state", "on cpu: " + detail))
         if nvme:
             rows.append(Row(key, label, nvme, "nvme", "model_state", "on nvme: " + detail))
-    return rows + pipeline_fsdp_rows(plan, groups) if plan.pp > 1 else rows
+    return rows + pipeline_fsdp_rows(plan, groups, stage) if plan.pp > 1 else rows
 
 
 def lora_state_rows(plan: Plan, group: ParamGroup) -> list[Row]:
@@ -191,7 +191,7 @@ def fsdp_under_pipeline(plan: Plan) -> bool:
             and composition(plan.framework).fsdp_in_pipeline)
 
 
-def pipeline_fsdp_rows(plan: Plan, groups: list[ParamGroup]) -> list[Row]:
+def pipeline_fsdp_rows(plan: Plan, groups: list[ParamGroup], stage: int = 0) -> list[Row]:
     """What a pipeline stage under FSDP2 keeps unsharded for the whole step. torchtitan does not reshard after
     forward when pipelining ("to avoid per-microbatch all-gathers", torchtitan/distributed/fsdp.py
     ``get_fsdp_reshard_after_forward_policy``: default = ``not pp_enabled``), and the pipeline stage turns gradient
@@ -199,14 +199,23 @@ def pipeline_fsdp_rows(plan: Plan, groups: list[ParamGroup]) -> list[Row]:
     ``backward_maybe_with_nosync``: ``set_requires_gradient_sync(False)``, ``set_reshard_after_backward(False)``)
     until ``perform_reduce_grad`` after the last one. So the stage's parameters stay gathered in the compute dtype,
     and its unsharded gradients accumulate in FSDP's reduce dtype (``FSDPParam.to_accumulated_grad_if_needed``:
-    fp32 under torchtitan's default ``mixed_precision_reduce = "float32"`` when a master copy exists)."""
+    fp32 under torchtitan's default ``mixed_precision_reduce = "float32"`` when a master copy exists). Under
+    ``--float8-all-gather`` the converted weights are gathered, and so kept, as their 1-byte fp8 data (torchao
+    fsdp_utils.py ``fsdp_post_all_gather`` wraps the gathered fp8 bytes), the rest in the compute dtype."""
     if not fsdp_under_pipeline(plan):
         return []
     p = plan.precision
     psi = sum(g.psi for g in groups)
     acc = 4 if p.master_bytes else p.grad_bytes
-    return [Row("pipeline_gathered_parameters", f"stage parameters, gathered ({p.low_dtype})", psi * p.param_bytes,
-                "gpu", "model_state", f"{p.param_bytes}Ψ_stage: not resharded after forward under pipelining "
+    gathered, what, formula = psi * p.param_bytes, p.low_dtype, f"{p.param_bytes}Ψ_stage"
+    if plan.float8_all_gather and plan.arch is not None:
+        from memcalc.model.float8 import layer_weights
+
+        fp8 = layer_count(plan, stage) * layer_weights(plan.arch, plan.tp)
+        gathered -= fp8 * (p.param_bytes - 1)
+        what, formula = f"fp8 linears, the rest {p.low_dtype}", f"Ψ8 + {p.param_bytes}(Ψ_stage - Ψ8)"
+    return [Row("pipeline_gathered_parameters", f"stage parameters, gathered ({what})", gathered,
+                "gpu", "model_state", f"{formula}: not resharded after forward under pipelining "
                 "(torchtitan fsdp.py; pipelining stage.py)"),
             Row("pipeline_unsharded_gradients", f"stage gradients, unsharded until the last micro-batch "
                 f"({'fp32' if acc == 4 else p.low_dtype})", psi * acc, "gpu", "model_state",
