@@ -369,16 +369,22 @@ def _sharding(c: Collector, fsdp: Mapping[str, tuple[str, Any]], version: int) -
     return next(iter(found.values()), "FULL_SHARD")
 
 
+def _parallelism_key(c: Collector, key: str) -> tuple[str, str]:
+    """(the size's name, the key's path) of a parallelism_config key; an unknown one refused."""
+    short = key.removeprefix("parallelism_config_")
+    path = f"parallelism_config.{key}"
+    if short not in PARALLELISM_KEYS:
+        raise c.fail(path, f"unknown key{near(short, PARALLELISM_KEYS)}; accepted: parallelism_config_ + "
+                           f"{', '.join(PARALLELISM_KEYS)}")  # fmt: skip
+    return short, path
+
+
 def _deepspeed_sequence_parallel(c: Collector, section: Mapping[str, Any]) -> None:
     """parallelism_config under DeepSpeed: accelerate reads its sp sizes (Ulysses/ALST sequence parallelism, which
     DeepSpeed runs with its own groups: parallelism_config.py ``build_device_mesh`` skips the mesh); the mesh sizes
     are FSDP2's."""
     for key, value in section.items():
-        short = key.removeprefix("parallelism_config_")
-        path = f"parallelism_config.{key}"
-        if short not in PARALLELISM_KEYS:
-            raise c.fail(path, f"unknown key{near(short, PARALLELISM_KEYS)}; accepted: parallelism_config_ + "
-                               f"{', '.join(PARALLELISM_KEYS)}")  # fmt: skip
+        short, path = _parallelism_key(c, key)
         if short == "sp_size" and as_int(c, path, value, minimum=1) > 1:
             c.unmodelled(path, "DeepSpeed Ulysses/ALST sequence parallelism (activations split over the sequence, "
                                "ZeRO over data x sequence ranks); counted without it")  # fmt: skip
@@ -398,11 +404,7 @@ def _mesh(c: Collector, data: Mapping[str, Any], version: int, world: int | None
         raise c.fail("parallelism_config", "needs fsdp_config.fsdp_version 2 (accelerate refuses it under FSDP1)")
     sizes: dict[str, int] = {}
     for key, value in section.items():
-        short = key.removeprefix("parallelism_config_")
-        path = f"parallelism_config.{key}"
-        if short not in PARALLELISM_KEYS:
-            raise c.fail(path, f"unknown key{near(short, PARALLELISM_KEYS)}; accepted: parallelism_config_ + "
-                               f"{', '.join(PARALLELISM_KEYS)}")  # fmt: skip
+        short, path = _parallelism_key(c, key)
         if short in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size"):
             sizes[short] = as_int(c, path, value, minimum=1)
             c.used(path)
