@@ -179,6 +179,9 @@ def test_explicit_cluster_and_bad_inputs():
         ({"gpu": "h100", "network_gbits_per_gpu": -1}, "network_gbits_per_gpu = -1 must be a positive number"),
         ({"gpu": "h100", "intra_node_gbps": 0}, "intra_node_gbps = 0 must be a positive"),
         ({"gpu": "h100", "network_efficiency": 1.2}, "above 1"),
+        # a denormal rate overflowed bytes / rate to inf and the step to NaN: refused below 1 MB/s (0.1 % of a link)
+        ({"gpu": "h100", "intra_node_gbps": 1e-320}, r"intra_node_gbps = 1e-320 is below 0\.001"),
+        ({"gpu": "h100", "network_efficiency": 1e-9}, r"network_efficiency = 1e-09 is below 0\.001"),
         ({"cluster": "dgx-h10"}, "did you mean 'dgx-h100'"),
         ({"gpu": "h100", "optimizer_impl": "fusd"}, "did you mean 'fused'"),
         ({}, "give the GPU or the cluster"),

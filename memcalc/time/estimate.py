@@ -128,11 +128,18 @@ def time_unavailable(ev: Any, *, gpu: str | None = None, cluster: str | None = N
     return None
 
 
+SMALLEST_RATE = 1e-3
+"""The least link rate (GB/s, Gb/s) or efficiency accepted: 1 MB/s, 0.1 % of a link."""
+
+
 def _positive(name: str, value: float | None, fraction: bool = False) -> None:
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise InputError(f"{name} = {value!r} must be a positive number")
+    if value < SMALLEST_RATE:  # a denormal rate makes bytes / rate overflow to inf, and the step's sums NaN
+        raise InputError(f"{name} = {value!r} is below {SMALLEST_RATE}; give "
+                         + ("a fraction in [0.001, 1]" if fraction else "the link's rate (GB/s; Gb/s for the network)"))
     if fraction and value > 1:
         raise InputError(f"{name} = {value!r} is above 1; give a fraction of the link's nominal bandwidth in (0, 1]")
 
