@@ -251,3 +251,13 @@ def test_validate_without_torch_says_how_to_install(monkeypatch):
     assert r.exit_code == 2
     assert r.stderr.strip() == ("memcalc: error: memcalc validate needs torch: pip install torch==2.13.0 '.[validate]' "
                                 "(from this checkout)")  # never the unrelated package named memcalc on PyPI
+
+
+def test_trace_refuses_a_bad_config_value_in_one_line(tmp_path) -> None:
+    # trace hands the config to transformers; a bad value is caught first, as estimate catches it (was a traceback)
+    pytest.importorskip("transformers")
+    cfg = json.loads((Path(__file__).parent / "data" / "small-llama-config.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg | {"num_attention_heads": 0}))
+    res = CliRunner().invoke(app, ["trace", "--hf-config", str(path), "--seq-len", "16"])
+    assert res.exit_code == 2 and "num_attention_heads 0 is out of range" in res.stderr, res.output

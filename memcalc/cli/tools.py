@@ -126,6 +126,9 @@ def trace(
             from memcalc.memory.allocator import CONTEXT_HIGH
 
             capacity = load_gpu(gpu).usable_memory_bytes - CONTEXT_HIGH
+        from memcalc.api import resolve_architecture
+
+        resolve_architecture(hf_config=hf_config)  # the checks estimate runs: a bad value is one line, not a traceback
         path, data = read_bounded(hf_config)
         cfg = js.loads(data.decode("utf-8-sig"))
         t = trace_step(cfg, seq_len=seq_len, micro_batch=micro_batch, precision=precision,
