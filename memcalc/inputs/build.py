@@ -324,7 +324,7 @@ def build_input(
                             lora=the_lora, framework=parallelism.framework,
                             float8_all_gather=float8_all_gather,
                             sequence_parallel=parallelism.sequence_parallel,
-                            offload=(the_strategy.offload_optimizer, the_strategy.offload_params),
+                            offload=the_strategy.offload,
                             overlap_comm=bool(overlap_comm)) is None
         accounting = "realistic" if realistic else "paper"
     if overheads is None:

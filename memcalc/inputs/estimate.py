@@ -272,7 +272,7 @@ class EstimateInput(Record):
                           par.pp, par.cp, par.ep, self.framework.fsdp_version, lora=self.lora,
                           framework=par.framework, float8_all_gather=self.float8_all_gather,
                           sequence_parallel=par.sequence_parallel,
-                          offload=(self.strategy.offload_optimizer, self.strategy.offload_params),
+                          offload=self.strategy.offload,
                           overlap_comm=bool(self.framework.overlap_comm))
             if why is not None:
                 raise InputError(f"--accounting realistic: {why}; use --accounting paper")
@@ -302,7 +302,7 @@ class EstimateInput(Record):
                               par.pp, par.cp, par.ep, self.framework.fsdp_version, lora=self.lora,
                               framework=par.framework, float8_all_gather=self.float8_all_gather,
                               sequence_parallel=par.sequence_parallel,
-                              offload=(self.strategy.offload_optimizer, self.strategy.offload_params),
+                              offload=self.strategy.offload,
                               overlap_comm=bool(self.framework.overlap_comm))  # fmt: skip
                 raise InputError(f"{', '.join(extra)}: what the step holds moment by moment, modelled by the realistic "
                                  f"accounting, which does not apply here ({why or 'not chosen'}); --accounting "

@@ -31,9 +31,14 @@ class Strategy(Record):
         return STRATEGIES[self.name]
 
     @property
+    def offload(self) -> tuple[str, str]:
+        """(optimizer states, parameters) devices: none, cpu or nvme."""
+        return self.offload_optimizer, self.offload_params
+
+    @property
     def offloads(self) -> bool:
         """Something (optimizer states or parameters) lives off the GPU."""
-        return (self.offload_optimizer, self.offload_params) != ("none", "none")
+        return self.offload != ("none", "none")
 
     @property
     def label(self) -> str:

@@ -184,9 +184,14 @@ class Plan:
         return max(1, min(self.dp, self.gpus_per_node // (self.tp * self.cp)))
 
     @property
+    def offload(self) -> tuple[str, str]:
+        """(optimizer states, parameters) devices: none, cpu or nvme."""
+        return self.offload_optimizer, self.offload_params
+
+    @property
     def offloads(self) -> bool:
         """Something (optimizer states or parameters) lives off the GPU."""
-        return (self.offload_optimizer, self.offload_params) != ("none", "none")
+        return self.offload != ("none", "none")
 
     @property
     def optimizer_device(self) -> str:
