@@ -87,22 +87,27 @@ def _key(entry: str) -> str:
     return f"{first}:{rest.partition(': ')[0]}" if first.endswith((".json", ".yaml", ".yml")) and rest else first
 
 
-# The readers' notes name memcalc.estimate's arguments ("pass micro_batch="); on the command line they are flags.
-FLAGS = {"world_size": "--gpus", "micro_batch": "--micro-batch", "seq_len": "--seq-len", "recompute": "--recompute",
-         "hidden": "--hidden", "model": "--model", "hf_config": "--hf-config", "tp": "--tp", "pp": "--pp"}
+# The readers' notes name memcalc.estimate's arguments ("pass micro_batch="); on the command line they are flags
+# (``memcalc.inputs.arguments.flag``; the readers' world_size is the command's --gpus).
+NAMED = ("world_size", "micro_batch", "seq_len", "recompute", "hidden", "model", "hf_config", "tp", "pp")
 
 
 def as_flags(text: str) -> str:
     """A reader's message with the API arguments it names (``micro_batch=``) written as the command's flags."""
-    text = re.sub(r"\b([a-z_]+)=(?=[\s),;]|$)", lambda m: FLAGS.get(m[1], m[0]), text)
-    return text.replace("pass --", "give --")
+    from memcalc.inputs.arguments import flag
+
+    def to_flag(m: re.Match[str]) -> str:
+        return m[0] if m[1] not in NAMED else "--gpus" if m[1] == "world_size" else flag(m[1])
+
+    return re.sub(r"\b([a-z_]+)=(?=[\s),;]|$)", to_flag, text).replace("pass --", "give --")
 
 
 def blame(error: InputError, arguments: dict[str, Any], origin: dict[str, str]) -> InputError:
     """``error`` with the file named where a flag it names was not typed but read from a config file."""
+    from memcalc.inputs.arguments import flag
+
     text = str(error)
     for name, source in origin.items():
-        flag = "--" + name.replace("_", "-")
-        if re.search(rf"{re.escape(flag)}(?![\w-])", text):
-            text += f" ({flag} {arguments.get(name)} is read from {source})"
+        if re.search(rf"{re.escape(flag(name))}(?![\w-])", text):
+            text += f" ({flag(name)} {arguments.get(name)} is read from {source})"
     return InputError(text)
