@@ -444,3 +444,9 @@ def test_an_error_over_a_flag_the_file_gave_names_the_file(tmp_path) -> None:
     assert res.exit_code == 2
     assert res.stderr.strip().endswith(f"(--tp 4 is read from {path})"), res.stderr
     assert "--tp needs the model's shape" in res.stderr
+    # a typed --fsdp drops the file's ZeRO stage: the file is named for what reached the estimate, not for --stage
+    zero3 = str(DATA / "deepspeed" / "hf_ds_config_zero3_bf16.json")
+    res = CliRunner().invoke(app, ["estimate", "-m", "llama-3-70b", "--gpus", "64", "--deepspeed", zero3,
+                                   "--fsdp", "FULL_SHARD"])  # fmt: skip
+    assert res.exit_code == 2 and f"(--reduce-bucket-size 67108864 is read from {zero3})" in res.stderr, res.output
+    assert "--stage None" not in res.stderr

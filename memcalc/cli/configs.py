@@ -23,10 +23,11 @@ def typed(ctx: Any) -> set[str]:
 
 
 def with_config(ctx: Any, kwargs: dict[str, Any], deepspeed: str | None, accelerate: str | None,
-                torchtitan: str | None, *, quiet: bool = False, origin: dict[str, str] | None = None) -> dict[str, Any]:
+                torchtitan: str | None, *, quiet: bool = False, origin: dict[str, tuple[str, Any]] | None = None,
+                ) -> dict[str, Any]:
     """``kwargs`` (the command's arguments for ``memcalc.estimate``) with a config file's arguments beneath them.
 
-    origin: filled with the arguments the file gave (name -> the file), for ``blame``."""
+    origin: filled with the arguments the file gave (name -> (the file, the value)), for ``blame``."""
     files = [(flag, f) for flag, f in (("--deepspeed", deepspeed), ("--accelerate-config", accelerate),
                                        ("--torchtitan-config", torchtitan)) if f is not None]
     if not files:
@@ -72,7 +73,7 @@ def with_config(ctx: Any, kwargs: dict[str, Any], deepspeed: str | None, acceler
     kept = {k: v for k, v in kwargs.items() if k not in given}
     merged = merge_arguments(reading.arguments, {k: kwargs[k] for k in given})
     if origin is not None:
-        origin.update({k: reading.source for k in reading.arguments if k not in given})
+        origin.update({k: (reading.source, v) for k, v in reading.arguments.items() if k not in given})
     if merged.get("stage") != 3:  # a typed --stage over the file's ZeRO-3: its stage3_* settings no longer apply
         for key in ZERO3_KNOBS.values():
             if key not in given:
@@ -102,12 +103,13 @@ def as_flags(text: str) -> str:
     return re.sub(r"\b([a-z_]+)=(?=[\s),;]|$)", to_flag, text).replace("pass --", "give --")
 
 
-def blame(error: InputError, arguments: dict[str, Any], origin: dict[str, str]) -> InputError:
-    """``error`` with the file named where a flag it names was not typed but read from a config file."""
+def blame(error: InputError, arguments: dict[str, Any], origin: dict[str, tuple[str, Any]]) -> InputError:
+    """``error`` with the file named where a flag it names was not typed but read from a config file (and reached
+    the estimate: a typed flag can drop a file's value, e.g. --fsdp its ZeRO stage)."""
     from memcalc.inputs.arguments import flag
 
     text = str(error)
-    for name, source in origin.items():
-        if re.search(rf"{re.escape(flag(name))}(?![\w-])", text):
-            text += f" ({flag(name)} {arguments.get(name)} is read from {source})"
+    for name, (source, value) in origin.items():
+        if arguments.get(name) == value and re.search(rf"{re.escape(flag(name))}(?![\w-])", text):
+            text += f" ({flag(name)} {value} is read from {source})"
     return InputError(text)

@@ -4,7 +4,7 @@ No ``from __future__ import annotations`` here: typer reads every option's annot
 annotations spare it evaluating seventy strings twice.
 """
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -207,7 +207,7 @@ def estimate(
             lora_rank=lora_rank, lora_targets=lora_targets, quantize=quantize.strip().lower(),
             float8=float8, float8_all_gather=float8_all_gather,
         )  # fmt: skip
-        origin: dict[str, str] = {}
+        origin: dict[str, tuple[str, Any]] = {}
         arguments = with_config(ctx, kwargs, deepspeed, accelerate_config, torchtitan_config, origin=origin)
         try:
             result = run(**arguments)
