@@ -129,10 +129,13 @@ def _stage(plan: Plan, k: int, st: object) -> tuple[StageLoad, list[Row], list[R
     if st is not None:
         acts, flight = paper.activation_rows(plan, k, st)  # type: ignore[arg-type]
         gpu += acts
-        if plan.virtual_stages > 1 and paper.fsdp_under_pipeline(plan):
-            from memcalc.memory.pipeline import interleave_fsdp
+        if paper.fsdp_under_pipeline(plan):  # torch.distributed.pipelining's stages (torchtitan)
+            from memcalc.memory.pipeline import interleave_fsdp, torch_stage_rows
 
-            gpu, flight = interleave_fsdp(plan, k, gpu, flight)
+            schedule = None
+            if plan.virtual_stages > 1:
+                gpu, flight, schedule = interleave_fsdp(plan, k, gpu, flight)
+            gpu += torch_stage_rows(plan, k, st, flight, schedule)
             ms = sum(r.bytes for r in gpu if r.category == "model_state")
         a = sum(r.bytes for r in gpu if r.category == "activation")
     gpu += overhead_rows(plan.cuda_context, plan.reserve)

@@ -9,8 +9,11 @@ in flight and the stage's gradients allocated (``memcalc.memory.activations.pipe
 
 from __future__ import annotations
 
+from typing import Any
+
+from memcalc.layout.compose import composition
 from memcalc.layout.plan import Plan
-from memcalc.memory.paper import stage_chunks
+from memcalc.memory.paper import layer_count, moe_layers, stage_chunks
 from memcalc.memory.rows import Row
 from memcalc.model.params import Shard, layer_params
 
@@ -33,15 +36,16 @@ def interleaved_ops(rank: int, pp: int, n: int, virtual: int) -> list[tuple[bool
     return ops
 
 
-def interleaved_peak(rank: int, pp: int, n: int, act: list[int], grad: list[int]) -> tuple[int, int, int]:
-    """(activation bytes, gradient-accumulator bytes, chunk micro-batches in flight) at the moment of rank ``rank``'s
-    interleaved schedule when their sum is largest. ``act[c]``: what one micro-batch of local chunk c keeps from its
+def interleaved_peak(rank: int, pp: int, n: int, act: list[int],
+                     grad: list[int]) -> tuple[int, int, tuple[int, ...], tuple[int, ...]]:  # fmt: skip
+    """(activation bytes, gradient-accumulator bytes, micro-batches in flight per local chunk, backwards each local
+    chunk has finished) at the moment of rank ``rank``'s interleaved schedule when the first two's sum is largest. ``act[c]``: what one micro-batch of local chunk c keeps from its
     forward to its backward; ``grad[c]``: chunk c's unsharded gradients under FSDP, alive from its first backward to
     the reduce-scatter after its n-th (each stage reduces after its own last backward: pipelining schedules.py
     ``backward_counter``, stage.py ``backward_maybe_with_nosync``)."""
     v = len(act)
     alive, done, live = [0] * v, [0] * v, [False] * v
-    best = (-1, 0, 0, 0)
+    best: tuple = (-1, 0, 0, 0, ())
     for backward, c in interleaved_ops(rank, pp, n, v):
         if backward:
             live[c] = True  # the first backward allocates the chunk's accumulators; its micro-batch is still alive
@@ -50,33 +54,37 @@ def interleaved_peak(rank: int, pp: int, n: int, act: list[int], grad: list[int]
         a = sum(x * y for x, y in zip(act, alive))
         g = sum(x for x, on in zip(grad, live) if on)
         if a + g > best[0]:
-            best = (a + g, a, g, sum(alive))
+            best = (a + g, a, g, tuple(alive), tuple(done))
         if backward:
             alive[c] -= 1
             done[c] += 1
             live[c] = done[c] < n
-    return best[1], best[2], best[3]
+    return best[1], best[2], best[3], best[4]
 
 
-def interleave_fsdp(plan: Plan, stage: int, rows: list[Row], flight: float) -> tuple[list[Row], float]:
+def interleave_fsdp(plan: Plan, stage: int, rows: list[Row],
+                    flight: float) -> tuple[list[Row], float, tuple[tuple[int, ...], tuple[int, ...]] | None]:  # fmt: skip
     """An interleaved pipeline rank under FSDP2: its chunks' activations and unsharded gradients at the schedule's
     joint peak (``interleaved_peak``), where the rows above count every chunk's gradients beside the activations of
-    the first backward. Uniform layers are assumed within the rank (the activation row's mean per layer)."""
+    the first backward. Uniform layers are assumed within the rank (the activation row's mean per layer). Also returns
+    the micro-batches each local chunk holds and the backwards it has finished at that moment (None where the
+    schedule was not replayed)."""
     by = {r.key: r for r in rows}
     acts, grads = by.get("activations_layers"), by.get("pipeline_unsharded_gradients")
     if acts is None or grads is None or plan.arch is None or flight <= 0:
-        return rows, flight
+        return rows, flight, None
     chunks = stage_chunks(plan, stage)
     if len(chunks) != plan.virtual_stages:
-        return rows, flight
+        return rows, flight, None
     per = sum(len(c) for c in chunks)
     per_layer_mb = acts.bytes / (per * flight)
     acc = 4 if plan.precision.master_bytes else plan.precision.grad_bytes
     shard = Shard(plan.tp, plan.ep)
     grad = [acc * sum(layer_params(plan.arch, plan.arch.is_moe_layer(i), shard).total for i in c) for c in chunks]
     grad[-1 if stage == plan.pp - 1 else 0] += grads.bytes - sum(grad)  # embedding on stage 0, head on the last
-    a, g, held = interleaved_peak(stage, plan.pp, plan.grad_accum, [round(per_layer_mb * len(c)) for c in chunks], grad)
-    new_flight = held / plan.virtual_stages
+    a, g, alive, done = interleaved_peak(stage, plan.pp, plan.grad_accum, [round(per_layer_mb * len(c)) for c in chunks],
+                                        grad)
+    new_flight = sum(alive) / plan.virtual_stages
     out = []
     for r in rows:
         if r is acts:
@@ -87,4 +95,72 @@ def interleave_fsdp(plan: Plan, stage: int, rows: list[Row], flight: float) -> t
             r = r._replace(bytes=g, detail=r.detail + "; each stage reduces after its own last backward, so the "
                            "rank's chunks hold theirs at once only where the schedule overlaps them")
         out.append(r)
-    return out, new_flight
+    return out, new_flight, (alive, done)
+
+
+def receive_buffers(stage: int, stages: int, n: int) -> int:
+    """Stage-boundary tensors torch's ``PipelineStage`` ``stage`` of ``stages`` allocates for ``n`` micro-batches and
+    keeps: one input per micro-batch unless it is the first stage (``_setup_forward_recv_info``), one output gradient
+    per micro-batch unless it is the last (``_create_grad_recv_info``)."""
+    return n * ((stage > 0) + (stage < stages - 1))
+
+
+def torch_stage_rows(plan: Plan, stage: int, st: Any, flight: float,
+                     schedule: tuple[tuple[int, ...], tuple[int, ...]] | None) -> list[Row]:  # fmt: skip
+    """What torch.distributed.pipelining and one layer's backward add on pipeline rank ``stage`` at its peak, a
+    backward of the steady phase, beside the rows of the states and of the micro-batches in flight (FSDP2 inside the
+    stages: ``memcalc.memory.paper.fsdp_under_pipeline``).
+
+    - Receive buffers (torch/distributed/pipelining/stage.py ``_setup_forward_recv_info``, ``_create_grad_recv_info``):
+      one per micro-batch for the stage's input from the previous stage and one for its output's gradient from the
+      next, made when the schedule first runs and kept for the run; a stage boundary is the residual stream of one
+      micro-batch, the rank's ``1/tp`` of the sequence under torchtitan's sequence-parallel plan.
+    - Stage outputs: each micro-batch in flight keeps its stage's output for the backward (``fwd_cache``) beside the
+      layers' checkpoints, which keep their inputs; on the last stage the output is the logits, counted with the loss.
+    - Input gradients: each backward leaves the received input's gradient on the buffer (``.grad``), cleared by
+      ``clear_runtime_states`` when the next step starts; 1F1B's last steady backward has ``n - flight`` of them.
+    - One layer's backward: what the layer saves without recompute less what the policy kept (the recomputed forward
+      rebuilds it for the layer's backward: Korthikanti et al. 2022 §5), the gradient of its output, and its weights'
+      gradients in the compute dtype until FSDP2's post-backward adds them to the accumulated ones
+      (``FSDPParam.accumulate_unsharded_grad_if_needed``).
+    ``schedule``: the micro-batches each local chunk holds and the backwards it has finished at the peak (interleaved
+    schedules: ``interleave_fsdp``); 1F1B's are ``flight`` and ``n - flight``."""
+    from memcalc.memory.activations import layer_activations
+
+    arch, w, n = plan.arch, plan.work, plan.grad_accum
+    assert arch is not None and w is not None
+    v, tp, sp = plan.virtual_stages, plan.tp, plan.sequence_parallel
+    boundary = st.b * st.s * arch.hidden * st.dtype_bytes // (tp if sp and tp > 1 else 1)
+    last = plan.pp * v - 1
+    stages = [stage + c * plan.pp for c in range(v)]  # torch's looped placement (ScheduleInterleaved1F1B)
+    buffers = sum(receive_buffers(g, last + 1, n) for g in stages)
+    alive, finished = schedule if schedule is not None else ((round(flight),) * v, (max(0, n - round(flight)),) * v)
+    grads_in = sum(k for g, k in zip(stages, finished) if g > 0)
+    outputs = sum(k for g, k in zip(stages, alive) if g < last)
+    dtensor = composition(plan.framework).dtensor_tp
+    policy = "full" if w.recompute.startswith("every:") else w.recompute
+    kinds = [m for m in (False, True) if (m and moe_layers(plan, stage)) or (not m and layer_count(plan, stage)
+                                                                             > moe_layers(plan, stage))]
+    shard = Shard(tp, plan.ep)
+    rebuilt = max((layer_activations(arch, st, tp, sp, "none", moe=m, dtensor=dtensor).total
+                  - layer_activations(arch, st, tp, sp, policy, moe=m, dtensor=dtensor).total
+                  for m in kinds), default=0) if policy != "none" else 0  # fmt: skip
+    new_grads = max((layer_params(arch, m, shard).total for m in kinds), default=0) * plan.precision.param_bytes
+    mib = boundary / 2**20
+    return [
+        Row("pipeline_receive_buffers", f"pipeline receive buffers ({buffers} x {mib:.0f} MiB)", buffers * boundary,
+            "gpu", "activation", "one per micro-batch for the stage input and one for the output gradient, made once "
+            "and kept (pipelining stage.py _setup_forward_recv_info, _create_grad_recv_info)"),
+        Row("pipeline_stage_outputs", f"stage outputs kept for the backward ({outputs})", outputs * boundary, "gpu",
+            "activation", "each micro-batch in flight keeps its stage output until its backward (pipelining stage.py "
+            "fwd_cache); the layers' checkpoints keep their inputs"),
+        Row("pipeline_input_gradients", f"stage input gradients kept until the next step ({grads_in})",
+            grads_in * boundary, "gpu", "activation", "the received input's .grad from each finished backward, "
+            "cleared when the next step starts (pipelining stage.py clear_runtime_states)"),
+        Row("activations_layer_backward", "backward of one layer: recomputed activations, output gradient",
+            rebuilt + boundary, "gpu", "activation", f"one layer without recompute less what {w.recompute} recompute "
+            "keeps (rebuilt for the layer's backward: Korthikanti et al. 2022 §5) + the gradient of its output"),
+        Row("pipeline_layer_gradients", f"one layer's new gradients ({plan.precision.low_dtype})", new_grads, "gpu",
+            "model_state", "autograd's gradients of the layer's weights until FSDP2's post-backward adds them to the "
+            "accumulated ones (FSDPParam.accumulate_unsharded_grad_if_needed)"),
+    ]
