@@ -4,7 +4,9 @@ torch.distributed.pipelining's ``ScheduleInterleaved1F1B`` (schedules.py) orders
 over its model chunks; under FSDP2 inside the stages (torchtitan) each stage's unsharded gradients live from its first
 backward to the reduce-scatter after its last, so which chunks' gradients coexist with which checkpoints is the
 schedule's to say. Plain 1F1B needs no replay: its peak is the first backward, with every micro-batch of the warm-up
-in flight and the stage's gradients allocated (``memcalc.memory.activations.pipeline_in_flight``).
+in flight and the stage's gradients allocated (``memcalc.memory.activations.pipeline_in_flight``). Beside the
+states and the checkpoints, a stage holds what torch's ``PipelineStage`` keeps (receive buffers, stage outputs, input
+gradients) and the backward of one layer (``torch_stage_rows``).
 """
 
 from __future__ import annotations
