@@ -41,10 +41,11 @@ def interleaved_ops(rank: int, pp: int, n: int, virtual: int) -> list[tuple[bool
 def interleaved_peak(rank: int, pp: int, n: int, act: list[int],
                      grad: list[int]) -> tuple[int, int, tuple[int, ...], tuple[int, ...]]:  # fmt: skip
     """(activation bytes, gradient-accumulator bytes, micro-batches in flight per local chunk, backwards each local
-    chunk has finished) at the moment of rank ``rank``'s interleaved schedule when the first two's sum is largest. ``act[c]``: what one micro-batch of local chunk c keeps from its
-    forward to its backward; ``grad[c]``: chunk c's unsharded gradients under FSDP, alive from its first backward to
-    the reduce-scatter after its n-th (each stage reduces after its own last backward: pipelining schedules.py
-    ``backward_counter``, stage.py ``backward_maybe_with_nosync``)."""
+    chunk has finished) at the moment of rank ``rank``'s interleaved schedule when the first two's sum is largest.
+    ``act[c]``: what one micro-batch of local chunk c keeps from its forward to its backward; ``grad[c]``: chunk c's
+    unsharded gradients under FSDP, alive from its first backward to the reduce-scatter after its n-th (each stage
+    reduces after its own last backward: pipelining schedules.py ``backward_counter``, stage.py
+    ``backward_maybe_with_nosync``)."""
     v = len(act)
     alive, done, live = [0] * v, [0] * v, [False] * v
     best: tuple = (-1, 0, 0, 0, ())
@@ -64,8 +65,11 @@ def interleaved_peak(rank: int, pp: int, n: int, act: list[int],
     return best[1], best[2], best[3], best[4]
 
 
-def interleave_fsdp(plan: Plan, stage: int, rows: list[Row],
-                    flight: float) -> tuple[list[Row], float, tuple[tuple[int, ...], tuple[int, ...]] | None]:  # fmt: skip
+Schedule = tuple[tuple[int, ...], tuple[int, ...]]
+"""Micro-batches each local chunk holds and backwards each has finished, at a schedule's peak."""
+
+
+def interleave_fsdp(plan: Plan, stage: int, rows: list[Row], flight: float) -> tuple[list[Row], float, Schedule | None]:
     """An interleaved pipeline rank under FSDP2: its chunks' activations and unsharded gradients at the schedule's
     joint peak (``interleaved_peak``), where the rows above count every chunk's gradients beside the activations of
     the first backward. Uniform layers are assumed within the rank (the activation row's mean per layer). Also returns
@@ -84,8 +88,8 @@ def interleave_fsdp(plan: Plan, stage: int, rows: list[Row],
     shard = Shard(plan.tp, plan.ep)
     grad = [acc * sum(layer_params(plan.arch, plan.arch.is_moe_layer(i), shard).total for i in c) for c in chunks]
     grad[-1 if stage == plan.pp - 1 else 0] += grads.bytes - sum(grad)  # embedding on stage 0, head on the last
-    a, g, alive, done = interleaved_peak(stage, plan.pp, plan.grad_accum, [round(per_layer_mb * len(c)) for c in chunks],
-                                        grad)
+    held = [round(per_layer_mb * len(c)) for c in chunks]
+    a, g, alive, done = interleaved_peak(stage, plan.pp, plan.grad_accum, held, grad)
     new_flight = sum(alive) / plan.virtual_stages
     out = []
     for r in rows:
@@ -107,8 +111,7 @@ def receive_buffers(stage: int, stages: int, n: int) -> int:
     return n * ((stage > 0) + (stage < stages - 1))
 
 
-def torch_stage_rows(plan: Plan, stage: int, st: Any, flight: float,
-                     schedule: tuple[tuple[int, ...], tuple[int, ...]] | None) -> list[Row]:  # fmt: skip
+def torch_stage_rows(plan: Plan, stage: int, st: Any, flight: float, schedule: Schedule | None) -> list[Row]:
     """What torch.distributed.pipelining and one layer's backward add on pipeline rank ``stage`` at its peak, a
     backward of the steady phase, beside the rows of the states and of the micro-batches in flight (FSDP2 inside the
     stages: ``memcalc.memory.paper.fsdp_under_pipeline``).

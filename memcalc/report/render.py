@@ -156,7 +156,8 @@ def communication_table(r: Estimate, unit: MemoryUnit = "gib") -> Table:
     t.add_row(Text("total", style="bold"), "collectives", "", "", "", "", "",
               Text(_mem(com.payload_bytes, unit), style="bold"), Text(_mem(com.sent_bytes_per_gpu, unit), style="bold"))  # fmt: skip
     if com.inter_node_sent_bytes_per_gpu:
-        t.add_row("", "of which in groups across nodes", "", "", "", "", "", "", _mem(com.inter_node_sent_bytes_per_gpu, unit))
+        t.add_row("", "of which in groups across nodes", "", "", "", "", "", "",
+                  _mem(com.inter_node_sent_bytes_per_gpu, unit))
     if com.host_transfers:
         t.add_section()
         for h in com.host_transfers:
