@@ -18,6 +18,7 @@ from memcalc.layout.plan import Plan
 from memcalc.memory.paper import layer_count, moe_layers, stage_chunks
 from memcalc.memory.rows import Row
 from memcalc.model.params import Shard, layer_params
+from memcalc.units import MiB
 
 
 def interleaved_ops(rank: int, pp: int, n: int, virtual: int) -> list[tuple[bool, int]]:
@@ -144,16 +145,15 @@ def torch_stage_rows(plan: Plan, stage: int, st: Any, flight: float, schedule: S
     outputs = sum(k for g, k in zip(stages, alive) if g < last)
     dtensor = composition(plan.framework).dtensor_tp
     policy = "full" if w.recompute.startswith("every:") else w.recompute
-    kinds = [m for m in (False, True) if (m and moe_layers(plan, stage)) or (not m and layer_count(plan, stage)
-                                                                             > moe_layers(plan, stage))]
+    n_moe = moe_layers(plan, stage)
+    kinds = [False] * (layer_count(plan, stage) > n_moe) + [True] * (n_moe > 0)  # dense and MoE layers present
     shard = Shard(tp, plan.ep)
     rebuilt = max((layer_activations(arch, st, tp, sp, "none", moe=m, dtensor=dtensor).total
                   - layer_activations(arch, st, tp, sp, policy, moe=m, dtensor=dtensor).total
                   for m in kinds), default=0) if policy != "none" else 0  # fmt: skip
     new_grads = max((layer_params(arch, m, shard).total for m in kinds), default=0) * plan.precision.param_bytes
-    mib = boundary / 2**20
     return [
-        Row("pipeline_receive_buffers", f"pipeline receive buffers ({buffers} x {mib:.0f} MiB)", buffers * boundary,
+        Row("pipeline_receive_buffers", f"pipeline receive buffers ({buffers} x {boundary / MiB:.0f} MiB)", buffers * boundary,
             "gpu", "activation", "one per micro-batch for the stage input and one for the output gradient, made once "
             "and kept (pipelining stage.py _setup_forward_recv_info, _create_grad_recv_info)"),
         Row("pipeline_stage_outputs", f"stage outputs kept for the backward ({outputs})", outputs * boundary, "gpu",
