@@ -66,7 +66,8 @@ def test_deepspeed_itself_accepts_what_the_reader_accepts(path: Path) -> None:
 
 @pytest.mark.parametrize("path", REJECTED, ids=lambda p: p.name)
 def test_published_configs_deepspeed_refuses_are_refused(path: Path) -> None:
-    with pytest.raises(InputError, match=r"zero_optimization\.cpu_offload_params|bf16\.loss_scale|reduce_bucket_size"):
+    with pytest.raises(InputError, match=r"zero_optimization\.cpu_offload_params|bf16\.loss_scale|reduce_bucket_size|"
+                                         r"compile\.disable|sequence_parallel: unknown key"):
         read_deepspeed(path, world_size=8)
     DeepSpeedConfig = _ds_config()
     from pydantic import ValidationError
@@ -77,11 +78,22 @@ def test_published_configs_deepspeed_refuses_are_refused(path: Path) -> None:
 
 @pytest.mark.parametrize("path", ACC_FILES, ids=lambda p: p.name)
 def test_accelerate_samples_read_and_estimate(path: Path) -> None:
-    world = 1 if path.name == "fp8.yaml" else 8  # fp8.yaml is distributed_type NO: one process
+    # fp8.yaml is distributed_type NO: one process; trl's context-parallel file names a mesh of 2 (cp 2)
+    world = {"fp8.yaml": 1, "trl_context_parallel_2gpu.yaml": 2}.get(path.name, 8)
     r = read_accelerate(path, cwd=DATA / "accelerate", world_size=world, micro_batch=1, seq_len=512)
     assert r.framework == "accelerate" and r.arguments["gpus"] == world
     est = memcalc.estimate(**r.arguments, **_model_args(r.arguments))
     assert est.memory.per_gpu.total > 0
+
+
+def test_accelerate_no_with_several_processes_is_multi_gpu() -> None:
+    """trl's single_gpu.yaml says distributed_type NO with num_processes 8: accelerate launch turns multi-GPU
+    training on when the machine has more than one GPU (commands/launch.py), so it runs DDP over 8 processes."""
+    r = read_accelerate(DATA / "accelerate" / "trl_single_gpu.yaml", micro_batch=1, seq_len=512)
+    assert r.arguments["gpus"] == 8 and r.arguments["ddp"] is True and r.arguments["precision"] == "amp-bf16"
+    assert any("multi-GPU training" in n and "DDP over 8 GPUs" in n for n in r.notes)
+    one = read_accelerate(DATA / "accelerate" / "trl_single_gpu.yaml", world_size=1, micro_batch=1, seq_len=512)
+    assert one.arguments["gpus"] == 1 and not any("multi-GPU" in n for n in one.notes)
 
 
 @pytest.mark.parametrize("path", TT_FILES, ids=lambda p: p.name)

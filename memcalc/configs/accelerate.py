@@ -178,7 +178,10 @@ def _world(c: Collector, data: Mapping[str, Any], kind: str, world_size: int | N
         c.note("num_processes is not set (accelerate launch takes it from the command line): pass world_size=")
         return None
     if kind == "NO" and world != 1:
-        raise c.fail("num_processes", f"{world} with distributed_type NO; accepted: 1 (or choose MULTI_GPU, FSDP, DEEPSPEED)")
+        # accelerate launch (commands/launch.py _validate_launch_command): "More than one GPU was found, enabling
+        # multi-GPU training" sets multi_gpu when num_processes > 1 and the machine has several GPUs
+        c.note(f"distributed_type NO with num_processes {world}: accelerate launch turns on multi-GPU training when "
+               f"the machine has more than one GPU, so this is DDP over {world} GPUs (pass world_size=1 for one)")
     if world % machines:
         raise c.fail("num_processes", f"{world} is the total over num_machines {machines} and must divide by it")
     if machines > 1:
