@@ -104,6 +104,14 @@ def test_torchtitan_samples_read_and_estimate(path: Path) -> None:
     assert est.memory.per_gpu.total > 0
 
 
+def test_torchtitan_custom_config_module_keys_of_other_releases_are_ignored() -> None:
+    """v0.2.1's llama3_ft debug config sets fault_tolerance.sync_steps, a v0.1.0 JobConfig key that v0.2's
+    torchtitan.components.ft.config (its job.custom_config_module) defines again: read, not a mix of releases."""
+    r = read_torchtitan(DATA / "torchtitan" / "v0.2.1_llama3_ft_debug_model.toml", world_size=8)
+    why = next(x for x in r.ignored if x.startswith("fault_tolerance.sync_steps: "))
+    assert "torchtitan.components.ft.config" in why and r.arguments["gpus"] == 8
+
+
 def test_torchtitan_presets_named_exist() -> None:
     from memcalc.configs.torchtitan import PRESETS
     from memcalc.inputs.presets import load_model
