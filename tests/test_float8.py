@@ -80,7 +80,7 @@ def test_bad_float8_input_is_one_line() -> None:
 def test_json_carries_the_recipe() -> None:
     d = json.loads(memcalc.estimate(float8="tensorwise", float8_all_gather=True, **KW).model_dump_json())
     assert (d["input"]["float8"], d["input"]["float8_all_gather"]) == ("tensorwise", True)
-    assert d["accounting"] == "paper"  # the realistic FSDP2 timeline gathers the compute dtype only
+    assert d["accounting"] == "realistic"  # the FSDP2 timeline gathers the converted weights in fp8
 
 
 def test_tensorwise_speed_up_against_published_runs() -> None:

@@ -322,7 +322,6 @@ def build_input(
         realistic = why_not(the_model.architecture, the_precision.name, the_optimizer.name, the_strategy.spec.name, workload,
                             parallelism.tp, parallelism.pp, parallelism.cp, parallelism.ep, fsdp_version,
                             lora=the_lora, framework=parallelism.framework,
-                            float8_all_gather=float8_all_gather,
                             sequence_parallel=parallelism.sequence_parallel,
                             offload=the_strategy.offload,
                             overlap_comm=bool(overlap_comm)) is None

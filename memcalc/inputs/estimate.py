@@ -270,7 +270,7 @@ class EstimateInput(Record):
 
             why = why_not(arch, self.precision.name, self.optimizer.name, self.strategy.spec.name, w, par.tp,
                           par.pp, par.cp, par.ep, self.framework.fsdp_version, lora=self.lora,
-                          framework=par.framework, float8_all_gather=self.float8_all_gather,
+                          framework=par.framework,
                           sequence_parallel=par.sequence_parallel,
                           offload=self.strategy.offload,
                           overlap_comm=bool(self.framework.overlap_comm))
@@ -300,7 +300,7 @@ class EstimateInput(Record):
 
                 why = why_not(arch, self.precision.name, self.optimizer.name, self.strategy.spec.name, w, par.tp,
                               par.pp, par.cp, par.ep, self.framework.fsdp_version, lora=self.lora,
-                              framework=par.framework, float8_all_gather=self.float8_all_gather,
+                              framework=par.framework,
                               sequence_parallel=par.sequence_parallel,
                               offload=self.strategy.offload,
                               overlap_comm=bool(self.framework.overlap_comm))  # fmt: skip

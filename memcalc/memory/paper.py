@@ -326,8 +326,9 @@ def activation_rows(plan: Plan, stage: int, st: act.Setting) -> tuple[list[Row],
 
 
 FLOAT8_NOTE = ("float8 (torchao): the linears save what they save in bf16 (the high-precision input and weight, "
-               "float8_linear.py); their fp8 casts are transient and not counted; the step times the projections' "
-               "GEMMs at the fp8 rate")
+               "float8_linear.py); their fp8 casts are transient: the realistic accounting counts the eager down "
+               "projection's backward casts (compiled layers fuse them), the paper accounting none; the step times "
+               "the projections' GEMMs at the fp8 rate")
 LORA_COMM_NOTE = ("LoRA: only the adapters' gradients are reduced; ZeRO-3/FSDP gather the frozen base with them "
                   "(NF4-packed under QLoRA), and FSDP1 wrapping base and adapters in one flat parameter would "
                   "reduce the whole flat gradient")

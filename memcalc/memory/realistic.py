@@ -69,6 +69,18 @@ _DETAIL = (
     ("master", "DeepSpeed's fp32 copy the optimizer updates (this rank's partition)"),
     ("bf16 partitions", "ZeRO-3: this rank's slice of every parameter, ceil(n / dp) elements each (partition_parameters.py)"),
     ("persistent", "ZeRO-3: parameters of at most stage3_param_persistence_threshold elements, whole on every rank"),
+    ("root parameters (gathered)", "FSDP2: the root's (embedding, final norm, head) unsharded parameters, gathered at "
+                                   "the forward's start until its post-backward (_fsdp_state.py)"),
+    ("layer's parameters (gathered)", "FSDP2: the unit's unsharded parameters, from its all-gather's copy-out to its "
+                                      "reshard (_fsdp_param_group.py)"),
+    ("all-gather output", "FSDP2: a unit's flat all-gather output, alive until the next gather's copy-out "
+                          "(_fsdp_collectives.py foreach_all_gather)"),
+    ("reduce-scatter input", "FSDP2: a unit's flat reduce-scatter input, alive until the next reduce-scatter "
+                             "(_fsdp_collectives.py foreach_reduce)"),
+    ("float8 backward casts", "torchao Float8Linear, eager: the down projection's backward casts, 9 bytes per element "
+                              "being cast beside the fp8 copies (model/float8.py eager_backward)"),
+    ("all-gathered", "DTensor tensor parallelism: a tensor all-gathered over the tensor-parallel ranks, whole on "
+                     "every rank (memory/timeline_tp.py)"),
     ("gathered", "ZeRO-3: what the coordinator holds gathered at this moment, replayed hook by hook (memory/zero3.py)"),
     ("gradient partitions", "ZeRO-3: this rank's reduced gradients, one flat buffer allocated once (stage3.py)"),
     ("flat buffer", "DeepSpeed's flat bf16 buffer of every parameter, padded to 2 x dp (stage_1_and_2.py)"),
@@ -164,7 +176,8 @@ def evaluate(plan: Plan) -> Realistic:
                   position_ids=False, use_cache=False,
                   world=plan.shard_group_size if sharded else 1, fsdp=sharded, fsdp_param_dtype=policy, lora=plan.lora,
                   code=_code(plan), tp=plan.tp, compiled=w.compile,
-                  loss_compiled=_loss_compiled(plan), sequence_parallel=plan.sequence_parallel)
+                  loss_compiled=_loss_compiled(plan), sequence_parallel=plan.sequence_parallel,
+                  float8=plan.float8, float8_all_gather=sharded and plan.float8_all_gather)
     if sharded and plan.offload_params != "none":
         from memcalc.memory.timeline import _moment, with_loss
         from memcalc.memory.timeline_states import offload_fsdp

@@ -38,7 +38,7 @@ def default_attention(arch: Any, accounting: str) -> str:
 
 def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any, tp: int = 1, pp: int = 1,
             cp: int = 1, ep: int = 1, fsdp_version: int = 2, lora: Any = None, framework: str | None = None,
-            float8_all_gather: bool = False, sequence_parallel: bool = False,
+            sequence_parallel: bool = False,
             offload: tuple[str, str] = ("none", "none"), overlap_comm: bool = False) -> str | None:  # fmt: skip
     """Why the realistic accounting does not apply to this set-up (one line), or None when it does.
 
@@ -56,9 +56,6 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
         return f"zero-3: the realistic accounting models recompute none or full (got {work.recompute})"
     if strategy in (*ZERO_STAGES, "zero-3"):
         return _why_not_zero(arch, precision, optimizer, strategy, work, max(tp, pp, cp, ep), lora)
-    if float8_all_gather:
-        return ("--float8-all-gather: the realistic accounting's FSDP2 timeline gathers the compute dtype; the paper "
-                "accounting counts the fp8 gathers")
     if getattr(work, "compile", False):
         from memcalc.memory.saved import LLAMA_LIKE
 

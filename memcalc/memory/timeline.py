@@ -79,7 +79,8 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
              rotary_dims: int | None = None, world: int = 1, fsdp: bool | None = None,
              fsdp_param_dtype: str | None = None, lora=None, code: str = "hf", tp: int = 1,
              compiled: bool = False, loss_compiled: bool | None = None,
-             sequence_parallel: bool = False) -> Timeline:  # fmt: skip
+             sequence_parallel: bool = False, float8: str = "none",
+             float8_all_gather: bool = False) -> Timeline:  # fmt: skip
     """Moments of one training step of a Hugging Face ``family`` model on one GPU.
 
     regime: fp32 | bf16 (pure: weights, gradients, AdamW moments bf16) | amp-bf16 (fp32 weights, autocast).
@@ -107,6 +108,9 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     sequence_parallel: with tp, torchtitan's sequence-parallel plan with ``loss_parallel`` (``memcalc.memory.
     timeline_tp``: norms, residual stream and embedding output ÷ tp along the sequence, the projections' gathered
     inputs whole, the row-parallel outputs reduce-scattered, embedding, head and logits ÷ tp over the vocabulary).
+    float8: torchao's float8 projections (``tensorwise``, ``rowwise``): eager layers add their backward casts
+    (``memcalc.memory.timeline_layers.layer_sizes``); float8_all_gather: under FSDP2, torchao's fp8 all-gather of the
+    layers' projection weights (``FsdpOverlay.make``'s ``fp8_gather``).
     """
     _check(family, regime, attention)
     check_code(code, family, "bf16" if fsdp_param_dtype == "bf16" else regime, attention)
@@ -139,8 +143,13 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     st = full_st = (states(arch, family, w, optimizer_impl, optimizer_states) if lora is None
                     else lora_states(arch, family, w, optimizer_impl, optimizer_states, lora))
     sharded = (world > 1 or fsdp_param_dtype is not None) if fsdp is None else fsdp
-    fs = (FsdpOverlay.make(arch, family, regime, world, fsdp_param_dtype, optimizer_impl, optimizer_states)
-          if sharded else None)
+    if float8 not in ("none", "tensorwise", "rowwise"):
+        raise InputError(f"float8 {float8!r} is not one of none, tensorwise, rowwise")
+    if float8_all_gather and not sharded:
+        raise InputError("float8_all_gather is FSDP2's (torchao enable_fsdp_float8_all_gather): give world above 1 "
+                         "or fsdp=True")
+    fs = (FsdpOverlay.make(arch, family, regime, world, fsdp_param_dtype, optimizer_impl, optimizer_states,
+                           fp8_gather=float8_all_gather) if sharded else None)
     if fs is not None:
         st = fs.states
     elif tp > 1 and not sequence_parallel and (temp := step_temporary(arch, w, optimizer_impl)) is not None:
@@ -180,7 +189,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     fwd_shared, bwd_shared = prologue[1:] + mask, prologue[1:] + kept_mask  # the rotary tables, the mask
     layers = [layer_sizes(arch, family=family, regime=act, attention=attention, s=s, b=b, policy=policy,
                           index=i, device=device, rotary_dims=rotary_dims, lora=lora, code=code,
-                          compiled=compiled, sp=sp)
+                          compiled=compiled, sp=sp, float8=float8, float8_weight_cast=not float8_all_gather)
               for i in range(arch.layers)]  # fmt: skip
     kept = 0
     cache = 0  # autocast's cast cache beyond what the matmuls save: bf16 copies of recomputed layers' weights
@@ -322,6 +331,9 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
             moments.append(_moment(f"backward.layer.{i}", f"backward of layer {i}: second RMSNorm's backward",
                                    [p for p in parts if p[0] != "layer backward transient (MLP gradients)"]
                                    + [("RMSNorm backward (fp32), net of the MLP's freed tensors", norm2)]))
+        if ly.float8_extra:
+            moments.append(_moment(f"backward.layer.{i}", f"backward of layer {i}: float8 casts (eager)",
+                                   parts[:-1] + [("float8 backward casts (MLP projections)", ly.float8_extra)]))
         if ly.attention_extra:
             attn = parts[:-1] + [("eager attention backward (score-sized gradients)", ly.attention_extra)]
             moments.append(_moment(f"backward.layer.{i}", f"backward of layer {i}: softmax backward", attn))

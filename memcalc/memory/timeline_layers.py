@@ -65,6 +65,8 @@ class LayerSizes:
     """Above the entry at eager attention's softmax backward (0 under sdpa): MLP-side saved tensors freed,
     MLP weight gradients made, the score-sized gradients alive (see ``_attention_backward``)."""
     parts: tuple[tuple[str, int], ...]
+    float8_extra: int = 0
+    """Above the entry at the down projection's eager ``Float8Linear`` backward casts (0 without float8)."""
 
 
 def _op_sac(x, d: int, r: int, code: str = "hf") -> list[SavedTensor]:
@@ -118,9 +120,13 @@ def _attention_backward(saved: list[SavedTensor], x, d: int, w: int, mlp_params:
 
 def layer_sizes(arch, *, family: str, regime: str, attention: str, s: int, b: int, policy: Policy, index: int,
                 device: str = "cpu", rotary_dims: int | None = None, lora=None, code: str = "hf",
-                compiled: bool = False, sp: int = 1) -> LayerSizes:  # fmt: skip
+                compiled: bool = False, sp: int = 1, float8: str = "none",
+                float8_weight_cast: bool = True) -> LayerSizes:  # fmt: skip
     """``sp``: sequence parallelism over ``sp`` ranks (``memcalc.memory.timeline_tp.sp_split``): the norms' tensors,
-    the layer input and output are the rank's ``1/sp`` of the sequence; ``arch`` is rank 0's (``rank_arch``)."""
+    the layer input and output are the rank's ``1/sp`` of the sequence; ``arch`` is rank 0's (``rank_arch``).
+    ``float8``: torchao's eager ``Float8Linear`` projections (``memcalc.model.float8.eager_backward``): the down
+    projection's backward casts above the layer's entry; compiled layers fuse the casts (not counted).
+    ``float8_weight_cast``: False when FSDP gathered the weights in fp8 (the weight is already fp8)."""
     kw = dict(family=family, regime=regime, attention=attention, s=s, b=b, device=device, rotary_dims=rotary_dims,
               code=code)
     if compiled and policy.kind == "none" and lora is None:
@@ -179,4 +185,11 @@ def layer_sizes(arch, *, family: str, regime: str, attention: str, s: int, b: in
     else:
         kept, kept_casts, rec = full, casts, 0
         parts = tuple((k.name, k.bytes) for k in saved)
-    return LayerSizes(full, casts, kept, kept_casts, rec, residual, extra, attn, parts)
+    f8 = 0
+    if float8 != "none" and not compiled:
+        from memcalc.model.float8 import eager_backward
+
+        # the down projection's, at the layer's backward entry; gate/up (and o, q, k, v) cast after the MLP's saved
+        # tensors began to go and, with ffn above hidden, stay below it (traced: tests/test_float8_timeline.py)
+        f8 = eager_backward(x.t, x.ffn, x.h, d, float8_weight_cast)
+    return LayerSizes(full, casts, kept, kept_casts, rec, residual, extra, attn, parts, f8)

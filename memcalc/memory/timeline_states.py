@@ -223,6 +223,11 @@ def sharded_states(arch: Architecture, family: str, width: int, units: ShardUnit
     return States(width * p, width * p, 2 * width * p + 4 * units.tensors, 0, buffer_bytes(arch, family, width), temp, 0)
 
 
+FLOAT8_WEIGHTS = ("q", "k", "v", "o", "gate", "up", "down", "fc1", "fc2")
+"""The decoder layer's projection weights torchao converts (``memcalc.model.float8.linears``), as ``param_tensors``
+names them after ``layer N ``: their biases, the norms, the embedding and the head stay in the compute dtype."""
+
+
 @frozen
 class FsdpOverlay:
     """What FSDP2 adds to a moment of the step, and its sharded states (None: no sharding; every method then
@@ -255,10 +260,18 @@ class FsdpOverlay:
     """Bytes of one layer's gradients at the storage's width without sharding (the single-GPU timeline's)."""
     root_flat: int
     """Bytes of the root's all-gather output."""
+    layer_reduce: int = -1
+    """Bytes of one layer's reduce-scatter input (world × padded shard at the gradients' width); -1: ``layer_flat``
+    (they differ when the weights are gathered in fp8 and their gradients reduced in the compute dtype)."""
 
     @staticmethod
     def make(arch: Architecture, family: str, regime: str, world: int, param_dtype: str | None, impl: str,
-             kind: str) -> FsdpOverlay | None:  # fmt: skip
+             kind: str, fp8_gather: bool = False) -> FsdpOverlay | None:  # fmt: skip
+        """``fp8_gather``: torchao's ``enable_fsdp_float8_all_gather`` (``WeightWithDynamicFloat8CastTensor
+        .fsdp_pre_all_gather``): the decoder layers' projection weights (``memcalc.model.float8``) are cast to fp8
+        before the all-gather, so their all-gather output and the unsharded weight kept until the reshard are 1 byte
+        per element (FSDP2 gathers a group of mixed dtypes as bytes: ``_fsdp_collectives.foreach_all_gather``); the
+        rest of the layer, the root and every gradient keep their width."""
         if world < 1:
             raise InputError(f"world {world} must be at least 1 (FSDP2 ranks)")
         if param_dtype not in (None, "bf16"):
@@ -271,7 +284,12 @@ class FsdpOverlay:
         st = sharded_states(arch, family, width, u, impl)
         flat = g * world * u.layer_shard
         root = g * world * u.root_shard
-        return FsdpOverlay(st, g, root, flat, flat, width * u.layer_shard, width, width * u.layer, root)
+        if not fp8_gather:
+            return FsdpOverlay(st, g, root, flat, flat, width * u.layer_shard, width, width * u.layer, root)
+        fp8 = sum(world * shard_elements(arch, name, n, world) for name, n in param_tensors(arch)
+                  if name.startswith("layer 0 ") and name[len("layer 0 "):] in FLOAT8_WEIGHTS)
+        gathered = flat - (g - 1) * fp8
+        return FsdpOverlay(st, g, root, gathered, gathered, width * u.layer_shard, width, width * u.layer, root, flat)
 
     @staticmethod
     def forward(fs: FsdpOverlay | None) -> list[tuple[str, int]]:
@@ -311,7 +329,8 @@ class FsdpOverlay:
                 ("all-gather output (this layer)" if gather else "all-gather output (next layer, prefetched)",
                  fs.layer_flat if i > 0 or gather else 0),
                 ("gradient shards of the layers above", done * fs.layer_grad_shard),
-                ("reduce-scatter input (layer above)", fs.layer_flat if done else 0)]
+                ("reduce-scatter input (layer above)",
+                 (fs.layer_flat if fs.layer_reduce < 0 else fs.layer_reduce) if done else 0)]
 
 
 FSDP_OFFLOADED = ("parameters", "optimizer states", "gradient shards of the layers above", "gradients (shards)",

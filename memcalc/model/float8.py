@@ -45,6 +45,23 @@ def layer_weights(arch: Architecture, tp: int = 1) -> int:
     return sum(i * o for i, o in linears(arch, tp))
 
 
+def eager_backward(tokens: int, i: int, o: int, d: int, weight_cast: bool = True) -> int:
+    """Bytes one eager ``Float8Linear`` (in ``i``, out ``o``) holds in its backward above its saved input and output
+    gradient: the larger of its two cast moments (torchao float8_linear.py ``matmul_with_hp_or_float8_args.backward``;
+    rowwise as tensorwise but for its per-row scales). Each cast of an activation-sized tensor holds 9 bytes per
+    element while it runs (``hp_tensor_and_scale_to_float8``: the fp32 product with the scale, its clamp, the fp8
+    result).
+
+    - the output gradient cast a second time (for the weight gradient): 9·T·o, beside the first fp8 copy (T·o), the
+      input gradient (d·T·i) and the weight's fp8 copy (i·o, not when FSDP gathered it in fp8);
+    - the input cast: 9·T·i, beside both fp8 copies of the output gradient (2·T·o), the input gradient and the weight's.
+
+    Traced on fake tensors with torchao 0.18 (tests/test_float8_timeline.py): the moments land on these bytes to within
+    torchao's fp32 scalars."""
+    w = i * o if weight_cast else 0
+    return max(10 * tokens * o + d * tokens * i + w, 2 * tokens * o + (9 + d) * tokens * i + w)
+
+
 def cast_bytes(arch: Architecture, recipe: str, tokens: int, tp: int = 1) -> int:
     """Bytes the fp8 casts of one layer move in one forward and backward over ``tokens`` tokens (memory-bound)."""
     act, weight = CAST_BYTES[recipe]

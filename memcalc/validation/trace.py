@@ -40,13 +40,16 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
                optimizer_impl: str = "foreach", recompute: str = "none", attention: str = "sdpa", steps: int = 2,
                world: int = 1, fsdp: bool = False, tp: int = 1, fsdp_param_dtype: str | None = None,
                fake: bool = True, seed: int = 0, sequence_parallel: bool = False,
-               loss_parallel: bool | None = None, capacity: int | None = None) -> Trace:
+               loss_parallel: bool | None = None, capacity: int | None = None, float8: str = "none",
+               float8_all_gather: bool = False) -> Trace:
     """Trace the last of ``steps`` training steps of rank 0; ``fake=False`` runs the same step on real tensors.
 
     ``world`` ranks are ``world // tp`` data-parallel (FSDP2-sharded when ``fsdp``) × ``tp`` tensor-parallel.
     ``fsdp_param_dtype="bf16"`` adds FSDP2's ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)``.
     ``sequence_parallel``: torchtitan's sequence-parallel TP plan (``trace_parallel._sp_plan``), with the loss under
     ``loss_parallel`` unless ``loss_parallel=False`` (None: as ``sequence_parallel``).
+    ``float8``: torchao's ``convert_to_float8_training`` on every linear but the head (torchtitan's filter), with
+    ``float8_all_gather`` its FSDP2 fp8 all-gather (needs torchao installed; the casts run eagerly).
     ``capacity``: the bytes the caching allocator may reserve (the GPU's memory less the CUDA context); the replayed
     allocator then reports the first request the GPU could not serve (``Trace.oom_request``).
     """
@@ -60,6 +63,10 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
         raise InputError(f"tp({tp}) must divide world({world}); accepted: world = data-parallel × tp")
     if fsdp_param_dtype not in (None, "bf16"):
         raise InputError(f"fsdp_param_dtype {fsdp_param_dtype!r} is not supported; accepted: bf16 or None")
+    if float8 not in ("none", "tensorwise", "rowwise"):
+        raise InputError(f"float8 {float8!r} is not one of none, tensorwise, rowwise")
+    if float8_all_gather and (float8 != "tensorwise" or not fsdp):
+        raise InputError("float8_all_gather needs float8 'tensorwise' and fsdp (torchao's FSDP2 fp8 all-gather)")
     if sequence_parallel and tp < 2:
         raise InputError(f"sequence_parallel needs tp above 1; got tp {tp}")
     loss_parallel = sequence_parallel if loss_parallel is None else loss_parallel
@@ -75,6 +82,8 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
     with fake_process_group(world, tp, fsdp) as mesh:
         with FakeTensorMode() if fake else contextlib.nullcontext():
             model = build_model(hf_config, spec)
+            if float8 != "none":
+                convert_float8(model, float8, float8_all_gather)
             if world > 1 or fsdp:
                 apply_layout(model, mesh, dp=dp, tp=tp, fsdp=fsdp, mp_bf16=fsdp_param_dtype == "bf16",
                              sequence_parallel=sequence_parallel, loss_parallel=loss_parallel)
@@ -86,6 +95,18 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
         result = tracker.result(label, tracker.seconds)
         del model, optimizer, ids, pos
     return result
+
+
+def convert_float8(model: torch.nn.Module, recipe: str, all_gather: bool) -> None:
+    """torchao float8 training as torchtitan applies it: every ``nn.Linear`` but the head becomes a ``Float8Linear``
+    (torchao ``convert_to_float8_training``; torchtitan filters ``output``, Hugging Face's head is ``lm_head``)."""
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError as e:
+        raise InputError("float8 tracing needs torchao: pip install torchao") from e
+    config = (Float8LinearConfig(enable_fsdp_float8_all_gather=all_gather) if recipe == "tensorwise"
+              else Float8LinearConfig.from_recipe_name(recipe))
+    convert_to_float8_training(model, config=config, module_filter_fn=lambda module, fqn: fqn != "lm_head")
 
 
 def trace_summary(trace: Trace) -> dict:
