@@ -201,3 +201,19 @@ def test_summary_and_entry_point(tmp_path):
 def test_bad_input(kw, match):
     with pytest.raises(InputError, match=match):
         trace_step(LLAMA, seq_len=S, **kw)
+
+
+def test_trace_command_prints_nothing_but_its_answer(tmp_path) -> None:
+    """`memcalc trace` under full recompute, in a process of its own: stderr stays empty (no transformers
+    FutureWarning for the renamed checkpointing call, no torchao loader lines where torchao is installed)."""
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(dict(model_type="llama", hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=128)))
+    run = subprocess.run([sys.executable, "-m", "memcalc", "trace", "--hf-config", str(cfg), "--seq-len", "32",
+                          "--recompute", "full"], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stderr == ""
+    assert json.loads(run.stdout)["peak_phase"]

@@ -9,6 +9,7 @@ runs on real tensors and on fake ones (``trace.trace_step`` wraps it in ``FakeTe
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -68,9 +69,26 @@ def eager_masks() -> Iterator[None]:
         masking_utils.find_packed_sequence_indices = orig
 
 
+@contextlib.contextmanager
+def _quiet_imports() -> Iterator[None]:
+    """transformers imports torchao when it is installed; torchao's loader then logs each compiled extension this torch
+    cannot load (CUDA-only kernels on a CPU build) and torch's pytree notes its enum registrations. Neither concerns
+    the traced step: both loggers are held at ERROR while the import runs."""
+    names = ("torchao", "torch.utils._pytree")
+    levels = [logging.getLogger(n).level for n in names]
+    for n in names:
+        logging.getLogger(n).setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for n, level in zip(names, levels):
+            logging.getLogger(n).setLevel(level)
+
+
 def build_model(hf_config: dict, spec: StepSpec) -> torch.nn.Module:
     """The model with random weights on the current (possibly fake) mode, in training mode."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    with _quiet_imports():
+        from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = dict(hf_config)
     model_type = cfg.pop("model_type", None)
@@ -78,12 +96,20 @@ def build_model(hf_config: dict, spec: StepSpec) -> torch.nn.Module:
         raise InputError("hf_config lacks 'model_type'; accepted: a Hugging Face config.json dict")
     for key in ("architectures", "transformers_version", "_name_or_path", "torch_dtype", "dtype"):
         cfg.pop(key, None)
-    config = AutoConfig.for_model(model_type, **cfg)
+    if spec.recompute == "full":  # what transformers sets itself under checkpointing (and logs a line to say so)
+        cfg["use_cache"] = False
     dtype = torch.bfloat16 if spec.precision == "bf16" else torch.float32
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=spec.attention, dtype=dtype)
+    with _quiet_imports():  # the model classes import the rest lazily
+        config = AutoConfig.for_model(model_type, **cfg)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=spec.attention, dtype=dtype)
     model.train()
     if spec.recompute == "full":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # transformers 5 renamed it (the old name warns that it goes in v6); older releases have only the old one
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
 
 
