@@ -436,6 +436,20 @@ def test_the_command_names_the_ignored_keys_of_a_file_the_yaml_points_at(monkeyp
     assert ", ../deepspeed_config_templates/zero_stage1_config.json," not in line + ","
 
 
+def test_a_failing_estimate_prints_its_error_line_alone(tmp_path) -> None:
+    """The file's notes are printed once the estimate stands; when it fails, the error line is all of stderr."""
+    from typer.testing import CliRunner
+
+    from memcalc.cli import app
+
+    toml = DATA / "torchtitan" / "v0.2.0_debug_model.toml"  # a debug model: no preset, no shape
+    res = CliRunner().invoke(app, ["estimate", "--torchtitan-config", str(toml), "--gpus", "8"])
+    assert res.exit_code == 2
+    assert res.stderr.splitlines() == [next(x for x in res.stderr.splitlines() if "error:" in x)]
+    ok = CliRunner().invoke(app, ["estimate", "--torchtitan-config", str(toml), "--gpus", "8", "--model", "llama-3-8b"])
+    assert ok.exit_code == 0 and "keys do not change memory" in ok.stderr
+
+
 def test_the_command_says_flags_where_the_reader_names_arguments(tmp_path) -> None:
     # the readers' notes name memcalc.estimate's arguments; a command-line user is told the flags
     from typer.testing import CliRunner

@@ -24,10 +24,12 @@ def typed(ctx: Any) -> set[str]:
 
 def with_config(ctx: Any, kwargs: dict[str, Any], deepspeed: str | None, accelerate: str | None,
                 torchtitan: str | None, *, quiet: bool = False, origin: dict[str, tuple[str, Any]] | None = None,
-                ) -> dict[str, Any]:
+                said: list[str] | None = None) -> dict[str, Any]:
     """``kwargs`` (the command's arguments for ``memcalc.estimate``) with a config file's arguments beneath them.
 
-    origin: filled with the arguments the file gave (name -> (the file, the value)), for ``blame``."""
+    origin: filled with the arguments the file gave (name -> (the file, the value)), for ``blame``. said: gets the
+    reading's stderr lines (what is not modelled, the notes, the ignored keys) instead of stderr, for the caller to
+    print once the estimate succeeded (a failing one prints its one error line alone)."""
     files = [(flag, f) for flag, f in (("--deepspeed", deepspeed), ("--accelerate-config", accelerate),
                                        ("--torchtitan-config", torchtitan)) if f is not None]
     if not files:
@@ -64,12 +66,15 @@ def with_config(ctx: Any, kwargs: dict[str, Any], deepspeed: str | None, acceler
     except InputError as e:
         raise InputError(as_flags(str(e))) from None
     if not quiet:
-        for what, items in (("not modelled", reading.unmodelled), ("note", reading.notes)):
-            for item in items:
-                sys.stderr.write(f"memcalc: {reading.source}: {what}: {as_flags(item)}\n")
+        lines = [f"memcalc: {reading.source}: {what}: {as_flags(item)}\n"
+                 for what, items in (("not modelled", reading.unmodelled), ("note", reading.notes)) for item in items]
         if reading.ignored:
-            sys.stderr.write(f"memcalc: {reading.source}: {len(reading.ignored)} keys do not change memory and are "
-                             f"ignored: {', '.join(_key(x) for x in reading.ignored)}\n")
+            lines.append(f"memcalc: {reading.source}: {len(reading.ignored)} keys do not change memory and are "
+                         f"ignored: {', '.join(_key(x) for x in reading.ignored)}\n")
+        if said is None:
+            sys.stderr.writelines(lines)
+        else:
+            said += lines
     kept = {k: v for k, v in kwargs.items() if k not in given}
     merged = merge_arguments(reading.arguments, {k: kwargs[k] for k in given})
     if origin is not None:

@@ -4,6 +4,7 @@ No ``from __future__ import annotations`` here: typer reads every option's annot
 annotations spare it evaluating seventy strings twice.
 """
 
+import sys
 from typing import Annotated, Any
 
 import typer
@@ -208,11 +209,14 @@ def estimate(
             float8=float8, float8_all_gather=float8_all_gather,
         )  # fmt: skip
         origin: dict[str, tuple[str, Any]] = {}
-        arguments = with_config(ctx, kwargs, deepspeed, accelerate_config, torchtitan_config, origin=origin)
+        said: list[str] = []
+        arguments = with_config(ctx, kwargs, deepspeed, accelerate_config, torchtitan_config, origin=origin,
+                                said=said)  # fmt: skip
         try:
             result = run(**arguments)
         except InputError as e:
             raise blame(e, arguments, origin) from None
+        sys.stderr.writelines(said)  # the file's notes, once the estimate stands (an error prints its line alone)
         show(result, output_format(fmt, json), u)
 
     run_or_fail(go)
