@@ -186,6 +186,33 @@ def main() -> None:
 
     print()
     single_gpu()
+    print()
+    torchtitan_parallel()
+
+
+# torchtitan's benchmark, Tables 2 and 4-6 (TPS/GPU): the same runs whose memory docs/generate_published.py answers,
+# with the same arguments (compile and Float8, which memcalc times as eager layers with fp8 GEMMs)
+TITAN_TPS = {"Table 2: FSDP 8, seq 32768, full AC, compile, float8": 3890, "Table 2: FSDP 4 x CP 2, seq 65536": 2540,
+             "Table 4: 70B, FSDP 32 x TP 8, full AC, compile, float8": 829, "Table 5: 1F1B, local batch 32": 100,
+             "Table 5: interleaved 1F1B": 128, "Table 6: FSDP 8, CP 1, seq 32768": 76,
+             "Table 6: FSDP 4, CP 2, seq 65536": 47, "Table 6: FSDP 2, CP 4, seq 131072": 31,
+             "Table 6: FSDP 1, CP 8, seq 262144": 16}  # fmt: skip
+
+
+def torchtitan_parallel() -> None:
+    from generate_published import TORCHTITAN as MEM
+    from generate_published import TORCHTITAN_PP
+
+    print("| torchtitan run (H100 96GB, 500 W) | published tokens/s/GPU | predicted | error | compute + recompute s "
+          "| bubble s | step s |")
+    print("|---|---|---|---|---|---|---|")
+    for name, _, kw in [*MEM, *TORCHTITAN_PP]:
+        if name not in TITAN_TPS:
+            continue
+        t = memcalc.estimate(**kw).time
+        pub, tps, b = TITAN_TPS[name], t.tokens_per_s_per_gpu, t.breakdown
+        print(f"| {name} | {pub:,} | {tps:,.0f} | {100 * (tps / pub - 1):+.1f} % | "
+              f"{b.compute_s + b.recompute_s:.1f} | {b.bubble_s:.1f} | {t.step_s:.2f} |")
 
 
 def single_gpu() -> None:
