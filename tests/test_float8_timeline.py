@@ -39,8 +39,9 @@ def test_fp8_all_gather_peak_against_torchao_under_fsdp2(world: int, recompute: 
                                 fsdp_param_dtype="bf16", recompute=recompute, float8="tensorwise",
                                 float8_all_gather=ag)  # fmt: skip
         model[ag] = timeline(arch, family="llama", regime="fp32", attention="sdpa", s=S, b=B, world=world, fsdp=True,
-                             fsdp_param_dtype="bf16", recompute=recompute, float8_all_gather=ag).peak  # fmt: skip
-    assert model[False].live_bytes == traced[False].peak  # float8 without the fp8 gather: the bf16 timeline, exact
+                             fsdp_param_dtype="bf16", recompute=recompute, float8="tensorwise",
+                             float8_all_gather=ag).peak  # fmt: skip
+    assert model[False].live_bytes == traced[False].peak  # float8 without the fp8 gather: exact
     assert 0 <= traced[True].peak - model[True].live_bytes <= SCALES
     assert model[True].phase == traced[True].peak_phase == "backward"
     # what the fp8 gather saves at the peak: one layer's converted weights gathered (the last layer's all-gather
