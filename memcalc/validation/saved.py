@@ -150,7 +150,9 @@ def build(family: str, regime: Regime, attention: str, recompute: bool) -> nn.Mo
     model = AutoModelForCausalLM.from_config(config, attn_implementation=attention, dtype=dtype)
     model.train()
     if recompute:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        from memcalc.validation.trace_step import enable_checkpointing
+
+        enable_checkpointing(model)
     return model
 
 

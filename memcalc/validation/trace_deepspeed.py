@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from memcalc.errors import InputError
-from memcalc.validation.trace_step import ATTENTIONS, RECOMPUTES, mark_phases
+from memcalc.validation.trace_step import ATTENTIONS, RECOMPUTES, enable_checkpointing, mark_phases
 from memcalc.validation.trace_tracker import BASELINE, LiveBytes, Trace
 
 STAGES = (0, 1, 2, 3)
@@ -252,7 +252,7 @@ def _engine(hf_config: dict, attention: str, optimizer: str, recompute: str, con
     engine, _, _, _ = deepspeed.initialize(model=model, config=config,
                                            optimizer=torch.optim.AdamW(model.parameters(), lr=1e-4, **impl))
     if recompute == "full":
-        engine.module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(engine.module)
     return engine
 
 

@@ -104,13 +104,18 @@ def build_model(hf_config: dict, spec: StepSpec) -> torch.nn.Module:
         model = AutoModelForCausalLM.from_config(config, attn_implementation=spec.attention, dtype=dtype)
     model.train()
     if spec.recompute == "full":
-        # transformers 5 renamed it (the old name warns that it goes in v6); older releases have only the old one
-        enable = getattr(model, "activation_checkpointing_enable", None)
-        if enable is not None:
-            enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     return model
+
+
+def enable_checkpointing(model: torch.nn.Module) -> None:
+    """Non-reentrant checkpointing of every decoder layer: transformers 5's ``activation_checkpointing_enable`` (the
+    old ``gradient_checkpointing_enable`` warns that it goes in v6), the old name on releases that lack the new one."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
