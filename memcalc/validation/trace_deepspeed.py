@@ -36,7 +36,12 @@ from typing import Any
 import torch
 
 from memcalc.errors import InputError
-from memcalc.validation.trace_step import ATTENTIONS, RECOMPUTES, enable_checkpointing, mark_phases
+from memcalc.validation.trace_step import (
+    ATTENTIONS,
+    RECOMPUTES,
+    enable_checkpointing,
+    mark_phases,
+)
 from memcalc.validation.trace_tracker import BASELINE, LiveBytes, Trace
 
 STAGES = (0, 1, 2, 3)
