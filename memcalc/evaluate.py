@@ -203,11 +203,8 @@ def _collectives(plan: Plan, issued: list, psi: int, stage: int, st: object) -> 
 
             sp = lr.split(psi, arch.layers, lr.layer_lora(arch, plan.lora), plan.lora.quantize, p.param_bytes)
             trainable, gathered = sp.adapters, sp.frozen_bytes + sp.adapters * p.param_bytes
-        elif plan.float8_all_gather and arch is not None:
-            from memcalc.model.float8 import layer_weights  # the converted weights travel as 1-byte fp8 data
-
-            fp8 = paper.layer_count(plan, stage) * layer_weights(arch, plan.tp)
-            gathered = psi * p.param_bytes - fp8 * (p.param_bytes - 1)
+        elif plan.float8_all_gather and arch is not None:  # the converted weights travel as 1-byte fp8 data
+            gathered = paper.fp8_gathered_bytes(plan, stage, psi)
         # torchtitan reduces FSDP gradients in fp32 (MixedPrecisionPolicy reduce_dtype: its default
         # ``mixed_precision_reduce = "float32"``, torchtitan config/configs.py) when a master copy exists.
         fp32_reduce = composition(plan.framework).fsdp_reduce_fp32 and plan.spec.framework == "fsdp" and p.master_bytes > 0

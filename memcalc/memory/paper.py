@@ -191,6 +191,17 @@ def fsdp_under_pipeline(plan: Plan) -> bool:
             and composition(plan.framework).fsdp_in_pipeline)
 
 
+def fp8_gathered_bytes(plan: Plan, stage: int, psi: int) -> int:
+    """Bytes FSDP gathers for stage ``stage``'s ``psi`` parameters under ``--float8-all-gather``: the converted weights
+    (Ψ8, ``memcalc.model.float8.layer_weights`` per layer) as 1-byte fp8 data, the rest in the compute dtype:
+    Ψ8 + b·(Ψ − Ψ8) (torchao fsdp_utils.py ``WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather``)."""
+    from memcalc.model.float8 import layer_weights
+
+    assert plan.arch is not None
+    b = plan.precision.param_bytes
+    return psi * b - layer_count(plan, stage) * layer_weights(plan.arch, plan.tp) * (b - 1)
+
+
 def pipeline_fsdp_rows(plan: Plan, groups: list[ParamGroup], stage: int = 0) -> list[Row]:
     """What a pipeline stage under FSDP2 keeps unsharded for the whole step. torchtitan does not reshard after
     forward when pipelining ("to avoid per-microbatch all-gathers", torchtitan/distributed/fsdp.py
@@ -209,10 +220,7 @@ def pipeline_fsdp_rows(plan: Plan, groups: list[ParamGroup], stage: int = 0) -> 
     acc = 4 if p.master_bytes else p.grad_bytes
     gathered, what, formula = psi * p.param_bytes, p.low_dtype, f"{p.param_bytes}Ψ_stage"
     if plan.float8_all_gather and plan.arch is not None:
-        from memcalc.model.float8 import layer_weights
-
-        fp8 = layer_count(plan, stage) * layer_weights(plan.arch, plan.tp)
-        gathered -= fp8 * (p.param_bytes - 1)
+        gathered = fp8_gathered_bytes(plan, stage, psi)
         what, formula = f"fp8 linears, the rest {p.low_dtype}", f"Ψ8 + {p.param_bytes}(Ψ_stage - Ψ8)"
     return [Row("pipeline_gathered_parameters", f"stage parameters, gathered ({what})", gathered,
                 "gpu", "model_state", f"{formula}: not resharded after forward under pipelining "

@@ -223,11 +223,6 @@ def sharded_states(arch: Architecture, family: str, width: int, units: ShardUnit
     return States(width * p, width * p, 2 * width * p + 4 * units.tensors, 0, buffer_bytes(arch, family, width), temp, 0)
 
 
-FLOAT8_WEIGHTS = ("q", "k", "v", "o", "gate", "up", "down", "fc1", "fc2")
-"""The decoder layer's projection weights torchao converts (``memcalc.model.float8.linears``), as ``param_tensors``
-names them after ``layer N ``: their biases, the norms, the embedding and the head stay in the compute dtype."""
-
-
 @frozen
 class FsdpOverlay:
     """What FSDP2 adds to a moment of the step, and its sharded states (None: no sharding; every method then
@@ -286,8 +281,10 @@ class FsdpOverlay:
         root = g * world * u.root_shard
         if not fp8_gather:
             return FsdpOverlay(st, g, root, flat, flat, width * u.layer_shard, width, width * u.layer, root)
+        from memcalc.model.float8 import CONVERTED
+
         fp8 = sum(world * shard_elements(arch, name, n, world) for name, n in param_tensors(arch)
-                  if name.startswith("layer 0 ") and name[len("layer 0 "):] in FLOAT8_WEIGHTS)
+                  if name.startswith("layer 0 ") and name[len("layer 0 "):] in CONVERTED)
         gathered = flat - (g - 1) * fp8
         return FsdpOverlay(st, g, root, gathered, gathered, width * u.layer_shard, width, width * u.layer, root, flat)
 
