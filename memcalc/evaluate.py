@@ -247,6 +247,9 @@ def notes(plan: Plan) -> list[str]:
     if plan.spec.name == "zero-3" and plan.zero3 != Zero3Settings():
         out.append("the ZeRO-3 coordinator settings given (stage3_max_live_parameters, ...) are not used: the paper "
                    "accounting has no coordinator (the realistic and implementation accountings replay it)")
+    if plan.fsdp_wrap != "root":
+        out.append(f"--fsdp-wrap {plan.fsdp_wrap} (where FSDP2's units put the embedding and the head) is read by the "
+                   "realistic accounting only; the paper accounting counts every unit alike")
     if plan.arch is not None and plan.work is not None:
         from memcalc.memory.scope import why_not
 

@@ -61,16 +61,21 @@ def test_fp8_gather_shrinks_the_layer_all_gather_not_the_reduce_scatter() -> Non
 
 
 def test_fp8_gather_is_answered_by_the_realistic_accounting() -> None:
-    """Llama 3 8B, torchtitan's FSDP2 on 8 ranks: the realistic accounting answers, and its peak falls by the
-    converted weights of the gathered layer copies alive at the peak, one byte per element each (one to three
-    copies: this layer, the prefetched next one, the previous all-gather output)."""
+    """Llama 3 8B, torchtitan's FSDP2 on 8 ranks with the embedding and head in the root (its v0.1 units, under which
+    the last layer's all-gather output is alive at this step's peak, the loss's backward): the realistic accounting
+    answers, and its peak falls by the converted weights of the gathered layer copies alive at the peak, one byte
+    per element each (one to three copies: this layer, the prefetched next one, the previous all-gather output).
+    Under v0.2's units nothing of a layer is gathered at that peak, and the fp8 gather leaves it as it is."""
     from memcalc.inputs.presets import load_model
 
     kw = dict(model="llama-3-8b", fsdp="FULL_SHARD", fsdp_version=2, gpus=8, precision="bf16-mixed", seq_len=8192,
               micro_batch=1, recompute="full", attention="sdpa", gpu="h100", framework="torchtitan",
-              float8="tensorwise")
+              float8="tensorwise", fsdp_wrap="root")
     plain, fp8 = memcalc.estimate(**kw), memcalc.estimate(**kw, float8_all_gather=True)
     assert plain.accounting == fp8.accounting == "realistic"
+    kw["fsdp_wrap"] = "separate"
+    assert memcalc.estimate(**kw).memory.per_gpu.peak_allocated == memcalc.estimate(
+        **kw, float8_all_gather=True).memory.per_gpu.peak_allocated
     n8 = layer_weights(load_model("llama-3-8b"))
     assert n8 == 218_103_808
     assert n8 <= plain.memory.per_gpu.peak_allocated - fp8.memory.per_gpu.peak_allocated <= 3 * n8

@@ -152,8 +152,9 @@ def test_micro_batch_auto_stops_at_the_last_that_fits_on_the_realistic_verdict()
 
 
 def test_published_torchtune_rows_and_out_of_memory_runs():
-    """docs/generate_published.py's rows: torchtune's Llama 3.2 3B memory table within 5 % of every row, and every
-    published run that ran out of memory answered oom."""
+    """docs/generate_published.py's rows: torchtune's Llama 3.2 3B memory table within 5 % of every row, its 8B and
+    70B recipes within 10 % (torchtune's own Llama code, counted as Hugging Face's; the 70B row's CPU offload read
+    from FSDP2's code, not traced: -7.7 %), and every published run that ran out of memory answered oom."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs"))
@@ -161,7 +162,7 @@ def test_published_torchtune_rows_and_out_of_memory_runs():
 
     for name, measured, _, kw in g.PEAKS:
         got = memcalc.estimate(**kw).memory.per_gpu.peak_allocated / GiB
-        assert abs(got - measured) <= 0.05 * measured, (name, got, measured)
+        assert abs(got - measured) <= (0.05 if name.startswith("TUNE-3b") else 0.10) * measured, (name, got, measured)
     for name, ran, kw in g.FITS:
         assert memcalc.estimate(**kw).memory.fit.verdict == ran, name
 

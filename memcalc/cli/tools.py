@@ -102,6 +102,7 @@ def trace(
     fsdp: Annotated[bool, typer.Option("--fsdp", help="FSDP2 fully_shard per decoder layer and the root.")] = False,
     tp: Annotated[int, typer.Option("--tp", help="DTensor tensor-parallel degree.")] = 1,
     fsdp_param_dtype: Annotated[str | None, typer.Option("--fsdp-param-dtype", help="bf16: FSDP2's MixedPrecisionPolicy(param_dtype=bfloat16) over fp32 shards (use with --precision fp32).")] = None,
+    fsdp_wrap: Annotated[str, typer.Option("--fsdp-wrap", help="With --fsdp: root (embedding, final norm and head in the root), separate (torchtitan's units) or separate-reshard (torchtune's).")] = "root",
     gpu: Annotated[str | None, typer.Option("--gpu", help="A GPU preset or .toml: replay the steps' allocations into its memory (less the CUDA context) and say whether a request fails.")] = None,
 ) -> None:
     """Run one real training step of the model's code on fake tensors (CPU, no GPU, no weights) and print its
@@ -133,7 +134,8 @@ def trace(
         cfg = js.loads(data.decode("utf-8-sig"))
         t = trace_step(cfg, seq_len=seq_len, micro_batch=micro_batch, precision=precision,
                        optimizer_impl=optimizer_impl, recompute=recompute, attention=attention, world=world,
-                       fsdp=fsdp, tp=tp, fsdp_param_dtype=fsdp_param_dtype, capacity=capacity)
+                       fsdp=fsdp, tp=tp, fsdp_param_dtype=fsdp_param_dtype, capacity=capacity,
+                       fsdp_wrap=fsdp_wrap.strip().lower())
         summary = trace_summary(t)
         sys.stdout.write(js.dumps(summary, indent=2) + "\n")
 

@@ -65,6 +65,14 @@ def read_torchtitan(path: str | os.PathLike[str], *, world_size: int | None = No
             strategy = "_HYBRID_SHARD_ZERO2" if keep else "HYBRID_SHARD"
             c.arguments["shard_group"] = shard * cp  # fully_shard on (dp_replicate, dp_shard_cp)
         c.arguments.update(fsdp=strategy, fsdp_version=2)
+        if releases == ("0.1.0",):  # apply_fsdp wrapped the embedding and the head in the root until v0.2.0
+            c.arguments["fsdp_wrap"] = "root"
+            c.note("torchtitan v0.1.0 keeps the embedding, final norm and head in FSDP's root unit (v0.2 shards them "
+                   "as units of their own)")
+        elif reshard == "always":  # [norm, output] resharded after forward too
+            c.arguments["fsdp_wrap"] = "separate-reshard"
+            c.note("fsdp_reshard_after_forward 'always' reshards the head's unit after its forward as well (its "
+                   "final norm, a vector, counted in the root)")
         if keep and reshard == "default":
             c.note("fsdp_reshard_after_forward 'default' keeps parameters gathered after forward under pipeline parallelism")
     else:

@@ -95,6 +95,18 @@ def parse_strategy(text: str, shard_group: int | None = None) -> Strategy:
     return Strategy(name=name, shard_group=group, **fields)  # type: ignore[arg-type]
 
 
+def _fsdp_wrap(given: str | None) -> str | None:
+    """``--fsdp-wrap``: one of ``memcalc.layout.compose.FSDP_WRAPS``, or None (the framework's)."""
+    from memcalc.layout.compose import FSDP_WRAPS
+
+    if given is not None and given not in FSDP_WRAPS:
+        from memcalc.errors import did_you_mean
+
+        raise InputError(f"--fsdp-wrap {shown(given)} is not accepted{did_you_mean(given, FSDP_WRAPS)}; accepted: "
+                         f"{', '.join(FSDP_WRAPS)}")
+    return given
+
+
 def _strategy(
     stage: int | str | None, fsdp: str | None, ddp: bool, strategy: str | Strategy | None,
     offload_optimizer: str, offload_params: str, shard_group: int | None,
@@ -236,6 +248,7 @@ def build_input(
     buffer_factor: float = 1.5,
     largest_layer_params: int | float | str | None = None,
     fsdp_version: int = 1,
+    fsdp_wrap: str | None = None,
     bucket_view: bool = False,
     min_num_params: int | float | str | None = None,
     max_reuse_distance: int | float | str | None = None,
@@ -340,6 +353,8 @@ def build_input(
     _choice("--zero3-step", zero3_step, ("steady", "first"))
     if fsdp_version not in (1, 2):
         raise InputError(f"--fsdp-version {fsdp_version!r} is not accepted; accepted: 1, 2")
+    if fsdp_wrap is not None:
+        fsdp_wrap = fsdp_wrap.strip().lower()
     if not buffer_factor > 0:
         raise InputError(f"--buffer-factor {buffer_factor!r} must be positive")
     estimator = EstimatorOptions(
@@ -351,6 +366,7 @@ def build_input(
         estimator=estimator,
         framework=FrameworkOptions(
             fsdp_version=fsdp_version,  # type: ignore[arg-type]
+            fsdp_wrap=_fsdp_wrap(fsdp_wrap),  # type: ignore[arg-type]
             bucket_view=bucket_view,
             min_num_params=None if min_num_params is None else parse_count(min_num_params, "--min-num-params"),
             max_reuse_distance=_elements("--max-reuse-distance", max_reuse_distance),

@@ -188,6 +188,9 @@ class EstimateInput(Record):
         fw, est = self.framework, self.estimator
         if fw.fsdp_version == 2 and spec.framework != "fsdp":
             raise InputError(f"--fsdp-version 2 describes FSDP (fully_shard); it needs --fsdp (got {spec.label})")
+        if fw.fsdp_wrap is not None and (spec.framework != "fsdp" or fw.fsdp_version != 2):
+            raise InputError(f"--fsdp-wrap places the embedding and the head among FSDP2's units; it needs --fsdp with "
+                             f"--fsdp-version 2 (got {spec.label}{', --fsdp-version 1' if spec.framework == 'fsdp' else ''})")
         if fw.bucket_view and spec.framework != "ddp":
             raise InputError(f"--bucket-view is DDP's gradient_as_bucket_view; it needs --ddp (got {spec.label})")
         if (est.buffer_factor != 1.5 or not est.zero_init or est.largest_layer_params is not None) \
@@ -324,6 +327,18 @@ class EstimateInput(Record):
         from memcalc.layout.compose import framework, shard_over
 
         return shard_over(self.parallelism.shard_over, framework(self.parallelism.framework))
+
+    @property
+    def fsdp_wrap(self) -> str:
+        """Where FSDP2's units put the embedding and the head: the override, else the framework's, else root; root
+        for a tied embedding (memcalc.layout.compose.fsdp_wrap) and for every strategy but FSDP2."""
+        from memcalc.layout.compose import framework, fsdp_wrap
+
+        if self.strategy.spec.framework != "fsdp" or self.framework.fsdp_version != 2:
+            return "root"
+        arch = self.model.architecture
+        tied = arch is not None and arch.tied_embeddings
+        return fsdp_wrap(self.framework.fsdp_wrap, framework(self.parallelism.framework), tied)
 
     @property
     def shard_domain(self) -> int:

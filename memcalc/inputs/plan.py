@@ -27,6 +27,6 @@ def to_plan(inp: EstimateInput) -> Plan:
         reduce_bucket_size=f.reduce_bucket_size or REDUCE_BUCKET_SIZE, overlap_comm=bool(f.overlap_comm),
         zero_init=e.zero_init, buffer_factor=e.buffer_factor, largest_layer_params=e.largest_layer_params,
         lora=inp.lora_plan,  # type: ignore[arg-type]
-        shard_over=inp.shard_over, stage_layers=inp.stage_layers, framework=par.framework,
+        shard_over=inp.shard_over, stage_layers=inp.stage_layers, framework=par.framework, fsdp_wrap=inp.fsdp_wrap,
         float8=inp.float8, float8_all_gather=inp.float8_all_gather,
     )

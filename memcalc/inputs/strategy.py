@@ -131,6 +131,9 @@ class FrameworkOptions(Record):
 
     fsdp_version: Literal[1, 2] = 1
     """1: FullyShardedDataParallel (FlatParameter per unit); 2: fully_shard (per-parameter DTensor shards)."""
+    fsdp_wrap: Literal["root", "separate", "separate-reshard"] | None = None
+    """FSDP2: where its units put the embedding and the head (memcalc.layout.compose.FSDP_WRAPS); None: the
+    framework's (torchtitan separate, torchtune separate-reshard), else root."""
     bucket_view: bool = False
     """DDP: gradient_as_bucket_view (buckets are the gradients, no second copy)."""
     min_num_params: int | None = bounded(default=None, gt=0, le=MAX_COUNT)

@@ -37,6 +37,15 @@ from itertools import accumulate
 from memcalc.errors import InputError, did_you_mean, shown
 from memcalc.frozen import frozen
 
+FSDP_WRAPS = ("root", "separate", "separate-reshard")
+"""Where FSDP2's units put the embedding and the head (every decoder layer is a unit of its own in all three):
+root: in the root, with the final norm, gathered from the forward's start to the root's post-backward (accelerate's
+transformer-based wrap; torchtitan up to v0.1.0 ``apply_fsdp``); separate: the embedding a unit resharded after its
+forward, the final norm and the head one unit kept gathered from its forward to its post-backward (torchtitan since
+July 2025, v0.2.0 on: ``fully_shard([model.norm, model.output], reshard_after_forward=False)``); separate-reshard:
+the embedding and the head each a unit resharded after its forward, the final norm in the root (torchtune's
+``custom_sharded_layers: ['tok_embeddings', 'output']``, ``training.shard_model``). A tied embedding and head share
+one weight, which FSDP2 cannot put in two units: root only."""
 SHARD_OVER = ("dp", "dp-cp")
 """dp: the data-parallel ranks only; dp-cp: the data x context ranks, as one flattened group."""
 DEFAULT_SHARD_OVER = "dp-cp"
@@ -78,6 +87,10 @@ class Framework:
     (the larger answer) unless --compile-loss or a config's ``compile.components`` says so."""
     compiles_chunked_loss: bool = True
     """The same for a chunked cross-entropy (torchtune compiles it in place; torchtitan as above)."""
+    fsdp_wrap: str = "root"
+    """Where its FSDP2 units put the embedding and the head (``FSDP_WRAPS``): torchtitan's ``apply_fsdp`` since
+    v0.2.0 separate; torchtune's distributed recipes with ``custom_sharded_layers: ['tok_embeddings', 'output']``
+    (recipes/configs/llama3_1/70B_full.yaml, 8B_full.yaml) separate-reshard; accelerate's transformer-based wrap root."""
     optimizer_impl: str = "foreach"
     """The AdamW its configs run when --optimizer-impl is not given: torch's foreach (the default on CUDA, what the
     Hugging Face Trainer's ``adamw_torch`` gets); torchtitan ``implementation = "fused"``
@@ -89,9 +102,10 @@ class Framework:
 FRAMEWORKS: dict[str, Framework] = {
     "hf": Framework("hf", "dp-cp", True, "none", "", dtensor_tp=True),
     "torchtitan": Framework("torchtitan", "dp-cp", True, "weighted", "", model_code="torchtitan", dtensor_tp=True,
-                            fsdp_reduce_fp32=True, fsdp_in_pipeline=True, optimizer_impl="fused",
+                            fsdp_reduce_fp32=True, fsdp_in_pipeline=True, optimizer_impl="fused", fsdp_wrap="separate",
                             compiles_plain_loss=False, compiles_chunked_loss=False),
-    "torchtune": Framework("torchtune", "dp", False, "none", "", optimizer_impl="fused", compiles_plain_loss=False),
+    "torchtune": Framework("torchtune", "dp", False, "none", "", optimizer_impl="fused", compiles_plain_loss=False,
+                           fsdp_wrap="separate-reshard"),
     "megatron": Framework("megatron", "dp-cp", True, "even",
                           "Megatron-LM splits layers evenly unless the first and last stages are given "
                           "(--decoder-first/last-pipeline-num-layers)", model_code="megatron", optimizer_impl="fused"),
@@ -140,6 +154,20 @@ def shard_over(given: str | None, fw: Framework | None) -> str:
             raise InputError(f"--shard-over {shown(given)} is not accepted; accepted: {', '.join(SHARD_OVER)}")
         return given
     return fw.shard_over if fw is not None else DEFAULT_SHARD_OVER
+
+
+def fsdp_wrap(given: str | None, fw: Framework | None, tied: bool) -> str:
+    """Where FSDP2's units put the embedding and the head: the override, else the framework's, else root; a tied
+    embedding stays in the root (the override cannot move it: one line)."""
+    if given is not None:
+        if given not in FSDP_WRAPS:
+            raise InputError(f"--fsdp-wrap {shown(given)} is not accepted{did_you_mean(str(given), FSDP_WRAPS)}; "
+                             f"accepted: {', '.join(FSDP_WRAPS)}")
+        if tied and given != "root":
+            raise InputError(f"--fsdp-wrap {given}: this model ties its embedding and head (one weight), which FSDP2 "
+                             "cannot put in two units; accepted for tied embeddings: root")
+        return given
+    return "root" if fw is None or tied else fw.fsdp_wrap
 
 
 def torchtitan_split(stages: int, layers: int, input_weight: int = 1, output_weight: int = 1) -> tuple[int, ...]:

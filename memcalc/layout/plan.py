@@ -118,6 +118,8 @@ class Plan:
     zero_init: bool = True
     buffer_factor: float = 1.5
     largest_layer_params: int | None = None
+    fsdp_wrap: str = "root"
+    """FSDP2: where its units put the embedding and the head (memcalc.layout.compose.FSDP_WRAPS)."""
     shard_over: str = "dp-cp"
     """The ranks model states are sharded and gradients reduced over: dp-cp (data x context ranks, as torchtitan,
     Megatron-LM, DeepSpeed-Ulysses and accelerate do: memcalc.layout.compose) or dp (data-parallel ranks only)."""

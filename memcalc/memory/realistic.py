@@ -177,7 +177,8 @@ def evaluate(plan: Plan) -> Realistic:
                   world=plan.shard_group_size if sharded else 1, fsdp=sharded, fsdp_param_dtype=policy, lora=plan.lora,
                   code=_code(plan), tp=plan.tp, compiled=w.compile,
                   loss_compiled=_loss_compiled(plan), sequence_parallel=plan.sequence_parallel,
-                  float8=plan.float8, float8_all_gather=sharded and plan.float8_all_gather)
+                  float8=plan.float8, float8_all_gather=sharded and plan.float8_all_gather,
+                  fsdp_wrap=plan.fsdp_wrap if sharded else "root")
     if sharded and plan.offload_params != "none":
         from memcalc.memory.timeline import _moment, with_loss
         from memcalc.memory.timeline_states import offload_fsdp
@@ -305,9 +306,14 @@ def notes(plan: Plan) -> list[str]:
     if plan.spec.name == "FULL_SHARD":
         policy = ("MixedPrecisionPolicy(param_dtype=bf16) over fp32 shards" if plan.precision.name == "bf16-mixed"
                   else "no MixedPrecisionPolicy")
+        units = {"root": "the root (embedding, final norm, head) stays gathered from forward to backward",
+                 "separate": "the embedding a unit resharded after its forward, the final norm and head one unit "
+                             "gathered from its forward to its post-backward (torchtitan's apply_fsdp since v0.2)",
+                 "separate-reshard": "the embedding and the head each a unit resharded after its forward, the final "
+                                     "norm in the root (torchtune's custom_sharded_layers)"}[plan.fsdp_wrap]
         out.append(f"FULL_SHARD: FSDP2 fully_shard per decoder layer and on the root over {plan.shard_group_size} "
-                   "ranks (rank 0's padded shards; the root stays gathered from forward to backward; one layer "
-                   f"gathered and the next prefetched; {policy}); NCCL buffers counted as for one communicator")
+                   f"ranks (rank 0's padded shards; --fsdp-wrap {plan.fsdp_wrap}: {units}; one layer gathered and "
+                   f"the next prefetched; {policy}); NCCL buffers counted as for one communicator")
         if plan.offload_params != "none":
             out.append("FULL_SHARD with CPUOffloadPolicy: the fp32 sharded parameters, the reduced gradient shards and "
                        "AdamW's moments and step in host memory; the GPU keeps the buffers, the gathered units, the "

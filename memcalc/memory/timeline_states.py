@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from memcalc.errors import InputError
 from memcalc.frozen import frozen
+from memcalc.layout.compose import FSDP_WRAPS
 from memcalc.memory.saved import LLAMA_STYLE, OTHER_NORMS
 from memcalc.model.architecture import Architecture
 
@@ -192,6 +193,12 @@ class ShardUnits:
     root_shard: int
     layer_shard: int
     tensors: int
+    embed_shard: int = 0
+    """Rank 0's elements of the embedding (with a learned position table and an embedding norm: the input side)."""
+    head_shard: int = 0
+    """Rank 0's elements of the (untied) head."""
+    norm_shard: int = 0
+    """Rank 0's elements of the final norm."""
 
 
 def shard_elements(arch: Architecture, name: str, n: int, world: int) -> int:
@@ -203,14 +210,21 @@ def shard_elements(arch: Architecture, name: str, n: int, world: int) -> int:
 def shard_units(arch: Architecture, world: int) -> ShardUnits:
     if world < 1:
         raise InputError(f"world {world} must be at least 1")
-    root = root_shard = layer = layer_shard = 0
+    root = root_shard = layer = layer_shard = embed = head = norm = 0
     tensors = param_tensors(arch)
     for name, n in tensors:  # layer 0 stands for every decoder layer (they are alike)
         if name.startswith("layer 0 "):
             layer, layer_shard = layer + n, layer_shard + shard_elements(arch, name, n, world)
         elif not name.startswith("layer "):
-            root, root_shard = root + n, root_shard + shard_elements(arch, name, n, world)
-    return ShardUnits(world, root, layer, root_shard, layer_shard, len(tensors))
+            e = shard_elements(arch, name, n, world)
+            root, root_shard = root + n, root_shard + e
+            if name == "head":
+                head += e
+            elif name.startswith("final norm"):
+                norm += e
+            else:
+                embed += e
+    return ShardUnits(world, root, layer, root_shard, layer_shard, len(tensors), embed, head, norm)
 
 
 def sharded_states(arch: Architecture, family: str, width: int, units: ShardUnits, impl: str = "foreach") -> States:
@@ -237,7 +251,13 @@ class FsdpOverlay:
     - backward: the root's pre-backward prefetches the last layer's all-gather; each layer's pre-backward copies
       its gather out and prefetches the next layer's (``_backward_prefetch``); its post-backward reduce-scatters
       the unsharded gradients, whose flat input lives until the next reduce-scatter (``reduce_scatter_state``),
-      and keeps the gradient shard."""
+      and keeps the gradient shard.
+
+    With the embedding and the head in units of their own (``wrap``, ``memcalc.layout.compose.FSDP_WRAPS``), the root keeps what is left
+    (the final norm under separate-reshard, nothing under separate), the embedding's unit is gathered for its forward
+    and again for its backward (prefetched by layer 0's pre-backward), and the head's unit is gathered at its
+    pre-forward; a unit's pre-backward prefetches the unit before it in the forward's order (the root's, when it has
+    parameters: the head's), and the head's post-backward reduce-scatters its gradients before the layers'."""
 
     states: States
     gathered_width: int
@@ -258,35 +278,57 @@ class FsdpOverlay:
     layer_reduce: int = -1
     """Bytes of one layer's reduce-scatter input (world × padded shard at the gradients' width); -1: ``layer_flat``
     (they differ when the weights are gathered in fp8 and their gradients reduced in the compute dtype)."""
+    wrap: str = "root"
+    embed: int = 0
+    """Bytes of the embedding's unit gathered (and of its all-gather output, its unsharded gradients and their
+    reduce-scatter input); 0 under the root wrap."""
+    head: int = 0
+    """The same for the head's unit (with the final norm under ``separate``)."""
+    head_grad_shard: int = 0
+    """Bytes of the head unit's gradient shard (the storage's width)."""
+    norm_grads: int = 0
+    """Bytes of the final norm's unsharded gradients (``separate-reshard``: the root's, until its post-backward)."""
 
     @staticmethod
     def make(arch: Architecture, family: str, regime: str, world: int, param_dtype: str | None, impl: str,
-             kind: str, fp8_gather: bool = False) -> FsdpOverlay | None:  # fmt: skip
+             kind: str, fp8_gather: bool = False, wrap: str = "root") -> FsdpOverlay | None:  # fmt: skip
         """``fp8_gather``: torchao's ``enable_fsdp_float8_all_gather`` (``WeightWithDynamicFloat8CastTensor
         .fsdp_pre_all_gather``): the decoder layers' projection weights (``memcalc.model.float8``) are cast to fp8
         before the all-gather, so their all-gather output and the unsharded weight kept until the reshard are 1 byte
         per element (FSDP2 gathers a group of mixed dtypes as bytes: ``_fsdp_collectives.foreach_all_gather``); the
-        rest of the layer, the root and every gradient keep their width."""
+        rest of the layer, the root and every gradient keep their width. ``wrap``: ``FSDP_WRAPS``."""
         if world < 1:
             raise InputError(f"world {world} must be at least 1 (FSDP2 ranks)")
         if param_dtype not in (None, "bf16"):
             raise InputError(f"fsdp_param_dtype {param_dtype!r} is not one of None, bf16")
         if kind != "adamw":
             raise InputError(f"optimizer states {kind!r} under FSDP: accepted adamw")
+        if wrap not in FSDP_WRAPS:
+            raise InputError(f"fsdp_wrap {wrap!r} is not one of {', '.join(FSDP_WRAPS)}")
+        if wrap != "root" and arch.tied_embeddings:
+            raise InputError(f"fsdp_wrap {wrap}: the embedding and the head share one tied weight, which FSDP2 cannot "
+                             "put in two units; accepted for tied embeddings: root")
         width = 2 if regime == "bf16" else 4
         g = 2 if param_dtype == "bf16" else width
         u = shard_units(arch, world)
         st = sharded_states(arch, family, width, u, impl)
         flat = g * world * u.layer_shard
         root = g * world * u.root_shard
+        units: dict = {}
+        if wrap != "root":
+            head = u.head_shard + (u.norm_shard if wrap == "separate" else 0)
+            units = dict(wrap=wrap, embed=g * world * u.embed_shard, head=g * world * head,
+                         head_grad_shard=width * head, norm_grads=g * arch.hidden * (1 + arch.norm_bias))
+            root -= units["embed"] + units["head"]
         if not fp8_gather:
-            return FsdpOverlay(st, g, root, flat, flat, width * u.layer_shard, width, width * u.layer, root)
+            return FsdpOverlay(st, g, root, flat, flat, width * u.layer_shard, width, width * u.layer, root, **units)
         from memcalc.model.float8 import CONVERTED
 
         fp8 = sum(world * shard_elements(arch, name, n, world) for name, n in param_tensors(arch)
                   if name.startswith("layer 0 ") and name[len("layer 0 "):] in CONVERTED)
         gathered = flat - (g - 1) * fp8
-        return FsdpOverlay(st, g, root, gathered, gathered, width * u.layer_shard, width, width * u.layer, root, flat)
+        return FsdpOverlay(st, g, root, gathered, gathered, width * u.layer_shard, width, width * u.layer, root, flat,
+                           **units)
 
     @staticmethod
     def forward(fs: FsdpOverlay | None) -> list[tuple[str, int]]:
@@ -298,36 +340,96 @@ class FsdpOverlay:
 
     @staticmethod
     def gather(fs: FsdpOverlay, i: int) -> list[tuple[str, int]]:
-        """Layer ``i``'s forward all-gather copied out while the previous gather's output (the root's before
-        layer 0) is still alive."""
-        previous = fs.root_flat if i == 0 else fs.layer_flat
+        """Layer ``i``'s forward all-gather copied out while the previous gather's output (the root's or the
+        embedding's before layer 0) is still alive."""
+        previous = (fs.root_flat if fs.wrap == "root" else fs.embed) if i == 0 else fs.layer_flat
         return FsdpOverlay.forward(fs) + [("all-gather output (previous unit)", previous)]
 
     @staticmethod
-    def after_layers(fs: FsdpOverlay | None) -> list[tuple[str, int]]:
-        """From the final norm to the loss's gradients: the root gathered; the last layer's all-gather output
-        (freed at the root's post-forward, then prefetched again by the root's pre-backward)."""
+    def after_layers(fs: FsdpOverlay | None, at: str = "loss") -> list[tuple[str, int]]:
+        """From the final norm to the loss's gradients (``at``: gather, the head unit's pre-forward with the last
+        layer's all-gather output not yet freed; norm, head, loss or loss-backward). Root wrap: the
+        root gathered; the last layer's all-gather output (freed at the root's post-forward, then prefetched again
+        by the root's pre-backward). separate: the head's unit, gathered at the final norm, and its all-gather
+        output until the root's post-forward (the root has no parameters, so nothing is prefetched before the
+        head's pre-backward). separate-reshard: the head's unit gathered for the head's forward only; its
+        all-gather output from the head's forward to the root's post-forward, and again from the root's
+        pre-backward (its prefetch)."""
         if fs is None:
             return []
-        return [("root parameters (gathered)", fs.root), ("all-gather output (last layer)", fs.layer_flat)]
+        root = [("root parameters (gathered)", fs.root)]
+        if fs.wrap == "root":
+            return root + [("all-gather output (last layer)", fs.layer_flat)]
+        gathered = ("head parameters (gathered)", fs.head)
+        flat = ("all-gather output (head)", fs.head)
+        if at == "gather":
+            return root + [gathered, flat, ("all-gather output (previous unit)", fs.layer_flat)]
+        if fs.wrap == "separate":
+            return root + [gathered] + ([] if at == "loss-backward" else [flat])
+        if at == "norm":
+            return root + [("all-gather output (last layer)", fs.layer_flat)]
+        return root + ([gathered] if at == "head" else []) + [flat]
+
+    @staticmethod
+    def norm_backward(fs: FsdpOverlay | None, grads: int) -> list[tuple[str, int]]:
+        """The final norm's backward; ``grads``: the head's and the final norm's unsharded gradients (the root's, or
+        the head unit's until its post-backward). The head's pre-backward has prefetched the last layer's all-gather
+        (the root's, under the root wrap); under separate-reshard the head's post-backward has reduce-scattered its
+        gradients and the final norm's are the root's."""
+        if fs is None:
+            return [("head and final norm gradients", grads)]
+        if fs.wrap == "root":
+            return FsdpOverlay.after_layers(fs) + [("head and final norm gradients", grads)]
+        prefetched = ("all-gather output (next layer, prefetched)", fs.layer_flat)
+        if fs.wrap == "separate":
+            return [("head parameters (gathered)", fs.head), ("head and final norm gradients", grads), prefetched]
+        return [("root parameters (gathered)", fs.root), ("final norm gradients", fs.norm_grads),
+                ("gradient shards of the layers above", fs.head_grad_shard), ("reduce-scatter input (head)", fs.head),
+                prefetched]
+
+    @staticmethod
+    def head_backward(fs: FsdpOverlay) -> list[tuple[str, int]]:
+        """The head's backward under a wrap with the head in a unit of its own: the unit gathered (copied out at its
+        pre-backward), the root's parameters, and the last layer's all-gather prefetched by that pre-backward."""
+        return [("root parameters (gathered)", fs.root), ("head parameters (gathered)", fs.head),
+                ("all-gather output (next layer, prefetched)", fs.layer_flat)]
 
     @staticmethod
     def backward(fs: FsdpOverlay | None, i: int, held: int, root_grads: int, gather: bool = False
                  ) -> list[tuple[str, int]]:  # fmt: skip
         """During layer ``i``'s backward; ``held``: the single-GPU gradients so far, ``root_grads`` of them the
         root's (head, final norm: unsharded until the root's post-backward). ``gather``: at its pre-backward, the
-        prefetched all-gather copied out and not yet freed (the next layer's prefetch comes after)."""
+        prefetched all-gather copied out and not yet freed (the next layer's prefetch comes after). With the head in
+        a unit of its own its gradients are a shard by now, and layer 0's pre-backward prefetches the embedding."""
         if fs is None:
             return [("parameter gradients so far", held)]
         done = (held - root_grads) // fs.layer_grads  # layers above i, already reduce-scattered
-        root = root_grads // fs.width * fs.gathered_width
+        reduce = fs.layer_flat if fs.layer_reduce < 0 else fs.layer_reduce
+        if fs.wrap == "root":
+            root, shards, last_reduce, prefetch = root_grads // fs.width * fs.gathered_width, 0, 0, 0
+        else:
+            root = fs.norm_grads if fs.wrap == "separate-reshard" else 0
+            shards, last_reduce, prefetch = fs.head_grad_shard, fs.head, fs.embed
         return [("root parameters (gathered)", fs.root), ("root gradients (unsharded)", root),
                 ("this layer's parameters (gathered)", fs.layer),
                 ("all-gather output (this layer)" if gather else "all-gather output (next layer, prefetched)",
-                 fs.layer_flat if i > 0 or gather else 0),
-                ("gradient shards of the layers above", done * fs.layer_grad_shard),
-                ("reduce-scatter input (layer above)",
-                 (fs.layer_flat if fs.layer_reduce < 0 else fs.layer_reduce) if done else 0)]
+                 fs.layer_flat if i > 0 or gather else prefetch),
+                ("gradient shards of the layers above", done * fs.layer_grad_shard + shards),
+                ("reduce-scatter input (layer above)", reduce if done else last_reduce)]
+
+    @staticmethod
+    def embedding_backward(fs: FsdpOverlay | None, done: int) -> list[tuple[str, int]]:
+        """After layer 0's backward, under a wrap with the embedding's own unit: the embedding gathered (its
+        prefetch copied out), its unsharded gradient and the layers' and the head's gradient shards, layer 0's
+        reduce-scatter input; ``done``: the layers reduce-scattered. Empty under the root wrap (the root's
+        embedding is gathered through the whole step, its gradient counted with the root's)."""
+        if fs is None or fs.wrap == "root":
+            return []
+        return [("root parameters (gathered)", fs.root), ("root gradients (unsharded)", fs.norm_grads
+                                                          if fs.wrap == "separate-reshard" else 0),
+                ("embedding parameters (gathered)", fs.embed), ("embedding gradients (unsharded)", fs.embed),
+                ("gradient shards of the layers above", done * fs.layer_grad_shard + fs.head_grad_shard),
+                ("reduce-scatter input (layer above)", fs.layer_flat if fs.layer_reduce < 0 else fs.layer_reduce)]
 
 
 FSDP_OFFLOADED = ("parameters", "optimizer states", "gradient shards of the layers above", "gradients (shards)",

@@ -22,6 +22,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memcalc.errors import InputError
+from memcalc.layout.compose import FSDP_WRAPS
 from memcalc.validation.trace_parallel import apply_layout, check_tp_heads, fake_process_group
 from memcalc.validation.trace_step import (StepSpec, batch, build_model, build_optimizer,  # noqa: F401
                                            traced_steps)
@@ -41,7 +42,7 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
                world: int = 1, fsdp: bool = False, tp: int = 1, fsdp_param_dtype: str | None = None,
                fake: bool = True, seed: int = 0, sequence_parallel: bool = False,
                loss_parallel: bool | None = None, capacity: int | None = None, float8: str = "none",
-               float8_all_gather: bool = False) -> Trace:
+               float8_all_gather: bool = False, fsdp_wrap: str = "root") -> Trace:
     """Trace the last of ``steps`` training steps of rank 0; ``fake=False`` runs the same step on real tensors.
 
     ``world`` ranks are ``world // tp`` data-parallel (FSDP2-sharded when ``fsdp``) × ``tp`` tensor-parallel.
@@ -50,6 +51,7 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
     ``loss_parallel`` unless ``loss_parallel=False`` (None: as ``sequence_parallel``).
     ``float8``: torchao's ``convert_to_float8_training`` on every linear but the head (torchtitan's filter), with
     ``float8_all_gather`` its FSDP2 fp8 all-gather (needs torchao installed; the casts run eagerly).
+    ``fsdp_wrap``: where the embedding and the head sit among FSDP2's units (``memcalc.layout.compose.FSDP_WRAPS``).
     ``capacity``: the bytes the caching allocator may reserve (the GPU's memory less the CUDA context); the replayed
     allocator then reports the first request the GPU could not serve (``Trace.oom_request``).
     """
@@ -65,6 +67,11 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
         raise InputError(f"fsdp_param_dtype {fsdp_param_dtype!r} is not supported; accepted: bf16 or None")
     if float8 not in ("none", "tensorwise", "rowwise"):
         raise InputError(f"float8 {float8!r} is not one of none, tensorwise, rowwise")
+    if fsdp_wrap not in FSDP_WRAPS:
+        raise InputError(f"fsdp_wrap {fsdp_wrap!r} is not one of {', '.join(FSDP_WRAPS)}")
+    if fsdp_wrap != "root" and (not fsdp or hf_config.get("tie_word_embeddings", False)):
+        raise InputError(f"fsdp_wrap {fsdp_wrap} needs fsdp and untied embeddings (the tied weight cannot sit in two "
+                         "FSDP2 units)")
     if float8_all_gather and (float8 != "tensorwise" or not fsdp):
         raise InputError("float8_all_gather needs float8 'tensorwise' and fsdp (torchao's FSDP2 fp8 all-gather)")
     if sequence_parallel and tp < 2:
@@ -86,7 +93,7 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
                 convert_float8(model, float8, float8_all_gather)
             if world > 1 or fsdp:
                 apply_layout(model, mesh, dp=dp, tp=tp, fsdp=fsdp, mp_bf16=fsdp_param_dtype == "bf16",
-                             sequence_parallel=sequence_parallel, loss_parallel=loss_parallel)
+                             sequence_parallel=sequence_parallel, loss_parallel=loss_parallel, fsdp_wrap=fsdp_wrap)
             optimizer = build_optimizer(model, optimizer_impl)
             ids, pos = batch(hf_config, spec)
             tracker = traced_steps(model, optimizer, ids, pos, spec, steps, loss_parallel, capacity)

@@ -144,9 +144,10 @@ def check_tp_heads(hf_config: dict, tp: int) -> None:
 
 
 def apply_layout(model: torch.nn.Module, mesh, *, dp: int, tp: int, fsdp: bool, mp_bf16: bool,
-                 sequence_parallel: bool = False, loss_parallel: bool = False) -> None:
+                 sequence_parallel: bool = False, loss_parallel: bool = False, fsdp_wrap: str = "root") -> None:
     """Tensor-parallelise each decoder layer over ``mesh["tp"]`` (with ``sequence_parallel`` the whole model:
-    ``_sp_plan``), then FSDP2-shard over ``mesh["dp"]``."""
+    ``_sp_plan``), then FSDP2-shard over ``mesh["dp"]``: every decoder layer, and as ``fsdp_wrap`` says
+    (``memcalc.layout.compose.FSDP_WRAPS``) the embedding and the head, then the root."""
     layers = decoder_layers(model)
     if tp > 1:
         from torch.distributed.tensor.parallel import parallelize_module
@@ -160,7 +161,14 @@ def apply_layout(model: torch.nn.Module, mesh, *, dp: int, tp: int, fsdp: bool, 
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16) if mp_bf16 else MixedPrecisionPolicy()
+        base = getattr(model, "model", model)
         with _real_mesh_concatenate():
+            if fsdp_wrap != "root":  # torchtitan apply_fsdp (since v0.2), torchtune shard_model(custom_sharded_layers)
+                fully_shard(base.embed_tokens, mesh=mesh["dp"], mp_policy=mp, reshard_after_forward=True)
             for layer in layers:
                 fully_shard(layer, mesh=mesh["dp"], mp_policy=mp)
+            if fsdp_wrap == "separate":  # [norm, output], kept gathered after forward
+                fully_shard([base.norm, model.lm_head], mesh=mesh["dp"], mp_policy=mp, reshard_after_forward=False)
+            elif fsdp_wrap == "separate-reshard":  # output alone, resharded after forward; the norm stays in the root
+                fully_shard(model.lm_head, mesh=mesh["dp"], mp_policy=mp, reshard_after_forward=True)
             fully_shard(model, mesh=mesh["dp"], mp_policy=mp)
