@@ -103,6 +103,9 @@ def trace(
     tp: Annotated[int, typer.Option("--tp", help="DTensor tensor-parallel degree.")] = 1,
     fsdp_param_dtype: Annotated[str | None, typer.Option("--fsdp-param-dtype", help="bf16: FSDP2's MixedPrecisionPolicy(param_dtype=bfloat16) over fp32 shards (use with --precision fp32).")] = None,
     fsdp_wrap: Annotated[str, typer.Option("--fsdp-wrap", help="With --fsdp: root (embedding, final norm and head in the root), separate (torchtitan's units) or separate-reshard (torchtune's).")] = "root",
+    replicate: Annotated[int, typer.Option("--replicate", help="With --fsdp: HSDP, the data-parallel ranks in this many replicas of the shards.")] = 1,
+    reshard_after_forward: Annotated[bool, typer.Option("--reshard-after-forward/--no-reshard-after-forward", help="With --fsdp: --no-reshard-after-forward keeps each layer gathered from its forward to its backward (SHARD_GRAD_OP).")] = True,
+    fsdp_reduce_fp32: Annotated[bool, typer.Option("--fsdp-reduce-fp32", help="With --fsdp-param-dtype bf16: reduce gradients in fp32 (torchtitan).")] = False,
     gpu: Annotated[str | None, typer.Option("--gpu", help="A GPU preset or .toml: replay the steps' allocations into its memory (less the CUDA context) and say whether a request fails.")] = None,
 ) -> None:
     """Run one real training step of the model's code on fake tensors (CPU, no GPU, no weights) and print its
@@ -135,7 +138,8 @@ def trace(
         t = trace_step(cfg, seq_len=seq_len, micro_batch=micro_batch, precision=precision,
                        optimizer_impl=optimizer_impl, recompute=recompute, attention=attention, world=world,
                        fsdp=fsdp, tp=tp, fsdp_param_dtype=fsdp_param_dtype, capacity=capacity,
-                       fsdp_wrap=fsdp_wrap.strip().lower())
+                       fsdp_wrap=fsdp_wrap.strip().lower(), replicate=replicate,
+                       reshard_after_forward=reshard_after_forward, fsdp_reduce_fp32=fsdp_reduce_fp32)
         summary = trace_summary(t)
         sys.stdout.write(js.dumps(summary, indent=2) + "\n")
 

@@ -10,7 +10,7 @@ reports), ``peak_reserved`` (``max_memory_reserved``: with the cached blocks the
 
 Where it applies: a Hugging Face family with a saved-tensor profile, a sequence length, the regimes Hugging Face
 runs (fp32, pure bf16, autocast), AdamW (torch or bitsandbytes 8-bit) and replicated model states (one GPU, or DDP),
-FSDP2 FULL_SHARD (with CPUOffloadPolicy too) and DTensor tensor parallelism of Llama-style layers
+FSDP2 (FULL_SHARD with CPUOffloadPolicy too, SHARD_GRAD_OP, HSDP) and DTensor tensor parallelism of Llama-style layers
 (``memcalc.memory.timeline_tp``), DeepSpeed ZeRO-0 to 3 (``timeline_zero``, ``timeline_zero3``, with CPU/NVMe
 offload); elsewhere
 the paper's accounting answers and a note says why (``memcalc.memory.scope.why_not``).
@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 from memcalc.layout.plan import Plan
 from memcalc.memory.rows import Row
 
-from memcalc.memory.scope import ATTENTION, OPTIMIZER_STATES, POST_NORM_FSDP, REGIME, ZERO_STAGES
+from memcalc.memory.scope import ATTENTION, FSDP2_SHARDED, OPTIMIZER_STATES, POST_NORM_FSDP, REGIME, ZERO_STAGES
 
 
 class Realistic(NamedTuple):
@@ -141,6 +141,17 @@ def _loss_compiled(plan: Plan) -> bool:
     return fw.compiles_plain_loss if w.loss == "standard" else fw.compiles_chunked_loss
 
 
+HSDP = ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
+"""FSDP2 on a (replicate, shard) mesh: sharded over the shard group, the reduced shards all-reduced across replicas."""
+
+
+def _reduce_fp32(plan: Plan) -> bool:
+    """Gradients reduced in fp32 under the bf16 policy: torchtitan's ``mixed_precision_reduce = "float32"``."""
+    from memcalc.layout.compose import composition
+
+    return plan.precision.name == "bf16-mixed" and composition(plan.framework).fsdp_reduce_fp32
+
+
 def evaluate(plan: Plan) -> Realistic:
     """The realistic peak of one GPU for ``plan`` (which ``memcalc.memory.scope.why_not`` accepts)."""
     from memcalc.memory.timeline import timeline
@@ -164,7 +175,7 @@ def evaluate(plan: Plan) -> Realistic:
                             device=w.device, bucket=plan.reduce_bucket_size, settings=plan.zero3, use_cache=False,
                             offload_optimizer=plan.offload_optimizer != "none", offload_params=plan.offload_params != "none")
         return _finish(plan, tl, tl.peak.live_bytes, 0, comm_groups=int(plan.dp > 1))
-    sharded = plan.spec.name == "FULL_SHARD"
+    sharded = plan.spec.name in FSDP2_SHARDED
     # FSDP's mixed precision (bf16-mixed: fp32 sharded parameters, the master copy, gathered and computed in bf16)
     # is MixedPrecisionPolicy(param_dtype=bf16): activations as pure bf16, states fp32 (the traces of fp32 and of
     # autocast under that policy are identical).
@@ -178,7 +189,8 @@ def evaluate(plan: Plan) -> Realistic:
                   code=_code(plan), tp=plan.tp, compiled=w.compile,
                   loss_compiled=_loss_compiled(plan), sequence_parallel=plan.sequence_parallel,
                   float8=plan.float8, float8_all_gather=sharded and plan.float8_all_gather,
-                  fsdp_wrap=plan.fsdp_wrap if sharded else "root")
+                  fsdp_wrap=plan.fsdp_wrap if sharded else "root", fsdp_keep=plan.spec.param_gather == "forward",
+                  fsdp_hsdp=plan.spec.name in HSDP, fsdp_reduce_fp32=_reduce_fp32(plan))
     if sharded and plan.offload_params != "none":
         from memcalc.memory.timeline import _moment, with_loss
         from memcalc.memory.timeline_states import offload_fsdp
@@ -192,7 +204,8 @@ def evaluate(plan: Plan) -> Realistic:
         extra = sum(n for name, n in tl.peak.parts if name in ("parameters", "parameters (LoRA adapters)"))
     # NCCL: one communicator for DDP's ring (FSDP: the data-parallel group's, not measured). Under tensor parallelism
     # the tensor-parallel group is one more communicator (its all-reduces).
-    return _finish(plan, tl, allocated, extra, comm_groups=(plan.dp > 1) + (plan.tp > 1))
+    hsdp = plan.spec.name in HSDP and plan.dp > plan.shard_group_size  # a second communicator: the replicas'
+    return _finish(plan, tl, allocated, extra, comm_groups=(plan.dp > 1) + (plan.tp > 1) + hsdp)
 
 
 def _finish(plan: Plan, tl: Any, allocated: int, ddp_buckets: int, comm_groups: int) -> Realistic:
@@ -217,7 +230,7 @@ def _finish(plan: Plan, tl: Any, allocated: int, ddp_buckets: int, comm_groups: 
     # Cached blocks the step's peak cannot use (memcalc.memory.reserved): the loss's freed logits, FSDP2's
     # side-stream pools. Wholly free segments, released before a cudaMalloc fails: max_memory_reserved shows them
     # up to what the GPU leaves the allocator; the verdict and the total do not count them.
-    streams = plan.spec.name == "FULL_SHARD" and plan.fsdp_version == 2
+    streams = plan.spec.name in FSDP2_SHARDED and plan.fsdp_version == 2
     held, pools, loss_binds = reserved_peak(tl.moments, tl.loss_moment, tl.loss_cache, streams)
     cached = max(0, held - peak.live_bytes)
     reserved = max(f.peak_reserved, min(f.peak_reserved + cached, plan.usable_bytes - context - comm))
@@ -296,24 +309,31 @@ def notes(plan: Plan) -> list[str]:
             from memcalc.memory.timeline_zero3 import OFFLOAD_NOTE
 
             out.append(OFFLOAD_NOTE)
-    if plan.spec.name == "FULL_SHARD" and w.recompute not in ("none", "full"):
-        out.append(f"FULL_SHARD with {w.recompute} recompute: the policy's kept tensors (as on one GPU) under the FSDP2 "
+    if plan.spec.name in FSDP2_SHARDED and w.recompute not in ("none", "full"):
+        out.append(f"{plan.spec.name} with {w.recompute} recompute: the policy's kept tensors (as on one GPU) under the FSDP2 "
                    "timeline, which was traced with recompute none and full")
     if plan.float8 != "none":
         from memcalc.memory.paper import FLOAT8_NOTE
 
         out.append(FLOAT8_NOTE)
-    if plan.spec.name == "FULL_SHARD":
-        policy = ("MixedPrecisionPolicy(param_dtype=bf16) over fp32 shards" if plan.precision.name == "bf16-mixed"
-                  else "no MixedPrecisionPolicy")
+    if plan.spec.name in FSDP2_SHARDED:
+        policy = ("MixedPrecisionPolicy(param_dtype=bf16"
+                  + (", reduce_dtype=fp32" if _reduce_fp32(plan) else "") + ") over fp32 shards"
+                  if plan.precision.name == "bf16-mixed" else "no MixedPrecisionPolicy")
+        gathered = ("each layer kept gathered from its forward to its post-backward (reshard_after_forward=False), "
+                    "so the backward gathers nothing" if plan.spec.param_gather == "forward"
+                    else "one layer gathered and the next prefetched")
+        replicas = (f"; HSDP: {plan.dp // plan.shard_group_size} replicas of the shards, each reduced shard "
+                    "all-reduced across them and, in a reduce dtype other than the shards', held by its group until "
+                    "the backward ends (FSDPParamGroup._all_reduce_state)") if plan.spec.name in HSDP else ""
         units = {"root": "the root (embedding, final norm, head) stays gathered from forward to backward",
                  "separate": "the embedding a unit resharded after its forward, the final norm and head one unit "
                              "gathered from its forward to its post-backward (torchtitan's apply_fsdp since v0.2)",
                  "separate-reshard": "the embedding and the head each a unit resharded after its forward, the final "
                                      "norm in the root (torchtune's custom_sharded_layers)"}[plan.fsdp_wrap]
-        out.append(f"FULL_SHARD: FSDP2 fully_shard per decoder layer and on the root over {plan.shard_group_size} "
-                   f"ranks (rank 0's padded shards; --fsdp-wrap {plan.fsdp_wrap}: {units}; one layer gathered and "
-                   f"the next prefetched; {policy}); NCCL buffers counted as for one communicator")
+        out.append(f"{plan.spec.name}: FSDP2 fully_shard per decoder layer and on the root over "
+                   f"{plan.shard_group_size} ranks (rank 0's padded shards; --fsdp-wrap {plan.fsdp_wrap}: {units}; "
+                   f"{gathered}; {policy}{replicas}); NCCL buffers counted per communicator")
         if plan.offload_params != "none":
             out.append("FULL_SHARD with CPUOffloadPolicy: the fp32 sharded parameters, the reduced gradient shards and "
                        "AdamW's moments and step in host memory; the GPU keeps the buffers, the gathered units, the "
@@ -321,10 +341,10 @@ def notes(plan: Plan) -> list[str]:
                        "for the all-gather (read from torch 2.13's _fully_shard, not traced: a CPU run cannot tell the "
                        "devices apart)")
         if plan.arch is not None and plan.arch.family in POST_NORM_FSDP and plan.precision.name != "fp32":
-            out.append(f"FULL_SHARD with {plan.arch.family}'s post-norm layers in a 2-byte regime: traced 1.9-3.2 % above "
+            out.append(f"{plan.spec.name} with {plan.arch.family}'s post-norm layers in a 2-byte regime: traced 1.9-3.2 % above "
                        "this peak (exact in fp32; the difference is not located yet)")
         if plan.shard_group_size == 1:
-            out.append("FULL_SHARD on one rank: counted as a world of N holds its gathered layers; a traced world of 1 "
+            out.append(f"{plan.spec.name} on one rank: counted as a world of N holds its gathered layers; a traced world of 1 "
                        "holds up to one layer's parameters less (an upper bound, within 8 %)")
     if plan.tp > 1 and plan.framework == "torchtitan":
         out.append("torchtitan's own layers under tensor parallelism are counted as Hugging Face's Llama layers: with "

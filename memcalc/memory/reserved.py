@@ -32,9 +32,11 @@ from __future__ import annotations
 from memcalc.memory.caching import CachingAllocator
 
 POOLS = (("all-gather copy-in stream", ("all-gather output (",)),
-         ("reduce-scatter stream", ("gradient shards of the layers above", "gradients (shards)")))
+         ("reduce-scatter stream", ("gradient shards of the layers above", "gradients (shards)",
+                                    "all-reduce buffers (HSDP)", "reduce-scatter output", "embedding gradient shard")))
 """FSDP2's side-stream pools and the timeline parts (``memcalc.memory.timeline_states.FsdpOverlay``) allocated on
-them (name prefixes)."""
+them (name prefixes): HSDP's all-reduce buffers are reduce-scatter outputs, allocated on that stream too
+(``_fsdp_collectives.foreach_reduce``)."""
 
 
 def loss_events(tokens: int, vocab: int, width: int, option: str = "standard", compiled: bool = False,

@@ -12,9 +12,13 @@ the GradScaler's scale and found-inf flags are a few bytes)."""
 OPTIMIZER_STATES = {"adamw": "adamw", "adam-8bit": "adamw-8bit", "paged-adam-8bit": "paged-adamw-8bit"}
 ATTENTION = {"eager": "eager", "sdpa": "sdpa", "flash": "sdpa"}
 """flash: SDPA's flash kernel, which saves what CPU's SDPA saves (output and log-sum-exp; DOMAIN §13)."""
-STRATEGIES = ("ddp", "FULL_SHARD")
-"""Replicated model states (one GPU, DDP) and FSDP2 FULL_SHARD (``fully_shard`` per decoder layer and on the root,
-exact against the tracer's FSDP2 rank 0); the other sharded and model-parallel layouts take the paper's."""
+FSDP2_SHARDED = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
+"""FSDP2's sharded layouts: ``fully_shard`` resharding after forward or not (``reshard_after_forward=False``:
+SHARD_GRAD_OP), over one mesh dimension or over a (replicate, shard) mesh (HSDP); each exact against the tracer's
+rank 0 (tests/test_timeline_fsdp.py, tests/test_fsdp2_layouts.py)."""
+STRATEGIES = ("ddp", *FSDP2_SHARDED)
+"""Replicated model states (one GPU, DDP) and FSDP2's sharded layouts; the other sharded and model-parallel layouts
+take the paper's."""
 SHARDED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "smollm3", "gemma", "gemma2", "gemma3_text",
                     "olmo2")
 """Families whose FSDP2 step was checked against the tracer (tests/test_timeline_fsdp.py): exact for the Llama-style
@@ -84,15 +88,16 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
     if arch.family not in FAMILIES or arch.moe:
         return (f"no saved-tensor profile for family {arch.family or 'unset'}{' (MoE)' if arch.moe else ''}; "
                 f"profiles: {', '.join(FAMILIES)}")
-    if precision not in REGIME and not (strategy == "FULL_SHARD" and precision == "bf16-mixed"):
+    if precision not in REGIME and not (strategy in FSDP2_SHARDED and precision == "bf16-mixed"):
         return (f"--precision {precision} is a master-weight regime (DeepSpeed, Megatron); the realistic accounting "
                 "models what Hugging Face runs: amp-bf16 (Trainer(bf16=True)), amp-fp16, bf16, fp32")
     if optimizer not in OPTIMIZER_STATES:
         return f"--optimizer {optimizer}: the realistic accounting models AdamW (torch, or bitsandbytes 8-bit)"
-    if strategy not in STRATEGIES or max(pp, ep) > 1 or (cp > 1 and strategy != "FULL_SHARD"):
-        return ("the realistic accounting covers one GPU, DDP and FSDP FULL_SHARD, each with DTensor tensor "
-                "parallelism, and context parallelism under FULL_SHARD, so far; other sharded and model-parallel "
-                "layouts (pipeline, expert, context without FSDP) take the paper's")
+    if strategy not in STRATEGIES or max(pp, ep) > 1 or (cp > 1 and strategy not in FSDP2_SHARDED):
+        return ("the realistic accounting covers one GPU, DDP and FSDP2 (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, "
+                "_HYBRID_SHARD_ZERO2), each with DTensor tensor parallelism, and context parallelism under FSDP2, so "
+                "far; other sharded and model-parallel layouts (pipeline, expert, context without FSDP) take the "
+                "paper's")
     compiled = getattr(work, "compile", False)
     if tp > 1 and sequence_parallel and (ATTENTION.get(work.attention) != "sdpa" or arch.tied_embeddings
                                          or getattr(work, "loss", "standard") != "standard"
@@ -105,16 +110,16 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
         why = _why_not_tp(arch, optimizer, work, tp, lora, framework, sequence_parallel)
         if why is not None:
             return why
-    if strategy == "FULL_SHARD":
+    if strategy in FSDP2_SHARDED:
         if fsdp_version != 2:
-            return ("FULL_SHARD: the realistic accounting follows FSDP2 (fully_shard, traced); FSDP1's flat parameters "
-                    "were not traced: give --fsdp-version 2")
+            return (f"{strategy}: the realistic accounting follows FSDP2 (fully_shard, traced); FSDP1's flat "
+                    "parameters were not traced: give --fsdp-version 2")
         if arch.family not in SHARDED_FAMILIES:
-            return f"FULL_SHARD: the realistic accounting models {', '.join(SHARDED_FAMILIES)} layers under FSDP2"
+            return f"{strategy}: the realistic accounting models {', '.join(SHARDED_FAMILIES)} layers under FSDP2"
         if optimizer != "adamw" or getattr(work, "optimizer_impl", "foreach") not in ("foreach", "fused"):
-            return "FULL_SHARD: the realistic accounting models torch AdamW, foreach or fused"
+            return f"{strategy}: the realistic accounting models torch AdamW, foreach or fused"
         if getattr(work, "recompute", "none") == "selective":
-            return "FULL_SHARD: the realistic accounting models recompute none, full, every:K or op-sac"
+            return f"{strategy}: the realistic accounting models recompute none, full, every:K or op-sac"
     return None
 
 

@@ -80,7 +80,8 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
              fsdp_param_dtype: str | None = None, lora=None, code: str = "hf", tp: int = 1,
              compiled: bool = False, loss_compiled: bool | None = None,
              sequence_parallel: bool = False, float8: str = "none",
-             float8_all_gather: bool = False, fsdp_wrap: str = "root") -> Timeline:  # fmt: skip
+             float8_all_gather: bool = False, fsdp_wrap: str = "root", fsdp_keep: bool = False,
+             fsdp_hsdp: bool = False, fsdp_reduce_fp32: bool = False) -> Timeline:  # fmt: skip
     """Moments of one training step of a Hugging Face ``family`` model on one GPU.
 
     regime: fp32 | bf16 (pure: weights, gradients, AdamW moments bf16) | amp-bf16 (fp32 weights, autocast).
@@ -95,7 +96,9 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     world: above 1 (or ``fsdp=True``: FSDP2 on one rank), FSDP2 ``fully_shard`` per decoder layer and on the root
     over ``world`` data-parallel ranks (``memcalc.memory.timeline_states.FsdpOverlay``); fsdp_param_dtype: None or "bf16"
     (``MixedPrecisionPolicy(param_dtype=)``); fsdp_wrap: the embedding and the head in the root or in units of
-    their own (``memcalc.memory.timeline_states.FSDP_WRAPS``). lora: a ``memcalc.model.lora.LoraPlan`` (peft adapters on a frozen
+    their own (``memcalc.layout.compose.FSDP_WRAPS``); fsdp_keep: no reshard after forward (SHARD_GRAD_OP);
+    fsdp_hsdp: the shards replicated over groups of ``world`` ranks (HSDP); fsdp_reduce_fp32: gradients reduced in fp32
+    under the bf16 policy (``FsdpOverlay.make``). lora: a ``memcalc.model.lora.LoraPlan`` (peft adapters on a frozen
     base, one GPU or DDP): adapter states only, the layers' LoRA saved tensors, a frozen head and final norm that
     keep no input; the layer backward transients stay the full model's (an upper bound).
     code: whose model code runs the layers, ``hf`` or ``torchtitan`` (its Llama 3: ``memcalc.memory.saved``'s
@@ -150,7 +153,8 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
         raise InputError("float8_all_gather is FSDP2's (torchao enable_fsdp_float8_all_gather): give world above 1 "
                          "or fsdp=True")
     fs = (FsdpOverlay.make(arch, family, regime, world, fsdp_param_dtype, optimizer_impl, optimizer_states,
-                           fp8_gather=float8_all_gather, wrap=fsdp_wrap) if sharded else None)
+                           fp8_gather=float8_all_gather, wrap=fsdp_wrap, keep=fsdp_keep, hsdp=fsdp_hsdp,
+                           reduce_fp32=fsdp_reduce_fp32) if sharded else None)
     if fs is not None:
         st = fs.states
     elif tp > 1 and not sequence_parallel and (temp := step_temporary(arch, w, optimizer_impl)) is not None:
@@ -220,7 +224,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
             # layer, alive with the cache until the causal LM's forward returns
             cache += 8
         acts = [(f"activations kept (layers 0..{i})", kept), ("layer output (residual stream)", ly.residual),
-                ("autocast cast cache (recomputed layers' weights)", cache)] + FsdpOverlay.forward(fs)
+                ("autocast cast cache (recomputed layers' weights)", cache)] + FsdpOverlay.forward(fs, i)
         moments.append(_moment(f"forward.layer.{i}", f"layer {i}: down projection's output before the residual add",
                                base + fwd_shared + acts + [("down projection output", d * t * h)]))  # fmt: skip
         if tp > 1:
@@ -229,6 +233,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
                                    + ("reduce-scatter" if sp > 1 else "all-reduce"),
                                    base + fwd_shared + acts[:1] + acts[2:] + reduce))
     resid = layers[-1].residual
+    L = arch.layers
     # Pure bf16 activations, Hugging Face's RMSNorm: the final norm saves an fp32 copy of the last layer's output and
     # nothing keeps the bf16 original once the norm returned; while it runs, its fp32 normalized tensor (not saved:
     # the backward of ``to(bf16)`` needs nothing) is alive as well (traced: tests/test_timeline_tp.py)
@@ -248,10 +253,10 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
                                base + fwd_shared + [(f"activations kept (layers 0..{last})", kept),
                                                     ("layer output (residual stream)", resid),
                                                     ("autocast cast cache", cache)]
-                               + FsdpOverlay.after_layers(fs, "gather")))  # fmt: skip
+                               + FsdpOverlay.after_layers(fs, "gather", L)))  # fmt: skip
     after_norm += [head[0], ("last hidden state (model output)", r * t * h // sp)]
     moments.append(_moment(f"forward.layer.{last}", "the final norm, its variance not yet freed",
-                           after_norm + FsdpOverlay.after_layers(fs, "norm") + ([] if kept_mask else mask)
+                           after_norm + FsdpOverlay.after_layers(fs, "norm", L) + ([] if kept_mask else mask)
                            + [("norm variance (fp32)", 4 * t // sp if family in LLAMA_STYLE else 0)]
                            + ([("last layer output (until the norm returns)", resid),
                                ("normalized (fp32, until the norm returns)", 4 * t * h // sp)] if upcast else [])))
@@ -260,9 +265,9 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     logits = [("logits", 0 if loss == "fused" else d * n)]
     if fs is not None and fs.wrap == "separate-reshard":  # the head's pre-forward gathers its unit
         moments.append(_moment("forward.head", "the head gathered", after_norm + ([] if kept_mask else mask)
-                               + FsdpOverlay.after_layers(fs, "gather")))
+                               + FsdpOverlay.after_layers(fs, "gather", L)))
     moments.append(_moment("forward.head", "the head's logits",
-                           after_norm + FsdpOverlay.after_layers(fs, "head") + head[1:] + logits))
+                           after_norm + FsdpOverlay.after_layers(fs, "head", L) + head[1:] + logits))
     labels = [("labels padded (int64)", 8 * b * (s + 1)), ("shift labels (int64)", 8 * t)]
     # inductor's fused cross-entropy saves the logits instead of the fp32 log-softmax
     compiled_loss = (compiled if loss_compiled is None else loss_compiled) and loss != "fused"
@@ -272,7 +277,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     # Gemma 2's final logit softcap (``logits / cap``, ``tanh``, ``* cap``, Gemma2ForCausalLM.forward): tanh's output
     # (d·T·V) is saved until the backward reaches it; the capped logits are the loss's input
     softcap = [("logit softcap tanh output", d * n if arch.logit_softcap and loss != "fused" else 0)]
-    fwd_loss = after_norm + FsdpOverlay.after_layers(fs, "loss") + head[1:] + logits + labels + softcap
+    fwd_loss = after_norm + FsdpOverlay.after_layers(fs, "loss", L) + head[1:] + logits + labels + softcap
     fwd_loss += [(copy_name, _chunk(lp, 1)), (saved_name, _chunk(lp, 2)), ("loss, total weight", 8)]
     if sp > 1:  # loss_parallel's log-softmax: shifted and exp(shifted) alive together (timeline_tp.parallel_loss)
         fwd_loss.append(("loss_parallel log-softmax temporaries (inside DTensor)", parallel_loss(n)[0]))
@@ -286,7 +291,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     grad_bytes = _chunk(lp, 3) // 2 + parallel_loss(n)[1] if sp > 1 else _chunk(lp, 3)
     saved_end += [(saved_name, _chunk(lp, 2)), ("loss and its gradient", 8)] + softcap
     saved_end += [("logits (saved by the compiled loss)", d * n)] if compiled_loss else []
-    saved_end += FsdpOverlay.after_layers(fs, "loss-backward")
+    saved_end += FsdpOverlay.after_layers(fs, "loss-backward", L)
     loss_moment = len(moments)
     moments.append(_moment("backward", "log_softmax backward: its output gradient and its input gradient",
                            saved_end + [(grad_name, grad_bytes)]))  # fmt: skip
@@ -299,7 +304,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
             ("loss and its gradient", 8), ("layer activations", layers_kept)] + head
             + ([] if amp else [("head input (the last hidden state)", d * t * h)])
             + [("logits gradient", d * n), ("head weight gradient (unsharded)", d * v * h),
-               ("head input gradient", d * t * h)] + FsdpOverlay.head_backward(fs)))
+               ("head input gradient", d * t * h)] + FsdpOverlay.head_backward(fs, L)))
 
     # ---- backward layer by layer -------------------------------------------------------------------------------
     tensors = param_tensors(arch)
@@ -321,7 +326,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
                                                     ("final norm saved, less its normalized tensor",
                                                      head[0][1] - (2 if act == "bf16" else 4) * t * h // sp),
                                                     ("RMSNorm backward (fp32)", rmsnorm_backward(t // sp, h))]
-                               + FsdpOverlay.norm_backward(fs, root)))  # fmt: skip
+                               + FsdpOverlay.norm_backward(fs, root, L)))  # fmt: skip
     remaining = kept
     norm2 = (norm_backward(arch, family=family, regime=act, attention=attention, s=s, b=b, device=device,
                            rotary_dims=rotary_dims, grad_width=fs.gathered_width if fs is not None else w, sp=sp)
@@ -357,11 +362,19 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
             attn = parts[:-1] + [("eager attention backward (score-sized gradients)", ly.attention_extra)]
             moments.append(_moment(f"backward.layer.{i}", f"backward of layer {i}: softmax backward", attn))
         remaining -= ly.kept + ly.kept_casts
+        if fs is not None and optimizer_impl != "in-backward":
+            moments.append(_moment(f"backward.layer.{i}", f"backward of layer {i}: reduce-scatter copy-in",
+                                   base + bwd_shared + [("loss and its gradient", 8),
+                                                        (f"layer activations (layers 0..{i - 1})", remaining),
+                                                        ("gradient of the residual stream", resid)]
+                                   + FsdpOverlay.copy_in(fs, i, held_grads, before_layers)))  # fmt: skip
         held_grads += 0 if optimizer_impl == "in-backward" else per_layer
     if fs is not None and fs.wrap != "root":
         moments.append(_moment("backward.layer.0", "the embedding's backward",
                                base + [("loss and its gradient", 8), ("gradient of the residual stream", resid)]
                                + FsdpOverlay.embedding_backward(fs, arch.layers)))
+        moments.append(_moment("backward.layer.0", "the embedding's reduce-scatter copy-in",
+                               base + [("loss and its gradient", 8)] + FsdpOverlay.embedding_copy_in(fs, arch.layers)))
 
     # ---- optimizer and zero_grad -------------------------------------------------------------------------------
     grads = 0 if optimizer_impl == "in-backward" else st.grads

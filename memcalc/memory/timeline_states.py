@@ -280,23 +280,42 @@ class FsdpOverlay:
     (they differ when the weights are gathered in fp8 and their gradients reduced in the compute dtype)."""
     wrap: str = "root"
     embed: int = 0
-    """Bytes of the embedding's unit gathered (and of its all-gather output, its unsharded gradients and their
-    reduce-scatter input); 0 under the root wrap."""
+    """Bytes of the embedding's unit gathered (and of its all-gather output and its unsharded gradients); 0 under
+    the root wrap."""
     head: int = 0
     """The same for the head's unit (with the final norm under ``separate``)."""
     head_grad_shard: int = 0
     """Bytes of the head unit's gradient shard (the storage's width)."""
     norm_grads: int = 0
     """Bytes of the final norm's unsharded gradients (``separate-reshard``: the root's, until its post-backward)."""
+    keep: bool = False
+    """``reshard_after_forward=False`` (SHARD_GRAD_OP, HSDP's ZeRO-2): each unit stays gathered from its forward to
+    its post-backward, so the backward gathers nothing."""
+    reduce_width: int = 0
+    """Bytes per element of the reduce-scatter input (``MixedPrecisionPolicy.reduce_dtype``; 0: the gathered
+    width)."""
+    held_reduce: int = 0
+    """HSDP with a reduce dtype other than the storage's: bytes of one layer's reduce-dtype all-reduce buffer, which
+    its group holds from its post-backward to the end of the backward (``FSDPParamGroup._all_reduce_state``)."""
+    head_reduce: int = 0
+    """Bytes of the head unit's reduce-scatter input."""
+    head_held_reduce: int = 0
+    """HSDP: the head unit's all-reduce buffer, as ``held_reduce``."""
+    embed_reduce_out: int = 0
+    """Bytes of the embedding's reduce-scatter output (its shard in the reduce dtype)."""
 
     @staticmethod
     def make(arch: Architecture, family: str, regime: str, world: int, param_dtype: str | None, impl: str,
-             kind: str, fp8_gather: bool = False, wrap: str = "root") -> FsdpOverlay | None:  # fmt: skip
+             kind: str, fp8_gather: bool = False, wrap: str = "root", keep: bool = False, hsdp: bool = False,
+             reduce_fp32: bool = False) -> FsdpOverlay | None:  # fmt: skip
         """``fp8_gather``: torchao's ``enable_fsdp_float8_all_gather`` (``WeightWithDynamicFloat8CastTensor
         .fsdp_pre_all_gather``): the decoder layers' projection weights (``memcalc.model.float8``) are cast to fp8
         before the all-gather, so their all-gather output and the unsharded weight kept until the reshard are 1 byte
         per element (FSDP2 gathers a group of mixed dtypes as bytes: ``_fsdp_collectives.foreach_all_gather``); the
-        rest of the layer, the root and every gradient keep their width. ``wrap``: ``FSDP_WRAPS``."""
+        rest of the layer, the root and every gradient keep their width. ``wrap``: ``FSDP_WRAPS``. ``keep``: no
+        reshard after forward. ``hsdp``: the shards replicated over groups of ``world`` ranks (the reduced shard is
+        all-reduced across them: ``_fsdp_collectives.foreach_reduce``). ``reduce_fp32``: gradients reduced in fp32
+        under a bf16 ``param_dtype`` (torchtitan's ``mixed_precision_reduce``)."""
         if world < 1:
             raise InputError(f"world {world} must be at least 1 (FSDP2 ranks)")
         if param_dtype not in (None, "bf16"):
@@ -310,32 +329,38 @@ class FsdpOverlay:
                              "put in two units; accepted for tied embeddings: root")
         width = 2 if regime == "bf16" else 4
         g = 2 if param_dtype == "bf16" else width
+        rw = 4 if reduce_fp32 and param_dtype == "bf16" else g
         u = shard_units(arch, world)
         st = sharded_states(arch, family, width, u, impl)
         flat = g * world * u.layer_shard
         root = g * world * u.root_shard
-        units: dict = {}
+        extra: dict = dict(keep=keep, reduce_width=rw, held_reduce=rw * u.layer_shard if hsdp and rw != width else 0)
         if wrap != "root":
             head = u.head_shard + (u.norm_shard if wrap == "separate" else 0)
-            units = dict(wrap=wrap, embed=g * world * u.embed_shard, head=g * world * head,
-                         head_grad_shard=width * head, norm_grads=g * arch.hidden * (1 + arch.norm_bias))
-            root -= units["embed"] + units["head"]
-        if not fp8_gather:
-            return FsdpOverlay(st, g, root, flat, flat, width * u.layer_shard, width, width * u.layer, root, **units)
-        from memcalc.model.float8 import CONVERTED
+            extra.update(wrap=wrap, embed=g * world * u.embed_shard, head=g * world * head,
+                         head_grad_shard=width * head, norm_grads=g * arch.hidden * (1 + arch.norm_bias),
+                         head_reduce=rw * world * head, head_held_reduce=rw * head if hsdp and rw != width else 0,
+                         embed_reduce_out=rw * u.embed_shard)
+            root -= extra["embed"] + extra["head"]
+        reduce = rw * world * u.layer_shard
+        if fp8_gather:
+            from memcalc.model.float8 import CONVERTED
 
-        fp8 = sum(world * shard_elements(arch, name, n, world) for name, n in param_tensors(arch)
-                  if name.startswith("layer 0 ") and name[len("layer 0 "):] in CONVERTED)
-        gathered = flat - (g - 1) * fp8
-        return FsdpOverlay(st, g, root, gathered, gathered, width * u.layer_shard, width, width * u.layer, root, flat,
-                           **units)
+            fp8 = sum(world * shard_elements(arch, name, n, world) for name, n in param_tensors(arch)
+                      if name.startswith("layer 0 ") and name[len("layer 0 "):] in CONVERTED)
+            flat -= (g - 1) * fp8
+        return FsdpOverlay(st, g, root, flat, flat, width * u.layer_shard, width, width * u.layer, root,
+                           reduce if reduce != flat else -1, **extra)
 
     @staticmethod
-    def forward(fs: FsdpOverlay | None) -> list[tuple[str, int]]:
-        """During a layer's forward: the root, this layer gathered, and its flat all-gather output."""
+    def forward(fs: FsdpOverlay | None, i: int = 0) -> list[tuple[str, int]]:
+        """During layer ``i``'s forward: the root, this layer gathered (and the layers before it, kept gathered
+        under ``keep``), and its flat all-gather output."""
         if fs is None:
             return []
-        return [("root parameters (gathered)", fs.root), ("this layer's parameters (gathered)", fs.layer),
+        return [("root parameters (gathered)", fs.root)] + fs._kept(0) + [
+                ("this layer's parameters (gathered)" if not fs.keep else f"layers 0..{i} parameters (gathered)",
+                 fs.layer * (i + 1 if fs.keep else 1)),
                 ("all-gather output (this layer)", fs.layer_flat)]
 
     @staticmethod
@@ -343,23 +368,32 @@ class FsdpOverlay:
         """Layer ``i``'s forward all-gather copied out while the previous gather's output (the root's or the
         embedding's before layer 0) is still alive."""
         previous = (fs.root_flat if fs.wrap == "root" else fs.embed) if i == 0 else fs.layer_flat
-        return FsdpOverlay.forward(fs) + [("all-gather output (previous unit)", previous)]
+        return FsdpOverlay.forward(fs, i) + [("all-gather output (previous unit)", previous)]
+
+    def _kept(self, n: int) -> list[tuple[str, int]]:
+        """Under ``keep``: the embedding's unit (gathered from its forward to its post-backward) and the ``n``
+        decoder layers still gathered."""
+        if not self.keep:
+            return []
+        embed = [("embedding parameters (gathered)", self.embed)] if self.wrap != "root" else []
+        return embed + ([(f"layers 0..{n - 1} parameters (gathered)", n * self.layer)] if n else [])
 
     @staticmethod
-    def after_layers(fs: FsdpOverlay | None, at: str = "loss") -> list[tuple[str, int]]:
+    def after_layers(fs: FsdpOverlay | None, at: str = "loss", layers: int = 0) -> list[tuple[str, int]]:
         """From the final norm to the loss's gradients (``at``: gather, the head unit's pre-forward with the last
         layer's all-gather output not yet freed; norm, head, loss or loss-backward). Root wrap: the
         root gathered; the last layer's all-gather output (freed at the root's post-forward, then prefetched again
-        by the root's pre-backward). separate: the head's unit, gathered at the final norm, and its all-gather
-        output until the root's post-forward (the root has no parameters, so nothing is prefetched before the
-        head's pre-backward). separate-reshard: the head's unit gathered for the head's forward only; its
-        all-gather output from the head's forward to the root's post-forward, and again from the root's
-        pre-backward (its prefetch)."""
+        by the root's pre-backward, unless the layers are kept gathered). separate: the head's unit, gathered at the
+        final norm, and its all-gather output until the root's post-forward (the root has no parameters, so nothing
+        is prefetched before the head's pre-backward). separate-reshard: the head's unit gathered for the head's
+        forward only; its all-gather output from the head's forward to the root's post-forward, and again from the
+        root's pre-backward (its prefetch). ``layers``: the model's, kept gathered under ``keep``."""
         if fs is None:
             return []
-        root = [("root parameters (gathered)", fs.root)]
+        root = [("root parameters (gathered)", fs.root)] + fs._kept(layers)
         if fs.wrap == "root":
-            return root + [("all-gather output (last layer)", fs.layer_flat)]
+            flat = 0 if fs.keep and at == "loss-backward" else fs.layer_flat
+            return root + [("all-gather output (last layer)", flat)]
         gathered = ("head parameters (gathered)", fs.head)
         flat = ("all-gather output (head)", fs.head)
         if at == "gather":
@@ -368,31 +402,36 @@ class FsdpOverlay:
             return root + [gathered] + ([] if at == "loss-backward" else [flat])
         if at == "norm":
             return root + [("all-gather output (last layer)", fs.layer_flat)]
+        if fs.keep:  # the head's unit stays gathered from its forward; the root's prefetch finds it so
+            return root + [gathered] + ([] if at == "loss-backward" else [flat])
         return root + ([gathered] if at == "head" else []) + [flat]
 
     @staticmethod
-    def norm_backward(fs: FsdpOverlay | None, grads: int) -> list[tuple[str, int]]:
+    def norm_backward(fs: FsdpOverlay | None, grads: int, layers: int = 0) -> list[tuple[str, int]]:
         """The final norm's backward; ``grads``: the head's and the final norm's unsharded gradients (the root's, or
         the head unit's until its post-backward). The head's pre-backward has prefetched the last layer's all-gather
-        (the root's, under the root wrap); under separate-reshard the head's post-backward has reduce-scattered its
-        gradients and the final norm's are the root's."""
+        (the root's, under the root wrap; nothing under ``keep``); under separate-reshard the head's post-backward
+        has reduce-scattered its gradients and the final norm's are the root's."""
         if fs is None:
             return [("head and final norm gradients", grads)]
         if fs.wrap == "root":
-            return FsdpOverlay.after_layers(fs) + [("head and final norm gradients", grads)]
-        prefetched = ("all-gather output (next layer, prefetched)", fs.layer_flat)
+            return FsdpOverlay.after_layers(fs, "loss-backward", layers) + [("head and final norm gradients", grads)]
+        prefetched = ("all-gather output (next layer, prefetched)", 0 if fs.keep else fs.layer_flat)
         if fs.wrap == "separate":
-            return [("head parameters (gathered)", fs.head), ("head and final norm gradients", grads), prefetched]
+            return [("head parameters (gathered)", fs.head), ("head and final norm gradients", grads),
+                    prefetched] + fs._kept(layers)
         return [("root parameters (gathered)", fs.root), ("final norm gradients", fs.norm_grads),
-                ("gradient shards of the layers above", fs.head_grad_shard), ("reduce-scatter input (head)", fs.head),
-                prefetched]
+                ("gradient shards of the layers above", fs.head_grad_shard),
+                ("reduce-scatter input (head)", fs.head_reduce), ("all-reduce buffers (HSDP)", fs.head_held_reduce),
+                prefetched] + fs._kept(layers)
 
     @staticmethod
-    def head_backward(fs: FsdpOverlay) -> list[tuple[str, int]]:
+    def head_backward(fs: FsdpOverlay, layers: int = 0) -> list[tuple[str, int]]:
         """The head's backward under a wrap with the head in a unit of its own: the unit gathered (copied out at its
-        pre-backward), the root's parameters, and the last layer's all-gather prefetched by that pre-backward."""
+        pre-backward), the root's parameters, and the last layer's all-gather prefetched by that pre-backward
+        (under ``keep`` the ``layers`` still gathered instead)."""
         return [("root parameters (gathered)", fs.root), ("head parameters (gathered)", fs.head),
-                ("all-gather output (next layer, prefetched)", fs.layer_flat)]
+                ("all-gather output (next layer, prefetched)", 0 if fs.keep else fs.layer_flat)] + fs._kept(layers)
 
     @staticmethod
     def backward(fs: FsdpOverlay | None, i: int, held: int, root_grads: int, gather: bool = False
@@ -400,22 +439,38 @@ class FsdpOverlay:
         """During layer ``i``'s backward; ``held``: the single-GPU gradients so far, ``root_grads`` of them the
         root's (head, final norm: unsharded until the root's post-backward). ``gather``: at its pre-backward, the
         prefetched all-gather copied out and not yet freed (the next layer's prefetch comes after). With the head in
-        a unit of its own its gradients are a shard by now, and layer 0's pre-backward prefetches the embedding."""
+        a unit of its own its gradients are a shard by now, and layer 0's pre-backward prefetches the embedding.
+        Under ``keep`` layers 0..i are still gathered and nothing is gathered."""
         if fs is None:
             return [("parameter gradients so far", held)]
         done = (held - root_grads) // fs.layer_grads  # layers above i, already reduce-scattered
         reduce = fs.layer_flat if fs.layer_reduce < 0 else fs.layer_reduce
         if fs.wrap == "root":
-            root, shards, last_reduce, prefetch = root_grads // fs.width * fs.gathered_width, 0, 0, 0
+            root, shards, last_reduce, prefetch, ar = root_grads // fs.width * fs.gathered_width, 0, 0, 0, 0
         else:
             root = fs.norm_grads if fs.wrap == "separate-reshard" else 0
-            shards, last_reduce, prefetch = fs.head_grad_shard, fs.head, fs.embed
-        return [("root parameters (gathered)", fs.root), ("root gradients (unsharded)", root),
-                ("this layer's parameters (gathered)", fs.layer),
-                ("all-gather output (this layer)" if gather else "all-gather output (next layer, prefetched)",
-                 fs.layer_flat if i > 0 or gather else prefetch),
+            shards, last_reduce, prefetch, ar = fs.head_grad_shard, fs.head_reduce, fs.embed, fs.head_held_reduce
+        flat = 0 if fs.keep else fs.layer_flat if i > 0 or gather else prefetch
+        return [("root parameters (gathered)", fs.root), ("root gradients (unsharded)", root)] + fs._kept(0) + [
+                ("this layer's parameters (gathered)" if not fs.keep else f"layers 0..{i} parameters (gathered)",
+                 fs.layer * (i + 1 if fs.keep else 1)),
+                ("all-gather output (this layer)" if gather else "all-gather output (next layer, prefetched)", flat),
                 ("gradient shards of the layers above", done * fs.layer_grad_shard + shards),
-                ("reduce-scatter input (layer above)", reduce if done else last_reduce)]
+                ("reduce-scatter input (layer above)", reduce if done else last_reduce),
+                ("all-reduce buffers (HSDP)", done * fs.held_reduce + ar)]
+
+    @staticmethod
+    def copy_in(fs: FsdpOverlay, i: int, held: int, root_grads: int) -> list[tuple[str, int]]:
+        """Layer ``i``'s post-backward: its parameters resharded, its reduce-scatter input allocated and its
+        unsharded gradients (the parameters' dtype, unpadded) not yet freed (``_fsdp_collectives.foreach_reduce``:
+        the copy-in, then ``unsharded_grads.clear()``); the previous reduce-scatter's input was dropped before
+        (``post_backward`` waits on ``reduce_scatter_state`` and clears it first)."""
+        parts = [(n, 0 if n.startswith("reduce-scatter input") else x)
+                 for n, x in FsdpOverlay.backward(fs, i, held, root_grads)]
+        layer = next(k for k, (n, _) in enumerate(parts) if n.endswith("parameters (gathered)") and "layer" in n)
+        parts[layer] = (f"layers 0..{i - 1} parameters (gathered)", fs.layer * i if fs.keep else 0)
+        return parts + [("this layer's unsharded gradients", fs.layer_grads // fs.width * fs.gathered_width),
+                        ("reduce-scatter input (this layer)", fs.layer_flat if fs.layer_reduce < 0 else fs.layer_reduce)]
 
     @staticmethod
     def embedding_backward(fs: FsdpOverlay | None, done: int) -> list[tuple[str, int]]:
@@ -429,7 +484,22 @@ class FsdpOverlay:
                                                           if fs.wrap == "separate-reshard" else 0),
                 ("embedding parameters (gathered)", fs.embed), ("embedding gradients (unsharded)", fs.embed),
                 ("gradient shards of the layers above", done * fs.layer_grad_shard + fs.head_grad_shard),
-                ("reduce-scatter input (layer above)", fs.layer_flat if fs.layer_reduce < 0 else fs.layer_reduce)]
+                ("reduce-scatter input (layer above)", fs.layer_flat if fs.layer_reduce < 0 else fs.layer_reduce),
+                ("all-reduce buffers (HSDP)", done * fs.held_reduce + fs.head_held_reduce)]
+
+    @staticmethod
+    def embedding_copy_in(fs: FsdpOverlay, done: int) -> list[tuple[str, int]]:
+        """The embedding's post-backward: resharded, its reduce-scatter input and output (and the output's cast to
+        the shard's dtype when the reduce dtype differs) allocated while its unsharded gradient is still alive
+        (layer 0's input dropped first; the last unit's gradient is freed after its reduce-scatter output is made,
+        as traced), as ``copy_in``. Under a MixedPrecisionPolicy the trace has the root's final norm
+        (separate-reshard) already reduced here: counted gathered, 3 bytes per element of it above the trace."""
+        parts = [(n, 0 if n.startswith(("reduce-scatter input", "embedding parameters")) else x)
+                 for n, x in FsdpOverlay.embedding_backward(fs, done)]
+        cast = fs.embed_reduce_out // fs.reduce_width * fs.width if fs.reduce_width != fs.width else 0
+        return parts + [("reduce-scatter input (embedding)", fs.embed // fs.gathered_width * fs.reduce_width),
+                        ("reduce-scatter output (embedding)", fs.embed_reduce_out),
+                        ("embedding gradient shard (cast)", cast)]
 
 
 FSDP_OFFLOADED = ("parameters", "optimizer states", "gradient shards of the layers above", "gradients (shards)",

@@ -42,7 +42,8 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
                world: int = 1, fsdp: bool = False, tp: int = 1, fsdp_param_dtype: str | None = None,
                fake: bool = True, seed: int = 0, sequence_parallel: bool = False,
                loss_parallel: bool | None = None, capacity: int | None = None, float8: str = "none",
-               float8_all_gather: bool = False, fsdp_wrap: str = "root") -> Trace:
+               float8_all_gather: bool = False, fsdp_wrap: str = "root", replicate: int = 1,
+               reshard_after_forward: bool = True, fsdp_reduce_fp32: bool = False) -> Trace:
     """Trace the last of ``steps`` training steps of rank 0; ``fake=False`` runs the same step on real tensors.
 
     ``world`` ranks are ``world // tp`` data-parallel (FSDP2-sharded when ``fsdp``) × ``tp`` tensor-parallel.
@@ -52,6 +53,10 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
     ``float8``: torchao's ``convert_to_float8_training`` on every linear but the head (torchtitan's filter), with
     ``float8_all_gather`` its FSDP2 fp8 all-gather (needs torchao installed; the casts run eagerly).
     ``fsdp_wrap``: where the embedding and the head sit among FSDP2's units (``memcalc.layout.compose.FSDP_WRAPS``).
+    ``replicate``: HSDP, the data-parallel ranks split into ``replicate`` groups of ``world // tp // replicate``
+    that shard (FSDP2 on a 2-D mesh). ``reshard_after_forward`` False: the layers stay gathered from their forward
+    to their backward (SHARD_GRAD_OP). ``fsdp_reduce_fp32``: gradients reduced in fp32 under
+    ``fsdp_param_dtype="bf16"`` (torchtitan's ``mixed_precision_reduce``).
     ``capacity``: the bytes the caching allocator may reserve (the GPU's memory less the CUDA context); the replayed
     allocator then reports the first request the GPU could not serve (``Trace.oom_request``).
     """
@@ -80,25 +85,38 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
     if loss_parallel and not sequence_parallel:
         raise InputError("loss_parallel is wired with sequence_parallel only (the head's vocabulary-sharded output)")
     dp = world // tp
+    if replicate < 1 or dp % replicate or (replicate > 1 and not fsdp):
+        raise InputError(f"replicate({replicate}) must divide dp({dp}) and needs fsdp (HSDP)")
+    if fsdp_reduce_fp32 and fsdp_param_dtype != "bf16":
+        raise InputError("fsdp_reduce_fp32 is a MixedPrecisionPolicy's reduce_dtype beside param_dtype bf16: give "
+                         "fsdp_param_dtype='bf16'")
+    if not reshard_after_forward and not fsdp:
+        raise InputError("reshard_after_forward is FSDP2's: set fsdp")
     if dp > 1 and not fsdp:
         raise InputError(f"world({world}) = dp({dp}) × tp({tp}) without fsdp: replicated data parallelism holds "
                          "what one rank holds (plus DDP buckets); trace world=tp, or set fsdp")  # fmt: skip
     torch.manual_seed(seed)
     if tp > 1:
         check_tp_heads(hf_config, tp)
-    with fake_process_group(world, tp, fsdp) as mesh:
+    with fake_process_group(world, tp, fsdp, replicate) as mesh:
         with FakeTensorMode() if fake else contextlib.nullcontext():
             model = build_model(hf_config, spec)
             if float8 != "none":
                 convert_float8(model, float8, float8_all_gather)
             if world > 1 or fsdp:
                 apply_layout(model, mesh, dp=dp, tp=tp, fsdp=fsdp, mp_bf16=fsdp_param_dtype == "bf16",
-                             sequence_parallel=sequence_parallel, loss_parallel=loss_parallel, fsdp_wrap=fsdp_wrap)
+                             sequence_parallel=sequence_parallel, loss_parallel=loss_parallel, fsdp_wrap=fsdp_wrap,
+                             replicate=replicate, reshard_after_forward=reshard_after_forward,
+                             reduce_fp32=fsdp_reduce_fp32)
             optimizer = build_optimizer(model, optimizer_impl)
             ids, pos = batch(hf_config, spec)
             tracker = traced_steps(model, optimizer, ids, pos, spec, steps, loss_parallel, capacity)
         label = _label(hf_config, spec, world, fsdp, tp, fsdp_param_dtype == "bf16")
         label += (" sp" + (" loss_parallel" if loss_parallel else "")) if sequence_parallel else ""
+        label += "".join(part for part, on in ((f" hsdp={replicate}x{dp // replicate}", replicate > 1),
+                                               (" no-reshard-after-forward", not reshard_after_forward),
+                                               (" reduce=fp32", fsdp_reduce_fp32),
+                                               (f" wrap={fsdp_wrap}", fsdp_wrap != "root")) if on)
         result = tracker.result(label, tracker.seconds)
         del model, optimizer, ids, pos
     return result

@@ -25,9 +25,10 @@ from memcalc.validation.trace_step import decoder_layers
 
 
 @contextlib.contextmanager
-def fake_process_group(world: int, tp: int, fsdp: bool = False) -> Iterator[object | None]:
+def fake_process_group(world: int, tp: int, fsdp: bool = False, replicate: int = 1) -> Iterator[object | None]:
     """The (dp, tp) ``DeviceMesh`` on "cpu" for rank 0 of ``world`` ranks, or None when ``world`` is 1 (unless
-    ``fsdp``: FSDP2 on a single rank, as a FULL_SHARD run on one GPU has it).
+    ``fsdp``: FSDP2 on a single rank, as a FULL_SHARD run on one GPU has it); with ``replicate`` above 1 the
+    (replicate, dp, tp) mesh of HSDP, the model states sharded over dp and replicated over ``replicate``.
 
     Built outside any fake mode (a mesh made of fake tensors cannot be used); the process group is destroyed on
     exit so that several traces can run in one process.
@@ -45,7 +46,11 @@ def fake_process_group(world: int, tp: int, fsdp: bool = False) -> Iterator[obje
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
     try:
         with unset_fake_temporarily():
-            mesh = init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("dp", "tp"))
+            if replicate > 1:
+                mesh = init_device_mesh("cpu", (replicate, world // tp // replicate, tp),
+                                        mesh_dim_names=("replicate", "dp", "tp"))
+            else:
+                mesh = init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("dp", "tp"))
         yield mesh
     finally:
         dist.destroy_process_group()
@@ -144,10 +149,14 @@ def check_tp_heads(hf_config: dict, tp: int) -> None:
 
 
 def apply_layout(model: torch.nn.Module, mesh, *, dp: int, tp: int, fsdp: bool, mp_bf16: bool,
-                 sequence_parallel: bool = False, loss_parallel: bool = False, fsdp_wrap: str = "root") -> None:
+                 sequence_parallel: bool = False, loss_parallel: bool = False, fsdp_wrap: str = "root",
+                 replicate: int = 1, reshard_after_forward: bool = True, reduce_fp32: bool = False) -> None:
     """Tensor-parallelise each decoder layer over ``mesh["tp"]`` (with ``sequence_parallel`` the whole model:
-    ``_sp_plan``), then FSDP2-shard over ``mesh["dp"]``: every decoder layer, and as ``fsdp_wrap`` says
-    (``memcalc.layout.compose.FSDP_WRAPS``) the embedding and the head, then the root."""
+    ``_sp_plan``), then FSDP2-shard over ``mesh["dp"]`` (HSDP: over ``mesh["replicate", "dp"]``): every decoder
+    layer (``reshard_after_forward`` False: kept gathered from its forward to its backward, SHARD_GRAD_OP), and as
+    ``fsdp_wrap`` says (``memcalc.layout.compose.FSDP_WRAPS``) the embedding and the head, then the root.
+    ``reduce_fp32``: ``MixedPrecisionPolicy(reduce_dtype=torch.float32)`` beside the bf16 ``param_dtype``
+    (torchtitan's ``mixed_precision_reduce``)."""
     layers = decoder_layers(model)
     if tp > 1:
         from torch.distributed.tensor.parallel import parallelize_module
@@ -160,15 +169,18 @@ def apply_layout(model: torch.nn.Module, mesh, *, dp: int, tp: int, fsdp: bool, 
     if fsdp:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16) if mp_bf16 else MixedPrecisionPolicy()
+        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32 if reduce_fp32 else None)
+              if mp_bf16 else MixedPrecisionPolicy())
         base = getattr(model, "model", model)
+        dp_mesh = mesh["replicate", "dp"] if replicate > 1 else mesh["dp"]
+        again = reshard_after_forward
         with _real_mesh_concatenate():
             if fsdp_wrap != "root":  # torchtitan apply_fsdp (since v0.2), torchtune shard_model(custom_sharded_layers)
-                fully_shard(base.embed_tokens, mesh=mesh["dp"], mp_policy=mp, reshard_after_forward=True)
+                fully_shard(base.embed_tokens, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=again)
             for layer in layers:
-                fully_shard(layer, mesh=mesh["dp"], mp_policy=mp)
+                fully_shard(layer, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=again)
             if fsdp_wrap == "separate":  # [norm, output], kept gathered after forward
-                fully_shard([base.norm, model.lm_head], mesh=mesh["dp"], mp_policy=mp, reshard_after_forward=False)
+                fully_shard([base.norm, model.lm_head], mesh=dp_mesh, mp_policy=mp, reshard_after_forward=False)
             elif fsdp_wrap == "separate-reshard":  # output alone, resharded after forward; the norm stays in the root
-                fully_shard(model.lm_head, mesh=mesh["dp"], mp_policy=mp, reshard_after_forward=True)
-            fully_shard(model, mesh=mesh["dp"], mp_policy=mp)
+                fully_shard(model.lm_head, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=again)
+            fully_shard(model, mesh=dp_mesh, mp_policy=mp)

@@ -1,0 +1,263 @@
+"""FSDP2's layouts against the tracer's rank 0 (torch's fake process group), beyond FULL_SHARD with the embedding and
+the head in the root (tests/test_timeline_fsdp.py):
+
+- where the embedding and the head sit (``--fsdp-wrap``, ``memcalc.layout.compose.FSDP_WRAPS``): ``separate``
+  (torchtitan's ``apply_fsdp`` since v0.2: the embedding a unit resharded after its forward, [final norm, head] a unit
+  kept gathered after its forward) and ``separate-reshard`` (torchtune's ``custom_sharded_layers: ['tok_embeddings',
+  'output']``);
+- SHARD_GRAD_OP (``reshard_after_forward=False``), HSDP (``fully_shard`` on a (replicate, shard) mesh; the reduced
+  shards all-reduced across replicas) and gradients reduced in fp32 under the bf16 policy (torchtitan's
+  ``mixed_precision_reduce``), each with the three wraps.
+
+Exact: the peak, its phase and every phase's peak but the embedding's forward (not a moment of the timeline) where
+the layers are gathered at their storage's width; elsewhere the peak and every backward phase (the forward phases of
+layers gathered in bf16 are at layer grain, as under FULL_SHARD).
+"""
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import memcalc
+from memcalc.errors import InputError
+from memcalc.layout.compose import FRAMEWORKS, fsdp_wrap
+from memcalc.memory.timeline import timeline
+from memcalc.model.hf_config import architecture_from_config
+from memcalc.units import GiB
+from memcalc.validation.trace import trace_step
+
+LLAMA = dict(model_type="llama", hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=128, max_position_embeddings=256)
+CONFIGS = {
+    "llama": LLAMA,
+    "bigvocab": dict(LLAMA, vocab_size=2000, num_hidden_layers=4),  # peaks at the loss or the head's backward
+    "l4": dict(LLAMA, num_hidden_layers=4, hidden_size=128, intermediate_size=344, vocab_size=250),
+    "llama3": dict(LLAMA, hidden_size=96, intermediate_size=200, num_hidden_layers=3, num_attention_heads=6,
+                   vocab_size=130),  # vocab 130 over 4 or 8 ranks: padded shards
+    "qwen3": dict(LLAMA, model_type="qwen3", head_dim=16),
+    "phi3": dict(LLAMA, model_type="phi3", pad_token_id=0, bos_token_id=1, eos_token_id=2),
+}
+S, B = 32, 2
+
+
+def both(name, shard, precision, mp=None, recompute="none", opt="fused", wrap="root", replicas=1, keep=False,
+         reduce_fp32=False):
+    """The traced rank 0 and the timeline of the same step: FSDP2 over ``shard`` ranks (``replicas`` of them: HSDP)."""
+    cfg = CONFIGS[name]
+    tr = trace_step(cfg, seq_len=S, micro_batch=B, precision=precision, world=shard * replicas, replicate=replicas,
+                    fsdp=True, fsdp_param_dtype=mp, optimizer_impl=opt, recompute=recompute, fsdp_wrap=wrap,
+                    reshard_after_forward=not keep, fsdp_reduce_fp32=reduce_fp32)  # fmt: skip
+    tl = timeline(architecture_from_config(cfg), family=cfg["model_type"], regime=precision, attention="sdpa", s=S,
+                  b=B, recompute=recompute, optimizer_impl=opt, world=shard, fsdp=True, fsdp_param_dtype=mp,
+                  fsdp_wrap=wrap, fsdp_keep=keep, fsdp_hsdp=replicas > 1, fsdp_reduce_fp32=reduce_fp32)  # fmt: skip
+    return tr, tl
+
+
+EVERY_PHASE = [  # (config, world, precision, MixedPrecisionPolicy param dtype, recompute, optimizer)
+    ("bigvocab", 4, "fp32", None, "none", "fused"),
+    ("bigvocab", 4, "amp-bf16", None, "none", "fused"),
+    ("bigvocab", 4, "bf16", None, "full", "fused"),
+    ("l4", 4, "fp32", None, "none", "fused"),
+    ("llama3", 4, "fp32", None, "none", "fused"),
+    ("llama3", 4, "amp-bf16", None, "none", "fused"),
+    ("qwen3", 4, "fp32", None, "none", "fused"),
+    ("phi3", 4, "amp-bf16", None, "none", "fused"),
+]  # fmt: skip
+PEAK = [  # the peak and its phase (the forward phases of checkpointed or bf16-gathered layers are at layer grain)
+    ("bigvocab", 8, "amp-bf16", "bf16", "none", "fused"),
+    ("l4", 8, "amp-bf16", "bf16", "none", "foreach"),
+    ("llama3", 8, "amp-bf16", "bf16", "none", "foreach"),
+    ("llama3", 4, "bf16", None, "full", "fused"),
+    ("qwen3", 4, "bf16", None, "full", "fused"),
+    ("llama", 4, "amp-bf16", "bf16", "full", "fused"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("wrap", ["separate", "separate-reshard"])
+@pytest.mark.parametrize("name,world,precision,mp,recompute,opt", EVERY_PHASE)
+def test_every_phase_equals_trace(name, world, precision, mp, recompute, opt, wrap):
+    tr, tl = both(name, world, precision, mp, recompute, opt, wrap)
+    assert (tl.peak.live_bytes, tl.peak.phase) == (tr.peak, tr.peak_phase)
+    assert {k: tl.phase_peaks[k] for k in tr.phase_peaks if k != "forward"} == {
+        k: v for k, v in tr.phase_peaks.items() if k != "forward"}
+    assert all(m.live_bytes == sum(n for _, n in m.parts) for m in tl.moments)
+
+
+@pytest.mark.parametrize("wrap", ["separate", "separate-reshard"])
+@pytest.mark.parametrize("name,world,precision,mp,recompute,opt", PEAK)
+def test_peak_equals_trace(name, world, precision, mp, recompute, opt, wrap):
+    tr, tl = both(name, world, precision, mp, recompute, opt, wrap)
+    assert (tl.peak.live_bytes, tl.peak.phase) == (tr.peak, tr.peak_phase)
+    for phase in ("baseline", "input", "optimizer", "zero_grad") + tuple(
+            k for k in tr.phase_peaks if k.startswith("backward")):
+        assert tl.phase_peaks[phase] == tr.phase_peaks[phase], phase
+
+
+def test_units_of_their_own_hold_less_than_the_root():
+    """At a big vocabulary the root's gathered embedding and head dominate: separate units free them outside their
+    own forward and backward (traced: 5,443,236 bytes under the root wrap, 4,747,700 and 4,746,404 without)."""
+    peaks = {w: both("bigvocab", 4, "fp32", None, "none", "fused", w)[0].peak
+             for w in ("root", "separate", "separate-reshard")}
+    assert peaks == {"root": 5_443_236, "separate": 4_747_700, "separate-reshard": 4_746_404}
+
+
+def test_tied_embeddings_stay_in_the_root(tmp_path):
+    tied = dict(LLAMA, model_type="qwen2", tie_word_embeddings=True)
+    arch = architecture_from_config(tied)
+    with pytest.raises(InputError, match="tied"):
+        timeline(arch, family="qwen2", regime="fp32", attention="sdpa", s=S, b=B, world=4, fsdp_wrap="separate")
+    with pytest.raises(InputError, match="untied"):
+        trace_step(tied, seq_len=S, micro_batch=B, world=4, fsdp=True, fsdp_wrap="separate")
+    assert fsdp_wrap(None, FRAMEWORKS["torchtitan"], tied=True) == "root"
+    with pytest.raises(InputError, match="accepted for tied embeddings: root"):
+        fsdp_wrap("separate-reshard", FRAMEWORKS["torchtune"], tied=True)
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(dict(tied, num_hidden_layers=4, hidden_size=512, intermediate_size=1024,
+                                   num_attention_heads=8, num_key_value_heads=8, vocab_size=32000)))  # fmt: skip
+    kw = dict(hf_config=str(cfg), fsdp="FULL_SHARD", fsdp_version=2, gpus=8, precision="bf16-mixed", seq_len=256)
+    assert any("--fsdp-wrap root" in n for n in memcalc.estimate(framework="torchtitan", **kw).notes)
+    with pytest.raises(InputError, match="ties its embedding"):
+        memcalc.estimate(fsdp_wrap="separate", **kw)
+
+
+def test_each_framework_wraps_as_its_code_does():
+    kw = dict(model="llama-3-8b", fsdp="FULL_SHARD", fsdp_version=2, gpus=8, precision="bf16-mixed", seq_len=4096,
+              micro_batch=1, recompute="full", attention="sdpa", gpu="h100")  # fmt: skip
+    got = {fw: memcalc.estimate(framework=fw, **kw) for fw in (None, "hf", "torchtitan", "torchtune")}
+    wraps = {fw: next(n for n in e.notes if "--fsdp-wrap" in n).split("--fsdp-wrap ")[1].split(":")[0]
+             for fw, e in got.items()}
+    assert wraps == {None: "root", "hf": "root", "torchtitan": "separate", "torchtune": "separate-reshard"}
+    root = memcalc.estimate(fsdp_wrap="root", framework="torchtitan", **kw)
+    rows = {w: {r.key: r.bytes for r in e.memory.per_gpu.rows} for w, e in (("root", root), ("separate", got["torchtitan"]))}
+    # Llama 3 8B in bf16 over 8 ranks: the root keeps the embedding, the final norm and the head gathered
+    # (2 x 128256 x 4096 x 2 + 4096 x 2 bytes) and the last layer's all-gather output at the loss's backward; under
+    # torchtitan's wrap the peak is the loss, with the [norm, head] unit gathered and its all-gather output alive
+    assert rows["root"]["activations_root_parameters_(gathered)"] == 2 * 128256 * 4096 * 2 + 4096 * 2
+    assert rows["separate"]["activations_head_parameters_(gathered)"] == 128256 * 4096 * 2 + 4096 * 2
+    assert "activations_root_parameters_(gathered)" not in rows["separate"]
+    drop = root.memory.per_gpu.peak_allocated - got["torchtitan"].memory.per_gpu.peak_allocated
+    assert 1.3 * 2**30 < drop < 1.5 * 2**30  # the embedding (0.98 GiB) and a layer's all-gather output (0.41 GiB)
+
+
+def test_bad_wraps_are_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from memcalc.cli.app import app
+
+    base = ["estimate", "--model", "llama-3-8b", "--gpus", "8", "--seq-len", "1024"]
+    for extra, says in ((["--fsdp", "FULL_SHARD", "--fsdp-version", "2", "--fsdp-wrap", "seperate"],
+                         "did you mean 'separate'"),
+                        (["--ddp", "--fsdp-wrap", "separate"], "needs --fsdp with --fsdp-version 2"),
+                        (["--fsdp", "FULL_SHARD", "--fsdp-wrap", "separate"], "--fsdp-version 1")):
+        r = CliRunner().invoke(app, base + extra)
+        assert r.exit_code == 2, r.output
+        lines = [x for x in r.output.splitlines() if x.strip()]
+        assert len(lines) == 1 and says in lines[0], r.output
+
+
+def test_torchtitan_release_decides_the_wrap():
+    from pathlib import Path
+
+    from memcalc.configs import read_torchtitan
+
+    here = Path(__file__).parent / "data" / "configs" / "torchtitan"
+    old = read_torchtitan(here / "v0.1.0_llama3_8b.toml", world_size=8)
+    assert old.arguments["fsdp_wrap"] == "root" and any("v0.1.0 keeps the embedding" in n for n in old.notes)
+    new = read_torchtitan(here / "v0.2.2_llama3_70b.toml", world_size=64)
+    assert "fsdp_wrap" not in new.arguments and new.arguments["framework"] == "torchtitan"  # the framework's: separate
+
+
+def exact(tr, tl, skip=()):
+    assert (tl.peak.live_bytes, tl.peak.phase) == (tr.peak, tr.peak_phase)
+    for phase, v in tr.phase_peaks.items():
+        if phase.startswith(("backward", "loss", "optimizer", "zero_grad", "baseline", "input")) and phase not in skip:
+            assert tl.phase_peaks[phase] == v, phase
+    assert all(m.live_bytes == sum(n for _, n in m.parts) for m in tl.moments)
+
+
+CASES = [  # (config, shard ranks, precision, param dtype, recompute, optimizer, wrap, replicas, keep, reduce fp32)
+    # HSDP: 2 replicas of 4-rank shards; under the bf16 policy each reduced layer's bf16 all-reduce buffer is held
+    ("l4", 4, "fp32", None, "none", "fused", "root", 2, False, False),
+    ("l4", 4, "amp-bf16", "bf16", "none", "fused", "root", 2, False, False),
+    ("llama3", 4, "amp-bf16", "bf16", "none", "foreach", "root", 2, False, False),
+    ("bigvocab", 4, "bf16", None, "full", "fused", "root", 2, False, False),
+    ("llama", 4, "amp-bf16", "bf16", "full", "fused", "root", 2, False, False),
+    # SHARD_GRAD_OP: every layer stays gathered from its forward to its post-backward
+    ("l4", 4, "fp32", None, "none", "fused", "root", 1, True, False),
+    ("llama3", 4, "amp-bf16", None, "none", "foreach", "root", 1, True, False),
+    ("bigvocab", 4, "bf16", None, "full", "fused", "root", 1, True, False),
+    ("qwen3", 8, "fp32", None, "none", "fused", "root", 1, True, False),
+    ("bigvocab", 4, "amp-bf16", None, "none", "fused", "separate", 1, True, False),
+    ("bigvocab", 4, "fp32", None, "none", "fused", "separate-reshard", 1, True, False),
+    # fp32 reduction under the bf16 policy: the reduce-scatter inputs in fp32 (torchtitan)
+    ("l4", 4, "amp-bf16", "bf16", "none", "fused", "root", 1, False, True),
+    ("l4", 4, "amp-bf16", "bf16", "none", "fused", "separate", 1, False, True),
+    ("l4", 4, "amp-bf16", "bf16", "full", "fused", "separate", 1, False, True),
+    ("bigvocab", 4, "amp-bf16", "bf16", "none", "fused", "separate", 2, False, True),
+    ("bigvocab", 4, "amp-bf16", "bf16", "full", "fused", "separate", 2, True, True),
+    ("l4", 4, "amp-bf16", "bf16", "none", "fused", "root", 2, True, True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,shard,precision,mp,recompute,opt,wrap,replicas,keep,reduce_fp32", CASES)
+def test_layout_equals_trace(name, shard, precision, mp, recompute, opt, wrap, replicas, keep, reduce_fp32):
+    tr, tl = both(name, shard, precision, mp, recompute, opt, wrap, replicas, keep, reduce_fp32)
+    exact(tr, tl)
+
+
+def test_hsdp_holds_each_reduced_layers_all_reduce_buffer():
+    """torch 2.13 ``FSDPParamGroup._all_reduce_state``: in a reduce dtype other than the shards' (the bf16 policy
+    reduces in bf16 over fp32 shards) each layer's all-reduce buffer lives until the backward ends; in fp32 the
+    buffer is the shard itself. l4 over 4 ranks: a layer shard is 45,376 elements, 90,752 bytes in bf16."""
+    full, _ = both("l4", 4, "amp-bf16", "bf16")
+    hsdp, _ = both("l4", 4, "amp-bf16", "bf16", replicas=2)
+    extra = {k: hsdp.phase_peaks[k] - v for k, v in full.phase_peaks.items() if hsdp.phase_peaks[k] != v}
+    assert extra == {"backward.layer.2": 90_752, "backward.layer.1": 2 * 90_752, "backward.layer.0": 3 * 90_752}
+    fp32_full, _ = both("l4", 4, "fp32")
+    fp32_hsdp, _ = both("l4", 4, "fp32", replicas=2)
+    assert fp32_full.phase_peaks == fp32_hsdp.phase_peaks
+
+
+def test_estimates_answer_every_fsdp2_layout(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(dict(LLAMA, num_hidden_layers=8, hidden_size=1024, intermediate_size=2816,
+                                   num_attention_heads=16, num_key_value_heads=4, vocab_size=32000)))  # fmt: skip
+    kw = dict(hf_config=str(cfg), fsdp_version=2, precision="amp-bf16", seq_len=1024, micro_batch=2, gpu="h100")
+    full8 = memcalc.estimate(fsdp="FULL_SHARD", gpus=8, **kw)
+    hsdp = memcalc.estimate(fsdp="HYBRID_SHARD", gpus=32, shard_group=8, **kw)
+    grad_op = memcalc.estimate(fsdp="SHARD_GRAD_OP", gpus=8, **kw)
+    zero2 = memcalc.estimate(fsdp="_HYBRID_SHARD_ZERO2", gpus=32, shard_group=8, **kw)
+    assert {e.accounting for e in (full8, hsdp, grad_op, zero2)} == {"realistic"}
+    # autocast over fp32 shards reduces in fp32: HSDP holds what FULL_SHARD over its shard group holds
+    assert hsdp.memory.per_gpu.peak_allocated == full8.memory.per_gpu.peak_allocated
+    assert zero2.memory.per_gpu.peak_allocated == grad_op.memory.per_gpu.peak_allocated
+    # both peak at the loss's backward: SHARD_GRAD_OP holds all 8 layers gathered in fp32 (q, o 1024 x 1024; k, v
+    # 256 x 1024; three MLP matrices 2816 x 1024; two norms) where FULL_SHARD holds the last layer's prefetched
+    # all-gather output: 7 layers more
+    layer = 4 * (2 * 1024 * 1024 + 2 * 1024 * 256 + 3 * 1024 * 2816 + 2 * 1024)
+    assert grad_op.memory.per_gpu.peak_allocated - full8.memory.per_gpu.peak_allocated == 7 * layer
+    assert any("kept gathered from its forward" in n for n in grad_op.notes)
+    assert any("HSDP: 4 replicas" in n for n in hsdp.notes)
+    nccl = {e: next(r.bytes for r in x.memory.per_gpu.rows if r.key == "nccl_buffers") for e, x in
+            (("full", full8), ("hsdp", hsdp))}
+    assert nccl["hsdp"] == 2 * nccl["full"]  # the replicas' all-reduce is a second communicator
+    assert grad_op.memory.per_gpu.peak_allocated / GiB < 80
+
+
+def test_torchtitan_reduces_in_fp32():
+    """torchtitan's bf16 policy reduces in fp32 (``mixed_precision_reduce``): with full recompute at 1,024 tokens
+    Llama 3 8B's step peaks at the embedding's reduce-scatter, its fp32 input (128256 x 4096 x 4 bytes) and output
+    shard beside the bf16 unsharded gradient."""
+    kw = dict(model="llama-3-8b", fsdp="FULL_SHARD", fsdp_version=2, gpus=8, precision="bf16-mixed", seq_len=1024,
+              micro_batch=1, recompute="full", attention="sdpa", gpu="h100")  # fmt: skip
+    titan, hf = memcalc.estimate(framework="torchtitan", **kw), memcalc.estimate(framework="hf", **kw)
+    assert any("reduce_dtype=fp32" in n for n in titan.notes)
+    assert not any("reduce_dtype=fp32" in n for n in hf.notes)
+    rows = {r.key: r.bytes for r in titan.memory.per_gpu.rows}
+    assert titan.memory.timeline.peak_moment == "the embedding's reduce-scatter copy-in"
+    assert rows["activations_reduce-scatter_input_(embedding)"] == 4 * 128256 * 4096
+    assert rows["activations_reduce-scatter_output_(embedding)"] == 4 * 128256 * 4096 // 8
+    assert rows["activations_embedding_gradients_(unsharded)"] == 2 * 128256 * 4096
