@@ -57,8 +57,11 @@ def test_master_weight_precisions_and_sharded_layouts_take_the_paper_and_say_why
     assert r.accounting == "paper"
     assert any("realistic accounting (the peak of a real step) not used: --precision bf16-mixed" in n for n in r.notes)
     f1 = memcalc.estimate(hf_config=LLAMA1B, gpus=8, gpu="h100", seq_len=2048, precision="amp-bf16", fsdp="FULL_SHARD")
-    assert f1.accounting == "paper" and any("give --fsdp-version 2" in n for n in f1.notes)  # FSDP1: not traced
-    with pytest.raises(InputError, match="--accounting realistic: SHARD_GRAD_OP: .*give --fsdp-version 2"):
+    assert f1.accounting == "realistic" and any("FSDP1 FullyShardedDataParallel" in n for n in f1.notes)
+    f1_off = memcalc.estimate(hf_config=LLAMA1B, gpus=8, gpu="h100", seq_len=2048, precision="amp-bf16",
+                              fsdp="FULL_SHARD", offload_params="cpu")  # FSDP1's CPUOffload: not traced
+    assert f1_off.accounting == "paper" and any("give --fsdp-version 2" in n for n in f1_off.notes)
+    with pytest.raises(InputError, match="--accounting realistic: SHARD_GRAD_OP under FSDP1: .*give --fsdp-version 2"):
         memcalc.estimate(hf_config=LLAMA1B, gpus=8, seq_len=2048, precision="amp-bf16", fsdp="SHARD_GRAD_OP",
                          accounting="realistic")
     with pytest.raises(InputError, match="--accounting realistic: .*covers one GPU, DDP and FSDP2"):

@@ -57,7 +57,7 @@ def test_census_when_torchtitan_is_installed() -> None:
 def test_estimate_follows_the_framework_code() -> None:
     kw = dict(hf_config="tests/data/llama-3-8b-config.json", fsdp="FULL_SHARD", fsdp_version=2, gpus=8, gpu="h100",
               seq_len=8192, attention="flash")
-    # the same FSDP2 units (torchtitan's own put the embedding and the head apart: tests/test_fsdp2_layouts.py)
+    # the same FSDP2 units (torchtitan's own put the embedding and the head apart: tests/test_fsdp_layouts.py)
     hf, tt = memcalc.estimate(**kw), memcalc.estimate(framework="torchtitan", fsdp_wrap="root", **kw)
     assert hf.accounting == tt.accounting == "realistic"
     rows = {r.label: r.bytes for r in tt.memory.per_gpu.rows}

@@ -106,6 +106,7 @@ def trace(
     replicate: Annotated[int, typer.Option("--replicate", help="With --fsdp: HSDP, the data-parallel ranks in this many replicas of the shards.")] = 1,
     reshard_after_forward: Annotated[bool, typer.Option("--reshard-after-forward/--no-reshard-after-forward", help="With --fsdp: --no-reshard-after-forward keeps each layer gathered from its forward to its backward (SHARD_GRAD_OP).")] = True,
     fsdp_reduce_fp32: Annotated[bool, typer.Option("--fsdp-reduce-fp32", help="With --fsdp-param-dtype bf16: reduce gradients in fp32 (torchtitan).")] = False,
+    fsdp_version: Annotated[int, typer.Option("--fsdp-version", help="With --fsdp: 2 (fully_shard) or 1 (FullyShardedDataParallel, as accelerate wraps a transformer).")] = 2,
     gpu: Annotated[str | None, typer.Option("--gpu", help="A GPU preset or .toml: replay the steps' allocations into its memory (less the CUDA context) and say whether a request fails.")] = None,
 ) -> None:
     """Run one real training step of the model's code on fake tensors (CPU, no GPU, no weights) and print its
@@ -139,7 +140,8 @@ def trace(
                        optimizer_impl=optimizer_impl, recompute=recompute, attention=attention, world=world,
                        fsdp=fsdp, tp=tp, fsdp_param_dtype=fsdp_param_dtype, capacity=capacity,
                        fsdp_wrap=fsdp_wrap.strip().lower(), replicate=replicate,
-                       reshard_after_forward=reshard_after_forward, fsdp_reduce_fp32=fsdp_reduce_fp32)
+                       reshard_after_forward=reshard_after_forward, fsdp_reduce_fp32=fsdp_reduce_fp32,
+                       fsdp_version=fsdp_version)
         summary = trace_summary(t)
         sys.stdout.write(js.dumps(summary, indent=2) + "\n")
 

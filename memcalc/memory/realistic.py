@@ -190,7 +190,8 @@ def evaluate(plan: Plan) -> Realistic:
                   loss_compiled=_loss_compiled(plan), sequence_parallel=plan.sequence_parallel,
                   float8=plan.float8, float8_all_gather=sharded and plan.float8_all_gather,
                   fsdp_wrap=plan.fsdp_wrap if sharded else "root", fsdp_keep=plan.spec.param_gather == "forward",
-                  fsdp_hsdp=plan.spec.name in HSDP, fsdp_reduce_fp32=_reduce_fp32(plan))
+                  fsdp_hsdp=plan.spec.name in HSDP, fsdp_reduce_fp32=_reduce_fp32(plan),
+                  fsdp_flat=sharded and plan.fsdp_version == 1)
     if sharded and plan.offload_params != "none":
         from memcalc.memory.timeline import _moment, with_loss
         from memcalc.memory.timeline_states import offload_fsdp
@@ -230,7 +231,7 @@ def _finish(plan: Plan, tl: Any, allocated: int, ddp_buckets: int, comm_groups: 
     # Cached blocks the step's peak cannot use (memcalc.memory.reserved): the loss's freed logits, FSDP2's
     # side-stream pools. Wholly free segments, released before a cudaMalloc fails: max_memory_reserved shows them
     # up to what the GPU leaves the allocator; the verdict and the total do not count them.
-    streams = plan.spec.name in FSDP2_SHARDED and plan.fsdp_version == 2
+    streams = plan.spec.name in FSDP2_SHARDED and plan.fsdp_version == 2  # FSDP1's pools are not modelled
     held, pools, loss_binds = reserved_peak(tl.moments, tl.loss_moment, tl.loss_cache, streams)
     cached = max(0, held - peak.live_bytes)
     reserved = max(f.peak_reserved, min(f.peak_reserved + cached, plan.usable_bytes - context - comm))
@@ -331,9 +332,18 @@ def notes(plan: Plan) -> list[str]:
                              "gathered from its forward to its post-backward (torchtitan's apply_fsdp since v0.2)",
                  "separate-reshard": "the embedding and the head each a unit resharded after its forward, the final "
                                      "norm in the root (torchtune's custom_sharded_layers)"}[plan.fsdp_wrap]
-        out.append(f"{plan.spec.name}: FSDP2 fully_shard per decoder layer and on the root over "
-                   f"{plan.shard_group_size} ranks (rank 0's padded shards; --fsdp-wrap {plan.fsdp_wrap}: {units}; "
-                   f"{gathered}; {policy}{replicas}); NCCL buffers counted per communicator")
+        if plan.fsdp_version == 1:
+            out.append(f"{plan.spec.name}: FSDP1 FullyShardedDataParallel, one FlatParameter per decoder layer and one "
+                       f"for the root over {plan.shard_group_size} ranks (use_orig_params=True, BACKWARD_PRE "
+                       "prefetch: rank 0's chunk of each padded flat parameter; a unit gathered straight into its "
+                       "unsharded flat parameter, the root kept gathered from forward to backward, the next layer's "
+                       "parameters prefetched whole in backward, each unit's gradients copied into one flat gradient "
+                       f"and reduce-scattered from it; {policy.replace('MixedPrecisionPolicy', 'MixedPrecision')}); "
+                       "NCCL buffers counted per communicator")
+        else:
+            out.append(f"{plan.spec.name}: FSDP2 fully_shard per decoder layer and on the root over "
+                       f"{plan.shard_group_size} ranks (rank 0's padded shards; --fsdp-wrap {plan.fsdp_wrap}: {units}; "
+                       f"{gathered}; {policy}{replicas}); NCCL buffers counted per communicator")
         if plan.offload_params != "none":
             out.append("FULL_SHARD with CPUOffloadPolicy: the fp32 sharded parameters, the reduced gradient shards and "
                        "AdamW's moments and step in host memory; the GPU keeps the buffers, the gathered units, the "

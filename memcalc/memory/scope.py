@@ -15,7 +15,7 @@ ATTENTION = {"eager": "eager", "sdpa": "sdpa", "flash": "sdpa"}
 FSDP2_SHARDED = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
 """FSDP2's sharded layouts: ``fully_shard`` resharding after forward or not (``reshard_after_forward=False``:
 SHARD_GRAD_OP), over one mesh dimension or over a (replicate, shard) mesh (HSDP); each exact against the tracer's
-rank 0 (tests/test_timeline_fsdp.py, tests/test_fsdp2_layouts.py)."""
+rank 0 (tests/test_timeline_fsdp.py, tests/test_fsdp_layouts.py)."""
 STRATEGIES = ("ddp", *FSDP2_SHARDED)
 """Replicated model states (one GPU, DDP) and FSDP2's sharded layouts; the other sharded and model-parallel layouts
 take the paper's."""
@@ -111,9 +111,9 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
         if why is not None:
             return why
     if strategy in FSDP2_SHARDED:
-        if fsdp_version != 2:
-            return (f"{strategy}: the realistic accounting follows FSDP2 (fully_shard, traced); FSDP1's flat "
-                    "parameters were not traced: give --fsdp-version 2")
+        if fsdp_version != 2 and (strategy != "FULL_SHARD" or offload != ("none", "none") or tp > 1 or cp > 1):
+            return (f"{strategy} under FSDP1: the realistic accounting follows FSDP1's flat parameters (traced) for "
+                    "FULL_SHARD without offload, tensor or context parallelism; give --fsdp-version 2 for the rest")
         if arch.family not in SHARDED_FAMILIES:
             return f"{strategy}: the realistic accounting models {', '.join(SHARDED_FAMILIES)} layers under FSDP2"
         if optimizer != "adamw" or getattr(work, "optimizer_impl", "foreach") not in ("foreach", "fused"):

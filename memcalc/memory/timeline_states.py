@@ -227,6 +227,22 @@ def shard_units(arch: Architecture, world: int) -> ShardUnits:
     return ShardUnits(world, root, layer, root_shard, layer_shard, len(tensors), embed, head, norm)
 
 
+def flat_units(arch: Architecture, world: int) -> ShardUnits:
+    """FSDP1 (``FullyShardedDataParallel``, one ``FlatParameter`` per decoder layer and one for the root) as rank 0 of
+    ``world`` ranks, in elements: each unit's parameters flattened into one tensor padded to a multiple of ``world``
+    and chunked evenly (torch ``distributed/fsdp/_flat_param.py``: ``_get_shard``); rank 0 holds the first chunk."""
+    if world < 1:
+        raise InputError(f"world {world} must be at least 1")
+    tensors = param_tensors(arch)
+    layer = [n for name, n in tensors if name.startswith("layer 0 ")]
+    root = [n for name, n in tensors if not name.startswith("layer ")]
+    shard = (-(-sum(root) // world), -(-sum(layer) // world))
+    # torch.optim keeps state only for the parameters with a gradient: under use_orig_params, those whose view
+    # reaches into rank 0's chunk (the flat tensor's first elements, in the order the modules register them)
+    reach = [sum(1 for k in range(len(u)) if sum(u[:k]) < c) for u, c in zip((root, layer), shard)]
+    return ShardUnits(world, sum(root), sum(layer), shard[0], shard[1], reach[0] + arch.layers * reach[1])
+
+
 def sharded_states(arch: Architecture, family: str, width: int, units: ShardUnits, impl: str = "foreach") -> States:
     """Rank 0's model states under FSDP2: sharded parameters, gradients and AdamW moments (rank 0 holds full
     chunks, so its moments equal its padded shards), a step scalar per parameter, replicated buffers."""
@@ -303,11 +319,21 @@ class FsdpOverlay:
     """HSDP: the head unit's all-reduce buffer, as ``held_reduce``."""
     embed_reduce_out: int = 0
     """Bytes of the embedding's reduce-scatter output (its shard in the reduce dtype)."""
+    flat: bool = False
+    """FSDP1 (``FullyShardedDataParallel``, ``use_orig_params=True``): a unit all-gathers straight into its padded
+    unsharded ``FlatParameter`` (no separate all-gather output), the backward prefetch allocates the next unit's
+    unsharded parameter, and the post-backward copies the parameters' gradients into one padded flat gradient,
+    reduce-scatters it and frees it before the next unit's (``_runtime_utils.py`` ``_post_backward_hook``)."""
+    mp_shard: int = 0
+    """FSDP1 under a MixedPrecision ``param_dtype``: bytes of a layer's low-precision copy of its local shard, made
+    for the all-gather and freed after it (``_flat_param.py`` ``_mp_shard``)."""
+    root_grads: int = 0
+    """FSDP1: bytes of the root's parameters' unsharded gradients (unpadded), all alive at its post-backward."""
 
     @staticmethod
     def make(arch: Architecture, family: str, regime: str, world: int, param_dtype: str | None, impl: str,
              kind: str, fp8_gather: bool = False, wrap: str = "root", keep: bool = False, hsdp: bool = False,
-             reduce_fp32: bool = False) -> FsdpOverlay | None:  # fmt: skip
+             reduce_fp32: bool = False, flat: bool = False) -> FsdpOverlay | None:  # fmt: skip
         """``fp8_gather``: torchao's ``enable_fsdp_float8_all_gather`` (``WeightWithDynamicFloat8CastTensor
         .fsdp_pre_all_gather``): the decoder layers' projection weights (``memcalc.model.float8``) are cast to fp8
         before the all-gather, so their all-gather output and the unsharded weight kept until the reshard are 1 byte
@@ -315,7 +341,8 @@ class FsdpOverlay:
         rest of the layer, the root and every gradient keep their width. ``wrap``: ``FSDP_WRAPS``. ``keep``: no
         reshard after forward. ``hsdp``: the shards replicated over groups of ``world`` ranks (the reduced shard is
         all-reduced across them: ``_fsdp_collectives.foreach_reduce``). ``reduce_fp32``: gradients reduced in fp32
-        under a bf16 ``param_dtype`` (torchtitan's ``mixed_precision_reduce``)."""
+        under a bf16 ``param_dtype`` (torchtitan's ``mixed_precision_reduce``). ``flat``: FSDP1 (``flat_units``),
+        units per decoder layer and the root only, resharding after forward, over one mesh dimension."""
         if world < 1:
             raise InputError(f"world {world} must be at least 1 (FSDP2 ranks)")
         if param_dtype not in (None, "bf16"):
@@ -329,6 +356,15 @@ class FsdpOverlay:
                              "put in two units; accepted for tied embeddings: root")
         width = 2 if regime == "bf16" else 4
         g = 2 if param_dtype == "bf16" else width
+        if flat:
+            if wrap != "root" or keep or hsdp or reduce_fp32 or fp8_gather:
+                raise InputError("FSDP1 is modelled with one unit per decoder layer and the root, resharding after "
+                                 "forward, over one mesh dimension, without fp8 all-gathers or fp32 reduction")
+            u = flat_units(arch, world)
+            layer = g * world * u.layer_shard
+            return FsdpOverlay(sharded_states(arch, family, width, u, impl), g, g * world * u.root_shard, layer, layer,
+                               width * u.layer_shard, width, width * u.layer, 0, flat=True,
+                               mp_shard=g * u.layer_shard if g != width else 0, root_grads=g * u.root)
         rw = 4 if reduce_fp32 and param_dtype == "bf16" else g
         u = shard_units(arch, world)
         st = sharded_states(arch, family, width, u, impl)
@@ -361,12 +397,14 @@ class FsdpOverlay:
         return [("root parameters (gathered)", fs.root)] + fs._kept(0) + [
                 ("this layer's parameters (gathered)" if not fs.keep else f"layers 0..{i} parameters (gathered)",
                  fs.layer * (i + 1 if fs.keep else 1)),
-                ("all-gather output (this layer)", fs.layer_flat)]
+                ("all-gather output (this layer)", 0 if fs.flat else fs.layer_flat)]
 
     @staticmethod
     def gather(fs: FsdpOverlay, i: int) -> list[tuple[str, int]]:
         """Layer ``i``'s forward all-gather copied out while the previous gather's output (the root's or the
         embedding's before layer 0) is still alive."""
+        if fs.flat:  # FSDP1: the low-precision shard the all-gather sends, freed once it is done
+            return FsdpOverlay.forward(fs, i) + [("low-precision shard for the all-gather", fs.mp_shard)]
         previous = (fs.root_flat if fs.wrap == "root" else fs.embed) if i == 0 else fs.layer_flat
         return FsdpOverlay.forward(fs, i) + [("all-gather output (previous unit)", previous)]
 
@@ -391,6 +429,8 @@ class FsdpOverlay:
         if fs is None:
             return []
         root = [("root parameters (gathered)", fs.root)] + fs._kept(layers)
+        if fs.flat:  # FSDP1: nothing of a layer until the root's pre-backward prefetches the last one, unsharded
+            return root + [("last layer's parameters (prefetched)", fs.layer if at == "loss-backward" else 0)]
         if fs.wrap == "root":
             flat = 0 if fs.keep and at == "loss-backward" else fs.layer_flat
             return root + [("all-gather output (last layer)", flat)]
@@ -450,7 +490,9 @@ class FsdpOverlay:
         else:
             root = fs.norm_grads if fs.wrap == "separate-reshard" else 0
             shards, last_reduce, prefetch, ar = fs.head_grad_shard, fs.head_reduce, fs.embed, fs.head_held_reduce
-        flat = 0 if fs.keep else fs.layer_flat if i > 0 or gather else prefetch
+        flat = 0 if fs.keep else fs.layer_flat if i > 0 or (gather and not fs.flat) else prefetch
+        if fs.flat:  # FSDP1 reduce-scatters the flat gradient and frees it before the next unit's
+            reduce = last_reduce = 0
         return [("root parameters (gathered)", fs.root), ("root gradients (unsharded)", root)] + fs._kept(0) + [
                 ("this layer's parameters (gathered)" if not fs.keep else f"layers 0..{i} parameters (gathered)",
                  fs.layer * (i + 1 if fs.keep else 1)),
@@ -467,6 +509,9 @@ class FsdpOverlay:
         (``post_backward`` waits on ``reduce_scatter_state`` and clears it first)."""
         parts = [(n, 0 if n.startswith("reduce-scatter input") else x)
                  for n, x in FsdpOverlay.backward(fs, i, held, root_grads)]
+        if fs.flat:  # FSDP1: still gathered; the gradients copied into one padded flat gradient, reduced from it
+            return parts + [("this layer's unsharded gradients", fs.layer_grads // fs.width * fs.gathered_width),
+                            ("flat gradient (reduce-scatter input)", fs.layer)]
         layer = next(k for k, (n, _) in enumerate(parts) if n.endswith("parameters (gathered)") and "layer" in n)
         parts[layer] = (f"layers 0..{i - 1} parameters (gathered)", fs.layer * i if fs.keep else 0)
         return parts + [("this layer's unsharded gradients", fs.layer_grads // fs.width * fs.gathered_width),
@@ -486,6 +531,14 @@ class FsdpOverlay:
                 ("gradient shards of the layers above", done * fs.layer_grad_shard + fs.head_grad_shard),
                 ("reduce-scatter input (layer above)", fs.layer_flat if fs.layer_reduce < 0 else fs.layer_reduce),
                 ("all-reduce buffers (HSDP)", done * fs.held_reduce + fs.head_held_reduce)]
+
+    @staticmethod
+    def root_copy_in(fs: FsdpOverlay, layers: int) -> list[tuple[str, int]]:
+        """FSDP1's root post-backward, after layer 0's: the root still gathered, its parameters' unsharded gradients
+        copied into its padded flat gradient, every layer's gradient shard."""
+        return [("root parameters (gathered)", fs.root), ("root gradients (unsharded)", fs.root_grads),
+                ("root flat gradient (reduce-scatter input)", fs.root),
+                ("gradient shards of the layers above", layers * fs.layer_grad_shard)]
 
     @staticmethod
     def embedding_copy_in(fs: FsdpOverlay, done: int) -> list[tuple[str, int]]:

@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -43,7 +44,7 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
                fake: bool = True, seed: int = 0, sequence_parallel: bool = False,
                loss_parallel: bool | None = None, capacity: int | None = None, float8: str = "none",
                float8_all_gather: bool = False, fsdp_wrap: str = "root", replicate: int = 1,
-               reshard_after_forward: bool = True, fsdp_reduce_fp32: bool = False) -> Trace:
+               reshard_after_forward: bool = True, fsdp_reduce_fp32: bool = False, fsdp_version: int = 2) -> Trace:
     """Trace the last of ``steps`` training steps of rank 0; ``fake=False`` runs the same step on real tensors.
 
     ``world`` ranks are ``world // tp`` data-parallel (FSDP2-sharded when ``fsdp``) × ``tp`` tensor-parallel.
@@ -56,7 +57,8 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
     ``replicate``: HSDP, the data-parallel ranks split into ``replicate`` groups of ``world // tp // replicate``
     that shard (FSDP2 on a 2-D mesh). ``reshard_after_forward`` False: the layers stay gathered from their forward
     to their backward (SHARD_GRAD_OP). ``fsdp_reduce_fp32``: gradients reduced in fp32 under
-    ``fsdp_param_dtype="bf16"`` (torchtitan's ``mixed_precision_reduce``).
+    ``fsdp_param_dtype="bf16"`` (torchtitan's ``mixed_precision_reduce``). ``fsdp_version`` 1: FSDP1's
+    ``FullyShardedDataParallel`` as accelerate wraps a transformer (``trace_parallel.apply_layout``).
     ``capacity``: the bytes the caching allocator may reserve (the GPU's memory less the CUDA context); the replayed
     allocator then reports the first request the GPU could not serve (``Trace.oom_request``).
     """
@@ -90,6 +92,12 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
     if fsdp_reduce_fp32 and fsdp_param_dtype != "bf16":
         raise InputError("fsdp_reduce_fp32 is a MixedPrecisionPolicy's reduce_dtype beside param_dtype bf16: give "
                          "fsdp_param_dtype='bf16'")
+    if fsdp_version not in (1, 2):
+        raise InputError(f"fsdp_version {fsdp_version!r} is not 1 or 2")
+    if fsdp_version == 1 and (tp > 1 or replicate > 1 or not reshard_after_forward or fsdp_reduce_fp32
+                              or fsdp_wrap != "root" or float8 != "none"):
+        raise InputError("fsdp_version 1 is traced as FULL_SHARD over one mesh dimension, the root wrap, without "
+                         "tensor parallelism, fp32 reduction or float8")
     if not reshard_after_forward and not fsdp:
         raise InputError("reshard_after_forward is FSDP2's: set fsdp")
     if dp > 1 and not fsdp:
@@ -98,16 +106,19 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
     torch.manual_seed(seed)
     if tp > 1:
         check_tp_heads(hf_config, tp)
-    with fake_process_group(world, tp, fsdp, replicate) as mesh:
+    with fake_process_group(world, tp, fsdp, replicate) as mesh, warnings.catch_warnings():
+        # FSDP1 compares storages by data pointer, which fake tensors warn about (the comparison still holds)
+        warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
         with FakeTensorMode() if fake else contextlib.nullcontext():
             model = build_model(hf_config, spec)
             if float8 != "none":
                 convert_float8(model, float8, float8_all_gather)
             if world > 1 or fsdp:
-                apply_layout(model, mesh, dp=dp, tp=tp, fsdp=fsdp, mp_bf16=fsdp_param_dtype == "bf16",
-                             sequence_parallel=sequence_parallel, loss_parallel=loss_parallel, fsdp_wrap=fsdp_wrap,
-                             replicate=replicate, reshard_after_forward=reshard_after_forward,
-                             reduce_fp32=fsdp_reduce_fp32)
+                model = apply_layout(model, mesh, dp=dp, tp=tp, fsdp=fsdp, mp_bf16=fsdp_param_dtype == "bf16",
+                                     sequence_parallel=sequence_parallel, loss_parallel=loss_parallel,
+                                     fsdp_wrap=fsdp_wrap, replicate=replicate,
+                                     reshard_after_forward=reshard_after_forward, reduce_fp32=fsdp_reduce_fp32,
+                                     fsdp_version=fsdp_version)
             optimizer = build_optimizer(model, optimizer_impl)
             ids, pos = batch(hf_config, spec)
             tracker = traced_steps(model, optimizer, ids, pos, spec, steps, loss_parallel, capacity)
@@ -117,6 +128,8 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
                                                (" no-reshard-after-forward", not reshard_after_forward),
                                                (" reduce=fp32", fsdp_reduce_fp32),
                                                (f" wrap={fsdp_wrap}", fsdp_wrap != "root")) if on)
+        if fsdp and fsdp_version == 1:
+            label = label.replace(" fsdp2", " fsdp1", 1)
         result = tracker.result(label, tracker.seconds)
         del model, optimizer, ids, pos
     return result

@@ -1,4 +1,4 @@
-"""FSDP2's layouts against the tracer's rank 0 (torch's fake process group), beyond FULL_SHARD with the embedding and
+"""FSDP's layouts against the tracer's rank 0 (torch's fake process group), beyond FULL_SHARD with the embedding and
 the head in the root (tests/test_timeline_fsdp.py):
 
 - where the embedding and the head sit (``--fsdp-wrap``, ``memcalc.layout.compose.FSDP_WRAPS``): ``separate``
@@ -261,3 +261,70 @@ def test_torchtitan_reduces_in_fp32():
     assert rows["activations_reduce-scatter_input_(embedding)"] == 4 * 128256 * 4096
     assert rows["activations_reduce-scatter_output_(embedding)"] == 4 * 128256 * 4096 // 8
     assert rows["activations_embedding_gradients_(unsharded)"] == 2 * 128256 * 4096
+
+
+def fsdp1(name, world, precision, mp=None, recompute="none", opt="fused"):
+    """FSDP1 (``FullyShardedDataParallel`` as accelerate wraps a transformer) traced and in the timeline."""
+    cfg = CONFIGS[name]
+    tr = trace_step(cfg, seq_len=S, micro_batch=B, precision=precision, world=world, fsdp=True, fsdp_version=1,
+                    fsdp_param_dtype=mp, optimizer_impl=opt, recompute=recompute)  # fmt: skip
+    tl = timeline(architecture_from_config(cfg), family=cfg["model_type"], regime=precision, attention="sdpa", s=S,
+                  b=B, recompute=recompute, optimizer_impl=opt, world=world, fsdp=True, fsdp_param_dtype=mp,
+                  fsdp_flat=True)  # fmt: skip
+    return tr, tl
+
+
+FSDP1 = [  # (config, ranks, precision, MixedPrecision param dtype, recompute, optimizer)
+    ("l4", 4, "fp32", None, "none", "fused"),
+    ("l4", 4, "amp-bf16", "bf16", "none", "fused"),
+    ("l4", 4, "bf16", None, "full", "fused"),
+    ("llama3", 8, "fp32", None, "none", "foreach"),
+    ("bigvocab", 4, "amp-bf16", "bf16", "none", "fused"),
+    ("bigvocab", 4, "fp32", None, "none", "fused"),
+    ("llama", 4, "amp-bf16", "bf16", "full", "fused"),
+    ("qwen3", 8, "amp-bf16", None, "none", "foreach"),
+    ("phi3", 4, "amp-bf16", "bf16", "none", "fused"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,world,precision,mp,recompute,opt", FSDP1)
+def test_fsdp1_equals_trace(name, world, precision, mp, recompute, opt):
+    """Exact: the peak, its phase and every backward phase but layer 0's, whose post-backward the timeline counts
+    with the input norm's gradient in flight as at the other layers (above the trace by up to 2·T·h there)."""
+    tr, tl = fsdp1(name, world, precision, mp, recompute, opt)
+    exact(tr, tl, skip=("backward.layer.0",))
+    h = CONFIGS[name]["hidden_size"]
+    assert 0 <= tl.phase_peaks["backward.layer.0"] - tr.phase_peaks["backward.layer.0"] <= 4 * S * B * h
+
+
+def test_fsdp1_flat_parameters_and_the_optimizer_state_they_reach():
+    """FSDP1 pads each unit's flat parameter as a whole to a multiple of the ranks (l4: a layer's 181,504 elements
+    over 4 ranks, 45,376 each; the root's embedding, head and final norm, 64,128, 16,032 each), and with
+    use_orig_params AdamW keeps a step only for the parameters whose view reaches into rank 0's chunk: q, k, v and o
+    of each layer (49,152 > 45,376 elements) and the embedding of the root, 17 in all."""
+    from memcalc.memory.timeline_states import flat_units
+
+    u = flat_units(architecture_from_config(CONFIGS["l4"]), 4)
+    assert (u.layer_shard, u.root_shard, u.tensors) == (45_376, 16_032, 17)
+    tr, tl = fsdp1("l4", 4, "fp32")
+    assert tl.phase_peaks["baseline"] == tr.phase_peaks["baseline"] == 2_370_628
+    fsdp2, _ = both("l4", 4, "fp32")
+    assert (tr.peak, fsdp2.peak) == (7_688_524, 7_467_172)  # the next layer prefetched whole, the flat gradient
+
+
+def test_estimates_answer_fsdp1_full_shard():
+    H = "tests/data/h100/llama-3.2-1b/config.json"
+    kw = dict(hf_config=H, fsdp="FULL_SHARD", gpus=8, precision="bf16-mixed", seq_len=2048, micro_batch=4, gpu="h100")
+    one, two = memcalc.estimate(fsdp_version=1, **kw), memcalc.estimate(fsdp_version=2, **kw)
+    assert one.accounting == two.accounting == "realistic"
+    assert any("FSDP1 FullyShardedDataParallel" in n for n in one.notes)
+    # Llama 3.2 1B peaks at the loss's backward: the root and the last layer (FSDP1 prefetched whole, FSDP2 its
+    # all-gather output), the same bytes under both but AdamW's step scalars, which FSDP1 keeps only for the
+    # parameters reaching into rank 0's chunks
+    from memcalc.api import resolve_architecture
+    from memcalc.memory.timeline_states import flat_units, shard_units
+
+    arch = resolve_architecture(hf_config=H)
+    steps = shard_units(arch, 8).tensors - flat_units(arch, 8).tensors
+    assert one.memory.timeline.peak_phase == two.memory.timeline.peak_phase == "backward"
+    assert two.memory.per_gpu.peak_allocated - one.memory.per_gpu.peak_allocated == 4 * steps == 324
