@@ -229,7 +229,9 @@ def test_accelerate_deepspeed_file_relative_to_launch_directory() -> None:
 
 def test_accelerate_fsdp_samples() -> None:
     r = read_accelerate(DATA / "accelerate" / "fsdp.yaml")
-    assert r.arguments == {"fsdp_version": 1, "fsdp": "FULL_SHARD", "precision": "bf16-mixed", "gpus": 2}
+    assert r.arguments == {"fsdp_version": 1, "fsdp": "FULL_SHARD", "precision": "bf16-mixed", "gpus": 2,
+                           "backward_prefetch": "pre"}  # fmt: skip  # fsdp_backward_prefetch: BACKWARD_PRE
+    assert "fsdp_config.fsdp_backward_prefetch" in r.read and not r.unmodelled
     r = read_accelerate(DATA / "accelerate" / "tp_hsdp.yaml")
     assert r.arguments == {"fsdp_version": 2, "shard_group": 2, "fsdp": "HYBRID_SHARD", "tp": 2,
                            "precision": "bf16-mixed", "gpus": 8}  # fmt: skip

@@ -263,14 +263,14 @@ def test_torchtitan_reduces_in_fp32():
     assert rows["activations_embedding_gradients_(unsharded)"] == 2 * 128256 * 4096
 
 
-def fsdp1(name, world, precision, mp=None, recompute="none", opt="fused"):
+def fsdp1(name, world, precision, mp=None, recompute="none", opt="fused", prefetch="pre"):
     """FSDP1 (``FullyShardedDataParallel`` as accelerate wraps a transformer) traced and in the timeline."""
     cfg = CONFIGS[name]
     tr = trace_step(cfg, seq_len=S, micro_batch=B, precision=precision, world=world, fsdp=True, fsdp_version=1,
-                    fsdp_param_dtype=mp, optimizer_impl=opt, recompute=recompute)  # fmt: skip
+                    fsdp_param_dtype=mp, optimizer_impl=opt, recompute=recompute, backward_prefetch=prefetch)  # fmt: skip
     tl = timeline(architecture_from_config(cfg), family=cfg["model_type"], regime=precision, attention="sdpa", s=S,
                   b=B, recompute=recompute, optimizer_impl=opt, world=world, fsdp=True, fsdp_param_dtype=mp,
-                  fsdp_flat=True)  # fmt: skip
+                  fsdp_flat=True, fsdp_prefetch=prefetch == "pre")  # fmt: skip
     return tr, tl
 
 
@@ -328,3 +328,38 @@ def test_estimates_answer_fsdp1_full_shard():
     steps = shard_units(arch, 8).tensors - flat_units(arch, 8).tensors
     assert one.memory.timeline.peak_phase == two.memory.timeline.peak_phase == "backward"
     assert two.memory.per_gpu.peak_allocated - one.memory.per_gpu.peak_allocated == 4 * steps == 324
+
+
+@pytest.mark.parametrize("prefetch", ["none", "post"])
+@pytest.mark.parametrize("name,precision,mp,recompute", [("l4", "fp32", None, "none"), ("l4", "amp-bf16", "bf16", "none"),
+                                                         ("bigvocab", "fp32", None, "none"),
+                                                         ("llama", "amp-bf16", "bf16", "full"),
+                                                         ("llama3", "bf16", None, "full")])
+def test_fsdp1_without_backward_pre(name, precision, mp, recompute, prefetch):
+    """accelerate's default NO_PREFETCH, and BACKWARD_POST (issued once the unit is resharded): each layer gathered at
+    its own pre-backward only; the same peaks both ways, one layer's parameters below BACKWARD_PRE's."""
+    tr, tl = fsdp1(name, 4, precision, mp, recompute, prefetch=prefetch)
+    exact(tr, tl, skip=("backward.layer.0",))
+
+
+def test_backward_prefetch_defaults_and_refusals():
+    from typer.testing import CliRunner
+
+    from memcalc.cli.app import app
+
+    H = "tests/data/h100/llama-3.2-1b/config.json"
+    kw = dict(hf_config=H, fsdp="FULL_SHARD", gpus=8, precision="bf16-mixed", seq_len=2048, micro_batch=4, gpu="h100")
+    hf, torch_default = memcalc.estimate(framework="hf", **kw), memcalc.estimate(**kw)
+    assert any("backward prefetch BACKWARD_POST or none" in n for n in hf.notes)
+    assert any("backward prefetch BACKWARD_PRE" in n for n in torch_default.notes)
+    pre = memcalc.estimate(framework="hf", backward_prefetch="pre", **kw)
+    assert pre.memory.per_gpu.peak_allocated == torch_default.memory.per_gpu.peak_allocated
+    # Llama 3.2 1B's layer: 60,821,504 parameters in bf16 over 8 ranks, padded: one layer's parameters more
+    layer = 2 * 8 * -(-60_821_504 // 8)
+    assert torch_default.memory.per_gpu.peak_allocated - hf.memory.per_gpu.peak_allocated == layer
+    base = ["estimate", "--hf-config", H, "--gpus", "8", "--seq-len", "1024", "--fsdp", "FULL_SHARD"]
+    for extra, says in ((["--backward-prefetch", "early"], "accepted: pre, post, none"),
+                        (["--fsdp-version", "2", "--backward-prefetch", "pre"], "needs --fsdp with --fsdp-version 1")):
+        r = CliRunner().invoke(app, base + extra)
+        lines = [x for x in r.output.splitlines() if x.strip()]
+        assert r.exit_code == 2 and len(lines) == 1 and says in lines[0], r.output

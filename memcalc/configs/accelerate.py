@@ -304,6 +304,10 @@ def _fsdp(c: Collector, data: Mapping[str, Any], world: int | None, accounting: 
     if cp > 1:
         c.arguments.update(cp=cp, framework="hf")
         c.note(f"FSDP2 shards over dp_shard x cp = {shard * cp} ranks (accelerate's dp_shard_cp mesh dimension)")
+    if version == 1 and "fsdp_backward_prefetch" not in fsdp:
+        c.arguments["backward_prefetch"] = "none"
+        c.note("fsdp_backward_prefetch is not set: accelerate's default NO_PREFETCH (each layer gathered at its own "
+               "pre-backward)")
     for full, (key, value) in fsdp.items():
         path = f"fsdp_config.{key}"
         if full in ("fsdp_version", "fsdp_sharding_strategy", "fsdp_reshard_after_forward"):
@@ -324,8 +328,18 @@ def _fsdp(c: Collector, data: Mapping[str, Any], world: int | None, accounting: 
                 c.used(path)
             else:
                 c.note(f"{path} {n} is used with SIZE_BASED_WRAP, FSDP1 and accounting='implementation' only")
-        elif full in ("fsdp_backward_prefetch", "fsdp_forward_prefetch") and value not in (False, None, "NO_PREFETCH"):
-            c.unmodelled(path, "prefetching keeps a second unit gathered")
+        elif full == "fsdp_backward_prefetch" and version == 2:
+            c.ignore(path, "FSDP2 prefetches the next unit in backward by itself (counted); accelerate passes no "
+                           "backward_prefetch to fully_shard")
+        elif full == "fsdp_backward_prefetch":
+            names = {"BACKWARD_PRE": "pre", "BACKWARD_POST": "post", "NO_PREFETCH": "none", "1": "pre", "2": "post"}
+            mode = names.get(str(value).upper())
+            if mode is None:
+                raise c.fail(path, f"{value!r} is not accepted; accepted: BACKWARD_PRE, BACKWARD_POST, NO_PREFETCH")
+            c.arguments["backward_prefetch"] = mode
+            c.used(path)
+        elif full == "fsdp_forward_prefetch" and value not in (False, None):
+            c.unmodelled(path, "forward prefetching keeps the next unit gathered during each forward")
         elif full == "fsdp_activation_checkpointing_offload" and value is True:
             c.unmodelled(path, "checkpointed activations kept on the CPU")
         elif full == "fsdp_auto_wrap_policy":

@@ -249,6 +249,7 @@ def build_input(
     largest_layer_params: int | float | str | None = None,
     fsdp_version: int = 1,
     fsdp_wrap: str | None = None,
+    backward_prefetch: str | None = None,
     bucket_view: bool = False,
     min_num_params: int | float | str | None = None,
     max_reuse_distance: int | float | str | None = None,
@@ -355,6 +356,9 @@ def build_input(
         raise InputError(f"--fsdp-version {fsdp_version!r} is not accepted; accepted: 1, 2")
     if fsdp_wrap is not None:
         fsdp_wrap = fsdp_wrap.strip().lower()
+    if backward_prefetch is not None:
+        backward_prefetch = backward_prefetch.strip().lower()
+        _choice("--backward-prefetch", backward_prefetch, ("pre", "post", "none"))
     if not buffer_factor > 0:
         raise InputError(f"--buffer-factor {buffer_factor!r} must be positive")
     estimator = EstimatorOptions(
@@ -367,6 +371,7 @@ def build_input(
         framework=FrameworkOptions(
             fsdp_version=fsdp_version,  # type: ignore[arg-type]
             fsdp_wrap=_fsdp_wrap(fsdp_wrap),  # type: ignore[arg-type]
+            backward_prefetch=backward_prefetch,  # type: ignore[arg-type]
             bucket_view=bucket_view,
             min_num_params=None if min_num_params is None else parse_count(min_num_params, "--min-num-params"),
             max_reuse_distance=_elements("--max-reuse-distance", max_reuse_distance),

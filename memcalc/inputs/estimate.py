@@ -188,6 +188,10 @@ class EstimateInput(Record):
         fw, est = self.framework, self.estimator
         if fw.fsdp_version == 2 and spec.framework != "fsdp":
             raise InputError(f"--fsdp-version 2 describes FSDP (fully_shard); it needs --fsdp (got {spec.label})")
+        if fw.backward_prefetch is not None and (spec.framework != "fsdp" or fw.fsdp_version != 1):
+            raise InputError(f"--backward-prefetch is FSDP1's BackwardPrefetch; it needs --fsdp with --fsdp-version 1 "
+                             f"(got {spec.label}{', --fsdp-version 2' if spec.framework == 'fsdp' else ''}; FSDP2 "
+                             "prefetches the next unit by itself)")
         if fw.fsdp_wrap is not None and (spec.framework != "fsdp" or fw.fsdp_version != 2):
             raise InputError(f"--fsdp-wrap places the embedding and the head among FSDP2's units; it needs --fsdp with "
                              f"--fsdp-version 2 (got {spec.label}{', --fsdp-version 1' if spec.framework == 'fsdp' else ''})")
@@ -339,6 +343,15 @@ class EstimateInput(Record):
         arch = self.model.architecture
         tied = arch is not None and arch.tied_embeddings
         return fsdp_wrap(self.framework.fsdp_wrap, framework(self.parallelism.framework), tied)
+
+    @property
+    def fsdp_prefetch(self) -> bool:
+        """FSDP1 prefetches the next unit at each pre-backward (BACKWARD_PRE): the override, else none under
+        ``--framework hf`` (accelerate's default, which the Hugging Face Trainer takes), else torch's own default."""
+        given = self.framework.backward_prefetch
+        if given is None:
+            return self.parallelism.framework != "hf"
+        return given == "pre"
 
     @property
     def shard_domain(self) -> int:

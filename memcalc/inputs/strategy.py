@@ -131,6 +131,9 @@ class FrameworkOptions(Record):
 
     fsdp_version: Literal[1, 2] = 1
     """1: FullyShardedDataParallel (FlatParameter per unit); 2: fully_shard (per-parameter DTensor shards)."""
+    backward_prefetch: Literal["pre", "post", "none"] | None = None
+    """FSDP1: its BackwardPrefetch (BACKWARD_PRE, BACKWARD_POST, none); None: the framework's (accelerate and the
+    Hugging Face Trainer none, torch's own default pre)."""
     fsdp_wrap: Literal["root", "separate", "separate-reshard"] | None = None
     """FSDP2: where its units put the embedding and the head (memcalc.layout.compose.FSDP_WRAPS); None: the
     framework's (torchtitan separate, torchtune separate-reshard), else root."""

@@ -120,6 +120,8 @@ class Plan:
     largest_layer_params: int | None = None
     fsdp_wrap: str = "root"
     """FSDP2: where its units put the embedding and the head (memcalc.layout.compose.FSDP_WRAPS)."""
+    fsdp_prefetch: bool = True
+    """FSDP1: BACKWARD_PRE, the next unit gathered at each pre-backward (False: BACKWARD_POST or none)."""
     shard_over: str = "dp-cp"
     """The ranks model states are sharded and gradients reduced over: dp-cp (data x context ranks, as torchtitan,
     Megatron-LM, DeepSpeed-Ulysses and accelerate do: memcalc.layout.compose) or dp (data-parallel ranks only)."""

@@ -191,7 +191,7 @@ def evaluate(plan: Plan) -> Realistic:
                   float8=plan.float8, float8_all_gather=sharded and plan.float8_all_gather,
                   fsdp_wrap=plan.fsdp_wrap if sharded else "root", fsdp_keep=plan.spec.param_gather == "forward",
                   fsdp_hsdp=plan.spec.name in HSDP, fsdp_reduce_fp32=_reduce_fp32(plan),
-                  fsdp_flat=sharded and plan.fsdp_version == 1)
+                  fsdp_flat=sharded and plan.fsdp_version == 1, fsdp_prefetch=plan.fsdp_prefetch)
     if sharded and plan.offload_params != "none":
         from memcalc.memory.timeline import _moment, with_loss
         from memcalc.memory.timeline_states import offload_fsdp
@@ -334,10 +334,15 @@ def notes(plan: Plan) -> list[str]:
                                      "norm in the root (torchtune's custom_sharded_layers)"}[plan.fsdp_wrap]
         if plan.fsdp_version == 1:
             out.append(f"{plan.spec.name}: FSDP1 FullyShardedDataParallel, one FlatParameter per decoder layer and one "
-                       f"for the root over {plan.shard_group_size} ranks (use_orig_params=True, BACKWARD_PRE "
-                       "prefetch: rank 0's chunk of each padded flat parameter; a unit gathered straight into its "
-                       "unsharded flat parameter, the root kept gathered from forward to backward, the next layer's "
-                       "parameters prefetched whole in backward, each unit's gradients copied into one flat gradient "
+                       f"for the root over {plan.shard_group_size} ranks (use_orig_params=True, "
+                       f"backward prefetch {'BACKWARD_PRE' if plan.fsdp_prefetch else 'BACKWARD_POST or none'}: rank "
+                       "0's chunk of each padded "
+                       "flat parameter; a unit gathered straight into its unsharded flat parameter, the root kept "
+                       "gathered from forward to backward, "
+                       + ("the next layer's parameters prefetched whole in backward" if plan.fsdp_prefetch else
+                          "each layer gathered at its own pre-backward (BACKWARD_POST's prefetch comes after the "
+                          "reshard, the same peaks)")
+                       + ", each unit's gradients copied into one flat gradient "
                        f"and reduce-scattered from it; {policy.replace('MixedPrecisionPolicy', 'MixedPrecision')}); "
                        "NCCL buffers counted per communicator")
         else:

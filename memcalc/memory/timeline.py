@@ -81,7 +81,8 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
              compiled: bool = False, loss_compiled: bool | None = None,
              sequence_parallel: bool = False, float8: str = "none",
              float8_all_gather: bool = False, fsdp_wrap: str = "root", fsdp_keep: bool = False,
-             fsdp_hsdp: bool = False, fsdp_reduce_fp32: bool = False, fsdp_flat: bool = False) -> Timeline:  # fmt: skip
+             fsdp_hsdp: bool = False, fsdp_reduce_fp32: bool = False, fsdp_flat: bool = False,
+             fsdp_prefetch: bool = True) -> Timeline:  # fmt: skip
     """Moments of one training step of a Hugging Face ``family`` model on one GPU.
 
     regime: fp32 | bf16 (pure: weights, gradients, AdamW moments bf16) | amp-bf16 (fp32 weights, autocast).
@@ -98,7 +99,8 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     (``MixedPrecisionPolicy(param_dtype=)``); fsdp_wrap: the embedding and the head in the root or in units of
     their own (``memcalc.layout.compose.FSDP_WRAPS``); fsdp_keep: no reshard after forward (SHARD_GRAD_OP);
     fsdp_hsdp: the shards replicated over groups of ``world`` ranks (HSDP); fsdp_reduce_fp32: gradients reduced in fp32
-    under the bf16 policy; fsdp_flat: FSDP1's FlatParameter units (``FsdpOverlay.make``). lora: a ``memcalc.model.lora.LoraPlan`` (peft adapters on a frozen
+    under the bf16 policy; fsdp_flat: FSDP1's FlatParameter units, fsdp_prefetch its BACKWARD_PRE
+    (``FsdpOverlay.make``). lora: a ``memcalc.model.lora.LoraPlan`` (peft adapters on a frozen
     base, one GPU or DDP): adapter states only, the layers' LoRA saved tensors, a frozen head and final norm that
     keep no input; the layer backward transients stay the full model's (an upper bound).
     code: whose model code runs the layers, ``hf`` or ``torchtitan`` (its Llama 3: ``memcalc.memory.saved``'s
@@ -154,7 +156,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
                          "or fsdp=True")
     fs = (FsdpOverlay.make(arch, family, regime, world, fsdp_param_dtype, optimizer_impl, optimizer_states,
                            fp8_gather=float8_all_gather, wrap=fsdp_wrap, keep=fsdp_keep, hsdp=fsdp_hsdp,
-                           reduce_fp32=fsdp_reduce_fp32, flat=fsdp_flat) if sharded else None)
+                           reduce_fp32=fsdp_reduce_fp32, flat=fsdp_flat, prefetch=fsdp_prefetch) if sharded else None)
     if fs is not None:
         st = fs.states
     elif tp > 1 and not sequence_parallel and (temp := step_temporary(arch, w, optimizer_impl)) is not None:

@@ -329,11 +329,15 @@ class FsdpOverlay:
     for the all-gather and freed after it (``_flat_param.py`` ``_mp_shard``)."""
     root_grads: int = 0
     """FSDP1: bytes of the root's parameters' unsharded gradients (unpadded), all alive at its post-backward."""
+    prefetch: bool = True
+    """FSDP1's ``BackwardPrefetch.BACKWARD_PRE`` (torch's default): each pre-backward gathers the next unit too;
+    False: ``BACKWARD_POST`` (issued once the unit is resharded: the same peaks, traced) or none (accelerate's
+    default)."""
 
     @staticmethod
     def make(arch: Architecture, family: str, regime: str, world: int, param_dtype: str | None, impl: str,
              kind: str, fp8_gather: bool = False, wrap: str = "root", keep: bool = False, hsdp: bool = False,
-             reduce_fp32: bool = False, flat: bool = False) -> FsdpOverlay | None:  # fmt: skip
+             reduce_fp32: bool = False, flat: bool = False, prefetch: bool = True) -> FsdpOverlay | None:  # fmt: skip
         """``fp8_gather``: torchao's ``enable_fsdp_float8_all_gather`` (``WeightWithDynamicFloat8CastTensor
         .fsdp_pre_all_gather``): the decoder layers' projection weights (``memcalc.model.float8``) are cast to fp8
         before the all-gather, so their all-gather output and the unsharded weight kept until the reshard are 1 byte
@@ -364,7 +368,8 @@ class FsdpOverlay:
             layer = g * world * u.layer_shard
             return FsdpOverlay(sharded_states(arch, family, width, u, impl), g, g * world * u.root_shard, layer, layer,
                                width * u.layer_shard, width, width * u.layer, 0, flat=True,
-                               mp_shard=g * u.layer_shard if g != width else 0, root_grads=g * u.root)
+                               mp_shard=g * u.layer_shard if g != width else 0, root_grads=g * u.root,
+                               prefetch=prefetch)
         rw = 4 if reduce_fp32 and param_dtype == "bf16" else g
         u = shard_units(arch, world)
         st = sharded_states(arch, family, width, u, impl)
@@ -430,7 +435,8 @@ class FsdpOverlay:
             return []
         root = [("root parameters (gathered)", fs.root)] + fs._kept(layers)
         if fs.flat:  # FSDP1: nothing of a layer until the root's pre-backward prefetches the last one, unsharded
-            return root + [("last layer's parameters (prefetched)", fs.layer if at == "loss-backward" else 0)]
+            return root + [("last layer's parameters (prefetched)",
+                            fs.layer if at == "loss-backward" and fs.prefetch else 0)]
         if fs.wrap == "root":
             flat = 0 if fs.keep and at == "loss-backward" else fs.layer_flat
             return root + [("all-gather output (last layer)", flat)]
@@ -490,7 +496,8 @@ class FsdpOverlay:
         else:
             root = fs.norm_grads if fs.wrap == "separate-reshard" else 0
             shards, last_reduce, prefetch, ar = fs.head_grad_shard, fs.head_reduce, fs.embed, fs.head_held_reduce
-        flat = 0 if fs.keep else fs.layer_flat if i > 0 or (gather and not fs.flat) else prefetch
+        flat = 0 if fs.keep or (fs.flat and not fs.prefetch) else \
+            fs.layer_flat if i > 0 or (gather and not fs.flat) else prefetch
         if fs.flat:  # FSDP1 reduce-scatters the flat gradient and frees it before the next unit's
             reduce = last_reduce = 0
         return [("root parameters (gathered)", fs.root), ("root gradients (unsharded)", root)] + fs._kept(0) + [

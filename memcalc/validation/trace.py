@@ -44,7 +44,8 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
                fake: bool = True, seed: int = 0, sequence_parallel: bool = False,
                loss_parallel: bool | None = None, capacity: int | None = None, float8: str = "none",
                float8_all_gather: bool = False, fsdp_wrap: str = "root", replicate: int = 1,
-               reshard_after_forward: bool = True, fsdp_reduce_fp32: bool = False, fsdp_version: int = 2) -> Trace:
+               reshard_after_forward: bool = True, fsdp_reduce_fp32: bool = False, fsdp_version: int = 2,
+               backward_prefetch: str = "pre") -> Trace:
     """Trace the last of ``steps`` training steps of rank 0; ``fake=False`` runs the same step on real tensors.
 
     ``world`` ranks are ``world // tp`` data-parallel (FSDP2-sharded when ``fsdp``) × ``tp`` tensor-parallel.
@@ -58,7 +59,8 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
     that shard (FSDP2 on a 2-D mesh). ``reshard_after_forward`` False: the layers stay gathered from their forward
     to their backward (SHARD_GRAD_OP). ``fsdp_reduce_fp32``: gradients reduced in fp32 under
     ``fsdp_param_dtype="bf16"`` (torchtitan's ``mixed_precision_reduce``). ``fsdp_version`` 1: FSDP1's
-    ``FullyShardedDataParallel`` as accelerate wraps a transformer (``trace_parallel.apply_layout``).
+    ``FullyShardedDataParallel`` as accelerate wraps a transformer (``trace_parallel.apply_layout``), its
+    ``backward_prefetch`` pre (torch's default), post or none (accelerate's).
     ``capacity``: the bytes the caching allocator may reserve (the GPU's memory less the CUDA context); the replayed
     allocator then reports the first request the GPU could not serve (``Trace.oom_request``).
     """
@@ -94,6 +96,8 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
                          "fsdp_param_dtype='bf16'")
     if fsdp_version not in (1, 2):
         raise InputError(f"fsdp_version {fsdp_version!r} is not 1 or 2")
+    if backward_prefetch not in ("pre", "post", "none") or (backward_prefetch != "pre" and fsdp_version != 1):
+        raise InputError(f"backward_prefetch {backward_prefetch!r}: FSDP1's pre, post or none (with fsdp_version 1)")
     if fsdp_version == 1 and (tp > 1 or replicate > 1 or not reshard_after_forward or fsdp_reduce_fp32
                               or fsdp_wrap != "root" or float8 != "none"):
         raise InputError("fsdp_version 1 is traced as FULL_SHARD over one mesh dimension, the root wrap, without "
@@ -118,7 +122,7 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
                                      sequence_parallel=sequence_parallel, loss_parallel=loss_parallel,
                                      fsdp_wrap=fsdp_wrap, replicate=replicate,
                                      reshard_after_forward=reshard_after_forward, reduce_fp32=fsdp_reduce_fp32,
-                                     fsdp_version=fsdp_version)
+                                     fsdp_version=fsdp_version, backward_prefetch=backward_prefetch)
             optimizer = build_optimizer(model, optimizer_impl)
             ids, pos = batch(hf_config, spec)
             tracker = traced_steps(model, optimizer, ids, pos, spec, steps, loss_parallel, capacity)
