@@ -53,9 +53,10 @@ FITS = [
                                         micro_batch=1, gpu=TITAN)),
     ("HF-FSDP-xl-ddpfp16-1gpu", "oom", dict(model="gpt2-xl", gpus=1, precision="amp-fp16", seq_len=128,
                                             micro_batch=1, gpu=TITAN)),
-    ("ALPACA220-fsdp-1gpu", "oom", dict(model="llama-2-7b", fsdp="FULL_SHARD", fsdp_version=2, gpus=1,
+    # the recipe's `--fsdp "full_shard auto_wrap"`: the Trainer's FSDP1 (FullyShardedDataParallel)
+    ("ALPACA220-fsdp-1gpu", "oom", dict(model="llama-2-7b", fsdp="FULL_SHARD", fsdp_version=1, gpus=1,
                                         precision="bf16-mixed", seq_len=512, micro_batch=4, attention="eager",
-                                        gpu="a100-80g")),
+                                        gpu="a100-80g", framework="hf")),
 ]  # fmt: skip
 
 

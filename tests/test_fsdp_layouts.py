@@ -363,3 +363,18 @@ def test_backward_prefetch_defaults_and_refusals():
         r = CliRunner().invoke(app, base + extra)
         lines = [x for x in r.output.splitlines() if x.strip()]
         assert r.exit_code == 2 and len(lines) == 1 and says in lines[0], r.output
+
+
+@pytest.mark.parametrize("name,precision,mp,recompute", [("l4", "fp32", None, "none"), ("l4", "amp-bf16", "bf16", "none"),
+                                                         ("bigvocab", "fp32", None, "none"),
+                                                         ("llama", "amp-bf16", "bf16", "full")])
+def test_fsdp1_hybrid_shard_is_its_shard_groups_step(name, precision, mp, recompute):
+    """FSDP1's HYBRID_SHARD over a (replicate, shard) mesh of 2 x 4: rank 0 holds the 4-rank FULL_SHARD step (the
+    shard's all-reduce across replicas holds no buffer)."""
+    cfg = CONFIGS[name]
+    tr = trace_step(cfg, seq_len=S, micro_batch=B, precision=precision, world=8, replicate=2, fsdp=True,
+                    fsdp_version=1, fsdp_param_dtype=mp, optimizer_impl="fused", recompute=recompute)  # fmt: skip
+    _, tl = fsdp1(name, 4, precision, mp, recompute)
+    exact(tr, tl, skip=("backward.layer.0",))
+    with pytest.raises(InputError, match="fake=False"):
+        trace_step(cfg, seq_len=S, micro_batch=B, world=4, fsdp=True, fsdp_version=1, reshard_after_forward=False)

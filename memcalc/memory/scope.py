@@ -111,9 +111,11 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
         if why is not None:
             return why
     if strategy in FSDP2_SHARDED:
-        if fsdp_version != 2 and (strategy != "FULL_SHARD" or offload != ("none", "none") or tp > 1 or cp > 1):
+        if fsdp_version != 2 and (strategy not in ("FULL_SHARD", "HYBRID_SHARD") or offload != ("none", "none")
+                                  or tp > 1 or cp > 1):  # fmt: skip
             return (f"{strategy} under FSDP1: the realistic accounting follows FSDP1's flat parameters (traced) for "
-                    "FULL_SHARD without offload, tensor or context parallelism; give --fsdp-version 2 for the rest")
+                    "FULL_SHARD and HYBRID_SHARD without offload, tensor or context parallelism; give "
+                    "--fsdp-version 2 for the rest")
         if arch.family not in SHARDED_FAMILIES:
             return f"{strategy}: the realistic accounting models {', '.join(SHARDED_FAMILIES)} layers under FSDP2"
         if optimizer != "adamw" or getattr(work, "optimizer_impl", "foreach") not in ("foreach", "fused"):

@@ -346,7 +346,8 @@ class FsdpOverlay:
         reshard after forward. ``hsdp``: the shards replicated over groups of ``world`` ranks (the reduced shard is
         all-reduced across them: ``_fsdp_collectives.foreach_reduce``). ``reduce_fp32``: gradients reduced in fp32
         under a bf16 ``param_dtype`` (torchtitan's ``mixed_precision_reduce``). ``flat``: FSDP1 (``flat_units``),
-        units per decoder layer and the root only, resharding after forward, over one mesh dimension."""
+        units per decoder layer and the root only, resharding after forward (HYBRID_SHARD: the shard group's step,
+        its all-reduce holding no buffer, traced)."""
         if world < 1:
             raise InputError(f"world {world} must be at least 1 (FSDP2 ranks)")
         if param_dtype not in (None, "bf16"):
@@ -361,9 +362,9 @@ class FsdpOverlay:
         width = 2 if regime == "bf16" else 4
         g = 2 if param_dtype == "bf16" else width
         if flat:
-            if wrap != "root" or keep or hsdp or reduce_fp32 or fp8_gather:
+            if wrap != "root" or reduce_fp32 or fp8_gather or keep:
                 raise InputError("FSDP1 is modelled with one unit per decoder layer and the root, resharding after "
-                                 "forward, over one mesh dimension, without fp8 all-gathers or fp32 reduction")
+                                 "forward, without fp8 all-gathers or fp32 reduction")
             u = flat_units(arch, world)
             layer = g * world * u.layer_shard
             return FsdpOverlay(sharded_states(arch, family, width, u, impl), g, g * world * u.root_shard, layer, layer,

@@ -98,10 +98,12 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
         raise InputError(f"fsdp_version {fsdp_version!r} is not 1 or 2")
     if backward_prefetch not in ("pre", "post", "none") or (backward_prefetch != "pre" and fsdp_version != 1):
         raise InputError(f"backward_prefetch {backward_prefetch!r}: FSDP1's pre, post or none (with fsdp_version 1)")
-    if fsdp_version == 1 and (tp > 1 or replicate > 1 or not reshard_after_forward or fsdp_reduce_fp32
-                              or fsdp_wrap != "root" or float8 != "none"):
-        raise InputError("fsdp_version 1 is traced as FULL_SHARD over one mesh dimension, the root wrap, without "
-                         "tensor parallelism, fp32 reduction or float8")
+    if fsdp_version == 1 and (tp > 1 or fsdp_reduce_fp32 or fsdp_wrap != "root" or float8 != "none"):
+        raise InputError("fsdp_version 1 is traced with the root wrap, without tensor parallelism, fp32 reduction "
+                         "or float8")
+    if fsdp_version == 1 and not reshard_after_forward and fake:
+        raise InputError("FSDP1 without resharding after forward (SHARD_GRAD_OP) checks its parameters' storages, "
+                         "which fake tensors do not have: trace it with fake=False")
     if not reshard_after_forward and not fsdp:
         raise InputError("reshard_after_forward is FSDP2's: set fsdp")
     if dp > 1 and not fsdp:

@@ -174,11 +174,18 @@ def apply_layout(model: torch.nn.Module, mesh, *, dp: int, tp: int, fsdp: bool, 
             BackwardPrefetch,
             FullyShardedDataParallel,
             MixedPrecision,
+            ShardingStrategy,
         )
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
         mp1 = MixedPrecision(param_dtype=torch.bfloat16) if mp_bf16 else None
-        return FullyShardedDataParallel(model, process_group=mesh["dp"].get_group(), mixed_precision=mp1,
+        strategy = {(1, True): ShardingStrategy.FULL_SHARD, (1, False): ShardingStrategy.SHARD_GRAD_OP,
+                    (2, True): ShardingStrategy.HYBRID_SHARD,
+                    (2, False): ShardingStrategy._HYBRID_SHARD_ZERO2}[(min(replicate, 2), reshard_after_forward)]
+        group = (mesh["replicate", "dp"] if replicate > 1 else mesh["dp"]).get_group() if replicate == 1 else None
+        return FullyShardedDataParallel(model, process_group=group, sharding_strategy=strategy,
+                                        device_mesh=mesh["replicate", "dp"] if replicate > 1 else None,
+                                        mixed_precision=mp1,
                                         auto_wrap_policy=ModuleWrapPolicy({type(layers[0])}),
                                         device_id=torch.device("cpu"), use_orig_params=True,
                                         backward_prefetch={"pre": BackwardPrefetch.BACKWARD_PRE, "none": None,
