@@ -376,5 +376,23 @@ def test_fsdp1_hybrid_shard_is_its_shard_groups_step(name, precision, mp, recomp
                     fsdp_version=1, fsdp_param_dtype=mp, optimizer_impl="fused", recompute=recompute)  # fmt: skip
     _, tl = fsdp1(name, 4, precision, mp, recompute)
     exact(tr, tl, skip=("backward.layer.0",))
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+@pytest.mark.parametrize("name,precision,mp,recompute", [("l4", "fp32", None, "none"), ("l4", "amp-bf16", "bf16", "none"),
+                                                         ("bigvocab", "fp32", None, "none"),
+                                                         ("llama", "amp-bf16", "bf16", "full")])
+def test_fsdp1_shard_grad_op_keeps_each_unit_gathered(name, precision, mp, recompute, replicas):
+    """FSDP1's SHARD_GRAD_OP (and _HYBRID_SHARD_ZERO2 with 2 replicas): each unsharded flat parameter kept from its
+    forward to its post-backward, nothing gathered in backward; traced on real tensors (its storage checks refuse
+    fake ones, which the tracer says in one line)."""
+    cfg = CONFIGS[name]
+    tr = trace_step(cfg, seq_len=S, micro_batch=B, precision=precision, world=4 * replicas, replicate=replicas,
+                    fsdp=True, fsdp_version=1, fsdp_param_dtype=mp, optimizer_impl="fused", recompute=recompute,
+                    reshard_after_forward=False, fake=False)  # fmt: skip
+    tl = timeline(architecture_from_config(cfg), family=cfg["model_type"], regime=precision, attention="sdpa", s=S,
+                  b=B, recompute=recompute, optimizer_impl="fused", world=4, fsdp=True, fsdp_param_dtype=mp,
+                  fsdp_flat=True, fsdp_keep=True, fsdp_hsdp=replicas > 1)  # fmt: skip
+    exact(tr, tl, skip=("backward.layer.0",))
     with pytest.raises(InputError, match="fake=False"):
         trace_step(cfg, seq_len=S, micro_batch=B, world=4, fsdp=True, fsdp_version=1, reshard_after_forward=False)

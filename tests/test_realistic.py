@@ -63,8 +63,8 @@ def test_master_weight_precisions_and_sharded_layouts_take_the_paper_and_say_why
     assert f1_off.accounting == "paper" and any("give --fsdp-version 2" in n for n in f1_off.notes)
     with pytest.raises(InputError, match="--accounting realistic: SHARD_GRAD_OP under FSDP1: .*give --fsdp-version 2"):
         memcalc.estimate(hf_config=LLAMA1B, gpus=8, seq_len=2048, precision="amp-bf16", fsdp="SHARD_GRAD_OP",
-                         accounting="realistic")
-    with pytest.raises(InputError, match="--accounting realistic: .*covers one GPU, DDP and FSDP2"):
+                         tp=2, accounting="realistic")
+    with pytest.raises(InputError, match="--accounting realistic: .*covers one GPU, DDP, FSDP1 and FSDP2"):
         memcalc.estimate(hf_config=LLAMA1B, gpus=8, seq_len=2048, precision="amp-bf16", fsdp="NO_SHARD",
                          accounting="realistic")
 

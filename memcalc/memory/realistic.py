@@ -339,7 +339,9 @@ def notes(plan: Plan) -> list[str]:
                        "0's chunk of each padded "
                        "flat parameter; a unit gathered straight into its unsharded flat parameter, the root kept "
                        "gathered from forward to backward, "
-                       + ("the next layer's parameters prefetched whole in backward" if plan.fsdp_prefetch else
+                       + ("each unit kept gathered from its forward to its post-backward, nothing gathered in "
+                          "backward" if plan.spec.param_gather == "forward" else
+                          "the next layer's parameters prefetched whole in backward" if plan.fsdp_prefetch else
                           "each layer gathered at its own pre-backward (BACKWARD_POST's prefetch comes after the "
                           "reshard, the same peaks)")
                        + ", each unit's gradients copied into one flat gradient "

@@ -94,10 +94,10 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
     if optimizer not in OPTIMIZER_STATES:
         return f"--optimizer {optimizer}: the realistic accounting models AdamW (torch, or bitsandbytes 8-bit)"
     if strategy not in STRATEGIES or max(pp, ep) > 1 or (cp > 1 and strategy not in FSDP2_SHARDED):
-        return ("the realistic accounting covers one GPU, DDP and FSDP2 (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, "
-                "_HYBRID_SHARD_ZERO2), each with DTensor tensor parallelism, and context parallelism under FSDP2, so "
-                "far; other sharded and model-parallel layouts (pipeline, expert, context without FSDP) take the "
-                "paper's")
+        return ("the realistic accounting covers one GPU, DDP, FSDP1 and FSDP2 (FULL_SHARD, SHARD_GRAD_OP, "
+                "HYBRID_SHARD, _HYBRID_SHARD_ZERO2), DDP and FSDP2 with DTensor tensor parallelism, and context "
+                "parallelism under FSDP2, so far; other sharded and model-parallel layouts (pipeline, expert, context "
+                "without FSDP) take the paper's")
     compiled = getattr(work, "compile", False)
     if tp > 1 and sequence_parallel and (ATTENTION.get(work.attention) != "sdpa" or arch.tied_embeddings
                                          or getattr(work, "loss", "standard") != "standard"
@@ -111,11 +111,9 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
         if why is not None:
             return why
     if strategy in FSDP2_SHARDED:
-        if fsdp_version != 2 and (strategy not in ("FULL_SHARD", "HYBRID_SHARD") or offload != ("none", "none")
-                                  or tp > 1 or cp > 1):  # fmt: skip
-            return (f"{strategy} under FSDP1: the realistic accounting follows FSDP1's flat parameters (traced) for "
-                    "FULL_SHARD and HYBRID_SHARD without offload, tensor or context parallelism; give "
-                    "--fsdp-version 2 for the rest")
+        if fsdp_version != 2 and (offload != ("none", "none") or tp > 1 or cp > 1):
+            return (f"{strategy} under FSDP1: the realistic accounting follows FSDP1's flat parameters (traced) "
+                    "without offload, tensor or context parallelism; give --fsdp-version 2 for the rest")
         if arch.family not in SHARDED_FAMILIES:
             return f"{strategy}: the realistic accounting models {', '.join(SHARDED_FAMILIES)} layers under FSDP2"
         if optimizer != "adamw" or getattr(work, "optimizer_impl", "foreach") not in ("foreach", "fused"):

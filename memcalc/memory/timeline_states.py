@@ -346,8 +346,8 @@ class FsdpOverlay:
         reshard after forward. ``hsdp``: the shards replicated over groups of ``world`` ranks (the reduced shard is
         all-reduced across them: ``_fsdp_collectives.foreach_reduce``). ``reduce_fp32``: gradients reduced in fp32
         under a bf16 ``param_dtype`` (torchtitan's ``mixed_precision_reduce``). ``flat``: FSDP1 (``flat_units``),
-        units per decoder layer and the root only, resharding after forward (HYBRID_SHARD: the shard group's step,
-        its all-reduce holding no buffer, traced)."""
+        units per decoder layer and the root only (HYBRID_SHARD: the shard group's step, its all-reduce holding no
+        buffer, traced)."""
         if world < 1:
             raise InputError(f"world {world} must be at least 1 (FSDP2 ranks)")
         if param_dtype not in (None, "bf16"):
@@ -362,15 +362,15 @@ class FsdpOverlay:
         width = 2 if regime == "bf16" else 4
         g = 2 if param_dtype == "bf16" else width
         if flat:
-            if wrap != "root" or reduce_fp32 or fp8_gather or keep:
-                raise InputError("FSDP1 is modelled with one unit per decoder layer and the root, resharding after "
-                                 "forward, without fp8 all-gathers or fp32 reduction")
+            if wrap != "root" or reduce_fp32 or fp8_gather:
+                raise InputError("FSDP1 is modelled with one unit per decoder layer and the root, without fp8 "
+                                 "all-gathers or fp32 reduction")
             u = flat_units(arch, world)
             layer = g * world * u.layer_shard
             return FsdpOverlay(sharded_states(arch, family, width, u, impl), g, g * world * u.root_shard, layer, layer,
                                width * u.layer_shard, width, width * u.layer, 0, flat=True,
                                mp_shard=g * u.layer_shard if g != width else 0, root_grads=g * u.root,
-                               prefetch=prefetch)
+                               prefetch=prefetch, keep=keep)
         rw = 4 if reduce_fp32 and param_dtype == "bf16" else g
         u = shard_units(arch, world)
         st = sharded_states(arch, family, width, u, impl)
@@ -437,7 +437,7 @@ class FsdpOverlay:
         root = [("root parameters (gathered)", fs.root)] + fs._kept(layers)
         if fs.flat:  # FSDP1: nothing of a layer until the root's pre-backward prefetches the last one, unsharded
             return root + [("last layer's parameters (prefetched)",
-                            fs.layer if at == "loss-backward" and fs.prefetch else 0)]
+                            fs.layer if at == "loss-backward" and fs.prefetch and not fs.keep else 0)]
         if fs.wrap == "root":
             flat = 0 if fs.keep and at == "loss-backward" else fs.layer_flat
             return root + [("all-gather output (last layer)", flat)]
