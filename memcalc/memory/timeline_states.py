@@ -255,7 +255,7 @@ def sharded_states(arch: Architecture, family: str, width: int, units: ShardUnit
 
 @frozen
 class FsdpOverlay:
-    """What FSDP2 adds to a moment of the step, and its sharded states (None: no sharding; every method then
+    """What FSDP2 (and FSDP1, ``flat``) adds to a moment of the step, and its sharded states (None: no sharding; every method then
     returns the single-GPU parts). Order of events, torch ``distributed/fsdp/_fully_shard`` (``_fsdp_param_group.py``,
     ``_fsdp_state.py``), as the tracer sees them:
 
