@@ -35,7 +35,7 @@ FrameworkOpt = Annotated[str | None, typer.Option("--framework", help="The frame
 ShardOver = Annotated[str | None, typer.Option("--shard-over", help="Override: shard model states over dp-cp (data x context ranks, every CP framework's default) or dp (data-parallel ranks only).")]
 StageLayers = Annotated[str | None, typer.Option("--stage-layers", help="Decoder layers per pipeline stage, pp x virtual-stages entries adding up to the layers, e.g. 15,16,16,16,16,16,16,15.")]
 AccountingOpt = Annotated[str, typer.Option("--accounting", help="auto (default: realistic where it applies, else paper), realistic (the peak of a real step over its timeline, with the allocator), paper (ZeRO §5, Korthikanti), implementation (what DDP/FSDP/DeepSpeed really allocate and send) or deepspeed-estimator (DeepSpeed's own functions).")]
-FsdpVersion = Annotated[int, typer.Option("--fsdp-version", help="implementation accounting: 1 (FullyShardedDataParallel) or 2 (fully_shard).")]
+FsdpVersion = Annotated[int, typer.Option("--fsdp-version", help="realistic and implementation accounting: 1 (FullyShardedDataParallel, the default) or 2 (fully_shard).")]
 FsdpWrap = Annotated[str | None, typer.Option("--fsdp-wrap", help="realistic accounting, FSDP2: where its units put the embedding and the head: root (with the final norm, gathered all step: accelerate), separate (each its own unit, the head kept gathered after forward: torchtitan since v0.2) or separate-reshard (each its own unit, resharded after forward: torchtune's custom_sharded_layers). Default: the framework's, else root; root for tied embeddings.")]
 BackwardPrefetch = Annotated[str | None, typer.Option("--backward-prefetch", help="realistic accounting, FSDP1 (--fsdp-version 1): its BackwardPrefetch, pre (BACKWARD_PRE: the next layer gathered at each pre-backward), post or none (the same peaks). Default: none under --framework hf (accelerate's and the Trainer's default), else pre (torch's).")]
 MinNumParams = Annotated[str | None, typer.Option("--min-num-params", help="implementation accounting, FSDP: size_based_auto_wrap_policy threshold (default: one unit per decoder layer).")]
@@ -93,7 +93,8 @@ PANELS: dict[str, tuple[str, ...]] = {
     "Precision and optimizer": ("precision", "optimizer", "optimizer_impl", "float8", "float8_all_gather"),
     "Fine-tuning": ("lora_rank", "lora_targets", "quantize"),
     "Hardware": ("gpu", "cluster", "cuda_context_gib", "reserve_gib"),
-    "Accounting": ("accounting", "fsdp_version", "fsdp_wrap", "backward_prefetch", "bucket_view", "min_num_params", "max_reuse_distance",
+    "Accounting": ("accounting", "fsdp_version", "fsdp_wrap", "backward_prefetch", "bucket_view", "min_num_params",
+                   "max_reuse_distance",
                    "max_live_parameters", "prefetch_bucket_size", "reduce_bucket_size", "overlap_comm", "persistence_threshold", "zero3_step", "zero_init",
                    "buffer_factor", "largest_layer_params"),
     "Step time": ("tokens", "price_per_gpu_hour", "intra_node_gbps", "network_gbits_per_gpu",

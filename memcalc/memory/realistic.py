@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 from memcalc.layout.plan import Plan
 from memcalc.memory.rows import Row
 
-from memcalc.memory.scope import ATTENTION, FSDP2_SHARDED, OPTIMIZER_STATES, POST_NORM_FSDP, REGIME, ZERO_STAGES
+from memcalc.memory.scope import ATTENTION, FSDP_SHARDED, OPTIMIZER_STATES, POST_NORM_FSDP, REGIME, ZERO_STAGES
 
 
 class Realistic(NamedTuple):
@@ -175,7 +175,7 @@ def evaluate(plan: Plan) -> Realistic:
                             device=w.device, bucket=plan.reduce_bucket_size, settings=plan.zero3, use_cache=False,
                             offload_optimizer=plan.offload_optimizer != "none", offload_params=plan.offload_params != "none")
         return _finish(plan, tl, tl.peak.live_bytes, 0, comm_groups=int(plan.dp > 1))
-    sharded = plan.spec.name in FSDP2_SHARDED
+    sharded = plan.spec.name in FSDP_SHARDED
     # FSDP's mixed precision (bf16-mixed: fp32 sharded parameters, the master copy, gathered and computed in bf16)
     # is MixedPrecisionPolicy(param_dtype=bf16): activations as pure bf16, states fp32 (the traces of fp32 and of
     # autocast under that policy are identical).
@@ -231,7 +231,7 @@ def _finish(plan: Plan, tl: Any, allocated: int, ddp_buckets: int, comm_groups: 
     # Cached blocks the step's peak cannot use (memcalc.memory.reserved): the loss's freed logits, FSDP2's
     # side-stream pools. Wholly free segments, released before a cudaMalloc fails: max_memory_reserved shows them
     # up to what the GPU leaves the allocator; the verdict and the total do not count them.
-    streams = plan.spec.name in FSDP2_SHARDED and plan.fsdp_version == 2  # FSDP1's pools are not modelled
+    streams = plan.spec.name in FSDP_SHARDED and plan.fsdp_version == 2  # FSDP1's pools are not modelled
     held, pools, loss_binds = reserved_peak(tl.moments, tl.loss_moment, tl.loss_cache, streams)
     cached = max(0, held - peak.live_bytes)
     reserved = max(f.peak_reserved, min(f.peak_reserved + cached, plan.usable_bytes - context - comm))
@@ -310,14 +310,14 @@ def notes(plan: Plan) -> list[str]:
             from memcalc.memory.timeline_zero3 import OFFLOAD_NOTE
 
             out.append(OFFLOAD_NOTE)
-    if plan.spec.name in FSDP2_SHARDED and w.recompute not in ("none", "full"):
+    if plan.spec.name in FSDP_SHARDED and w.recompute not in ("none", "full"):
         out.append(f"{plan.spec.name} with {w.recompute} recompute: the policy's kept tensors (as on one GPU) under the FSDP2 "
                    "timeline, which was traced with recompute none and full")
     if plan.float8 != "none":
         from memcalc.memory.paper import FLOAT8_NOTE
 
         out.append(FLOAT8_NOTE)
-    if plan.spec.name in FSDP2_SHARDED:
+    if plan.spec.name in FSDP_SHARDED:
         policy = ("MixedPrecisionPolicy(param_dtype=bf16"
                   + (", reduce_dtype=fp32" if _reduce_fp32(plan) else "") + ") over fp32 shards"
                   if plan.precision.name == "bf16-mixed" else "no MixedPrecisionPolicy")

@@ -12,12 +12,12 @@ the GradScaler's scale and found-inf flags are a few bytes)."""
 OPTIMIZER_STATES = {"adamw": "adamw", "adam-8bit": "adamw-8bit", "paged-adam-8bit": "paged-adamw-8bit"}
 ATTENTION = {"eager": "eager", "sdpa": "sdpa", "flash": "sdpa"}
 """flash: SDPA's flash kernel, which saves what CPU's SDPA saves (output and log-sum-exp; DOMAIN §13)."""
-FSDP2_SHARDED = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
-"""FSDP2's sharded layouts: ``fully_shard`` resharding after forward or not (``reshard_after_forward=False``:
-SHARD_GRAD_OP), over one mesh dimension or over a (replicate, shard) mesh (HSDP); each exact against the tracer's
-rank 0 (tests/test_timeline_fsdp.py, tests/test_fsdp_layouts.py)."""
-STRATEGIES = ("ddp", *FSDP2_SHARDED)
-"""Replicated model states (one GPU, DDP) and FSDP2's sharded layouts; the other sharded and model-parallel layouts
+FSDP_SHARDED = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
+"""FSDP's sharded layouts, under FSDP2 (``fully_shard``) and FSDP1 (``FullyShardedDataParallel``): resharding after
+forward or not (SHARD_GRAD_OP), over one mesh dimension or over a (replicate, shard) mesh (HSDP); each exact against
+the tracer's rank 0 (tests/test_timeline_fsdp.py, tests/test_fsdp_layouts.py)."""
+STRATEGIES = ("ddp", *FSDP_SHARDED)
+"""Replicated model states (one GPU, DDP) and FSDP's sharded layouts; the other sharded and model-parallel layouts
 take the paper's."""
 SHARDED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "smollm3", "gemma", "gemma2", "gemma3_text",
                     "olmo2")
@@ -88,12 +88,12 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
     if arch.family not in FAMILIES or arch.moe:
         return (f"no saved-tensor profile for family {arch.family or 'unset'}{' (MoE)' if arch.moe else ''}; "
                 f"profiles: {', '.join(FAMILIES)}")
-    if precision not in REGIME and not (strategy in FSDP2_SHARDED and precision == "bf16-mixed"):
+    if precision not in REGIME and not (strategy in FSDP_SHARDED and precision == "bf16-mixed"):
         return (f"--precision {precision} is a master-weight regime (DeepSpeed, Megatron); the realistic accounting "
                 "models what Hugging Face runs: amp-bf16 (Trainer(bf16=True)), amp-fp16, bf16, fp32")
     if optimizer not in OPTIMIZER_STATES:
         return f"--optimizer {optimizer}: the realistic accounting models AdamW (torch, or bitsandbytes 8-bit)"
-    if strategy not in STRATEGIES or max(pp, ep) > 1 or (cp > 1 and strategy not in FSDP2_SHARDED):
+    if strategy not in STRATEGIES or max(pp, ep) > 1 or (cp > 1 and strategy not in FSDP_SHARDED):
         return ("the realistic accounting covers one GPU, DDP, FSDP1 and FSDP2 (FULL_SHARD, SHARD_GRAD_OP, "
                 "HYBRID_SHARD, _HYBRID_SHARD_ZERO2), DDP and FSDP2 with DTensor tensor parallelism, and context "
                 "parallelism under FSDP2, so far; other sharded and model-parallel layouts (pipeline, expert, context "
@@ -110,7 +110,7 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
         why = _why_not_tp(arch, optimizer, work, tp, lora, framework, sequence_parallel)
         if why is not None:
             return why
-    if strategy in FSDP2_SHARDED:
+    if strategy in FSDP_SHARDED:
         if fsdp_version != 2 and (offload != ("none", "none") or tp > 1 or cp > 1):
             return (f"{strategy} under FSDP1: the realistic accounting follows FSDP1's flat parameters (traced) "
                     "without offload, tensor or context parallelism; give --fsdp-version 2 for the rest")
