@@ -95,18 +95,6 @@ def parse_strategy(text: str, shard_group: int | None = None) -> Strategy:
     return Strategy(name=name, shard_group=group, **fields)  # type: ignore[arg-type]
 
 
-def _fsdp_wrap(given: str | None) -> str | None:
-    """``--fsdp-wrap``: one of ``memcalc.layout.compose.FSDP_WRAPS``, or None (the framework's)."""
-    from memcalc.layout.compose import FSDP_WRAPS
-
-    if given is not None and given not in FSDP_WRAPS:
-        from memcalc.errors import did_you_mean
-
-        raise InputError(f"--fsdp-wrap {shown(given)} is not accepted{did_you_mean(given, FSDP_WRAPS)}; accepted: "
-                         f"{', '.join(FSDP_WRAPS)}")
-    return given
-
-
 def _strategy(
     stage: int | str | None, fsdp: str | None, ddp: bool, strategy: str | Strategy | None,
     offload_optimizer: str, offload_params: str, shard_group: int | None,
@@ -355,7 +343,9 @@ def build_input(
     if fsdp_version not in (1, 2):
         raise InputError(f"--fsdp-version {fsdp_version!r} is not accepted; accepted: 1, 2")
     if fsdp_wrap is not None:
-        fsdp_wrap = fsdp_wrap.strip().lower()
+        from memcalc.layout.compose import check_wrap
+
+        fsdp_wrap = check_wrap(fsdp_wrap.strip().lower())
     if backward_prefetch is not None:
         backward_prefetch = backward_prefetch.strip().lower()
         _choice("--backward-prefetch", backward_prefetch, ("pre", "post", "none"))
@@ -370,7 +360,7 @@ def build_input(
         estimator=estimator,
         framework=FrameworkOptions(
             fsdp_version=fsdp_version,  # type: ignore[arg-type]
-            fsdp_wrap=_fsdp_wrap(fsdp_wrap),  # type: ignore[arg-type]
+            fsdp_wrap=fsdp_wrap,  # type: ignore[arg-type]
             backward_prefetch=backward_prefetch,  # type: ignore[arg-type]
             bucket_view=bucket_view,
             min_num_params=None if min_num_params is None else parse_count(min_num_params, "--min-num-params"),

@@ -156,13 +156,19 @@ def shard_over(given: str | None, fw: Framework | None) -> str:
     return fw.shard_over if fw is not None else DEFAULT_SHARD_OVER
 
 
+def check_wrap(given: object) -> str:
+    """``--fsdp-wrap``: one of ``FSDP_WRAPS``, or one InputError line naming them."""
+    if given not in FSDP_WRAPS:
+        raise InputError(f"--fsdp-wrap {shown(given)} is not accepted{did_you_mean(str(given), FSDP_WRAPS)}; "
+                         f"accepted: {', '.join(FSDP_WRAPS)}")
+    return given  # type: ignore[return-value]
+
+
 def fsdp_wrap(given: str | None, fw: Framework | None, tied: bool) -> str:
     """Where FSDP2's units put the embedding and the head: the override, else the framework's, else root; a tied
     embedding stays in the root (the override cannot move it: one line)."""
     if given is not None:
-        if given not in FSDP_WRAPS:
-            raise InputError(f"--fsdp-wrap {shown(given)} is not accepted{did_you_mean(str(given), FSDP_WRAPS)}; "
-                             f"accepted: {', '.join(FSDP_WRAPS)}")
+        check_wrap(given)
         if tied and given != "root":
             raise InputError(f"--fsdp-wrap {given}: this model ties its embedding and head (one weight), which FSDP2 "
                              "cannot put in two units; accepted for tied embeddings: root")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from memcalc.errors import InputError
 from memcalc.frozen import frozen
-from memcalc.layout.compose import FSDP_WRAPS
+from memcalc.layout.compose import check_wrap
 from memcalc.memory.saved import LLAMA_STYLE, OTHER_NORMS
 from memcalc.model.architecture import Architecture
 
@@ -269,10 +269,10 @@ class FsdpOverlay:
       the unsharded gradients, whose flat input lives until the next reduce-scatter (``reduce_scatter_state``),
       and keeps the gradient shard.
 
-    With the embedding and the head in units of their own (``wrap``, ``memcalc.layout.compose.FSDP_WRAPS``), the root keeps what is left
-    (the final norm under separate-reshard, nothing under separate), the embedding's unit is gathered for its forward
-    and again for its backward (prefetched by layer 0's pre-backward), and the head's unit is gathered at its
-    pre-forward; a unit's pre-backward prefetches the unit before it in the forward's order (the root's, when it has
+    With the embedding and the head in units of their own (``wrap``, ``memcalc.layout.compose.FSDP_WRAPS``), the
+    root keeps what is left (the final norm under separate-reshard, nothing under separate), the embedding's unit
+    is gathered for its forward and again for its backward (prefetched by layer 0's pre-backward), and the head's
+    unit is gathered at its pre-forward; a unit's pre-backward prefetches the unit before it in the forward's order (the root's, when it has
     parameters: the head's), and the head's post-backward reduce-scatters its gradients before the layers'."""
 
     states: States
@@ -342,7 +342,7 @@ class FsdpOverlay:
         .fsdp_pre_all_gather``): the decoder layers' projection weights (``memcalc.model.float8``) are cast to fp8
         before the all-gather, so their all-gather output and the unsharded weight kept until the reshard are 1 byte
         per element (FSDP2 gathers a group of mixed dtypes as bytes: ``_fsdp_collectives.foreach_all_gather``); the
-        rest of the layer, the root and every gradient keep their width. ``wrap``: ``FSDP_WRAPS``. ``keep``: no
+        rest of the layer, the root and every gradient keep their width. ``wrap``: ``memcalc.layout.compose.FSDP_WRAPS``. ``keep``: no
         reshard after forward. ``hsdp``: the shards replicated over groups of ``world`` ranks (the reduced shard is
         all-reduced across them: ``_fsdp_collectives.foreach_reduce``). ``reduce_fp32``: gradients reduced in fp32
         under a bf16 ``param_dtype`` (torchtitan's ``mixed_precision_reduce``). ``flat``: FSDP1 (``flat_units``),
@@ -354,8 +354,7 @@ class FsdpOverlay:
             raise InputError(f"fsdp_param_dtype {param_dtype!r} is not one of None, bf16")
         if kind != "adamw":
             raise InputError(f"optimizer states {kind!r} under FSDP: accepted adamw")
-        if wrap not in FSDP_WRAPS:
-            raise InputError(f"fsdp_wrap {wrap!r} is not one of {', '.join(FSDP_WRAPS)}")
+        check_wrap(wrap)
         if wrap != "root" and arch.tied_embeddings:
             raise InputError(f"fsdp_wrap {wrap}: the embedding and the head share one tied weight, which FSDP2 cannot "
                              "put in two units; accepted for tied embeddings: root")
@@ -393,6 +392,16 @@ class FsdpOverlay:
             flat -= (g - 1) * fp8
         return FsdpOverlay(st, g, root, flat, flat, width * u.layer_shard, width, width * u.layer, root,
                            reduce if reduce != flat else -1, **extra)
+
+    @property
+    def reduce_input(self) -> int:
+        """Bytes of one layer's reduce-scatter input: ``layer_reduce``, else the all-gather output's size."""
+        return self.layer_flat if self.layer_reduce < 0 else self.layer_reduce
+
+    @property
+    def unsharded_grads(self) -> int:
+        """Bytes of one layer's unsharded gradients in the gathered parameters' dtype (unpadded)."""
+        return self.layer_grads // self.width * self.gathered_width
 
     @staticmethod
     def forward(fs: FsdpOverlay | None, i: int = 0) -> list[tuple[str, int]]:
@@ -491,7 +500,7 @@ class FsdpOverlay:
         if fs is None:
             return [("parameter gradients so far", held)]
         done = (held - root_grads) // fs.layer_grads  # layers above i, already reduce-scattered
-        reduce = fs.layer_flat if fs.layer_reduce < 0 else fs.layer_reduce
+        reduce = fs.reduce_input
         if fs.wrap == "root":
             root, shards, last_reduce, prefetch, ar = root_grads // fs.width * fs.gathered_width, 0, 0, 0, 0
         else:
@@ -518,12 +527,12 @@ class FsdpOverlay:
         parts = [(n, 0 if n.startswith("reduce-scatter input") else x)
                  for n, x in FsdpOverlay.backward(fs, i, held, root_grads)]
         if fs.flat:  # FSDP1: still gathered; the gradients copied into one padded flat gradient, reduced from it
-            return parts + [("this layer's unsharded gradients", fs.layer_grads // fs.width * fs.gathered_width),
+            return parts + [("this layer's unsharded gradients", fs.unsharded_grads),
                             ("flat gradient (reduce-scatter input)", fs.layer)]
         layer = next(k for k, (n, _) in enumerate(parts) if n.endswith("parameters (gathered)") and "layer" in n)
         parts[layer] = (f"layers 0..{i - 1} parameters (gathered)", fs.layer * i if fs.keep else 0)
-        return parts + [("this layer's unsharded gradients", fs.layer_grads // fs.width * fs.gathered_width),
-                        ("reduce-scatter input (this layer)", fs.layer_flat if fs.layer_reduce < 0 else fs.layer_reduce)]
+        return parts + [("this layer's unsharded gradients", fs.unsharded_grads),
+                        ("reduce-scatter input (this layer)", fs.reduce_input)]
 
     @staticmethod
     def embedding_backward(fs: FsdpOverlay | None, done: int) -> list[tuple[str, int]]:
@@ -537,7 +546,7 @@ class FsdpOverlay:
                                                           if fs.wrap == "separate-reshard" else 0),
                 ("embedding parameters (gathered)", fs.embed), ("embedding gradients (unsharded)", fs.embed),
                 ("gradient shards of the layers above", done * fs.layer_grad_shard + fs.head_grad_shard),
-                ("reduce-scatter input (layer above)", fs.layer_flat if fs.layer_reduce < 0 else fs.layer_reduce),
+                ("reduce-scatter input (layer above)", fs.reduce_input),
                 ("all-reduce buffers (HSDP)", done * fs.held_reduce + fs.head_held_reduce)]
 
     @staticmethod

@@ -23,7 +23,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memcalc.errors import InputError
-from memcalc.layout.compose import FSDP_WRAPS
+from memcalc.layout.compose import check_wrap
 from memcalc.validation.trace_parallel import apply_layout, check_tp_heads, fake_process_group
 from memcalc.validation.trace_step import (StepSpec, batch, build_model, build_optimizer,  # noqa: F401
                                            traced_steps)
@@ -76,8 +76,7 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
         raise InputError(f"fsdp_param_dtype {fsdp_param_dtype!r} is not supported; accepted: bf16 or None")
     if float8 not in ("none", "tensorwise", "rowwise"):
         raise InputError(f"float8 {float8!r} is not one of none, tensorwise, rowwise")
-    if fsdp_wrap not in FSDP_WRAPS:
-        raise InputError(f"fsdp_wrap {fsdp_wrap!r} is not one of {', '.join(FSDP_WRAPS)}")
+    check_wrap(fsdp_wrap)
     if fsdp_wrap != "root" and (not fsdp or hf_config.get("tie_word_embeddings", False)):
         raise InputError(f"fsdp_wrap {fsdp_wrap} needs fsdp and untied embeddings (the tied weight cannot sit in two "
                          "FSDP2 units)")

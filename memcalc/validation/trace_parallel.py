@@ -152,8 +152,8 @@ def apply_layout(model: torch.nn.Module, mesh, *, dp: int, tp: int, fsdp: bool, 
                  sequence_parallel: bool = False, loss_parallel: bool = False, fsdp_wrap: str = "root",
                  replicate: int = 1, reshard_after_forward: bool = True, reduce_fp32: bool = False,
                  fsdp_version: int = 2, backward_prefetch: str = "pre") -> torch.nn.Module:
-    """The model laid out (FSDP1 wraps it; the other layouts change it in place): tensor-parallelise each decoder layer over ``mesh["tp"]`` (with ``sequence_parallel`` the whole model:
-    ``_sp_plan``), then FSDP2-shard over ``mesh["dp"]`` (HSDP: over ``mesh["replicate", "dp"]``): every decoder
+    """The model laid out (FSDP1 wraps it; the other layouts change it in place): tensor-parallelise each decoder
+    layer over ``mesh["tp"]`` (with ``sequence_parallel`` the whole model: ``_sp_plan``), then FSDP2-shard over ``mesh["dp"]`` (HSDP: over ``mesh["replicate", "dp"]``): every decoder
     layer (``reshard_after_forward`` False: kept gathered from its forward to its backward, SHARD_GRAD_OP), and as
     ``fsdp_wrap`` says (``memcalc.layout.compose.FSDP_WRAPS``) the embedding and the head, then the root.
     ``reduce_fp32``: ``MixedPrecisionPolicy(reduce_dtype=torch.float32)`` beside the bf16 ``param_dtype``
@@ -179,12 +179,14 @@ def apply_layout(model: torch.nn.Module, mesh, *, dp: int, tp: int, fsdp: bool, 
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
         mp1 = MixedPrecision(param_dtype=torch.bfloat16) if mp_bf16 else None
-        strategy = {(1, True): ShardingStrategy.FULL_SHARD, (1, False): ShardingStrategy.SHARD_GRAD_OP,
-                    (2, True): ShardingStrategy.HYBRID_SHARD,
-                    (2, False): ShardingStrategy._HYBRID_SHARD_ZERO2}[(min(replicate, 2), reshard_after_forward)]
-        group = (mesh["replicate", "dp"] if replicate > 1 else mesh["dp"]).get_group() if replicate == 1 else None
-        return FullyShardedDataParallel(model, process_group=group, sharding_strategy=strategy,
-                                        device_mesh=mesh["replicate", "dp"] if replicate > 1 else None,
+        hybrid = replicate > 1
+        if hybrid:
+            strategy = ShardingStrategy.HYBRID_SHARD if reshard_after_forward else ShardingStrategy._HYBRID_SHARD_ZERO2
+        else:
+            strategy = ShardingStrategy.FULL_SHARD if reshard_after_forward else ShardingStrategy.SHARD_GRAD_OP
+        return FullyShardedDataParallel(model, process_group=None if hybrid else mesh["dp"].get_group(),
+                                        sharding_strategy=strategy,
+                                        device_mesh=mesh["replicate", "dp"] if hybrid else None,
                                         mixed_precision=mp1,
                                         auto_wrap_policy=ModuleWrapPolicy({type(layers[0])}),
                                         device_id=torch.device("cpu"), use_orig_params=True,
