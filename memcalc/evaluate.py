@@ -71,9 +71,10 @@ def _host_rows(plan: Plan) -> list[Row]:
     ZeRO-1/2 (stage_1_and_2.py with ``cpu_offload``): the fp32 master partition and the moments, the partition's fp32
     gradient (``single_partition_of_fp32_groups[i].grad``, 4P) in place of a bf16 one, the bf16 buffer the updated
     partition is copied back through (``param_buffer_of_bit16_for_cpu_offload_groups``, 2P) and a bf16 buffer of
-    the largest parameter (``temp_grad_buffer_for_cpu_offload``). FSDP2 FULL_SHARD with CPUOffloadPolicy (torch
-    ``_fully_shard``): the sharded parameters in their own dtype (fp32 under bf16-mixed: the master copy, no bf16 one
-    on the host), their gradients in the same dtype (``.grad`` of the sharded parameter) and AdamW's moments."""
+    the largest parameter (``temp_grad_buffer_for_cpu_offload``). FULL_SHARD with FSDP2's CPUOffloadPolicy (torch
+    ``_fully_shard``) or FSDP1's CPUOffload (``_flat_param.py``): the sharded parameters in their own dtype (fp32 under
+    bf16-mixed: the master copy, no bf16 one on the host), their gradients in the same dtype (``.grad`` of the sharded
+    parameter; FSDP1's ``_cpu_grad``) and AdamW's moments."""
     if not plan.offloads:
         return []
     rows = [r for r in paper.model_state_rows(plan, paper.param_groups(plan, 0)[1]) if r.location != "gpu"]
@@ -89,8 +90,9 @@ def _host_rows(plan: Plan) -> list[Row]:
         rows = [r for r in rows if r.key not in ("parameters", "gradients")]
         if grads is not None:
             rows.append(grads._replace(bytes=master.bytes, label="gradients (fp32)",
-                                       detail="FSDP2 CPUOffloadPolicy: the sharded parameters' .grad on the host, in "
-                                              "their dtype (_fsdp_collectives.py foreach_reduce)"))
+                                       detail="FSDP parameter offload: the sharded parameters' .grad on the host, in "
+                                              "their dtype (FSDP2: _fsdp_collectives.py foreach_reduce; FSDP1: "
+                                              "_cpu_grad, _runtime_utils.py _offload_grad)"))
     elif plan.spec.name in ("zero-1", "zero-2") and plan.arch is not None:
         from memcalc.memory.timeline_states import param_tensors
         from memcalc.memory.timeline_zero import partition

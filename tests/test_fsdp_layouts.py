@@ -396,3 +396,49 @@ def test_fsdp1_shard_grad_op_keeps_each_unit_gathered(name, precision, mp, recom
     exact(tr, tl, skip=("backward.layer.0",))
     with pytest.raises(InputError, match="fake=False"):
         trace_step(cfg, seq_len=S, micro_batch=B, world=4, fsdp=True, fsdp_version=1, reshard_after_forward=False)
+
+
+@pytest.mark.parametrize("precision,mp", [("amp-bf16", "bf16"), ("fp32", None)])
+def test_fsdp1_cpu_offload_keeps_the_gathered_units_on_the_gpu(precision, mp):
+    """FSDP1's CPUOffload(offload_params=True) (torch 2.13 _flat_param.py, _runtime_utils.py, read: FSDP1 offload
+    needs a CUDA device): every moment of the traced FULL_SHARD step loses the sharded flat parameters, AdamW's
+    state, the reduced gradient shards and the step; each forward gather gains the unit's shard on the GPU. l4 over
+    4 ranks: a layer's shard is 45,376 elements. Under MixedPrecision, pre_unshard copies it in fp32 (181,504 bytes)
+    and casts it into the bf16 _mp_shard (90,752) before the unsharded parameter is allocated, a moment of its own;
+    without, the fp32 GPU copy (181,504) is what the all-gather sends, alive beside the gathered unit."""
+    from memcalc.memory.timeline_states import FSDP_OFFLOADED, offload_fsdp1
+
+    tr, tl = fsdp1("l4", 4, precision, mp)
+    exact(tr, tl, skip=("backward.layer.0",))
+    moved = offload_fsdp1(tl.moments, architecture_from_config(CONFIGS["l4"]), 4, 4, 2 if mp else 4)
+    gathers = [m for m in tl.moments if m.phase.startswith("forward.layer.") and "parameters gathered" in m.label]
+    assert len(gathers) == 4 and len(moved) == len(tl.moments) + (4 if mp else 0)
+    after = iter(moved)
+    for m in tl.moments:
+        gone = sum(x for n, x in m.parts if n in FSDP_OFFLOADED)
+        phase, label, parts = next(after)
+        if mp and m in gathers:  # the pre-unshard moment first: the shard in fp32 and bf16, the unit not yet gathered
+            assert "pre-unshard" in label and sum(x for _, x in parts) == m.live_bytes - gone - 2 * 4 * 45_376 + 181_504
+            phase, label, parts = next(after)
+        staged = 181_504 if m in gathers and not mp else 0
+        assert (phase, label) == (m.phase, m.label) and sum(x for _, x in parts) == m.live_bytes - gone + staged
+    assert not [p for _, _, ps in moved for p in ps if p[0] in FSDP_OFFLOADED]
+
+
+def test_estimates_answer_fsdp1_cpu_offload():
+    """FSDP1 FULL_SHARD with parameter offload is answered realistically (it took the paper accounting): Llama 3.2 1B
+    over 8 ranks in bf16-mixed peaks at the loss's backward, as without offload, less the offloaded states; the host
+    holds the fp32 shards, their fp32 gradients and AdamW's two moments."""
+    H = "tests/data/h100/llama-3.2-1b/config.json"
+    kw = dict(hf_config=H, fsdp="FULL_SHARD", gpus=8, precision="bf16-mixed", seq_len=2048, micro_batch=4, gpu="h100",
+              fsdp_version=1)
+    on, off = memcalc.estimate(offload_params="cpu", **kw), memcalc.estimate(**kw)
+    assert on.accounting == "realistic" and any("FSDP1's CPUOffload" in n for n in on.notes)
+    held = off.memory.per_gpu
+    assert (on.memory.per_gpu.parameters, on.memory.per_gpu.optimizer_states, on.memory.per_gpu.gradients) == (0, 0, 0)
+    assert held.parameters > 0 and held.optimizer_states > 0
+    assert on.memory.timeline.peak_phase == off.memory.timeline.peak_phase == "backward"  # the loss's backward
+    assert held.peak_allocated - on.memory.per_gpu.peak_allocated == \
+        held.parameters + held.optimizer_states + held.gradients  # fmt: skip
+    host = {r.key: r.bytes for r in on.memory.per_node.rows}
+    assert host["gradients"] == host["master_weights"] and host["optimizer_moments"] == 2 * host["master_weights"]

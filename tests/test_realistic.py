@@ -58,9 +58,9 @@ def test_master_weight_precisions_and_sharded_layouts_take_the_paper_and_say_why
     assert any("realistic accounting (the peak of a real step) not used: --precision bf16-mixed" in n for n in r.notes)
     f1 = memcalc.estimate(hf_config=LLAMA1B, gpus=8, gpu="h100", seq_len=2048, precision="amp-bf16", fsdp="FULL_SHARD")
     assert f1.accounting == "realistic" and any("FSDP1 FullyShardedDataParallel" in n for n in f1.notes)
-    f1_off = memcalc.estimate(hf_config=LLAMA1B, gpus=8, gpu="h100", seq_len=2048, precision="amp-bf16",
-                              fsdp="FULL_SHARD", offload_params="cpu")  # FSDP1's CPUOffload: not traced
-    assert f1_off.accounting == "paper" and any("give --fsdp-version 2" in n for n in f1_off.notes)
+    f1_tp = memcalc.estimate(hf_config=LLAMA1B, gpus=8, gpu="h100", seq_len=2048, precision="amp-bf16",
+                             fsdp="FULL_SHARD", tp=2)  # FSDP1 with tensor parallelism: not modelled
+    assert f1_tp.accounting == "paper" and any("give --fsdp-version 2" in n for n in f1_tp.notes)
     with pytest.raises(InputError, match="--accounting realistic: SHARD_GRAD_OP under FSDP1: .*give --fsdp-version 2"):
         memcalc.estimate(hf_config=LLAMA1B, gpus=8, seq_len=2048, precision="amp-bf16", fsdp="SHARD_GRAD_OP",
                          tp=2, accounting="realistic")

@@ -177,12 +177,12 @@ def test_offload_under_the_default_accounting(tmp_path):
     p3 = sum(-(-n // 2) for _, n in param_tensors(ARCH))
     # per node (2 ranks): bf16 gradient partitions, fp32 master, moments, and the sub-groups' fp32 gradients
     assert host["gradients_fp32"] == host["master_weights"] == 2 * 4 * p3
-    # ZeRO-2 and FSDP2 FULL_SHARD offload are modelled too (tests/test_timeline_zero.py, test_timeline_fsdp.py);
+    # ZeRO-2 and FULL_SHARD offload (FSDP1 and FSDP2) are modelled too (tests/test_timeline_zero.py, test_timeline_fsdp.py);
     # FSDP's other strategies keep the paper accounting, saying why
     del kw["persistence_threshold"], kw["reduce_bucket_size"]
     assert memcalc.estimate(strategy="zero-2+opt-cpu", **kw).accounting == "realistic"
     fsdp = memcalc.estimate(fsdp="SHARD_GRAD_OP", offload_params="cpu", **kw)
-    why = "ZeRO-1/2/3's CPU/NVMe offload and FSDP2 FULL_SHARD's CPUOffloadPolicy"
+    why = "ZeRO-1/2/3's CPU/NVMe offload and FULL_SHARD's parameter offload"
     assert fsdp.accounting == "paper" and any(why in n for n in fsdp.notes)
     with pytest.raises(InputError, match=why):
         memcalc.estimate(fsdp="SHARD_GRAD_OP", offload_params="cpu", accounting="realistic", **kw)

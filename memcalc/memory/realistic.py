@@ -10,7 +10,7 @@ reports), ``peak_reserved`` (``max_memory_reserved``: with the cached blocks the
 
 Where it applies: a Hugging Face family with a saved-tensor profile, a sequence length, the regimes Hugging Face
 runs (fp32, pure bf16, autocast), AdamW (torch or bitsandbytes 8-bit) and replicated model states (one GPU, or DDP),
-FSDP2 (FULL_SHARD with CPUOffloadPolicy too, SHARD_GRAD_OP, HSDP) and DTensor tensor parallelism of Llama-style layers
+FSDP1 and FSDP2 (FULL_SHARD with parameter offload too, SHARD_GRAD_OP, HSDP) and DTensor tensor parallelism of Llama-style layers
 (``memcalc.memory.timeline_tp``), DeepSpeed ZeRO-0 to 3 (``timeline_zero``, ``timeline_zero3``, with CPU/NVMe
 offload); elsewhere
 the paper's accounting answers and a note says why (``memcalc.memory.scope.why_not``).
@@ -90,6 +90,8 @@ _DETAIL = (
                         "ZeRO-3: allocated once)"),
     ("copied in for the all-gather", "FSDP2 CPUOffloadPolicy: a parameter's fp32 shard on the GPU before its bf16 "
                                      "cast (_fsdp_param.py all_gather_inputs), the largest layer's, one at a time"),
+    ("copied to the GPU", "FSDP1 CPUOffload: a unit's whole sharded flat parameter brought to the GPU before its "
+                          "all-gather (_flat_param.py pre_unshard: _use_low_precision_shard, or flat_param_to)"),
     ("staging buffer", "ZeRO-1/2 offload: temp_grad_buffer_for_gpu_offload, bf16, the largest parameter's elements "
                        "(stage_1_and_2.py)"),
     ("not yet reduced", "offload: gradients waiting for their bucket's reduction (one larger than the bucket cloned "
@@ -194,9 +196,14 @@ def evaluate(plan: Plan) -> Realistic:
                   fsdp_flat=sharded and plan.fsdp_version == 1, fsdp_prefetch=plan.fsdp_prefetch)
     if sharded and plan.offload_params != "none":
         from memcalc.memory.timeline import _moment, with_loss
-        from memcalc.memory.timeline_states import offload_fsdp
+        from memcalc.memory.timeline_states import offload_fsdp, offload_fsdp1
 
-        tl = with_loss(tl, [_moment(*m) for m in offload_fsdp(tl.moments, arch, plan.shard_group_size)])
+        if plan.fsdp_version == 1:
+            width = 2 if regime == "bf16" else 4
+            moved = offload_fsdp1(tl.moments, arch, plan.shard_group_size, width, 2 if policy else width)
+        else:
+            moved = offload_fsdp(tl.moments, arch, plan.shard_group_size)
+        tl = with_loss(tl, [_moment(*m) for m in moved])
     allocated = tl.peak.live_bytes
     extra = 0
     if plan.dp > 1 and not plan.bucket_view and not sharded:
@@ -351,7 +358,13 @@ def notes(plan: Plan) -> list[str]:
             out.append(f"{plan.spec.name}: FSDP2 fully_shard per decoder layer and on the root over "
                        f"{plan.shard_group_size} ranks (rank 0's padded shards; --fsdp-wrap {plan.fsdp_wrap}: {units}; "
                        f"{gathered}; {policy}{replicas}); NCCL buffers counted per communicator")
-        if plan.offload_params != "none":
+        if plan.offload_params != "none" and plan.fsdp_version == 1:
+            out.append("FULL_SHARD with FSDP1's CPUOffload(offload_params=True): the sharded flat parameters, the "
+                       "reduced gradient shards (_cpu_grad) and AdamW's moments and step in host memory; the GPU keeps "
+                       "the buffers, the gathered units, the flat gradients and each unit's whole shard while "
+                       "pre_unshard brings it over for the all-gather (read from torch 2.13's _flat_param.py and "
+                       "_runtime_utils.py, not traced: FSDP1 offload needs a CUDA device)")
+        elif plan.offload_params != "none":
             out.append("FULL_SHARD with CPUOffloadPolicy: the fp32 sharded parameters, the reduced gradient shards and "
                        "AdamW's moments and step in host memory; the GPU keeps the buffers, the gathered units, the "
                        "all-gather outputs and reduce-scatter inputs, and each parameter's fp32 shard while it is cast "

@@ -51,8 +51,8 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
         return ("zero-3 offload_param without offload_optimizer: the realistic ZeRO-3 timeline was traced with the "
                 "parameters offloaded together with the optimizer; the paper accounting counts this one")
     if offload != ("none", "none") and strategy not in ("zero-1", "zero-2", "zero-3", "FULL_SHARD"):
-        return ("offload: the realistic accounting models DeepSpeed ZeRO-1/2/3's CPU/NVMe offload and FSDP2 "
-                "FULL_SHARD's CPUOffloadPolicy; the paper accounting counts the others")
+        return ("offload: the realistic accounting models DeepSpeed ZeRO-1/2/3's CPU/NVMe offload and FULL_SHARD's "
+                "parameter offload (FSDP2 CPUOffloadPolicy, FSDP1 CPUOffload); the paper accounting counts the others")
     if overlap_comm and strategy == "zero-1":
         return ("zero-1 with overlap_comm: its reduction in the gradient hooks is not modelled (the traced step holds "
                 "more than without it); ZeRO-2, or ZeRO-1 without overlap_comm")
@@ -111,9 +111,9 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
         if why is not None:
             return why
     if strategy in FSDP_SHARDED:
-        if fsdp_version != 2 and (offload != ("none", "none") or tp > 1 or cp > 1):
+        if fsdp_version != 2 and (tp > 1 or cp > 1):
             return (f"{strategy} under FSDP1: the realistic accounting follows FSDP1's flat parameters (traced) "
-                    "without offload, tensor or context parallelism; give --fsdp-version 2 for the rest")
+                    "without tensor or context parallelism; give --fsdp-version 2 for the rest")
         if arch.family not in SHARDED_FAMILIES:
             return f"{strategy}: the realistic accounting models {', '.join(SHARDED_FAMILIES)} layers under FSDP2"
         if optimizer != "adamw" or getattr(work, "optimizer_impl", "foreach") not in ("foreach", "fused"):
