@@ -258,7 +258,7 @@ def notes(plan: Plan) -> list[str]:
         why = why_not(plan.arch, plan.precision.name, plan.optimizer.name, plan.spec.name, plan.work, plan.tp,
                       plan.pp, plan.cp, plan.ep, plan.fsdp_version, lora=plan.lora, framework=plan.framework,
                       sequence_parallel=plan.sequence_parallel,
-                      offload=plan.offload, overlap_comm=plan.overlap_comm)
+                      offload=plan.offload, overlap_comm=plan.overlap_comm, fsdp_wrap=plan.fsdp_wrap)
         if why is not None:
             out.append(f"realistic accounting (the peak of a real step) not used: {why}")
     return out

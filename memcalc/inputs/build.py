@@ -326,7 +326,8 @@ def build_input(
                             lora=the_lora, framework=parallelism.framework,
                             sequence_parallel=parallelism.sequence_parallel,
                             offload=the_strategy.offload,
-                            overlap_comm=bool(overlap_comm)) is None
+                            overlap_comm=bool(overlap_comm),
+                            fsdp_wrap=fsdp_wrap.strip().lower() if isinstance(fsdp_wrap, str) else None) is None
         accounting = "realistic" if realistic else "paper"
     if overheads is None:
         # CUDA context: the paper's round 0.5 GiB; the realistic accounting's measured 0.75 GiB (H100, torch 2.11).

@@ -280,7 +280,7 @@ class EstimateInput(Record):
                           framework=par.framework,
                           sequence_parallel=par.sequence_parallel,
                           offload=self.strategy.offload,
-                          overlap_comm=bool(self.framework.overlap_comm))
+                          overlap_comm=bool(self.framework.overlap_comm), fsdp_wrap=self.framework.fsdp_wrap)
             if why is not None:
                 raise InputError(f"--accounting realistic: {why}; use --accounting paper")
             from memcalc.layout.compose import composition
@@ -310,7 +310,8 @@ class EstimateInput(Record):
                               framework=par.framework,
                               sequence_parallel=par.sequence_parallel,
                               offload=self.strategy.offload,
-                              overlap_comm=bool(self.framework.overlap_comm))  # fmt: skip
+                              overlap_comm=bool(self.framework.overlap_comm),
+                              fsdp_wrap=self.framework.fsdp_wrap)  # fmt: skip
                 raise InputError(f"{', '.join(extra)}: what the step holds moment by moment, modelled by the realistic "
                                  f"accounting, which does not apply here ({why or 'not chosen'}); --accounting "
                                  f"{self.accounting} does not use it")

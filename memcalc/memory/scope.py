@@ -43,10 +43,11 @@ def default_attention(arch: Any, accounting: str) -> str:
 def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any, tp: int = 1, pp: int = 1,
             cp: int = 1, ep: int = 1, fsdp_version: int = 2, lora: Any = None, framework: str | None = None,
             sequence_parallel: bool = False,
-            offload: tuple[str, str] = ("none", "none"), overlap_comm: bool = False) -> str | None:  # fmt: skip
+            offload: tuple[str, str] = ("none", "none"), overlap_comm: bool = False,
+            fsdp_wrap: str | None = None) -> str | None:  # fmt: skip
     """Why the realistic accounting does not apply to this set-up (one line), or None when it does.
 
-    offload: (optimizer, parameters) devices."""
+    offload: (optimizer, parameters) devices. fsdp_wrap: the --fsdp-wrap given (None: the framework's)."""
     if strategy == "zero-3" and offload[1] != "none" and offload[0] == "none":
         return ("zero-3 offload_param without offload_optimizer: the realistic ZeRO-3 timeline was traced with the "
                 "parameters offloaded together with the optimizer; the paper accounting counts this one")
@@ -73,7 +74,7 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
             return ("--framework torchtitan: its model code is profiled for Llama-style layers in fp32, bf16 or "
                     "bf16-mixed (FSDP2) with flash/sdpa attention and no LoRA")
     if lora is not None:
-        why = _why_not_lora(arch, strategy, work)
+        why = _why_not_lora(arch, strategy, work, fsdp_version, framework, offload, fsdp_wrap, lora)
         if why is not None:
             return why
     if arch is None:
@@ -175,14 +176,23 @@ def _why_not_tp(arch: Any, optimizer: str, work: Any, tp: int, lora: Any, framew
     return None
 
 
-def _why_not_lora(arch: Any, strategy: str, work: Any) -> str | None:
-    """LoRA's step (peft on Hugging Face code) is modelled for Llama-style layers on one GPU or DDP."""
+def _why_not_lora(arch: Any, strategy: str, work: Any, fsdp_version: int = 2, framework: str | None = None,
+                  offload: tuple[str, str] = ("none", "none"), given_wrap: str | None = None,
+                  lora: Any = None) -> str | None:  # fmt: skip
+    """LoRA's step (peft on Hugging Face code) is modelled for Llama-style layers on one GPU, DDP and FSDP2's
+    FULL_SHARD with the root wrap (``memcalc.memory.timeline_states.lora_overlay``)."""
+    from memcalc.layout.compose import framework as named
+    from memcalc.layout.compose import fsdp_wrap
     from memcalc.memory.saved import LORA_FAMILIES
 
     if arch is not None and arch.family not in LORA_FAMILIES:
         return f"LoRA: the realistic accounting models peft on {', '.join(LORA_FAMILIES)} layers"
-    if strategy != "ddp":
-        return "LoRA: the realistic accounting covers one GPU and DDP so far"
+    fsdp2_root = (strategy == "FULL_SHARD" and fsdp_version == 2 and offload == ("none", "none")
+                  and getattr(lora, "quantize", "none") == "none"
+                  and fsdp_wrap(given_wrap, named(framework), arch is not None and arch.tied_embeddings) == "root")
+    if strategy != "ddp" and not fsdp2_root:
+        return ("LoRA: the realistic accounting covers one GPU, DDP and FSDP2 FULL_SHARD (embedding and head in the "
+                "root unit, no offload, no 4-bit base) so far")
     if work is not None and getattr(work, "recompute", "none") not in ("none", "full"):
         return "LoRA: the realistic accounting models recompute none or full"
     return None

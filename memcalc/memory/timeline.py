@@ -156,7 +156,8 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
                          "or fsdp=True")
     fs = (FsdpOverlay.make(arch, family, regime, world, fsdp_param_dtype, optimizer_impl, optimizer_states,
                            fp8_gather=float8_all_gather, wrap=fsdp_wrap, keep=fsdp_keep, hsdp=fsdp_hsdp,
-                           reduce_fp32=fsdp_reduce_fp32, flat=fsdp_flat, prefetch=fsdp_prefetch) if sharded else None)
+                           reduce_fp32=fsdp_reduce_fp32, flat=fsdp_flat, prefetch=fsdp_prefetch, lora=lora)
+          if sharded else None)  # fmt: skip
     if fs is not None:
         st = fs.states
     elif tp > 1 and not sequence_parallel and (temp := step_temporary(arch, w, optimizer_impl)) is not None:

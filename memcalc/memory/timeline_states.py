@@ -12,6 +12,8 @@ The tensor lists are those of the Hugging Face modules and sum to ``memcalc.mode
 
 from __future__ import annotations
 
+from typing import Any
+
 
 from memcalc.errors import InputError
 from memcalc.frozen import frozen
@@ -337,7 +339,8 @@ class FsdpOverlay:
     @staticmethod
     def make(arch: Architecture, family: str, regime: str, world: int, param_dtype: str | None, impl: str,
              kind: str, fp8_gather: bool = False, wrap: str = "root", keep: bool = False, hsdp: bool = False,
-             reduce_fp32: bool = False, flat: bool = False, prefetch: bool = True) -> FsdpOverlay | None:  # fmt: skip
+             reduce_fp32: bool = False, flat: bool = False, prefetch: bool = True,
+             lora: Any = None) -> FsdpOverlay | None:  # fmt: skip
         """``fp8_gather``: torchao's ``enable_fsdp_float8_all_gather`` (``WeightWithDynamicFloat8CastTensor
         .fsdp_pre_all_gather``): the decoder layers' projection weights (``memcalc.model.float8``) are cast to fp8
         before the all-gather, so their all-gather output and the unsharded weight kept until the reshard are 1 byte
@@ -347,7 +350,7 @@ class FsdpOverlay:
         all-reduced across them: ``_fsdp_collectives.foreach_reduce``). ``reduce_fp32``: gradients reduced in fp32
         under a bf16 ``param_dtype`` (torchtitan's ``mixed_precision_reduce``). ``flat``: FSDP1 (``flat_units``),
         units per decoder layer and the root only (HYBRID_SHARD: the shard group's step, its all-reduce holding no
-        buffer, traced)."""
+        buffer, traced). ``lora``: peft adapters on a frozen base (``lora_units``), FSDP2 with the root wrap."""
         if world < 1:
             raise InputError(f"world {world} must be at least 1 (FSDP2 ranks)")
         if param_dtype not in (None, "bf16"):
@@ -370,6 +373,10 @@ class FsdpOverlay:
                                width * u.layer_shard, width, width * u.layer, 0, flat=True,
                                mp_shard=g * u.layer_shard if g != width else 0, root_grads=g * u.root,
                                prefetch=prefetch, keep=keep)
+        if lora is not None:
+            if flat or wrap != "root" or fp8_gather or hsdp or keep or reduce_fp32:
+                raise InputError("LoRA under FSDP is modelled for FSDP2 FULL_SHARD with the root wrap")
+            return lora_overlay(arch, family, width, g, world, impl, lora)
         rw = 4 if reduce_fp32 and param_dtype == "bf16" else g
         u = shard_units(arch, world)
         st = sharded_states(arch, family, width, u, impl)
@@ -570,6 +577,36 @@ class FsdpOverlay:
         return parts + [("reduce-scatter input (embedding)", fs.embed // fs.gathered_width * fs.reduce_width),
                         ("reduce-scatter output (embedding)", fs.embed_reduce_out),
                         ("embedding gradient shard (cast)", cast)]
+
+
+def lora_overlay(arch: Architecture, family: str, width: int, gathered: int, world: int, impl: str,
+                 lora: Any) -> FsdpOverlay:  # fmt: skip
+    """FSDP2 ``fully_shard`` per decoder layer and on the root of a peft LoRA model (accelerate's FSDP2 plugin on a
+    ``get_peft_model`` model), as rank 0 of ``world``: every parameter, the frozen base and each adapter's
+    ``lora_A`` (r × in) and ``lora_B`` (out × r), is chunked on dim 0 and padded like any other
+    (``_fsdp_param.py``), so a layer's all-gather carries the base and its adapters; only the adapters get
+    gradients, so a layer's reduce-scatter input, its gradient shards and AdamW's state (moments and a step per
+    adapter tensor) are the adapters' alone; the root (embedding, final norm, head) is frozen: gathered, no
+    gradient."""
+    from memcalc.model.lora import targeted
+
+    if impl not in ("foreach", "fused") or lora.quantize != "none":
+        raise InputError(f"LoRA under FSDP is modelled with torch AdamW foreach or fused and a base in the compute "
+                         f"dtype; got {impl}, quantize {lora.quantize}")
+    u = shard_units(arch, world)
+    r = lora.rank
+    sizes = [(r, p.fan_in) for p in targeted(arch, lora)] + [(p.fan_out, r) for p in targeted(arch, lora)]
+    adapters = sum(rows * cols for rows, cols in sizes)  # one layer's, unsharded
+    shard = sum(-(-rows // world) * cols for rows, cols in sizes)  # rank 0's padded chunk of them
+    base = u.root_shard + arch.layers * u.layer_shard
+    trainable = arch.layers * shard
+    temp = {"foreach": width * trainable, "fused": 0}[impl]
+    st = States(width * (base + trainable), width * trainable, 2 * width * trainable + 4 * len(sizes) * arch.layers,
+                0, buffer_bytes(arch, family, width), temp, 0)
+    layer = gathered * world * (u.layer_shard + shard)
+    root = gathered * world * u.root_shard
+    return FsdpOverlay(st, gathered, root, layer, layer, width * shard, width, width * adapters, root,
+                       gathered * world * shard)
 
 
 FSDP_OFFLOADED = ("parameters", "optimizer states", "gradient shards of the layers above", "gradients (shards)",

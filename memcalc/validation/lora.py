@@ -51,34 +51,46 @@ def trainable(family: str, lora: LoraPlan) -> tuple[int, int]:
 
 def trace_lora_step(hf_config: dict, lora: LoraPlan, *, seq_len: int, micro_batch: int = 1, precision: str = "fp32",
                     optimizer_impl: str = "foreach", attention: str = "sdpa", recompute: str = "none",
-                    steps: int = 2, fake: bool = True):  # fmt: skip
+                    steps: int = 2, fake: bool = True, world: int = 1,
+                    fsdp_param_dtype: str | None = None):  # fmt: skip
     """The last of ``steps`` training steps of a peft LoRA model on one device, traced by
     ``memcalc.validation.trace_step`` (fake tensors, or real ones with ``fake=False``); AdamW over the trainable
-    parameters only, as ``Trainer.create_optimizer`` builds it."""
+    parameters only, as ``Trainer.create_optimizer`` builds it. ``world`` above 1: FSDP2 ``fully_shard`` on each
+    decoder layer and the root of the peft model, as rank 0 of ``world`` under torch's fake process group
+    (``trace_parallel.apply_layout``: accelerate's FSDP2 plugin), ``fsdp_param_dtype="bf16"`` its
+    ``MixedPrecisionPolicy``."""
     import contextlib
 
     import torch
     from peft import LoraConfig, get_peft_model
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from memcalc.errors import InputError
     from memcalc.model.hf_config import architecture_from_config
+    from memcalc.validation.trace_parallel import apply_layout, fake_process_group
     from memcalc.validation.trace_step import StepSpec, batch, build_model, traced_steps
 
     spec = StepSpec(seq_len, micro_batch, precision, optimizer_impl, recompute, attention)
     spec.check()
+    if world < 1 or fsdp_param_dtype not in (None, "bf16") or (fsdp_param_dtype and world == 1):
+        raise InputError(f"world {world} must be at least 1, fsdp_param_dtype None or 'bf16' (with world above 1)")
     arch = architecture_from_config(hf_config)
     modules = sorted({p.module.split(".")[-1] for p in projections(arch) if p.names[0] in lora.targets})
     torch.manual_seed(0)
-    with FakeTensorMode() if fake else contextlib.nullcontext():
+    with fake_process_group(world, 1) as mesh, FakeTensorMode() if fake else contextlib.nullcontext():
         model = build_model(hf_config, spec)
         cfg = LoraConfig(r=lora.rank, lora_alpha=2 * lora.rank, target_modules=modules, lora_dropout=0.0, bias="none")
         peft_model = get_peft_model(model, cfg, autocast_adapter_dtype=False)
         model.enable_input_require_grads()
+        if world > 1:
+            model = apply_layout(model, mesh, dp=world, tp=1, fsdp=True, mp_bf16=fsdp_param_dtype == "bf16")
         trainable = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=1e-4, foreach=optimizer_impl == "foreach",
                                       fused=optimizer_impl == "fused")
         ids, pos = batch(hf_config, spec)
         tracker = traced_steps(model, optimizer, ids, pos, spec, steps)
-    result = tracker.result(f"lora r={lora.rank} {','.join(lora.targets)} {precision} {attention}", tracker.seconds)
+    layout = f" fsdp2 world={world}{' mp=bf16' if fsdp_param_dtype else ''}" if world > 1 else ""
+    result = tracker.result(f"lora r={lora.rank} {','.join(lora.targets)} {precision} {attention}{layout}",
+                            tracker.seconds)
     del peft_model, model, optimizer
     return result
