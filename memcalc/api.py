@@ -115,18 +115,15 @@ def compare(
     if not chosen:
         raise InputError("--strategies is empty; name at least one, e.g. zero-2,zero-3,FULL_SHARD")
     strategies_ = [s if isinstance(s, Strategy) else parse_strategy(s, shard_group) for s in chosen]
+    inputs = None
     if kwargs.get("accounting", "auto") == "auto":
-        # One accounting for every row: the realistic one only where it covers every strategy compared.
-        from memcalc.memory.scope import STRATEGIES as REALISTIC
-
-        if any(s.name not in REALISTIC for s in strategies_):
-            kwargs["accounting"] = "paper"
-        elif kwargs.get("lora_rank") is not None and any(s.name != "ddp" for s in strategies_):
-            kwargs["accounting"] = "paper"  # the realistic accounting models LoRA on one GPU or DDP only
-    first = build_input(params, strategy=strategies_[0], **kwargs)  # type: ignore[arg-type]
-    if kwargs.get("accounting", "auto") == "auto":  # each row's accounting follows its strategy
-        inputs = [first, *(build_input(params, strategy=s, **kwargs) for s in strategies_[1:])]  # type: ignore[arg-type]
-    else:  # one accounting: the rows differ in the strategy alone (the input's checks run again for each)
+        # One accounting for every row: the realistic one where it covers every strategy compared (each row's input
+        # says whether it does: memcalc.memory.scope.why_not), else the paper's for all of them.
+        inputs = [build_input(params, strategy=s, **kwargs) for s in strategies_]  # type: ignore[arg-type]
+        if any(inp.accounting != "realistic" for inp in inputs):
+            kwargs["accounting"], inputs = "paper", None
+    if inputs is None:  # one accounting: the rows differ in the strategy alone (the input's checks run again for each)
+        first = build_input(params, strategy=strategies_[0], **kwargs)  # type: ignore[arg-type]
         inputs = [first, *(dataclasses.replace(first, strategy=s) for s in strategies_[1:])]
     rows = [estimate_from_input(inp) for inp in inputs]
     return Comparison(estimates=rows)

@@ -56,6 +56,22 @@ def test_compare_defaults_to_every_strategy():
     assert {e.strategy.name for e in c.estimates} == set(memcalc.STRATEGIES) - {"zero-0"}
 
 
+def test_compare_rows_share_the_realistic_accounting_where_it_covers_them_all():
+    """ZeRO-2, ZeRO-3 and FSDP on a shaped bf16-mixed model are all answered realistically, each row equal to its own
+    estimate; adding DDP (bf16-mixed: a master-weight regime the realistic accounting leaves to the paper) turns every
+    row to the paper's accounting."""
+    kw = dict(hf_config="tests/data/h100/llama-3.2-1b/config.json", seq_len=2048, micro_batch=4, precision="bf16-mixed",
+              gpus=8, gpu="h100")
+    c = memcalc.compare(strategies=["zero-2", "zero-3", "FULL_SHARD"], **kw)
+    assert [e.accounting for e in c.estimates] == ["realistic"] * 3
+    one = {"zero-2": dict(stage=2), "zero-3": dict(stage=3), "FULL_SHARD": dict(fsdp="FULL_SHARD")}
+    for e, name in zip(c.estimates, one):
+        alone = memcalc.estimate(**one[name], **kw)
+        assert (e.accounting, e.memory.per_gpu.total) == (alone.accounting, alone.memory.per_gpu.total)
+    mixed = memcalc.compare(strategies=["ddp", "zero-2", "FULL_SHARD"], **kw)
+    assert {e.accounting for e in mixed.estimates} == {"paper"}
+
+
 def test_compare_rejects_a_single_strategy_argument():
     with pytest.raises(ValueError, match="compare takes strategies"):
         memcalc.compare(params=7e9, gpus=8, stage=3)
