@@ -444,44 +444,51 @@ def test_estimates_answer_fsdp1_cpu_offload():
     assert host["gradients"] == host["master_weights"] and host["optimizer_moments"] == 2 * host["master_weights"]
 
 
-LORA_FSDP = [  # (config, ranks, precision, MixedPrecisionPolicy param dtype, targets, optimizer)
-    ("l4", 4, "fp32", None, ("q", "v"), "fused"),
-    ("l4", 4, "amp-bf16", "bf16", ("q", "v"), "fused"),
-    ("l4", 8, "amp-bf16", "bf16", ("q", "k", "v", "o"), "foreach"),
-    ("l4", 4, "bf16", None, ("q", "k", "v", "o", "gate", "up", "down"), "fused"),
-    ("bigvocab", 4, "amp-bf16", "bf16", ("q", "v"), "fused"),
-    ("qwen3", 4, "fp32", None, ("q", "v"), "foreach"),
+ALL = ("q", "k", "v", "o", "gate", "up", "down")
+LORA_FSDP = [  # (config, ranks, precision, MixedPrecisionPolicy param dtype, targets, optimizer, recompute, bound)
+    ("l4", 4, "fp32", None, ("q", "v"), "fused", "none", 0.03),
+    ("l4", 4, "amp-bf16", "bf16", ("q", "v"), "fused", "none", 0.03),
+    ("l4", 8, "amp-bf16", "bf16", ("q", "k", "v", "o"), "foreach", "none", 0.03),
+    ("l4", 4, "bf16", None, ALL, "fused", "none", 0.03),
+    ("bigvocab", 4, "amp-bf16", "bf16", ("q", "v"), "fused", "none", 0.03),
+    ("qwen3", 4, "fp32", None, ("q", "v"), "foreach", "none", 0.03),
+    ("l4", 4, "amp-bf16", "bf16", ("q", "v"), "fused", "full", 0.03),
+    ("l4", 4, "fp32", None, ALL, "fused", "full", 0.06),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("name,world,precision,mp,targets,opt", LORA_FSDP)
-def test_lora_under_fsdp2_against_a_traced_peft_step(name, world, precision, mp, targets, opt):
+@pytest.mark.parametrize("name,world,precision,mp,targets,opt,recompute,bound", LORA_FSDP)
+def test_lora_under_fsdp2_against_a_traced_peft_step(name, world, precision, mp, targets, opt, recompute, bound):
     """peft LoRA under FSDP2 FULL_SHARD (accelerate's FSDP2 plugin), traced as rank 0 on real tensors: every parameter
     sharded and gathered, frozen base and adapters alike; the adapters' gradients reduce-scattered and AdamW's state
-    theirs alone. The states (baseline, optimizer, zero_grad), the loss and the head are exact. The layers' backward
+    theirs alone. The states (baseline, optimizer, zero_grad) are exact, and without recompute the loss and the head
+    too. The layers' backward
     counts the full model's MLP-gradient transient, as on one GPU (``memcalc.memory.timeline_layers``: an upper
-    bound), which under FSDP is where the step peaks: the peak is within 3 % above the trace, never below it."""
+    bound), which under FSDP is where the step peaks: the peak is within 3 % above the trace (5.1 % in fp32 with
+    every projection adapted and full recompute), never below it."""
     pytest.importorskip("peft")
     from memcalc.model.lora import LoraPlan
     from memcalc.validation.lora import trace_lora_step
 
     cfg, lp = CONFIGS[name], LoraPlan(8, targets)
     tr = trace_lora_step(cfg, lp, seq_len=S, micro_batch=B, precision=precision, optimizer_impl=opt, fake=False,
-                         world=world, fsdp_param_dtype=mp)  # fmt: skip
+                         world=world, fsdp_param_dtype=mp, recompute=recompute)  # fmt: skip
     # one GPU computing as the gathered layers do: pure bf16 under the bf16 MixedPrecisionPolicy
     alike = "bf16" if mp else precision
-    one = trace_lora_step(cfg, lp, seq_len=S, micro_batch=B, precision=alike, optimizer_impl=opt, fake=False)
+    one = trace_lora_step(cfg, lp, seq_len=S, micro_batch=B, precision=alike, optimizer_impl=opt, fake=False,
+                          recompute=recompute)  # fmt: skip
     arch = architecture_from_config(cfg)
-    kw = dict(family=cfg["model_type"], attention="sdpa", s=S, b=B, optimizer_impl=opt, lora=lp)
+    kw = dict(family=cfg["model_type"], attention="sdpa", s=S, b=B, optimizer_impl=opt, lora=lp, recompute=recompute)
     tl = timeline(arch, regime=precision, world=world, fsdp=True, fsdp_param_dtype=mp, **kw)
     alone = timeline(arch, regime=alike, **kw)
-    for phase in ("baseline", "input", "forward.head", "loss", "backward", "optimizer", "zero_grad"):
+    exact_phases = ("baseline", "input", "optimizer", "zero_grad")  # the states
+    for phase in exact_phases + (("forward.head", "loss", "backward") if recompute == "none" else ()):
         assert tl.phase_peaks[phase] == tr.phase_peaks[phase], phase
     # the layers' backward: above the trace by what the timeline counts above a one-GPU peft step there
     for i in range(1, arch.layers):
         phase = f"backward.layer.{i}"
         assert tl.phase_peaks[phase] - tr.phase_peaks[phase] == alone.phase_peaks[phase] - one.phase_peaks[phase]
-    assert tr.peak <= tl.peak.live_bytes <= 1.03 * tr.peak
+    assert tr.peak <= tl.peak.live_bytes <= (1 + bound) * tr.peak
     assert tr.baseline < one.baseline  # sharded: the frozen base too
 
 

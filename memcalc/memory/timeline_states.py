@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 from memcalc.errors import InputError
 from memcalc.frozen import frozen
 from memcalc.layout.compose import check_wrap
@@ -350,7 +349,7 @@ class FsdpOverlay:
         all-reduced across them: ``_fsdp_collectives.foreach_reduce``). ``reduce_fp32``: gradients reduced in fp32
         under a bf16 ``param_dtype`` (torchtitan's ``mixed_precision_reduce``). ``flat``: FSDP1 (``flat_units``),
         units per decoder layer and the root only (HYBRID_SHARD: the shard group's step, its all-reduce holding no
-        buffer, traced). ``lora``: peft adapters on a frozen base (``lora_units``), FSDP2 with the root wrap."""
+        buffer, traced). ``lora``: peft adapters on a frozen base (``lora_overlay``), FSDP2 with the root wrap."""
         if world < 1:
             raise InputError(f"world {world} must be at least 1 (FSDP2 ranks)")
         if param_dtype not in (None, "bf16"):
