@@ -610,8 +610,9 @@ def lora_overlay(arch: Architecture, family: str, width: int, gathered: int, wor
 
 FSDP_OFFLOADED = ("parameters", "optimizer states", "gradient shards of the layers above", "gradients (shards)",
                   "step temporaries")
-"""The FSDP2 timeline's parts that ``CPUOffloadPolicy`` keeps in host memory: the fp32 sharded parameters, AdamW's
-moments, the reduced gradient shards and the step (``offload_fsdp``)."""
+"""The FSDP timeline's parts that parameter offload keeps in host memory: the sharded parameters, AdamW's moments,
+the reduced gradient shards and the step (FSDP2's ``CPUOffloadPolicy``: ``offload_fsdp``; FSDP1's ``CPUOffload``:
+``offload_fsdp1``)."""
 
 
 def offload_fsdp(moments: tuple, arch: Architecture, world: int) -> list[tuple[str, str, list[tuple[str, int]]]]:
