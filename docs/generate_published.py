@@ -93,8 +93,9 @@ TORCHTITAN = [
 # float8 with fp8 all-gathers, async TP). torchtitan of that date split the local batch into pp-degree micro-batches
 # (``pipeline_parallel_microbatches`` unset: torchtitan/distributed/pipelining_utils.py), so Table 5's local batch 32
 # ran as 8 micro-batches of 4 and Table 6's 8 as 8 of 1; its default split of 126 layers is 15,16,...,16,15 (1F1B)
-# and 7,8,...,8,7 over 16 stages (interleaved, two per rank). The pipeline's stages are answered by the paper
-# accounting: these rows show the gap that a realistic pipeline stage has to close (docs/timeline.md).
+# and 7,8,...,8,7 over 16 stages (interleaved, two per rank). The pipeline ranks' steps are replayed by the realistic
+# accounting (memory/timeline_pp.py); Table 6's CP rows, sequence parallelism with context parallelism, take the paper
+# accounting (docs/timeline.md).
 PP = TITAN | dict(model="llama-3-405b", gpus=512, tp=8, pp=8, sequence_parallel=True, recompute="full", compile=True,
                   float8="tensorwise", float8_all_gather=True)  # fmt: skip
 TORCHTITAN_PP = [
@@ -129,12 +130,13 @@ def main() -> None:
         got = (r.memory.per_gpu.peak_reserved or r.memory.per_gpu.total) / GiB
         print(f"| {name} | {measured:.1f} | {got:.2f} | {(got - measured) / measured * 100:+.1f} % | {r.accounting} |")
     print()
-    print("| torchtitan 405B run | measured GiB (reserved, most loaded rank) | memcalc total GiB (most loaded stage) "
+    print("| torchtitan 405B run | measured GiB (reserved, most loaded rank) | memcalc peak_reserved GiB (most loaded "
+          "stage) "
           "| error | stage | accounting |")
     print("|---|---|---|---|---|---|")
     for name, measured, kw in TORCHTITAN_PP:
         r = memcalc.estimate(**kw)
-        got = r.memory.per_gpu.total / GiB
+        got = (r.memory.per_gpu.peak_reserved or r.memory.per_gpu.total) / GiB
         print(f"| {name} | {measured:.1f} | {got:.2f} | {(got - measured) / measured * 100:+.1f} % | "
               f"{r.memory.most_loaded_stage} | {r.accounting} |")
 

@@ -51,16 +51,19 @@ class Evaluation(NamedTuple):
         return self.stages[self.top].total
 
 
-def _realistic(plan: Plan) -> tuple[StageLoad, Any]:
-    """One GPU's peak over the step's timeline (the realistic accounting: its rows include the overheads)."""
+def _realistic(plan: Plan, stage: int = 0) -> tuple[StageLoad, Any]:
+    """One GPU's peak over the step's timeline (the realistic accounting: its rows include the overheads); under
+    pipeline parallelism, pipeline rank ``stage``'s."""
     from memcalc.memory import realistic
 
-    r = realistic.evaluate(plan)
+    r = realistic.evaluate(plan, stage)
     ms = sum(x.bytes for x in r.rows if x.category == "model_state")
     a = sum(x.bytes for x in r.rows if x.category == "activation")
     assert plan.arch is not None
-    psi = paper.param_groups(plan, 0)[0]
-    return StageLoad(0, psi, plan.arch.layers, 1.0, ms, a, sum(x.bytes for x in r.rows)), r
+    psi = paper.param_groups(plan, stage)[0]
+    layers = paper.layer_count(plan, stage) if plan.pp > 1 else plan.arch.layers
+    flight = paper.activation_rows(plan, stage, paper.setting(plan))[1] if plan.pp > 1 else 1.0
+    return StageLoad(stage, psi, layers, flight, ms, a, sum(x.bytes for x in r.rows)), r
 
 
 def _host_rows(plan: Plan) -> list[Row]:
@@ -151,9 +154,11 @@ def evaluate(plan: Plan) -> Evaluation:
     st = paper.setting(plan)
     real = None
     if plan.accounting == "realistic":
-        load, real = _realistic(plan)
+        found = [_realistic(plan, k) for k in range(plan.pp)]
+        stages = [load for load, _ in found]
+        top = max(range(plan.pp), key=lambda k: (stages[k].total, -k))
+        real = found[top][1]
         gpu_rows, host_rows, issued = real.rows, _host_rows(plan), []
-        stages, top = [load], 0
     elif plan.pp == 1:
         load, gpu_rows, host_rows, issued = _stage(plan, 0, st)
         stages, top = [load], 0

@@ -349,7 +349,7 @@ def test_float8_all_gather_keeps_the_pipeline_stage_gathered_in_fp8():
     from memcalc.model.float8 import layer_weights
 
     kw = dict(model="llama-3-8b", gpus=16, pp=2, fsdp="FULL_SHARD", fsdp_version=2, seq_len=2048, grad_accum=4,
-              gpu="h100", framework="torchtitan", precision="bf16-mixed", float8="tensorwise")
+              gpu="h100", framework="torchtitan", precision="bf16-mixed", float8="tensorwise", accounting="paper")
     plain = memcalc.estimate(**kw)
     fp8 = memcalc.estimate(**kw, float8_all_gather=True)
     rows = lambda e: {r.key: r.bytes for r in e.memory.per_gpu.rows}  # noqa: E731

@@ -36,14 +36,14 @@ def test_the_interleaved_peak_follows_the_schedule() -> None:
 
 def test_interleaving_holds_less_than_1f1b_by_what_torchtitan_measured() -> None:
     # torchtitan's Table 5 (benchmarks/llama3_h100_202412_torchtitan.md: 405B, FSDP 8 x TP 8 x PP 8, 8 micro-batches
-    # of 4 x 8192): 1F1B 82.5 GiB, interleaved 72.7 GiB, 9.8 GiB apart. Both are answered by the paper accounting
-    # (below either figure: docs/timeline.md). What the schedule decides, the checkpoints in flight and the unsharded
+    # of 4 x 8192): 1F1B 82.5 GiB, interleaved 72.7 GiB, 9.8 GiB apart. The paper accounting's rows (the realistic
+    # replay: tests/test_pipeline_realistic.py; both below either figure: docs/timeline.md). What the schedule decides, the checkpoints in flight and the unsharded
     # gradients alive beside them, is 10.2 GiB apart here; the interleaved rank's second stage has receive buffers
     # and stage outputs of its own (torch_stage_rows), which leave the totals 6.9 GiB apart
     kw = dict(framework="torchtitan", gpu="h100-96g", precision="bf16-mixed", fsdp="FULL_SHARD", fsdp_version=2,
               attention="flash", model="llama-3-405b", seq_len=8192, gpus=512, tp=8, pp=8, sequence_parallel=True,
               recompute="full", compile=True, float8="tensorwise", float8_all_gather=True, micro_batch=4,
-              grad_accum=8)  # fmt: skip
+              grad_accum=8, accounting="paper")  # fmt: skip
     plain, inter = memcalc.estimate(**kw).memory, memcalc.estimate(**kw, virtual_stages=2).memory
 
     def scheduled(m) -> int:

@@ -61,7 +61,13 @@ _KEYS = {"parameters": ("parameters", "model_state"),
          "fp32 master partitions": ("master_weights", "model_state"),
          "gradient partitions (bf16)": ("gradients", "model_state"),
          "persistent parameters (whole)": ("parameters_persistent", "model_state"),
-         "gathered parameters": ("gathered_parameters", "model_state"), "cuBLAS workspaces (forward, backward threads)":
+         "gathered parameters": ("gathered_parameters", "model_state"),
+         "parameters (fp32 shards)": ("parameters", "model_state"), "parameters (shards)": ("parameters", "model_state"),
+         "parameters (gathered)": ("gathered_parameters", "model_state"),
+         "gradient accumulators (unsharded)": ("gradients", "model_state"),
+         "layer's new gradients (before its post-backward)": ("gradients_new", "model_state"),
+         "reduce-scatter input (one unit)": ("gradient_buckets", "model_state"),
+         "cuBLAS workspaces (forward, backward threads)":
          ("cublas_workspace", "overhead")}
 
 
@@ -79,6 +85,21 @@ _DETAIL = (
                              "(_fsdp_collectives.py foreach_reduce)"),
     ("float8 backward casts", "torchao Float8Linear, eager: the down projection's backward casts, 9 bytes per element "
                               "being cast beside the fp8 copies (model/float8.py eager_backward)"),
+    ("gradient accumulators", "pipelining with FSDP2: the stage's unsharded gradients in the reduce dtype, from its "
+                              "first backward to perform_reduce_grad (FSDPParam.to_accumulated_grad_if_needed; "
+                              "stage.py backward_maybe_with_nosync)"),
+    ("parameters (gathered)", "pipelining with FSDP2: every unit of the stage kept gathered from its first forward to "
+                              "perform_reduce_grad (reshard_after_forward=False, set_reshard_after_backward(False))"),
+    ("micro-batches in flight", "pipelining: what the layers of each micro-batch in flight save, and its stage output "
+                                "(stage.py fwd_cache), for the schedule's micro-batches before their backward"),
+    ("receive buffers", "pipelining: one input per micro-batch and one output gradient per micro-batch, made by the "
+                        "first step and kept (stage.py _setup_forward_recv_info, _create_grad_recv_info)"),
+    ("stage input gradients", "pipelining: each finished backward's received-input .grad, cleared when the next step "
+                              "starts (stage.py clear_runtime_states)"),
+    ("kept by fwd_cache", "pipelining's last stage: the micro-batch's logits, referenced by fwd_cache until its "
+                          "backward returns"),
+    ("new gradients", "the layer's weight gradients in the compute dtype until its post-backward adds them to the "
+                      "accumulators"),
     ("all-gathered", "DTensor tensor parallelism: a tensor all-gathered over the tensor-parallel ranks, whole on "
                      "every rank (memory/timeline_tp.py)"),
     ("gathered", "ZeRO-3: what the coordinator holds gathered at this moment, replayed hook by hook (memory/zero3.py)"),
@@ -154,12 +175,15 @@ def _reduce_fp32(plan: Plan) -> bool:
     return plan.precision.name == "bf16-mixed" and composition(plan.framework).fsdp_reduce_fp32
 
 
-def evaluate(plan: Plan) -> Realistic:
-    """The realistic peak of one GPU for ``plan`` (which ``memcalc.memory.scope.why_not`` accepts)."""
+def evaluate(plan: Plan, stage: int = 0) -> Realistic:
+    """The realistic peak of one GPU for ``plan`` (which ``memcalc.memory.scope.why_not`` accepts); under pipeline
+    parallelism, of pipeline rank ``stage``."""
     from memcalc.memory.timeline import timeline
 
     arch, w, p = plan.arch, plan.work, plan.precision
     assert arch is not None and w is not None
+    if plan.pp > 1:
+        return _pipeline_rank(plan, stage)
     if plan.spec.name in ZERO_STAGES:
         from memcalc.memory.timeline_zero import zero_timeline, worst_rank
 
@@ -216,6 +240,44 @@ def evaluate(plan: Plan) -> Realistic:
     return _finish(plan, tl, allocated, extra, comm_groups=(plan.dp > 1) + (plan.tp > 1) + hsdp)
 
 
+def _pipeline_rank(plan: Plan, stage: int) -> Realistic:
+    """Pipeline rank ``stage`` with FSDP2 inside its stages (``memcalc.memory.timeline_pp``): its chunks' layers
+    (``--stage-layers``, else the framework's split), its schedule (1F1B, or interleaved with --virtual-stages)."""
+    from memcalc.memory.timeline_pp import stage_timeline
+
+    arch, w, p = plan.arch, plan.work, plan.precision
+    assert arch is not None and w is not None
+    policy = "bf16" if p.name == "bf16-mixed" else None
+    tl = stage_timeline(arch, family=arch.family or "", regime="fp32" if policy else REGIME[p.name],
+                        attention=ATTENTION[w.attention], s=w.seq_len // plan.cp, b=w.micro_batch, pp=plan.pp,
+                        rank=stage, micro_batches=plan.grad_accum, chunks=_rank_chunks(plan, stage),
+                        recompute=w.recompute, optimizer_impl=w.optimizer_impl, loss=w.loss, device=w.device,
+                        code=_code(plan), tp=plan.tp, sequence_parallel=plan.sequence_parallel, compiled=w.compile,
+                        loss_compiled=_loss_compiled(plan), float8=plan.float8,
+                        float8_all_gather=plan.float8_all_gather, world=plan.shard_group_size,
+                        fsdp_param_dtype=policy, fsdp_reduce_fp32=_reduce_fp32(plan))  # fmt: skip
+    # communicators: the data-parallel (shard) group's, the tensor-parallel group's, the pipeline's
+    return _finish(plan, tl, tl.peak.live_bytes, 0, comm_groups=(plan.shard_group_size > 1) + (plan.tp > 1) + 1)
+
+
+def _rank_chunks(plan: Plan, stage: int) -> tuple[range, ...]:
+    """The decoder layers of each local chunk of pipeline rank ``stage`` (torch's looped placement: global stage
+    ``stage + c·pp``); ``memcalc.memory.paper.stage_chunks`` gives them for an explicit or a framework's split."""
+    from memcalc.memory.paper import stage_chunks
+
+    chunks = stage_chunks(plan, stage)
+    if len(chunks) == plan.virtual_stages:
+        return chunks
+    # one range for the rank's layers under an even split: the rank's chunks of the even split over pp·v stages
+    assert plan.arch is not None
+    total, stages = plan.arch.layers, plan.pp * plan.virtual_stages
+    sizes = [total // stages + (k < total % stages) for k in range(stages)]
+    starts = [sum(sizes[:k]) for k in range(stages)]
+    out = tuple(range(starts[stage + c * plan.pp], starts[stage + c * plan.pp] + sizes[stage + c * plan.pp])
+                for c in range(plan.virtual_stages))
+    return out
+
+
 def _finish(plan: Plan, tl: Any, allocated: int, ddp_buckets: int, comm_groups: int) -> Realistic:
     """Rows of the peak moment, the allocator's, the context's and NCCL's, and the verdict."""
     from memcalc.memory.allocator import GAP_FRACTION, GAP_HIGH, fit, nccl_buffers
@@ -259,7 +321,7 @@ def _finish(plan: Plan, tl: Any, allocated: int, ddp_buckets: int, comm_groups: 
     if comm:
         rows.append(Row("nccl_buffers", "NCCL buffers", comm, "gpu", "overhead",
                         "NCCL_BUFFSIZE 4 MiB x 16 channels x 2 ring peers per communicator (data-parallel, "
-                        "tensor-parallel), outside the allocator"))
+                        "tensor-parallel, pipeline), outside the allocator"))
     phases: dict[str, int] = {}
     for name, n in tl.phase_peaks.items():
         key = name.split(".")[0]
@@ -328,7 +390,9 @@ def notes(plan: Plan) -> list[str]:
         policy = ("MixedPrecisionPolicy(param_dtype=bf16"
                   + (", reduce_dtype=fp32" if _reduce_fp32(plan) else "") + ") over fp32 shards"
                   if plan.precision.name == "bf16-mixed" else "no MixedPrecisionPolicy")
-        gathered = ("each layer kept gathered from its forward to its post-backward (reshard_after_forward=False), "
+        gathered = ("every unit of the stage kept gathered from its first forward to perform_reduce_grad, the "
+                    "gradients accumulated unsharded until then" if plan.pp > 1 else
+                    "each layer kept gathered from its forward to its post-backward (reshard_after_forward=False), "
                     "so the backward gathers nothing" if plan.spec.param_gather == "forward"
                     else "one layer gathered and the next prefetched")
         replicas = (f"; HSDP: {plan.dp // plan.shard_group_size} replicas of the shards, each reduced shard "
@@ -376,6 +440,15 @@ def notes(plan: Plan) -> list[str]:
         if plan.shard_group_size == 1:
             out.append(f"{plan.spec.name} on one rank: counted as a world of N holds its gathered layers; a traced world of 1 "
                        "holds up to one layer's parameters less (an upper bound, within 8 %)")
+    if plan.pp > 1:
+        sched = (f"ScheduleInterleaved1F1B, {plan.virtual_stages} chunks per rank (each reduced after its own last "
+                 "backward)" if plan.virtual_stages > 1 else "Schedule1F1B (warm-up min(n, pp - rank) forwards)")
+        out.append(f"pp {plan.pp}: each pipeline rank's step replayed action by action as torch.distributed.pipelining "
+                   f"runs it ({sched}, {plan.grad_accum} micro-batches; memory/timeline_pp.py, against a traced "
+                   "pipeline rank): FSDP2 inside the stage with reshard_after_forward=False and gradient sync off "
+                   "until perform_reduce_grad, each micro-batch in flight with its saved tensors and stage output, "
+                   "the receive buffers and the received inputs' gradients kept, the last stage's logits kept "
+                   "through the loss's backward; the most loaded rank is shown, every rank in the stage table")
     if plan.tp > 1 and plan.framework == "torchtitan":
         out.append("torchtitan's own layers under tensor parallelism are counted as Hugging Face's Llama layers: with "
                    "full recompute each keeps its checkpoint either way; the recomputed layer's transients are HF's")

@@ -94,11 +94,15 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
                 "models what Hugging Face runs: amp-bf16 (Trainer(bf16=True)), amp-fp16, bf16, fp32")
     if optimizer not in OPTIMIZER_STATES:
         return f"--optimizer {optimizer}: the realistic accounting models AdamW (torch, or bitsandbytes 8-bit)"
-    if strategy not in STRATEGIES or max(pp, ep) > 1 or (cp > 1 and strategy not in FSDP_SHARDED):
+    if strategy not in STRATEGIES or ep > 1 or (max(pp, cp) > 1 and strategy not in FSDP_SHARDED):
         return ("the realistic accounting covers one GPU, DDP, FSDP1 and FSDP2 (FULL_SHARD, SHARD_GRAD_OP, "
                 "HYBRID_SHARD, _HYBRID_SHARD_ZERO2), DDP and FSDP2 with DTensor tensor parallelism, and context "
-                "parallelism under FSDP2, so far; other sharded and model-parallel layouts (pipeline, expert, context "
-                "without FSDP) take the paper's")
+                "and pipeline parallelism under FSDP2, so far; other sharded and model-parallel layouts (expert, "
+                "pipeline or context without FSDP) take the paper's")
+    if pp > 1:
+        why = _why_not_pp(arch, precision, strategy, work, fsdp_version, lora, framework)
+        if why is not None:
+            return why
     compiled = getattr(work, "compile", False)
     if tp > 1 and sequence_parallel and (ATTENTION.get(work.attention) != "sdpa" or arch.tied_embeddings
                                          or getattr(work, "loss", "standard") != "standard"
@@ -127,6 +131,27 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
 ZERO_STAGES = ("zero-0", "zero-1", "zero-2")
 """DeepSpeed stages whose step is modelled by ``memcalc.memory.timeline_zero``; ZeRO-3's by
 ``memcalc.memory.timeline_zero3`` (both against traced DeepSpeed steps on CPU ranks)."""
+
+
+def _why_not_pp(arch: Any, precision: str, strategy: str, work: Any, fsdp_version: int, lora: Any,
+                framework: str | None) -> str | None:  # fmt: skip
+    """Pipeline stages are modelled as torch.distributed.pipelining runs them with FSDP2 inside each stage
+    (torchtitan: ``memcalc.memory.timeline_pp``)."""
+    from memcalc.layout.compose import composition
+    from memcalc.memory.saved import LLAMA_STYLE
+
+    if not composition(framework).fsdp_in_pipeline or fsdp_version != 2 or strategy not in ("FULL_SHARD",
+                                                                                          "SHARD_GRAD_OP"):
+        return ("--pp: the realistic accounting models torch.distributed.pipelining with FSDP2 (FULL_SHARD or "
+                "SHARD_GRAD_OP) inside each stage, as --framework torchtitan composes them")
+    if arch.family not in LLAMA_STYLE or arch.tied_embeddings or lora is not None:
+        return (f"--pp: the realistic pipeline stage models untied {', '.join(LLAMA_STYLE)} layers without LoRA "
+                "(got " + (arch.family or "unset") + (", tied embeddings" if arch.tied_embeddings else "")
+                + (", LoRA" if lora is not None else "") + ")")
+    if precision not in ("bf16-mixed", "bf16", "fp32") or getattr(work, "loss", "standard") != "standard":
+        return ("--pp: the realistic pipeline stage models bf16-mixed (FSDP2's bf16 policy), bf16 or fp32 and the "
+                "standard loss")
+    return None
 
 
 def _why_not_zero(arch: Any, precision: str, optimizer: str, strategy: str, work: Any, parallel: int,

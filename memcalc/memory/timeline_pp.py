@@ -1,0 +1,286 @@
+"""The live bytes of one pipeline rank over one optimizer step: FSDP2 inside the stages, as torchtitan runs them.
+
+torch.distributed.pipelining (torch 2.13 ``stage.py``, ``schedules.py``) with ``fully_shard`` on each stage's decoder
+layers and on the stage (torchtitan ``parallelize``: ``reshard_after_forward`` is False under pipelining), replayed
+action by action over the rank's schedule:
+
+- **Parameters**: each unit is all-gathered at the first forward of its micro-batches and stays gathered (no
+  reshard after forward; ``backward_maybe_with_nosync`` turns ``set_reshard_after_backward`` off) until
+  ``perform_reduce_grad`` after the stage's last backward.
+- **Gradients**: every backward runs with ``set_requires_gradient_sync(False)``: a layer's new gradients (the compute
+  dtype) are added by its post-backward to unsharded accumulators, in FSDP's reduce dtype (``FSDPParam.
+  to_accumulated_grad_if_needed``: fp32 under torchtitan's ``mixed_precision_reduce``), alive from the stage's first
+  backward to ``perform_reduce_grad``, which reduce-scatters them unit by unit (each unit's flat reduce-scatter input
+  beside the accumulators not yet freed) into the sharded gradients the optimizer reads.
+- **Activations**: each micro-batch in flight keeps what its layers save (``memcalc.memory.timeline_layers``) and
+  its stage output (``fwd_cache``); the receive buffers (one input per micro-batch, one output gradient per
+  micro-batch) are made once and kept, the first layer's input is its receive buffer, and each finished backward
+  leaves the received input's ``.grad`` until the next step (``clear_runtime_states``).
+- **The last stage** computes the loss right after each forward and keeps the logits (``fwd_cache``) until that
+  micro-batch's backward, through the loss's backward; the first runs the embedding.
+
+Schedules: ``Schedule1F1B`` (warm-up ``min(n, pp - rank)`` forwards, then a backward and a forward while forwards
+remain, then the backwards) and ``ScheduleInterleaved1F1B`` (``memcalc.memory.pipeline.interleaved_ops``; each
+chunk reduces after its own last backward). Checked against a traced pipeline rank
+(``memcalc.validation.trace_pipeline``: torch's own ``PipelineStage`` and schedule on fake tensors, one process as
+one rank of the fake process group).
+"""
+
+from __future__ import annotations
+
+from memcalc.errors import InputError
+from memcalc.memory.pipeline import interleaved_ops, receive_buffers
+from memcalc.memory.saved import LLAMA_STYLE, loss_transient, shape
+from memcalc.memory.timeline import CUBLAS_WORKSPACE, Moment, Timeline, _chunk, _head, _moment
+from memcalc.memory.timeline_layers import checkpointed, layer_sizes, parse_recompute
+from memcalc.memory.timeline_states import buffer_bytes, param_tensors, shard_elements
+from memcalc.memory.timeline_tp import norm_backward, parallel_loss, rank_arch, sp_rank_arch
+
+
+def one_f_one_b(rank: int, pp: int, n: int) -> list[tuple[bool, int]]:
+    """The actions of pipeline rank ``rank`` under torch's ``Schedule1F1B`` (schedules.py ``_step_microbatches``):
+    ``min(n, pp - rank)`` warm-up forwards, then a backward and a forward while forwards remain, then the rest of the
+    backwards. (backward?, local chunk 0)."""
+    warm = min(n, pp - rank)
+    ops: list[tuple[bool, int]] = [(False, 0)] * warm
+    for k in range(n):
+        ops.append((True, 0))
+        if warm + k < n:
+            ops.append((False, 0))
+    return ops
+
+
+def _units(arch, world: int, fp8_gather: bool):
+    """(unsharded elements, rank 0's shard elements, gathered bytes per element at width g -> callable) of one
+    decoder layer, of the embedding side and of the head side (final norm and head), and the tensors of each."""
+    from memcalc.model.float8 import CONVERTED
+
+    tensors = param_tensors(arch)
+    out = {}
+    for part, pred in (("layer", lambda nm: nm.startswith("layer 0 ")),
+                       ("embed", lambda nm: nm == "embedding" or nm.startswith(("position embedding", "embedding norm"))),
+                       ("head", lambda nm: nm == "head" or nm.startswith("final norm"))):
+        sel = [(nm, n) for nm, n in tensors if pred(nm)]
+        shard = sum(shard_elements(arch, nm, n, world) for nm, n in sel)
+        fp8 = (sum(world * shard_elements(arch, nm, n, world) for nm, n in sel if nm[len("layer 0 "):] in CONVERTED)
+               if fp8_gather and part == "layer" else 0)
+        out[part] = (sum(n for _, n in sel), shard, fp8, len(sel))
+    return out
+
+
+def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b: int, pp: int, rank: int,
+                   micro_batches: int, chunks: tuple[range, ...], recompute: str = "full",
+                   optimizer_impl: str = "fused", loss: str = "standard", device: str = "cuda", code: str = "hf",
+                   tp: int = 1, sequence_parallel: bool = False, compiled: bool = False,
+                   loss_compiled: bool | None = None, float8: str = "none", float8_all_gather: bool = False,
+                   world: int = 1, fsdp_param_dtype: str | None = "bf16",
+                   fsdp_reduce_fp32: bool = False) -> Timeline:  # fmt: skip
+    """Moments of pipeline rank ``rank`` of ``pp`` over one step of ``micro_batches`` micro-batches of ``b`` x ``s``
+    tokens, FSDP2 over ``world`` ranks inside the stage. ``chunks``: the decoder layers of each of the rank's local
+    model chunks (global stage ``rank + c·pp``, torch's looped placement); one chunk: ``Schedule1F1B``, more:
+    ``ScheduleInterleaved1F1B``. The other arguments are ``memcalc.memory.timeline.timeline``'s. Parameters and
+    gradients are FSDP2's under ``MixedPrecisionPolicy(param_dtype=fsdp_param_dtype)``: fp32 shards (or the
+    regime's width), gathered in the param dtype, accumulated in fp32 under ``fsdp_reduce_fp32``."""
+    v, n = len(chunks), micro_batches
+    if pp < 2 or not 0 <= rank < pp or v < 1 or n < 1:
+        raise InputError(f"pipeline rank {rank} of {pp} with {v} chunk(s) and {n} micro-batch(es): give pp >= 2, "
+                         "0 <= rank < pp, at least one chunk and one micro-batch")
+    if v > 1 and n % pp:
+        raise InputError(f"the interleaved schedule needs micro-batches ({n}) divisible by pp ({pp})")
+    if regime == "amp-bf16" and fsdp_param_dtype is None:
+        raise InputError("a pipeline stage is modelled under FSDP2's bf16 policy, fp32 or pure bf16, not autocast")
+    policy = parse_recompute(recompute)
+    sp = tp if sequence_parallel else 1
+    ra = arch if tp == 1 else (sp_rank_arch(arch, tp, family) if sequence_parallel else rank_arch(arch, tp, family))
+    if arch.tied_embeddings:
+        raise InputError("pipeline stages are modelled for untied embeddings (the embedding and the head live on "
+                         "different stages)")
+    act = "bf16" if fsdp_param_dtype == "bf16" else regime
+    d = r = 2 if act == "bf16" else 4
+    width = 2 if regime == "bf16" else 4  # the sharded parameters' storage
+    g = 2 if fsdp_param_dtype == "bf16" else width  # gathered and computed
+    rw = 4 if fsdp_reduce_fp32 and g == 2 else g  # the accumulators'
+    x = shape(ra, s, b)
+    t, h = x.t, x.h
+    stages = pp * v
+    glob = [rank + c * pp for c in range(v)]
+    first = [gs == 0 for gs in glob]
+    last = [gs == stages - 1 for gs in glob]
+    u = _units(ra, world, float8_all_gather)
+    le, lsh, lfp8, lten = u["layer"]
+    ee, esh, _, eten = u["embed"]
+    he, hsh, _, hten = u["head"]
+
+    def chunk_elems(c: int) -> tuple[int, int, int, int]:  # unsharded, shard, gathered bytes, tensors
+        k = len(chunks[c])
+        un = k * le + ee * first[c] + he * last[c]
+        sh = k * lsh + esh * first[c] + hsh * last[c]
+        gathered = g * world * sh - k * (g - 1) * lfp8
+        return un, sh, gathered, k * lten + eten * first[c] + hten * last[c]
+
+    ce = [chunk_elems(c) for c in range(v)]
+    shard = sum(e[1] for e in ce)
+    tensors = sum(e[3] for e in ce)
+    gathered_c = [e[2] for e in ce]
+    layer_new = g * le  # one layer's new gradients, before its post-backward adds them
+    layers = {i: layer_sizes(ra, family=family, regime=act, attention=attention, s=s, b=b, policy=policy, index=i,
+                             device=device, code=code, compiled=compiled, sp=sp, float8=float8,
+                             float8_weight_cast=not float8_all_gather)
+              for ch in chunks for i in ch}  # fmt: skip
+    resid = r * t * h // sp  # a stage boundary: one micro-batch's residual stream (the rank's 1/sp of the sequence)
+
+    def kept(c: int, upto: int | None = None) -> int:
+        """One micro-batch's saved tensors of chunk c (its layers up to ``upto``), net of the first layer's input where
+        it is the receive buffer, plus the stage output ``fwd_cache`` keeps (not on the last stage: the logits)."""
+        ids = [i for i in chunks[c] if upto is None or i <= upto]
+        own = sum(layers[i].kept for i in ids) - (resid if ids and not first[c] and checkpointed(policy, ids[0]) else 0)
+        own += rotary if upto is not None else 0
+        return own + (resid if upto is None and not last[c] else 0)
+
+    # Hugging Face's rotary cos and sin, made once per stage forward (one row of positions) and referenced by every
+    # layer's saved tensors (or checkpointed arguments) of that micro-batch; torchtitan slices a buffer instead
+    rotary = 2 * s * x.rot * r if ra.position == "rotary" and code == "hf" else 0
+    full = [kept(c) + rotary for c in range(v)]
+    states = [("parameters (fp32 shards)" if width == 4 else "parameters (shards)", width * shard),
+              ("optimizer states", 2 * width * shard + 4 * tensors), ("buffers", buffer_bytes(ra, family, width))]
+    if device == "cuda":
+        states.append(("cuBLAS workspaces (forward, backward threads)", 2 * CUBLAS_WORKSPACE))
+    recv = sum(receive_buffers(gs, stages, n) for gs in glob) * resid
+    base = states + [("pipeline receive buffers", recv)]
+    # the last stage's head and loss (timeline.py's parts; the logits are kept by fwd_cache through the loss's backward)
+    head = _head(x, family, act, loss, code, device)
+    if sp > 1:
+        head[0] = (head[0][0], head[0][1] // sp)
+    n_logits = t * x.vocab
+    compiled_loss = (compiled if loss_compiled is None else loss_compiled) and loss != "fused"
+    lp = loss_transient(t, x.vocab, act, loss, compiled=compiled_loss)
+    logits = ("logits (kept by fwd_cache)", 0 if loss == "fused" else d * n_logits)
+    norm2 = (norm_backward(ra, family=family, regime=act, attention=attention, s=s, b=b, device=device,
+                           rotary_dims=None, grad_width=g, sp=sp)
+             if family in LLAMA_STYLE and code == "hf" else 0)  # fmt: skip
+
+    ops = one_f_one_b(rank, pp, n) if v == 1 else interleaved_ops(rank, pp, n, v)
+    alive, done, fwd = [0] * v, [0] * v, [0] * v
+    gathered = [False] * v
+    acc = [0] * v  # bytes of each chunk's accumulators alive
+    moments: list[Moment] = [_moment("baseline", "before the step (no gradients after zero_grad)", base)]
+    reduced = [False] * v
+
+    def common(c_cur: int, exclude_current: bool) -> list[tuple[str, int]]:
+        held = sum(full[c] * (alive[c] - (1 if exclude_current and c == c_cur else 0)) for c in range(v))
+        grads_in = sum(done[c] for c in range(v) if not first[c]) * resid
+        return base + [("parameters (gathered)", sum(gb for gb, on in zip(gathered_c, gathered) if on)),
+                       ("gradient accumulators (unsharded)", sum(acc)),
+                       ("micro-batches in flight (saved tensors, stage outputs)", held),
+                       ("stage input gradients kept until the next step", grads_in)]
+
+    for backward, c in ops:
+        ids = list(chunks[c])
+        if not backward:
+            if not gathered[c]:  # the first forward gathers each unit; they stay gathered
+                gathered[c] = True
+                moments.append(_moment("forward", f"chunk {c}: first forward, every unit gathered",
+                                       common(c, False) + [("all-gather output (last unit)", g * world * lsh)]))
+            for i in ids:
+                moments.append(_moment(f"forward.layer.{i}", f"micro-batch {fwd[c]}, layer {i}: down projection's "
+                                       "output", common(c, False) + [("this micro-batch's saved tensors", kept(c, i)),
+                                                                     ("layer output (residual stream)", resid),
+                                                                     ("down projection output", d * t * h)]))
+            fwd[c] += 1
+            alive[c] += 1
+            if last[c]:
+                cur = [("this micro-batch's saved tensors", full[c]), head[0]] + head[1:] + [logits]
+                lab = [("labels (int64)", 8 * t)]
+                fwd_loss = common(c, True) + cur + lab + [("fp32 logits copy", _chunk(lp, 1)),
+                                                         ("log-softmax output (fp32)", _chunk(lp, 2))]
+                if sp > 1:
+                    fwd_loss.append(("loss_parallel log-softmax temporaries (inside DTensor)",
+                                     parallel_loss(n_logits)[0]))
+                moments.append(_moment("loss", f"micro-batch {fwd[c] - 1}: log-softmax done", fwd_loss))
+            continue
+        # ---- backward of one micro-batch of chunk c ---------------------------------------------------------------
+        m = done[c]
+        if last[c]:
+            grad = _chunk(lp, 3) // 2 + parallel_loss(n_logits)[1] if sp > 1 else _chunk(lp, 3)
+            moments.append(_moment("backward", f"micro-batch {m}: the loss's backward",
+                                   common(c, True) + [("this micro-batch's saved tensors", full[c]), head[0]]
+                                   + head[1:] + [logits, ("log-softmax output (fp32)", _chunk(lp, 2)),
+                                                 ("loss gradients (fp32)", grad)]))
+            moments.append(_moment("backward", f"micro-batch {m}: the head's backward",
+                                   common(c, True) + [("this micro-batch's saved tensors", full[c]), head[0], logits,
+                                                      ("logits gradient", d * n_logits),
+                                                      ("head weight gradient (unsharded)", g * x.vocab * h),
+                                                      ("head input gradient", d * t * h)]))
+            if m == 0:
+                acc[c] += rw * he
+        out = resid if not last[c] else logits[1]  # the stage output, referenced until the backward returns
+        # Accumulating in the gradients' own dtype (no reduce dtype of its own), a later micro-batch's gradient of
+        # each weight is added in place to the .grad the first one left (AccumulateGrad) and freed at once: the down
+        # projection's, which the layer's backward transient counts alive, and the layer's, at its post-backward
+        in_place = m > 0 and rw == g
+        down = g * ra.hidden * ra.ffn_size if in_place else 0
+        mlp_grads = (3 if ra.gated_mlp else 2) * down  # the MLP's weight gradients norm_backward counts made
+        for i in reversed(ids):
+            ly = layers[i]
+            twice = ly.residual if norm2 and checkpointed(policy, i) and act != "bf16" else 0
+            # the gradient flowing in: the next stage's, in its receive buffer, at the stage's last layer
+            incoming = 0 if i == ids[-1] and not last[c] else resid
+            parts = common(c, True) + [("this micro-batch's saved tensors (layers up to this one)", kept(c, i)),
+                                       ("this micro-batch's stage output", out),
+                                       ("gradient of the residual stream", incoming),
+                                       ("recomputed activations of this layer", ly.recomputed - twice)]
+            moments.append(_moment(f"backward.layer.{i}", f"micro-batch {m}, layer {i}: MLP gradients",
+                                   parts + [("layer backward transient (MLP gradients)", ly.backward_extra - down)]))
+            if norm2 > 0:
+                moments.append(_moment(f"backward.layer.{i}", f"micro-batch {m}, layer {i}: second RMSNorm's backward",
+                                       parts + [("RMSNorm backward (fp32), net of the MLP's freed tensors",
+                                                 norm2 - mlp_grads)]))
+            if ly.float8_extra:
+                moments.append(_moment(f"backward.layer.{i}", f"micro-batch {m}, layer {i}: float8 casts (eager)",
+                                       parts + [("float8 backward casts (MLP projections)", ly.float8_extra)]))
+            if ly.attention_extra:
+                moments.append(_moment(f"backward.layer.{i}", f"micro-batch {m}, layer {i}: softmax backward",
+                                       parts + [("eager attention backward (score-sized gradients)",
+                                                 ly.attention_extra)]))
+            if m == 0 and rw != g:  # the first post-backward upcasts the layer's gradients into its accumulators
+                acc[c] += rw * le
+            # the layer's post-backward: its new gradients beside the accumulators they are added to
+            moments.append(_moment(f"backward.layer.{i}", f"micro-batch {m}, layer {i}: post-backward",
+                                   common(c, True) + [("this micro-batch's saved tensors (layers up to this one)",
+                                                       kept(c, i) - ly.kept), ("this micro-batch's stage output", out),
+                                                      ("gradient of the residual stream", resid),
+                                                      ("layer's new gradients (before its post-backward)",
+                                                       0 if in_place else layer_new)]))
+            if m == 0 and rw == g:  # the first backward's gradients are the accumulators
+                acc[c] += rw * le
+        if first[c]:
+            moments.append(_moment("backward.layer.0", f"micro-batch {m}: the embedding's backward",
+                                   common(c, True) + [("gradient of the residual stream", resid),
+                                                      ("embedding weight gradient (unsharded)", g * ee)]))
+            if m == 0:
+                acc[c] += rw * ee
+        alive[c] -= 1
+        done[c] += 1
+        if done[c] == n and v > 1:  # the interleaved runtime reduces each chunk after its own last backward
+            moments.append(_reduce(c, common(c, False), rw * world * lsh))
+            gathered[c], reduced[c], acc[c] = False, True, 0
+    for c in range(v):  # Schedule1F1B: perform_reduce_grad after every backward
+        if not reduced[c]:
+            moments.append(_reduce(c, common(c, False), rw * world * lsh))
+            gathered[c], acc[c] = False, 0
+    grads = [("gradients (shards)", width * shard)]
+    step = width * shard if optimizer_impl == "foreach" else 0
+    tail = common(0, False)
+    moments.append(_moment("optimizer", "optimizer.step()", tail + grads + [("step temporaries", step)]))
+    moments.append(_moment("zero_grad", "after the step, before zero_grad", tail + grads))
+    return Timeline(tuple(moments))
+
+
+def _reduce(c: int, parts: list[tuple[str, int]], reduce_input: int) -> Moment:
+    """perform_reduce_grad's first unit: every accumulator still alive and one layer's flat reduce-scatter input
+    (``foreach_reduce``: world x the padded shard in the reduce dtype)."""
+    return _moment("backward", f"chunk {c}: perform_reduce_grad, the first unit's reduce-scatter input",
+                   parts + [("reduce-scatter input (one unit)", reduce_input)])
+
+
+__all__ = ["one_f_one_b", "stage_timeline"]
