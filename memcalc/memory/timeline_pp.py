@@ -51,8 +51,9 @@ def one_f_one_b(rank: int, pp: int, n: int) -> list[tuple[bool, int]]:
 
 
 def _units(arch, world: int, fp8_gather: bool):
-    """(unsharded elements, rank 0's shard elements, gathered bytes per element at width g -> callable) of one
-    decoder layer, of the embedding side and of the head side (final norm and head), and the tensors of each."""
+    """For one decoder layer, the embedding side and the head side (final norm and head): unsharded elements, rank
+    0's shard elements (``shard_elements``: padded rows), the elements gathered as fp8 under torchao's fp8 all-gather
+    (the layer's converted projections: ``memcalc.model.float8.CONVERTED``) and the parameter tensors."""
     from memcalc.model.float8 import CONVERTED
 
     tensors = param_tensors(arch)
