@@ -55,6 +55,7 @@ def _realistic(plan: Plan, stage: int = 0) -> tuple[StageLoad, Any]:
     """One GPU's peak over the step's timeline (the realistic accounting: its rows include the overheads); under
     pipeline parallelism, pipeline rank ``stage``'s."""
     from memcalc.memory import realistic
+    from memcalc.memory.activations import pipeline_in_flight
 
     r = realistic.evaluate(plan, stage)
     ms = sum(x.bytes for x in r.rows if x.category == "model_state")
@@ -62,7 +63,7 @@ def _realistic(plan: Plan, stage: int = 0) -> tuple[StageLoad, Any]:
     assert plan.arch is not None
     psi = paper.param_groups(plan, stage)[0]
     layers = paper.layer_count(plan, stage) if plan.pp > 1 else plan.arch.layers
-    flight = paper.activation_rows(plan, stage, paper.setting(plan))[1] if plan.pp > 1 else 1.0
+    flight = pipeline_in_flight(stage, plan.pp, plan.grad_accum, plan.virtual_stages) if plan.pp > 1 else 1.0
     return StageLoad(stage, psi, layers, flight, ms, a, sum(x.bytes for x in r.rows)), r
 
 

@@ -263,6 +263,7 @@ def _pipeline_rank(plan: Plan, stage: int) -> Realistic:
 def _rank_chunks(plan: Plan, stage: int) -> tuple[range, ...]:
     """The decoder layers of each local chunk of pipeline rank ``stage`` (torch's looped placement: global stage
     ``stage + c·pp``); ``memcalc.memory.paper.stage_chunks`` gives them for an explicit or a framework's split."""
+    from memcalc.layout.compose import rank_layers
     from memcalc.memory.paper import stage_chunks
 
     chunks = stage_chunks(plan, stage)
@@ -272,10 +273,7 @@ def _rank_chunks(plan: Plan, stage: int) -> tuple[range, ...]:
     assert plan.arch is not None
     total, stages = plan.arch.layers, plan.pp * plan.virtual_stages
     sizes = [total // stages + (k < total % stages) for k in range(stages)]
-    starts = [sum(sizes[:k]) for k in range(stages)]
-    out = tuple(range(starts[stage + c * plan.pp], starts[stage + c * plan.pp] + sizes[stage + c * plan.pp])
-                for c in range(plan.virtual_stages))
-    return out
+    return rank_layers(tuple(sizes), plan.pp, stage)
 
 
 def _finish(plan: Plan, tl: Any, allocated: int, ddp_buckets: int, comm_groups: int) -> Realistic:

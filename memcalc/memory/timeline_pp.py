@@ -33,7 +33,7 @@ from memcalc.memory.pipeline import interleaved_ops, receive_buffers
 from memcalc.memory.saved import LLAMA_STYLE, loss_transient, shape
 from memcalc.memory.timeline import CUBLAS_WORKSPACE, Moment, Timeline, _chunk, _head, _moment
 from memcalc.memory.timeline_layers import checkpointed, layer_sizes, parse_recompute
-from memcalc.memory.timeline_states import buffer_bytes, param_tensors, shard_elements
+from memcalc.memory.timeline_states import buffer_bytes, fp8_gathered, param_tensors, shard_elements
 from memcalc.memory.timeline_tp import norm_backward, parallel_loss, rank_arch, sp_rank_arch
 
 
@@ -53,9 +53,7 @@ def one_f_one_b(rank: int, pp: int, n: int) -> list[tuple[bool, int]]:
 def _units(arch, world: int, fp8_gather: bool):
     """For one decoder layer, the embedding side and the head side (final norm and head): unsharded elements, rank
     0's shard elements (``shard_elements``: padded rows), the elements gathered as fp8 under torchao's fp8 all-gather
-    (the layer's converted projections: ``memcalc.model.float8.CONVERTED``) and the parameter tensors."""
-    from memcalc.model.float8 import CONVERTED
-
+    (``memcalc.memory.timeline_states.fp8_gathered``) and the parameter tensors."""
     tensors = param_tensors(arch)
     out = {}
     for part, pred in (("layer", lambda nm: nm.startswith("layer 0 ")),
@@ -63,8 +61,7 @@ def _units(arch, world: int, fp8_gather: bool):
                        ("head", lambda nm: nm == "head" or nm.startswith("final norm"))):
         sel = [(nm, n) for nm, n in tensors if pred(nm)]
         shard = sum(shard_elements(arch, nm, n, world) for nm, n in sel)
-        fp8 = (sum(world * shard_elements(arch, nm, n, world) for nm, n in sel if nm[len("layer 0 "):] in CONVERTED)
-               if fp8_gather and part == "layer" else 0)
+        fp8 = fp8_gathered(arch, world) if fp8_gather and part == "layer" else 0
         out[part] = (sum(n for _, n in sel), shard, fp8, len(sel))
     return out
 
@@ -87,7 +84,8 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
         raise InputError(f"pipeline rank {rank} of {pp} with {v} chunk(s) and {n} micro-batch(es): give pp >= 2, "
                          "0 <= rank < pp, at least one chunk and one micro-batch")
     if v > 1 and n % pp:
-        raise InputError(f"the interleaved schedule needs micro-batches ({n}) divisible by pp ({pp})")
+        raise InputError(f"the interleaved schedule (torch ScheduleInterleaved1F1B) needs the micro-batches per step "
+                         f"(--grad-accum {n}) divisible by pp ({pp}); give a multiple of {pp}")
     if regime == "amp-bf16" and fsdp_param_dtype is None:
         raise InputError("a pipeline stage is modelled under FSDP2's bf16 policy, fp32 or pure bf16, not autocast")
     policy = parse_recompute(recompute)
@@ -130,17 +128,19 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
               for ch in chunks for i in ch}  # fmt: skip
     resid = r * t * h // sp  # a stage boundary: one micro-batch's residual stream (the rank's 1/sp of the sequence)
 
+    # Hugging Face's rotary cos and sin, made once per stage forward (one row of positions) and referenced by every
+    # layer's saved tensors (or checkpointed arguments) of that micro-batch; torchtitan slices a buffer instead
+    rotary = 2 * s * x.rot * r if ra.position == "rotary" and code == "hf" else 0
+
     def kept(c: int, upto: int | None = None) -> int:
-        """One micro-batch's saved tensors of chunk c (its layers up to ``upto``), net of the first layer's input where
-        it is the receive buffer, plus the stage output ``fwd_cache`` keeps (not on the last stage: the logits)."""
+        """One micro-batch's saved tensors of chunk c: its layers up to ``upto`` with the rotary tables, or all its
+        layers with the stage output ``fwd_cache`` keeps (not on the last stage: the logits; the tables are added by
+        the caller), net of the first layer's input where it is the receive buffer."""
         ids = [i for i in chunks[c] if upto is None or i <= upto]
         own = sum(layers[i].kept for i in ids) - (resid if ids and not first[c] and checkpointed(policy, ids[0]) else 0)
         own += rotary if upto is not None else 0
         return own + (resid if upto is None and not last[c] else 0)
 
-    # Hugging Face's rotary cos and sin, made once per stage forward (one row of positions) and referenced by every
-    # layer's saved tensors (or checkpointed arguments) of that micro-batch; torchtitan slices a buffer instead
-    rotary = 2 * s * x.rot * r if ra.position == "rotary" and code == "hf" else 0
     full = [kept(c) + rotary for c in range(v)]
     states = [("parameters (fp32 shards)" if width == 4 else "parameters (shards)", width * shard),
               ("optimizer states", 2 * width * shard + 4 * tensors), ("buffers", buffer_bytes(ra, family, width))]

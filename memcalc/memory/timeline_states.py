@@ -208,6 +208,16 @@ def shard_elements(arch: Architecture, name: str, n: int, world: int) -> int:
     return -(-d0 // world) * (n // d0)
 
 
+def fp8_gathered(arch: Architecture, world: int) -> int:
+    """Elements of one decoder layer's all-gather output that torchao's ``enable_fsdp_float8_all_gather`` sends as
+    1-byte fp8 (``WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather``): world x rank 0's padded shard of each
+    converted projection (``memcalc.model.float8.CONVERTED``)."""
+    from memcalc.model.float8 import CONVERTED
+
+    return sum(world * shard_elements(arch, name, n, world) for name, n in param_tensors(arch)
+               if name.startswith("layer 0 ") and name[len("layer 0 "):] in CONVERTED)
+
+
 def shard_units(arch: Architecture, world: int) -> ShardUnits:
     if world < 1:
         raise InputError(f"world {world} must be at least 1")
@@ -391,11 +401,7 @@ class FsdpOverlay:
             root -= extra["embed"] + extra["head"]
         reduce = rw * world * u.layer_shard
         if fp8_gather:
-            from memcalc.model.float8 import CONVERTED
-
-            fp8 = sum(world * shard_elements(arch, name, n, world) for name, n in param_tensors(arch)
-                      if name.startswith("layer 0 ") and name[len("layer 0 "):] in CONVERTED)
-            flat -= (g - 1) * fp8
+            flat -= (g - 1) * fp8_gathered(arch, world)
         return FsdpOverlay(st, g, root, flat, flat, width * u.layer_shard, width, width * u.layer, root,
                            reduce if reduce != flat else -1, **extra)
 
