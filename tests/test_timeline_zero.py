@@ -171,3 +171,66 @@ def test_reduce_bucket_size(tmp_path):
     for bad in (0, -5):  # one line naming the flag and what it accepts (not an internal field's name)
         with pytest.raises(InputError, match=r"^--reduce-bucket-size .* must be positive; give a positive count"):
             memcalc.estimate(params=1e9, stage=2, gpus=8, reduce_bucket_size=bad)
+
+
+def _lora():
+    from memcalc.model.lora import TARGETS, LoraPlan
+
+    return LoraPlan(4, tuple(TARGETS))
+
+
+@pytest.mark.parametrize("stage,dp,recompute,peak", [
+    (0, 2, "none", 1_205_580), (1, 2, "none", 1_149_416), (2, 2, "none", 1_149_416), (2, 4, "full", 791_912),
+])  # fmt: skip
+def test_lora_peaks_as_traced(stage, dp, recompute, peak):
+    # peft r = 4 on every projection under DeepSpeed, for-loop AdamW over the adapters, bucket 2,000: the traced peaks
+    # (memcalc.validation.trace_deepspeed(..., lora=...); tests/validation/test_deepspeed_timeline.py)
+    t = tl(stage, dp, recompute=recompute, bucket=2000, optimizer_impl="for-loop", lora=_lora())
+    assert t.peak.phase == "backward" and abs(t.peak.live_bytes - peak) <= 256
+
+
+def test_lora_states_are_the_adapters_partitioned_beside_the_frozen_base():
+    from memcalc.memory.timeline_states import adapter_tensors
+
+    lora = _lora()
+    adapters = sum(n for _, n in adapter_tensors(ARCH, lora))
+    # 2 layers x r = 4 x (in + out) of q, o (64 + 64), k, v (64 + 32), gate, up, down (64 + 176)
+    assert adapters == 2 * 4 * (2 * (64 + 64) + 2 * (64 + 32) + 3 * (64 + 176)) == 9344
+    p, sigma, _, _ = partition(ARCH, 2, lora=lora)
+    assert p == 4672 and sigma == 4672  # ⌈9344 / 4⌉·2; rank 0's slice cuts no adapter
+    base = tl(2, 2, bucket=2000, lora=lora).moments[0]
+    parts = dict(base.parts)
+    assert parts["parameters (frozen base)"] == 2 * PSI  # the whole base in bf16 on every rank
+    assert parts["parameters (bf16 flat buffer)"] == 2 * 2 * p and parts["fp32 master partition"] == 4 * p
+    assert parts["optimizer states (fp32 moments)"] == 8 * p + 4
+    z0 = dict(tl(0, 2, bucket=2000, lora=lora).moments[0].parts)
+    assert z0["optimizer states (fp32 moments)"] == 8 * adapters + 4 * 28  # a step per adapter tensor
+    # ZeRO-1's end of backward: the leading gradients that fit the bucket (layer 0's attention adapters: 1,792
+    # elements) are copied and freed before the partition is allocated
+    z1 = tl(1, 2, bucket=2000, optimizer_impl="for-loop", lora=lora)
+    end = next(m for m in z1.moments if m.phase == "backward.epilogue")
+    assert dict(end.parts)["gradients (bf16)"] == 2 * (adapters - 1792)
+    with pytest.raises(InputError, match="LoRA under DeepSpeed"):
+        tl(2, 2, offload=True, lora=lora)
+
+
+def test_estimate_lora_under_zero(tmp_path):
+    import json
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(dict(LLAMA, hidden_size=256, intermediate_size=704, vocab_size=32000)))
+    kw = dict(hf_config=str(cfg), gpus=4, precision="bf16-mixed", seq_len=512, micro_batch=2, lora_rank=8)
+    z2 = memcalc.estimate(stage=2, **kw)
+    assert z2.accounting == "realistic"
+    rows = {r.key: r.bytes for r in z2.memory.per_gpu.rows}
+    from memcalc.memory.timeline_states import param_tensors
+
+    arch = architecture_from_config(json.loads(cfg.read_text()))
+    assert rows["parameters_frozen"] == 2 * sum(n for _, n in param_tensors(arch))  # the whole base, bf16
+    full = memcalc.estimate(stage=2, **{k: v for k, v in kw.items() if k != "lora_rank"})
+    assert z2.memory.per_gpu.peak_allocated < full.memory.per_gpu.peak_allocated
+    # offload under LoRA keeps the paper accounting, with the reason in the notes
+    r = memcalc.estimate(stage=2, offload_optimizer="cpu", **kw)
+    assert r.accounting == "paper" and any("LoRA with DeepSpeed ZeRO-1/2 offload" in n for n in r.notes)
+    with pytest.raises(InputError, match="LoRA with DeepSpeed ZeRO-1/2 offload"):
+        memcalc.estimate(stage=1, offload_optimizer="cpu", accounting="realistic", **kw)

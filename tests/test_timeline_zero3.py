@@ -186,3 +186,66 @@ def test_offload_under_the_default_accounting(tmp_path):
     assert fsdp.accounting == "paper" and any(why in n for n in fsdp.notes)
     with pytest.raises(InputError, match=why):
         memcalc.estimate(fsdp="SHARD_GRAD_OP", offload_params="cpu", accounting="realistic", **kw)
+
+
+def _lora():
+    from memcalc.model.lora import TARGETS, LoraPlan
+
+    return LoraPlan(4, tuple(TARGETS))
+
+
+@pytest.mark.parametrize("arch,dp,kw,traced", [
+    # peft r = 4 on every projection, for-loop AdamW over the adapters, bucket 2,000: the traced peaks
+    # (trace_deepspeed(..., lora=...); tests/validation/test_deepspeed_timeline.py), each at the loss's backward
+    (ARCH, 2, dict(settings=Zero3Settings(max_reuse_distance=10**9, prefetch_bucket_size=50_000_000,
+                                          param_persistence_threshold=0)), 1_338_317),
+    (ARCH4, 4, dict(settings=Zero3Settings(max_reuse_distance=0, prefetch_bucket_size=0,
+                                           param_persistence_threshold=0)), 1_308_717),
+])  # fmt: skip
+def test_lora_peaks_as_traced(arch, dp, kw, traced):
+    t = tl(arch, dp, bucket=2000, optimizer_impl="for-loop", lora=_lora(), **kw)
+    assert t.peak.phase == "backward" and abs(t.peak.live_bytes - traced) <= 256
+
+
+def test_lora_partitions_the_base_and_steps_the_adapters():
+    from memcalc.memory.timeline_states import adapter_tensors
+
+    lora = _lora()
+    adapters = [n for _, n in adapter_tensors(ARCH, lora)]
+    a3, p3 = sum(-(-n // 2) for n in adapters), 79_008
+    t = tl(bucket=2000, optimizer_impl="for-loop", lora=lora)
+    base = dict(t.moments[0].parts)
+    assert base["parameters (bf16 partitions)"] == 2 * (p3 + a3)  # the frozen base partitioned with the adapters
+    assert base["fp32 master partitions"] == 4 * a3 and base["gradient partitions (bf16)"] == 2 * a3
+    assert base["optimizer states (fp32 moments)"] == 8 * a3 + 4
+    assert sub_groups(ARCH, 2, lora=lora) == (a3,)
+    # DeepSpeed's linear keeps the frozen head's input (bf16, 2 x 32 tokens x 64) through the loss's backward
+    back = [dict(m.parts) for m in t.moments if m.phase == "backward"]
+    assert all(p["head input (saved by DeepSpeed's linear)"] == 2 * 64 * 64 for p in back)
+    # the end of backward also holds the embedding's output, a leaf that requires grad, and its gradient
+    end = next(dict(m.parts) for m in t.moments if m.phase == "backward.epilogue")
+    assert end["embedding output (a leaf: enable_input_require_grads) and its gradient"] == 2 * 2 * 64 * 64
+    from memcalc.model.lora import LoraPlan
+
+    with pytest.raises(InputError, match="every projection"):
+        tl(bucket=2000, lora=LoraPlan(4, ("q", "v")))
+    # offload: the adapters' fp32 states and gradient partitions on the host; the GPU keeps every bf16 partition
+    # (the host too with offload_param), the bucket, the gathered parameters and each adapter's reduced partition on
+    # its way to the host
+    off = dict(tl(bucket=2000, lora=lora, offload_optimizer=True).moments[0].parts)
+    assert off["parameters (bf16 partitions)"] == 2 * (p3 + a3) and "fp32 master partitions" not in off
+    both = dict(tl(bucket=2000, lora=lora, offload_optimizer=True, offload_params=True).moments[0].parts)
+    assert "parameters (bf16 partitions)" not in both and both["gradient bucket (reduce_bucket_size)"] == 4000
+
+
+def test_lora_under_zero3_estimate(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(dict(LLAMA, hidden_size=256, intermediate_size=704, vocab_size=32000)))
+    kw = dict(hf_config=str(cfg), gpus=4, stage=3, precision="bf16-mixed", seq_len=512, micro_batch=2, lora_rank=8)
+    r = memcalc.estimate(**kw)
+    assert r.accounting == "realistic" and any("DeepSpeed ZeRO-3" in n for n in r.notes)
+    full = memcalc.estimate(**{k: v for k, v in kw.items() if k != "lora_rank"})
+    assert r.memory.per_gpu.peak_allocated < full.memory.per_gpu.peak_allocated
+    # a subset of the projections: the frozen ones keep inputs DeepSpeed's linear saves, not counted: paper
+    sub = memcalc.estimate(lora_targets="q,v", **kw)
+    assert sub.accounting == "paper" and any("--lora-targets q,k,v,o,gate,up,down" in n for n in sub.notes)

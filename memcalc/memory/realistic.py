@@ -104,7 +104,8 @@ _DETAIL = (
                      "every rank (memory/timeline_tp.py)"),
     ("gathered", "ZeRO-3: what the coordinator holds gathered at this moment, replayed hook by hook (memory/zero3.py)"),
     ("gradient partitions", "ZeRO-3: this rank's reduced gradients, one flat buffer allocated once (stage3.py)"),
-    ("flat buffer", "DeepSpeed's flat bf16 buffer of every parameter, padded to 2 x dp (stage_1_and_2.py)"),
+    ("flat buffer", "DeepSpeed's flat bf16 buffer of the parameters that train (all, or the LoRA adapters), padded to "
+                    "2 x dp (stage_1_and_2.py)"),
     ("fp32 moments", "AdamW's exp_avg and exp_avg_sq in fp32 (this rank's partition)"),
     ("fp32 copies", "DeepSpeed ZeRO-0: an fp32 copy of every parameter for the optimizer"),
     ("gradient bucket", "reduce_bucket_size elements in the training dtype (ZeRO-1/2: from the first gradient hook; "
@@ -190,8 +191,8 @@ def evaluate(plan: Plan, stage: int = 0) -> Realistic:
         tl = zero_timeline(arch, family=arch.family or "", stage=int(plan.spec.name[-1]), dp=plan.dp,
                            attention=ATTENTION[w.attention], s=w.seq_len, b=w.micro_batch, recompute=w.recompute,
                            optimizer_impl=w.optimizer_impl, loss=w.loss, device=w.device,
-                           bucket=plan.reduce_bucket_size, rank=worst_rank(arch, plan.dp), use_cache=False,
-                           overlap_comm=plan.overlap_comm, offload=plan.offload_optimizer != "none")
+                           bucket=plan.reduce_bucket_size, rank=worst_rank(arch, plan.dp, plan.lora), use_cache=False,
+                           overlap_comm=plan.overlap_comm, offload=plan.offload_optimizer != "none", lora=plan.lora)
         return _finish(plan, tl, tl.peak.live_bytes, 0, comm_groups=int(plan.dp > 1))
     if plan.spec.name == "zero-3":
         from memcalc.memory.timeline_zero3 import zero3_timeline
@@ -199,7 +200,8 @@ def evaluate(plan: Plan, stage: int = 0) -> Realistic:
         tl = zero3_timeline(arch, family=arch.family or "", dp=plan.dp, attention=ATTENTION[w.attention], s=w.seq_len,
                             b=w.micro_batch, recompute=w.recompute, optimizer_impl=w.optimizer_impl, loss=w.loss,
                             device=w.device, bucket=plan.reduce_bucket_size, settings=plan.zero3, use_cache=False,
-                            offload_optimizer=plan.offload_optimizer != "none", offload_params=plan.offload_params != "none")
+                            offload_optimizer=plan.offload_optimizer != "none", offload_params=plan.offload_params != "none",
+                            lora=plan.lora)
         return _finish(plan, tl, tl.peak.live_bytes, 0, comm_groups=int(plan.dp > 1))
     sharded = plan.spec.name in FSDP_SHARDED
     # FSDP's mixed precision (bf16-mixed: fp32 sharded parameters, the master copy, gathered and computed in bf16)
@@ -353,16 +355,18 @@ def notes(plan: Plan) -> list[str]:
     if plan.spec.name in ZERO_STAGES:
         from memcalc.memory.timeline_zero import partition, worst_rank
 
-        rank = worst_rank(arch, plan.dp)
+        rank = worst_rank(arch, plan.dp, plan.lora)
+        what = "parameters" if plan.lora is None else "adapter parameters, the only ones DeepSpeed partitions,"
         out.append(f"DeepSpeed {plan.spec.label}: the module in {plan.precision.low_dtype} saves what a pure "
                    f"{plan.precision.low_dtype} model saves; the states, gradient bucket (reduce_bucket_size "
                    f"{plan.reduce_bucket_size:,} elements{', two with overlap_comm' if plan.overlap_comm else ''}) and the step's fp32 gradients as DeepSpeed 0.19 holds them "
                    f"(memory/timeline_zero.py, against a traced DeepSpeed step on CPU ranks); "
                    + ("every rank alike under offload but for the gradient slices on their way to the host (the largest "
                       "any rank holds)" if plan.offload_optimizer != "none" else
-                      f"data-parallel rank {rank} of {plan.dp}, whose partition overlaps the most parameters "
-                      f"({partition(arch, plan.dp, rank)[1]:,} elements)") if plan.spec.name != "zero-0" else
-                   f"DeepSpeed ZeRO-0: the module in {plan.precision.low_dtype}, fp32 copies of every parameter, the "
+                      f"data-parallel rank {rank} of {plan.dp}, whose partition overlaps the most {what} "
+                      f"({partition(arch, plan.dp, rank, plan.lora)[1]:,} elements)") if plan.spec.name != "zero-0" else
+                   f"DeepSpeed ZeRO-0: the module in {plan.precision.low_dtype}, fp32 copies of every "
+                   f"{'adapter parameter' if plan.lora is not None else 'parameter'}, the "
                    "gradients flattened for the all-reduce and upcast for the step as DeepSpeed 0.19 holds them "
                    "(memory/timeline_zero.py, against a traced DeepSpeed step on CPU ranks)")
         if plan.offload_optimizer != "none":

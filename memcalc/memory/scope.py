@@ -60,6 +60,9 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
     if strategy == "zero-3" and work is not None and work.recompute not in ("none", "full"):
         return f"zero-3: the realistic accounting models recompute none or full (got {work.recompute})"
     if strategy in (*ZERO_STAGES, "zero-3"):
+        if lora is not None and offload != ("none", "none") and strategy != "zero-3":
+            return ("LoRA with DeepSpeed ZeRO-1/2 offload: the realistic accounting models LoRA under ZeRO-0/1/2 "
+                    "without offload and under ZeRO-3 with it; the paper accounting counts this one")
         return _why_not_zero(arch, precision, optimizer, strategy, work, max(tp, pp, cp, ep), lora)
     if getattr(work, "compile", False):
         from memcalc.memory.saved import LLAMA_LIKE
@@ -170,10 +173,25 @@ def _why_not_zero(arch: Any, precision: str, optimizer: str, strategy: str, work
                 "training (bf16-mixed, fp16-mixed: the module in 2 bytes, an fp32 master partition)")
     if optimizer != "adamw" or getattr(work, "optimizer_impl", "fused") not in ("foreach", "fused", "for-loop"):
         return f"{strategy}: the realistic accounting models AdamW (DeepSpeed's FusedAdam, or torch's)"
-    if parallel > 1 or lora is not None or (work.recompute not in ("none", "full")
-                                            and not work.recompute.startswith("every:")):
-        return (f"{strategy}: the realistic accounting models data parallelism alone, without LoRA, recompute none, "
-                "full or every:K")
+    if parallel > 1 or (work.recompute not in ("none", "full") and not work.recompute.startswith("every:")):
+        return (f"{strategy}: the realistic accounting models data parallelism alone, recompute none, full or every:K")
+    if lora is not None:
+        from memcalc.memory.saved import LORA_FAMILIES
+
+        if lora.quantize != "none" or arch.family not in LORA_FAMILIES:
+            return (f"LoRA under {strategy}: the realistic accounting models peft on {', '.join(LORA_FAMILIES)} layers "
+                    "under DeepSpeed, the base in the training dtype (no 4-bit base); the paper accounting counts "
+                    "this one")
+        if strategy == "zero-3":
+            from memcalc.model.lora import projections
+
+            every = [n for p in projections(arch) for n in p.names]
+            if lora.targets is not None and set(lora.targets) != set(every):  # None: every projection
+                return (f"LoRA under zero-3 on {','.join(lora.targets)}: ZeRO-3's linear saves the input of every "
+                        "frozen projection, which the realistic accounting counts with adapters on all of them "
+                        f"(--lora-targets {','.join(every)}); the paper accounting counts this one")
+        if work.recompute not in ("none", "full"):
+            return "LoRA: the realistic accounting models recompute none or full"
     if getattr(work, "compile", False):
         return f"{strategy}: --compile under DeepSpeed is not modelled"
     return None

@@ -242,7 +242,11 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     # the backward of ``to(bf16)`` needs nothing) is alive as well (traced: tests/test_timeline_tp.py)
     # (Gemma's and OLMo 2's norms: their fp32 product with the weight, before the cast back to bf16)
     upcast = act == "bf16" and family in (*LLAMA_STYLE, *OTHER_NORMS) and code == "hf" and lora is None
-    layers_kept = kept + (0 if upcast else resid)
+    # LoRA in bf16: the final norm keeps an fp32 copy of the last output, not the output; the resid counted is the
+    # embedding output, a leaf that requires grad (enable_input_require_grads) held by the graph, which a checkpointed
+    # layer 0 already keeps as its input (traced: tests/validation/test_deepspeed_timeline.py)
+    leaf_kept = lora is not None and act == "bf16" and checkpointed(policy, 0)
+    layers_kept = kept + (0 if upcast or leaf_kept else resid)
     head = _head(x, family, act, loss, code, device)
     if sp > 1:  # the final norm (SequenceParallel) runs on the rank's 1/sp of the sequence
         head[0] = (head[0][0], head[0][1] // sp)

@@ -142,6 +142,17 @@ def states(arch: Architecture, family: str, width: int, impl: str = "foreach", k
     return States(width * p, width * p, moments + scalars, paged, buffer_bytes(arch, family, width), temp, width * big)
 
 
+def adapter_tensors(arch: Architecture, lora) -> tuple[tuple[str, int], ...]:
+    """(name, elements) of peft's trainable tensors in ``model.parameters()`` order: in each decoder layer, each
+    targeted projection in module order, its ``lora_A`` (r × in) then its ``lora_B`` (out × r) (peft
+    ``tuners/lora/layer.py`` ``update_layer``); named ``layer i <module> A|B`` like ``param_tensors``' layer tensors."""
+    from memcalc.model.lora import targeted
+
+    r = lora.rank
+    return tuple((f"layer {i} {p.module} {ab}", n) for i in range(arch.layers) for p in targeted(arch, lora)
+                 for ab, n in (("A", r * p.fan_in), ("B", p.fan_out * r)))
+
+
 def lora_states(arch: Architecture, family: str, width: int, impl: str, kind: str, lora) -> States:
     """Model states of peft LoRA on a frozen base (``memcalc.model.lora``): the base at ``width`` bytes (QLoRA: its
     linear weights in NF4), the adapters trainable at ``width`` with their gradients, AdamW moments, a step scalar per

@@ -30,7 +30,13 @@ from __future__ import annotations
 from memcalc.errors import InputError
 from memcalc.layout.plan import REDUCE_BUCKET_SIZE
 from memcalc.memory.timeline import Moment, Timeline, _moment, timeline, with_loss
-from memcalc.memory.timeline_states import buffer_bytes, param_tensors, step_temporaries
+from memcalc.memory.timeline_states import (
+    adapter_tensors,
+    buffer_bytes,
+    lora_states,
+    param_tensors,
+    step_temporaries,
+)
 from memcalc.model.architecture import Architecture
 from memcalc.units import ceil_div
 
@@ -40,10 +46,16 @@ ALLREDUCE_BUFFER = 500_000_000
 _GRADS = ("parameter gradients so far", "head and final norm gradients")
 
 
-def partition(arch: Architecture, dp: int, rank: int = 0) -> tuple[int, int, int, frozenset[str]]:
+def trainable(arch: Architecture, lora=None) -> tuple[tuple[str, int], ...]:
+    """The tensors DeepSpeed's ZeRO-1/2 flattens, in ``model.parameters()`` order: those that require a gradient
+    (``stage_1_and_2.py``: ``trainable_parameters``), every parameter, or peft's adapters alone under LoRA."""
+    return param_tensors(arch) if lora is None else adapter_tensors(arch, lora)
+
+
+def partition(arch: Architecture, dp: int, rank: int = 0, lora=None) -> tuple[int, int, int, frozenset[str]]:
     """(P, Σ, largest slice, names): rank ``rank``'s partition of the flat buffer, the elements of the parameters
     that overlap it, the largest overlap of one parameter with it, and those parameters' names."""
-    tensors = param_tensors(arch)
+    tensors = trainable(arch, lora)
     psi = sum(n for _, n in tensors)
     p = ceil_div(psi, 2 * dp) * 2
     lo, hi = rank * p, (rank + 1) * p
@@ -59,14 +71,20 @@ def partition(arch: Architecture, dp: int, rank: int = 0) -> tuple[int, int, int
     return p, sigma, largest, frozenset(names)
 
 
+_STATES = ("parameters", "parameters (frozen base)", "parameters (LoRA adapters)", "optimizer states", "buffers")
+"""The plain timeline's model states, which DeepSpeed's replace."""
+
+
 def _walk(tl: Timeline, tensors: tuple[tuple[str, int], ...]):
     """The bf16 module's moments up to the step without its states: (moment, its other parts, the gradient bytes it
-    holds, the parameters whose gradients a backward moment makes: its layer's, or the head's and final norm's)."""
+    holds, the parameters whose gradients a backward moment makes: its layer's, or the head's and final norm's).
+    A layer's backward makes gradients even when none are held yet (LoRA: no head gradient comes first); the
+    gradient bytes are then 0 and the layer's tensors are named."""
     root = [(name, n) for name, n in tensors if not name.startswith(("layer ", "embedding", "position"))]
     for m in tl.moments:
         if m.phase in ("optimizer", "zero_grad"):
             continue
-        parts = [(n, x) for n, x in m.parts if n not in ("parameters", "optimizer states", "buffers")]
+        parts = [(n, x) for n, x in m.parts if n not in _STATES]
         grads = sum(x for n, x in parts if n in _GRADS) if m.phase.startswith("backward") else 0
         layer = m.phase.rsplit(".", 1)[1] if m.phase.startswith("backward.layer.") else None
         unit = [(name, n) for name, n in tensors if name.startswith(f"layer {layer} ")] if layer is not None else root
@@ -83,10 +101,10 @@ def largest_piece(start: int, n: int, p: int) -> int:
     return max(first, min(rest, p)) if rest else first
 
 
-def worst_rank(arch: Architecture, dp: int) -> int:
+def worst_rank(arch: Architecture, dp: int, lora=None) -> int:
     """The rank whose partition overlaps the most parameter elements (the largest gradient partition, Σ of
     ``partition``): one walk over the parameters, each adding its elements to every rank whose slice it overlaps."""
-    tensors = param_tensors(arch)
+    tensors = trainable(arch, lora)
     p = ceil_div(sum(n for _, n in tensors), 2 * dp) * 2
     sigma = [0] * dp
     start = 0
@@ -101,9 +119,14 @@ def zero_timeline(arch: Architecture, *, family: str, stage: int, dp: int, atten
                   recompute: str = "none", optimizer_impl: str = "fused", loss: str = "standard",
                   device: str = "cpu", bucket: int = REDUCE_BUCKET_SIZE, overlap_comm: bool = False,
                   rank: int = 0, compiled: bool = False, loss_compiled: bool | None = None,
-                  position_ids: bool = False, use_cache: bool = True, offload: bool = False) -> Timeline:  # fmt: skip
+                  position_ids: bool = False, use_cache: bool = True, offload: bool = False,
+                  lora=None) -> Timeline:  # fmt: skip
     """Moments of one DeepSpeed ZeRO-``stage`` step (bf16 or fp16 training dtype, torch AdamW client optimizer of
     ``optimizer_impl``, or DeepSpeed's FusedAdam: ``fused``) on data-parallel rank ``rank`` of ``dp``.
+    ``lora``: peft adapters on a frozen base (``memcalc.model.lora.LoraPlan``, no 4-bit base): DeepSpeed flattens,
+    partitions and reduces only the parameters that require a gradient, so every formula above reads Ψ as the
+    adapters' elements (``adapter_tensors``), the frozen base stays whole in the training dtype on every rank, and
+    the layers save what peft's layers save (traced: tests/validation/test_deepspeed_timeline.py).
     ``offload``: ``offload_optimizer`` cpu (``OFFLOAD_NOTE``; ZeRO-1/2 keep it in host memory); the moments are then
     the same on every rank but for the reduced slices on their way to the host, taken on the rank holding the
     largest."""
@@ -111,6 +134,9 @@ def zero_timeline(arch: Architecture, *, family: str, stage: int, dp: int, atten
         raise InputError(f"ZeRO stage {stage}: the realistic timeline models stages 0, 1, 2")
     if dp < 1 or not 0 <= rank < dp or bucket < 1:
         raise InputError(f"dp {dp}, rank {rank} and reduce_bucket_size {bucket} must be positive, rank below dp")
+    if lora is not None and (offload or lora.quantize != "none"):
+        raise InputError("LoRA under DeepSpeed ZeRO-0/1/2: the realistic timeline models a base in the training dtype "
+                         "without offload_optimizer")
     if offload:
         if stage not in (1, 2):
             raise InputError(f"offload_optimizer under ZeRO-{stage}: the realistic timeline models stages 1 and 2 "
@@ -127,24 +153,25 @@ def zero_timeline(arch: Architecture, *, family: str, stage: int, dp: int, atten
                          "for-loop")  # fmt: skip
     tl = timeline(arch, family=family, regime="bf16", attention=attention, s=s, b=b, recompute=recompute,
                   optimizer_impl="fused", loss=loss, device=device, position_ids=position_ids, use_cache=use_cache,
-                  compiled=compiled, loss_compiled=loss_compiled)  # fmt: skip
-    tensors = param_tensors(arch)
+                  compiled=compiled, loss_compiled=loss_compiled, lora=lora)  # fmt: skip
+    tensors = trainable(arch, lora)
     psi = sum(n for _, n in tensors)
     steps = 4  # torch AdamW's ``step`` tensor: one per parameter tensor it is handed (one flat group under ZeRO)
+    states = [] if lora is None else [("parameters (frozen base)", _frozen(arch, family, lora))]
     if stage == 0:
-        states = [("parameters (bf16)", 2 * psi), ("fp32 copies of the parameters", 4 * psi),
-                  ("optimizer states (fp32 moments)", 8 * psi + steps * len(tensors))]
+        states += [("parameters (bf16)", 2 * psi), ("fp32 copies of the parameters", 4 * psi),
+                   ("optimizer states (fp32 moments)", 8 * psi + steps * len(tensors))]
     else:
-        p, sigma, slice_max, mine = partition(arch, dp, rank)
-        states = [("parameters (bf16 flat buffer)", 2 * dp * p), ("fp32 master partition", 4 * p),
-                  ("optimizer states (fp32 moments)", 8 * p + steps)]
+        p, sigma, slice_max, mine = partition(arch, dp, rank, lora)
+        states += [("parameters (bf16 flat buffer)", 2 * dp * p), ("fp32 master partition", 4 * p),
+                   ("optimizer states (fp32 moments)", 8 * p + steps)]
     states.append(("buffers", buffer_bytes(arch, family, 2)))
     k = 2 if overlap_comm else 1
     made: list[tuple[str, int]] = []  # gradients made so far in backward, in the order autograd makes them
     reduced = False  # ZeRO-2: a bucket holding one of this rank's parameters was reduced (grads_in_partition exists)
     moments: list[Moment] = []
     for m, parts, grads, unit in _walk(tl, tensors):
-        if grads and stage in (1, 2):
+        if (grads or (lora is not None and m.phase.startswith("backward.layer."))) and stage in (1, 2):
             parts.append(("gradient bucket (reduce_bucket_size)", 2 * k * bucket))
             if stage == 2:  # gradients go to the bucket in their hooks; larger ones wait for the next reduction
                 # The partition is allocated at the first reduction after one of this rank's gradients was made. A
@@ -162,23 +189,28 @@ def zero_timeline(arch: Architecture, *, family: str, stage: int, dp: int, atten
         moments.append(_moment(m.phase, m.label, states + parts))
     inputs = [(n, x) for n, x in tl.moments[1].parts if n.startswith("input ids")]  # the model's position ids died
     base = states + inputs
+    leaf = embedding_leaf(arch, s, b, lora)
     if stage == 0:
         end = [("gradients (bf16)", 2 * psi), ("flattened gradients for the all-reduce", 2 * min(psi, ALLREDUCE_BUFFER))]
+        end += leaf
         temp = step_temporaries(optimizer_impl, tensors, 4)  # on the fp32 copies
         step = [("gradients (bf16)", 2 * psi), ("fp32 gradients", 4 * psi)]
         moments += [_moment("backward.epilogue", "the gradients flattened for the all-reduce", base + end),
                     _moment("optimizer", "fp32 copies of the gradients", base + step),
                     _moment("optimizer.adamw", "AdamW on the fp32 copies", base + step + [("step temporaries", temp)])]
     else:
-        last = tensors[0][1] if stage == 2 and tensors[0][1] > bucket else 0  # the embedding: reduced last
+        # the first tensor's gradient is made last (the embedding's; under LoRA layer 0's first adapter's)
+        last = tensors[0][1] if stage == 2 and tensors[0][1] > bucket else 0
         # One bucket holds every gradient (B ≥ Ψ): its flatten copy for the all-reduce may still be alive when the
         # partition is allocated (traced: in some runs it is, in others it was released first; the later is counted)
-        end = ([("gradients (bf16)", 2 * psi), ("gradient partition (grads_in_partition)", 2 * sigma)]
+        end = ([("gradients (bf16)", 2 * (psi - _copied_first(tensors, bucket))),
+                ("gradient partition (grads_in_partition)", 2 * sigma)]
                if stage == 1 and bucket < psi else
                [("bucket's flatten copy", 2 * psi), ("gradient partition (grads_in_partition)", 2 * sigma)]
                if bucket >= psi else
                [("gradient partition (grads_in_partition)", 2 * sigma), ("gradient not yet reduced", 2 * last)])
         end.append(("gradient bucket (reduce_bucket_size)", 2 * k * bucket))
+        end += leaf
         held = [("gradient partition (averaged_gradients)", 2 * sigma)]
         temp = step_temporaries(optimizer_impl, (("fp32 partition", p),), 4)
         moments += [
@@ -192,6 +224,34 @@ def zero_timeline(arch: Architecture, *, family: str, stage: int, dp: int, atten
         ]  # fmt: skip
     moments.append(_moment("zero_grad", "after the step: the gradients freed", base))
     return with_loss(tl, moments)
+
+
+def embedding_leaf(arch: Architecture, s: int, b: int, lora) -> list[tuple[str, int]]:
+    """LoRA: ``enable_input_require_grads`` makes the embedding's output a leaf that requires a gradient; the loss's
+    graph (its AccumulateGrad node) keeps it and its gradient alive until the loss is dropped, after
+    ``engine.backward`` returns, so through DeepSpeed's end of backward (traced). Nothing without LoRA."""
+    return [] if lora is None else [("embedding output (a leaf: enable_input_require_grads) and its gradient",
+                                     2 * 2 * s * b * arch.hidden)]
+
+
+def _copied_first(tensors: tuple[tuple[str, int], ...], bucket: int) -> int:
+    """ZeRO-1's end of backward (``reduce_gradients``) copies the gradients into the bucket in parameter order and
+    frees each; the gradient partition is allocated at the first reduction, when the leading gradients that fit
+    the bucket are gone already (none when the first is larger than the bucket: the embedding, reduced whole).
+    Rank 0's count; a later rank's partition is allocated later, with fewer gradients left."""
+    copied = 0
+    for _, n in tensors:
+        if copied + n > bucket:
+            break
+        copied += n
+    return copied
+
+
+def _frozen(arch: Architecture, family: str, lora) -> int:
+    """Bytes of the frozen base in the training dtype (DeepSpeed casts the whole module; peft's base is left out of
+    the flat buffer)."""
+    st = lora_states(arch, family, 2, "fused", "adamw", lora)
+    return st.params - st.grads
 
 
 OFFLOAD_NOTE = ("DeepSpeed ZeRO-1/2 offload_optimizer: on the GPU the bf16 flat buffer, a bf16 staging buffer the size "

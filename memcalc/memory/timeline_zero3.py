@@ -28,10 +28,16 @@ from __future__ import annotations
 from memcalc.errors import InputError
 from memcalc.layout.plan import REDUCE_BUCKET_SIZE, Zero3Settings
 from memcalc.memory.timeline import Moment, Timeline, _moment, timeline, with_loss
-from memcalc.memory.timeline_states import buffer_bytes, param_tensors, step_temporaries
-from memcalc.memory.timeline_zero import _GRADS
+from memcalc.memory.timeline_states import (
+    adapter_tensors,
+    buffer_bytes,
+    param_tensors,
+    step_temporaries,
+)
+from memcalc.memory.timeline_zero import _GRADS, _STATES, embedding_leaf, trainable
 from memcalc.memory.zero3 import _called, gathered_bytes, persistent
 from memcalc.model.architecture import Architecture
+from memcalc.model.lora import projections
 from memcalc.units import ceil_div
 
 SUB_GROUP_SIZE = 1_000_000_000
@@ -45,11 +51,11 @@ NOTE = ("DeepSpeed ZeRO-3: the module in {dtype} saves what a pure {dtype} model
         "DeepSpeed 0.19 holds them (memory/timeline_zero3.py, against traced DeepSpeed steps on CPU ranks)")
 
 
-def sub_groups(arch: Architecture, dp: int, size: int = SUB_GROUP_SIZE) -> tuple[int, ...]:
-    """Partition elements of each optimizer sub-group (``stage3.py`` ``_create_fp16_sub_groups``: parameters in
-    order, a group closed once it reaches ``size``)."""
+def sub_groups(arch: Architecture, dp: int, size: int = SUB_GROUP_SIZE, lora=None) -> tuple[int, ...]:
+    """Partition elements of each optimizer sub-group (``stage3.py`` ``_create_fp16_sub_groups``: the parameters
+    that train, in order, a group closed once it reaches ``size``)."""
     out, run = [], 0
-    tensors = param_tensors(arch)
+    tensors = trainable(arch, lora)
     for k, (_, n) in enumerate(tensors):
         run += ceil_div(n, dp)
         if run >= size or k == len(tensors) - 1:
@@ -78,12 +84,12 @@ def _to_host(n: int, width: int = 2) -> int:
 
 
 def _gradients(arch: Architecture, dp: int, bucket: int, device: str, width: int = 2,
-               offload: bool = False) -> tuple[dict[str, int], int]:  # fmt: skip
+               offload: bool = False, lora=None) -> tuple[dict[str, int], int]:  # fmt: skip
     """Per phase key (``layer.i``, ``head``...), the most bytes of gradients and reduction buffers alive at one of
     its gradient hooks; and at the end of backward (the last bucket reduced). ``offload``: the optimizer is on the
     CPU, and each reduced partition leaves the GPU one parameter at a time (``_to_host``) while the bucket's
-    reduction buffer holds it."""
-    events, mods, numel = _called(arch)
+    reduction buffer holds it. ``lora``: only the adapters get gradients (peft freezes the base)."""
+    events, mods, numel = _called(arch, False, lora)
     order = [m for kind, m in events[events.index(("backward", "")) + 1:] if kind == "fetch" and mods[m].params]
     held: list[tuple[str, int]] = []  # (parameter, elements) in the bucket
     own = 0  # bytes of gradients in the bucket's list but not in its buffer (larger than the room left)
@@ -101,6 +107,8 @@ def _gradients(arch: Architecture, dp: int, bucket: int, device: str, width: int
     for m in order:
         key = _layer_of(m)
         for p in mods[m].params:
+            if lora is not None and ".lora_" not in p:
+                continue
             n = numel[p]
             at = width * n + own
             if elements + n > bucket and elements > 0:
@@ -125,7 +133,7 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
                    device: str = "cpu", bucket: int = REDUCE_BUCKET_SIZE, settings: Zero3Settings = Zero3Settings(),
                    sub_group_size: int = SUB_GROUP_SIZE, compiled: bool = False, loss_compiled: bool | None = None,
                    position_ids: bool = False, use_cache: bool = True, offload_optimizer: bool = False,
-                   offload_params: bool = False) -> Timeline:  # fmt: skip
+                   offload_params: bool = False, lora=None) -> Timeline:  # fmt: skip
     """Moments of one DeepSpeed ZeRO-3 step (bf16 or fp16 training dtype, torch AdamW of ``optimizer_impl`` or
     DeepSpeed's FusedAdam: ``fused``) on data-parallel rank 0 of ``dp`` (the rank with the largest partitions).
 
@@ -135,7 +143,17 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
     the accelerator whatever offloads), the gathered parameters, and each reduced gradient partition's copies on its
     way to the CPU (``_to_host``); the step runs on the CPU and writes the updated partitions back into the bf16 GPU
     partitions (``copy_``, no GPU temporary). ``offload_params`` (with it; ``offload_param.device``): the bf16
-    partitions live in pinned host memory too; parameters are gathered onto the GPU as without offload."""
+    partitions live in pinned host memory too; parameters are gathered onto the GPU as without offload.
+
+    ``lora``: peft adapters on a frozen base (``memcalc.model.lora.LoraPlan``, the base in the training dtype).
+    DeepSpeed partitions every parameter, the frozen base's too, and gathers each module's as it runs (peft's
+    ``base_layer``, ``lora_A`` and ``lora_B`` are modules of their own: ``memcalc.model.tree.lora_tree``); the fp32
+    master partitions, the moments, the gradient partitions, the bucket's gradients and the step are the
+    adapters' alone (``trainable_param_groups``), on the host under ``offload_optimizer``."""
+    if lora is not None and (lora.quantize != "none"
+                             or set(lora.targets) != {n for p in projections(arch) for n in p.names}):
+        raise InputError("LoRA under DeepSpeed ZeRO-3: the realistic timeline models adapters on every projection "
+                         "and a base in the training dtype")
     if dp < 1 or bucket < 1 or sub_group_size < 1:
         raise InputError(f"dp {dp}, reduce_bucket_size {bucket} and sub_group_size {sub_group_size} must be positive")
     if optimizer_impl not in ("foreach", "fused", "for-loop"):
@@ -145,18 +163,19 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
         raise InputError(f"recompute {recompute!r} under ZeRO-3: accepted none, full")
     tl = timeline(arch, family=family, regime="bf16", attention=attention, s=s, b=b, recompute=recompute,
                   optimizer_impl="fused", loss=loss, device=device, position_ids=position_ids, use_cache=use_cache,
-                  compiled=compiled, loss_compiled=loss_compiled)  # fmt: skip
-    tensors = param_tensors(arch)
-    p3 = sum(ceil_div(n, dp) for _, n in tensors)
-    groups = sub_groups(arch, dp, sub_group_size)
+                  compiled=compiled, loss_compiled=loss_compiled, lora=lora)  # fmt: skip
+    tensors = trainable(arch, lora)
+    p3 = sum(ceil_div(n, dp) for _, n in tensors)  # the partitions that train
+    every = param_tensors(arch) + (adapter_tensors(arch, lora) if lora is not None else ())
+    groups = sub_groups(arch, dp, sub_group_size, lora)
     # Persistent parameters stay whole beside their partitions; on one rank the partition is the whole parameter,
     # already counted (that case was traced with no persistent parameters only).
-    whole = 2 * sum(persistent(arch, settings).values()) if dp > 1 else 0
+    whole = 2 * sum(persistent(arch, settings, lora).values()) if dp > 1 else 0
     if offload_params and not offload_optimizer:
         raise InputError("offload_param without offload_optimizer: the ZeRO-3 timeline models parameter offload "
                          "together with optimizer offload only (DeepSpeed runs either alone); --accounting paper "
                          "counts this one")
-    on_gpu = [] if offload_params else [("parameters (bf16 partitions)", 2 * p3)]
+    on_gpu = [] if offload_params else [("parameters (bf16 partitions)", 2 * sum(ceil_div(n, dp) for _, n in every))]
     if not offload_optimizer:
         on_gpu += [("fp32 master partitions", 4 * p3), ("optimizer states (fp32 moments)", 8 * p3 + 4 * len(groups)),
                    ("gradient partitions (bf16)", 2 * p3)]  # fmt: skip
@@ -167,7 +186,7 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
     fetching: dict[tuple[str, str], int] = {}  # at a fetch, an emptied flat buffer not yet freed (when larger)
     after_forward = 0
     if dp > 1:
-        for phase, module, x, at in gathered_bytes(arch, dp, settings, recompute == "full"):
+        for phase, module, x, at in gathered_bytes(arch, dp, settings, recompute == "full", 2, lora):
             if phase == "loss":
                 after_forward = x
                 continue
@@ -175,15 +194,16 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
             gathered[key] = max(gathered.get(key, 0), x)
             if at > x:
                 fetching[key] = max(fetching.get(key, 0), at)
-    grads, epilogue = _gradients(arch, dp, bucket, device, offload=offload_optimizer)
+    grads, epilogue = _gradients(arch, dp, bucket, device, offload=offload_optimizer, lora=lora)
     moments: list[Moment] = []
     last: list[tuple[str, int]] = []  # the previous moment's parts, less the gathered parameters
     seen: set[tuple[str, str]] = set()
     for m in tl.moments:
         if m.phase in ("optimizer", "zero_grad"):
             continue
-        made = sum(x for n, x in m.parts if n in _GRADS)  # no parameter's gradient made yet: none in flight
-        parts = [(n, x) for n, x in m.parts if n not in ("parameters", "optimizer states", "buffers", *_GRADS)]
+        # no parameter's gradient made yet: none in flight (LoRA: no head gradient comes before the layers')
+        made = sum(x for n, x in m.parts if n in _GRADS) or (lora is not None and m.phase.startswith("backward.layer."))
+        parts = [(n, x) for n, x in m.parts if n not in (*_STATES, *_GRADS)]
         extra: list[tuple[str, int]] = []
         if m.phase.startswith(("forward", "backward")):
             phase, _, rest = m.phase.partition(".")
@@ -205,6 +225,13 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
             seen.add(k)
         elif m.phase == "loss":
             extra.append(("gathered parameters", after_forward))
+        if lora is not None and m.phase == "backward":
+            # ZeRO-3 replaces F.linear with its own autograd function (runtime/zero/linear.py
+            # LinearFunctionForZeroStage3, installed for good by the engine's zero.Init: memory_efficient_linear),
+            # which saves every linear's input, a frozen one's too: the frozen head keeps the final norm's output
+            # until its backward (traced); peft's frozen layer projections keep nothing more only when every one
+            # carries an adapter, whose lora_A keeps that input anyway (``why_not`` asks for all of them)
+            extra.append(("head input (saved by DeepSpeed's linear)", 2 * s * b * arch.hidden))
         moments.append(_moment(m.phase, m.label, states + parts + extra))
         last = states + parts + [e for e in extra if e[0] != "gathered parameters"]
     inputs = [(n, x) for n, x in tl.moments[1].parts if n.startswith("input ids")]
@@ -214,7 +241,8 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
     largest = max(ceil_div(n, dp) for _, n in tensors)
     end_gather = gathered.get(("backward", "embed"), 0)
     moments.append(_moment("backward.epilogue", "the last bucket reduced", base + [
-        ("gathered parameters", end_gather), ("gradients and the bucket's reduction", epilogue)]))
+        ("gathered parameters", end_gather), ("gradients and the bucket's reduction", epilogue)]
+        + embedding_leaf(arch, s, b, lora)))
     if offload_optimizer:  # the norm, clipping and Adam on the host; the write-back copies into the bf16 partitions
         moments += [_moment("optimizer", "DeepSpeedCPUAdam on the host, the bf16 partitions written back", base),
                     _moment("zero_grad", "after the step", base)]

@@ -32,7 +32,7 @@ from memcalc.frozen import frozen
 from memcalc.layout.plan import Zero3Settings
 from memcalc.model.architecture import Architecture
 from memcalc.model.memo import per_architecture
-from memcalc.model.tree import Node, module_tree
+from memcalc.model.tree import Node, lora_tree, module_tree
 from memcalc.units import ceil_div
 
 __all__ = ["Gathers", "Zero3Settings", "gathered_bytes", "persistent", "replay"]
@@ -64,11 +64,13 @@ class _Module:
 
 
 @per_architecture
-def _called(arch: Architecture, recompute: bool = False) -> tuple[list[tuple[str, str]], dict[str, _Module], dict[str, int]]:
+def _called(arch: Architecture, recompute: bool = False, lora=None
+            ) -> tuple[list[tuple[str, str]], dict[str, _Module], dict[str, int]]:  # fmt: skip
     """Hook events in one step (("fetch" | "release", module)), the modules, and each parameter's numel.
     ``recompute``: each decoder layer is checkpointed; the backward of the first module its output's gradient
     reaches (fetched first) unpacks a checkpoint, which runs the layer's forward again (its forward hooks fire once
-    more) before the rest of the layer's backward."""
+    more) before the rest of the layer's backward. ``lora``: the modules of a peft LoRA model
+    (``memcalc.model.tree.lora_tree``)."""
     numel: dict[str, int] = {}
     mods: dict[str, _Module] = {}
     fwd: list[tuple[str, str]] = []
@@ -111,7 +113,7 @@ def _called(arch: Architecture, recompute: bool = False) -> tuple[list[tuple[str
         if not mods[n.name].releases_at_end:
             bwd.append(("release", n.name))
 
-    root = module_tree(arch)
+    root = module_tree(arch) if lora is None else lora_tree(arch, lora)
     forward(root)
     backward(root)
     leftovers = [m for m in mods.values() if m.releases_at_end]
@@ -124,9 +126,9 @@ def _persistent(numel: dict[str, int], s: Zero3Settings) -> dict[str, int]:
     return {p: n for p, n in numel.items() if n <= s.param_persistence_threshold}
 
 
-def persistent(arch: Architecture, s: Zero3Settings) -> dict[str, int]:
+def persistent(arch: Architecture, s: Zero3Settings, lora=None) -> dict[str, int]:
     """Parameters DeepSpeed keeps whole on every rank (numel <= stage3_param_persistence_threshold), with their numel."""
-    return _persistent(_called(arch)[2], s)
+    return _persistent(_called(arch, False, lora)[2], s)
 
 
 def replay(
@@ -143,14 +145,14 @@ def replay(
 
 
 @per_architecture
-def gathered_bytes(arch: Architecture, dp: int, s: Zero3Settings, recompute: bool = False, width: int = 2
-                   ) -> tuple[tuple[str, str, int, int], ...]:  # fmt: skip
+def gathered_bytes(arch: Architecture, dp: int, s: Zero3Settings, recompute: bool = False, width: int = 2,
+                   lora=None) -> tuple[tuple[str, str, int, int], ...]:  # fmt: skip
     """(phase, module, running, fetching) for each module's fetch in a later step: the bytes of gathered
     parameters (``width`` bytes each) alive while the module runs (after its fetch and the prefetch that follows
     it), and at its fetch (the waits done, the flat all-gather buffers they emptied not yet freed); and
     ("loss", "", bytes, 0) as backward starts. Persistent parameters are left out (whole on every rank all step)."""
     mem: list[tuple[str, str, int, int]] = []
-    _replay(arch, dp, s, False, None, mem, recompute, width)
+    _replay(arch, dp, s, False, None, mem, recompute, width, lora)
     return tuple(mem)
 
 
@@ -161,9 +163,9 @@ def _replay_once(arch: Architecture, dp: int, s: Zero3Settings, first_step: bool
 
 def _replay(
     arch: Architecture, dp: int, s: Zero3Settings, first_step: bool, log: list[tuple[str, int, object]] | None,
-    mem: list[tuple[str, str, int, int]] | None = None, recompute: bool = False, width: int = 2,
+    mem: list[tuple[str, str, int, int]] | None = None, recompute: bool = False, width: int = 2, lora=None,
 ) -> Gathers:
-    events, mods, numel = _called(arch, recompute)
+    events, mods, numel = _called(arch, recompute, lora)
     persist = set(_persistent(numel, s))
     padded = {p: ceil_div(n, dp) * dp for p, n in numel.items()}
     trace = [m for kind, m in events if kind == "fetch"]

@@ -263,6 +263,36 @@ def module_tree(arch: Architecture) -> Node:
     return Node("root", children=(*children, head), grad_input=False)
 
 
+@per_architecture
+def lora_tree(arch: Architecture, lora) -> Node:
+    """``module_tree`` of a peft LoRA model (``memcalc.model.lora.LoraPlan``): each targeted projection becomes peft's
+    ``lora.Linear``, a module without parameters of its own that calls, in order, its ``base_layer`` (the frozen
+    weight, the same parameter ids), ``lora_dropout["default"]`` (``nn.Identity`` at dropout 0), ``lora_A["default"]``
+    (r × in) and ``lora_B["default"]`` (out × r) (peft ``tuners/lora/layer.py`` ``Linear.forward``:
+    ``base_layer(x) + lora_B(lora_A(dropout(x))) * scaling``). The adapters' parameter ids end in ``.lora_A`` and
+    ``.lora_B``."""
+    from memcalc.model.lora import targeted
+
+    suffix = {}
+    for p in targeted(arch, lora):
+        name = ("qkv" if len(p.names) == 3 else "gate_up" if len(p.names) == 2 else
+                {"up": "fc1", "down": "fc2"}.get(p.names[0], p.names[0]) if not arch.gated_mlp else p.names[0])
+        suffix[name] = (p.fan_in, p.fan_out)
+    r = lora.rank
+
+    def wrap(n: Node) -> Node:
+        last = n.name.rsplit(".", 1)[-1]
+        if n.params and not n.children and n.name.startswith("layer") and last in suffix:
+            fan_in, fan_out = suffix[last]
+            return Node(n.name, children=(
+                Node(f"{n.name}.base_layer", n.params), Node(f"{n.name}.lora_dropout"),
+                Node(f"{n.name}.lora_A", ((f"{n.name}.lora_A", (r, fan_in)),)),
+                Node(f"{n.name}.lora_B", ((f"{n.name}.lora_B", (fan_out, r)),))))  # fmt: skip
+        return replace(n, children=tuple(wrap(c) for c in n.children)) if n.children else n
+
+    return wrap(module_tree(arch))
+
+
 def subtree_numel(root: Node) -> dict[int, int]:
     """Elements of ``module_params(node)`` for every node under ``root`` (keyed by ``id(node)``), in one pass.
 

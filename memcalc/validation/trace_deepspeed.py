@@ -243,7 +243,7 @@ def ds_config(stage: int, micro_batch: int, reduce_bucket_size: int | None, over
 
 
 # --- one rank ------------------------------------------------------------------------------------------------
-def _engine(hf_config: dict, attention: str, optimizer: str, recompute: str, config: dict) -> Any:
+def _engine(hf_config: dict, attention: str, optimizer: str, recompute: str, config: dict, lora: Any = None) -> Any:
     import deepspeed
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -253,9 +253,21 @@ def _engine(hf_config: dict, attention: str, optimizer: str, recompute: str, con
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg),
                                              attn_implementation=attention)  # fp32; DeepSpeed casts it to bf16
     model.train()
+    if lora is not None:  # peft injects its adapters into the model in place and freezes the rest
+        from peft import LoraConfig, get_peft_model
+
+        from memcalc.model.hf_config import architecture_from_config
+        from memcalc.model.lora import projections
+
+        modules = sorted({p.module.split(".")[-1] for p in projections(architecture_from_config(hf_config))
+                          if p.names[0] in lora.targets})
+        get_peft_model(model, LoraConfig(r=lora.rank, lora_alpha=2 * lora.rank, target_modules=modules,
+                                         lora_dropout=0.0, bias="none"), autocast_adapter_dtype=False)
+        model.enable_input_require_grads()
     impl = {"foreach": optimizer.endswith("foreach"), "fused": optimizer.endswith("fused")}
+    trainable = [p for p in model.parameters() if p.requires_grad]  # Trainer.create_optimizer's groups
     engine, _, _, _ = deepspeed.initialize(model=model, config=config,
-                                           optimizer=torch.optim.AdamW(model.parameters(), lr=1e-4, **impl))
+                                           optimizer=torch.optim.AdamW(trainable, lr=1e-4, **impl))
     if recompute == "full":
         enable_checkpointing(engine.module)
     return engine
@@ -291,7 +303,8 @@ def _facts(engine: Any) -> dict[str, int]:
 
 
 def _rank_main(rank: int, world: int, hf_config: dict, seq_len: int, micro_batch: int, recompute: str,
-               attention: str, optimizer: str, config: dict, init_file: str, out_dir: str, timeout: float) -> None:
+               attention: str, optimizer: str, config: dict, init_file: str, out_dir: str, timeout: float,
+               lora: Any = None) -> None:
     import datetime
     import logging
     import warnings
@@ -308,7 +321,7 @@ def _rank_main(rank: int, world: int, hf_config: dict, seq_len: int, micro_batch
 
         logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
         deepspeed.init_distributed(dist_backend="gloo")
-        engine = _engine(hf_config, attention, optimizer, recompute, config)
+        engine = _engine(hf_config, attention, optimizer, recompute, config, lora)
         box: list[AttributedLiveBytes | None] = [None]
 
         def mark(label: str) -> None:
@@ -358,7 +371,8 @@ def _rank_main(rank: int, world: int, hf_config: dict, seq_len: int, micro_batch
         if rank == 0:
             label = (f"{hf_config['model_type']} b{micro_batch}xs{seq_len} deepspeed "
                      f"zero-{config['zero_optimization']['stage']} world={world} bf16 {optimizer} "
-                     f"recompute={recompute} {attention}")  # fmt: skip
+                     f"recompute={recompute} {attention}"
+                     + (f" lora r={lora.rank} {','.join(lora.targets)}" if lora is not None else ""))  # fmt: skip
             held = {k: tuple(i.held() for i in v) for k, v in tracker.snapshots.items()}
             result = DeepSpeedTrace(tracker.result(label, seconds), held, config, _facts(engine))
             Path(out_dir, "rank0.pkl").write_bytes(pickle.dumps(result))
@@ -378,7 +392,7 @@ def trace_deepspeed(hf_config: dict, *, stage: int, world: int, seq_len: int, mi
                     precision: str = "bf16", recompute: str = "none", attention: str = "sdpa",
                     reduce_bucket_size: int | None = None, overlap_comm: bool | None = None,
                     contiguous_gradients: bool | None = None, optimizer: str = "torch-adamw",
-                    zero_config: dict | None = None, timeout: float = 300) -> DeepSpeedTrace:
+                    zero_config: dict | None = None, timeout: float = 300, lora: Any = None) -> DeepSpeedTrace:
     """Rank 0's trace of the third DeepSpeed step, with what was live at the baseline, each phase's peak and the end.
 
     Baseline (the exact count): every storage behind a torch tensor alive in the rank's process just before the
@@ -388,7 +402,9 @@ def trace_deepspeed(hf_config: dict, *, stage: int, world: int, seq_len: int, mi
     created and freed inside the step are counted by ``LiveBytes``. ``None`` for ``reduce_bucket_size``,
     ``overlap_comm`` and ``contiguous_gradients`` keeps DeepSpeed's defaults (5e8 elements, on for ZeRO-3 only,
     on); ``zero_config`` adds entries to the ``zero_optimization`` section. Ranks still running after ``timeout``
-    seconds are killed and a ``RuntimeError`` names the configuration.
+    seconds are killed and a ``RuntimeError`` names the configuration. ``lora``: a ``memcalc.model.lora.LoraPlan``;
+    peft's adapters (``lora_dropout=0``, ``enable_input_require_grads()``) on the model before DeepSpeed wraps it,
+    and the client optimizer over the trainable parameters, as ``Trainer.create_optimizer`` builds it.
     """
     for name, value, accepted in (("precision", precision, PRECISIONS), ("recompute", recompute, RECOMPUTES),
                                   ("attention", attention, ATTENTIONS), ("optimizer", optimizer, OPTIMIZERS),
@@ -406,7 +422,7 @@ def trace_deepspeed(hf_config: dict, *, stage: int, world: int, seq_len: int, mi
         init_file = os.path.join(out, "init")
         ctx = mp.get_context("spawn")
         procs = [ctx.Process(target=_rank_main, args=(r, world, dict(hf_config), seq_len, micro_batch, recompute,
-                                                      attention, optimizer, config, init_file, out, timeout),
+                                                      attention, optimizer, config, init_file, out, timeout, lora),
                              daemon=True)
                  for r in range(world)]  # fmt: skip
         try:
