@@ -28,6 +28,7 @@ from memcalc.memory.timeline import timeline
 from memcalc.model.hf_config import architecture_from_config
 from memcalc.units import GiB
 from memcalc.validation.trace import trace_step
+from memcalc.validation.trace_step import cache_promotes_values
 
 LLAMA = dict(model_type="llama", hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=128, max_position_embeddings=256)
@@ -52,7 +53,8 @@ def both(name, shard, precision, mp=None, recompute="none", opt="fused", wrap="r
                     reshard_after_forward=not keep, fsdp_reduce_fp32=reduce_fp32)  # fmt: skip
     tl = timeline(architecture_from_config(cfg), family=cfg["model_type"], regime=precision, attention="sdpa", s=S,
                   b=B, recompute=recompute, optimizer_impl=opt, world=shard, fsdp=True, fsdp_param_dtype=mp,
-                  fsdp_wrap=wrap, fsdp_keep=keep, fsdp_hsdp=replicas > 1, fsdp_reduce_fp32=reduce_fp32)  # fmt: skip
+                  fsdp_wrap=wrap, fsdp_keep=keep, fsdp_hsdp=replicas > 1, fsdp_reduce_fp32=reduce_fp32,
+                  cache_promotes_values=cache_promotes_values())  # fmt: skip
     return tr, tl
 
 
@@ -270,7 +272,7 @@ def fsdp1(name, world, precision, mp=None, recompute="none", opt="fused", prefet
                     fsdp_param_dtype=mp, optimizer_impl=opt, recompute=recompute, backward_prefetch=prefetch)  # fmt: skip
     tl = timeline(architecture_from_config(cfg), family=cfg["model_type"], regime=precision, attention="sdpa", s=S,
                   b=B, recompute=recompute, optimizer_impl=opt, world=world, fsdp=True, fsdp_param_dtype=mp,
-                  fsdp_flat=True, fsdp_prefetch=prefetch == "pre")  # fmt: skip
+                  fsdp_flat=True, fsdp_prefetch=prefetch == "pre", cache_promotes_values=cache_promotes_values())  # fmt: skip
     return tr, tl
 
 
@@ -392,7 +394,8 @@ def test_fsdp1_shard_grad_op_keeps_each_unit_gathered(name, precision, mp, recom
                     reshard_after_forward=False, fake=False)  # fmt: skip
     tl = timeline(architecture_from_config(cfg), family=cfg["model_type"], regime=precision, attention="sdpa", s=S,
                   b=B, recompute=recompute, optimizer_impl="fused", world=4, fsdp=True, fsdp_param_dtype=mp,
-                  fsdp_flat=True, fsdp_keep=True, fsdp_hsdp=replicas > 1)  # fmt: skip
+                  fsdp_flat=True, fsdp_keep=True, fsdp_hsdp=replicas > 1,
+                  cache_promotes_values=cache_promotes_values())  # fmt: skip
     exact(tr, tl, skip=("backward.layer.0",))
     with pytest.raises(InputError, match="fake=False"):
         trace_step(cfg, seq_len=S, micro_batch=B, world=4, fsdp=True, fsdp_version=1, reshard_after_forward=False)
@@ -478,7 +481,8 @@ def test_lora_under_fsdp2_against_a_traced_peft_step(name, world, precision, mp,
     one = trace_lora_step(cfg, lp, seq_len=S, micro_batch=B, precision=alike, optimizer_impl=opt, fake=False,
                           recompute=recompute)  # fmt: skip
     arch = architecture_from_config(cfg)
-    kw = dict(family=cfg["model_type"], attention="sdpa", s=S, b=B, optimizer_impl=opt, lora=lp, recompute=recompute)
+    kw = dict(family=cfg["model_type"], attention="sdpa", s=S, b=B, optimizer_impl=opt, lora=lp, recompute=recompute,
+              cache_promotes_values=cache_promotes_values())
     tl = timeline(arch, regime=precision, world=world, fsdp=True, fsdp_param_dtype=mp, **kw)
     alone = timeline(arch, regime=alike, **kw)
     exact_phases = ("baseline", "input", "optimizer", "zero_grad")  # the states

@@ -192,8 +192,10 @@ def test_qwen3_timeline_against_a_traced_peft_step(precision, impl, targets):
 
     lp = LoraPlan(8, targets)
     tr = trace_lora_step(QWEN3, lp, seq_len=32, micro_batch=2, precision=precision, optimizer_impl=impl, fake=False)
+    from memcalc.validation.trace_step import cache_promotes_values
+
     tl = timeline(architecture_from_config(QWEN3), family="qwen3", regime=precision, attention="sdpa", s=32, b=2,
-                  optimizer_impl=impl, lora=lp)  # fmt: skip
+                  optimizer_impl=impl, lora=lp, cache_promotes_values=cache_promotes_values())  # fmt: skip
     assert (tl.peak.live_bytes, tl.peak.phase) == (tr.peak, tr.peak_phase)
 
 
@@ -207,8 +209,10 @@ def test_timeline_against_a_traced_peft_step(precision, impl, attention, recompu
     lp = LoraPlan(8, targets)
     tr = trace_lora_step(TRACE_LLAMA, lp, seq_len=32, micro_batch=2, precision=precision, optimizer_impl=impl,
                          attention=attention, recompute=recompute, fake=False)
+    from memcalc.validation.trace_step import cache_promotes_values
+
     tl = timeline(architecture_from_config(TRACE_LLAMA), family="llama", regime=precision, attention=attention, s=32,
-                  b=2, optimizer_impl=impl, recompute=recompute, lora=lp)
+                  b=2, optimizer_impl=impl, recompute=recompute, lora=lp, cache_promotes_values=cache_promotes_values())
     for phase in ("baseline", "input", "optimizer", "zero_grad"):  # the states: adapters trainable, base frozen
         assert tl.phase_peaks[phase] == tr.phase_peaks[phase]
     if bound == 0:

@@ -17,6 +17,7 @@ from memcalc.memory.timeline_states import param_tensors, states  # noqa: E402
 from memcalc.model.hf_config import architecture_from_config  # noqa: E402
 from memcalc.model.params import model_params  # noqa: E402
 from memcalc.validation.trace import trace_step  # noqa: E402
+from memcalc.validation.trace_step import cache_promotes_values  # noqa: E402
 
 LLAMA = dict(model_type="llama", hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=128, max_position_embeddings=256)
@@ -46,7 +47,8 @@ def both(family, **kw):
     tr = trace_step(CONFIGS[family], seq_len=S, micro_batch=B, **kw)
     tl = timeline(architecture_from_config(CONFIGS[family]), family=family, regime=kw.get("precision", "fp32"),
                   attention=kw.get("attention", "sdpa"), s=S, b=B, recompute=kw.get("recompute", "none"),
-                  optimizer_impl=kw.get("optimizer_impl", "foreach"))  # fmt: skip
+                  optimizer_impl=kw.get("optimizer_impl", "foreach"),
+                  cache_promotes_values=cache_promotes_values())  # fmt: skip
     return tr, tl
 
 

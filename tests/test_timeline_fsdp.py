@@ -16,6 +16,7 @@ from memcalc.memory.timeline import timeline
 from memcalc.memory.timeline_states import shard_units
 from memcalc.model.hf_config import architecture_from_config
 from memcalc.validation.trace import trace_step
+from memcalc.validation.trace_step import cache_promotes_values
 
 LLAMA = dict(model_type="llama", hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=128, max_position_embeddings=256)
@@ -49,7 +50,8 @@ def both(name, world, precision, mp=None, recompute="none", opt="fused", s=S):
     tr = trace_step(cfg, seq_len=s, micro_batch=B, precision=precision, world=world, fsdp=True, fsdp_param_dtype=mp,
                     optimizer_impl=opt, recompute=recompute, attention=attention)  # fmt: skip
     tl = timeline(architecture_from_config(cfg), family=cfg["model_type"], regime=precision, attention=attention,
-                  s=s, b=B, recompute=recompute, optimizer_impl=opt, world=world, fsdp=True, fsdp_param_dtype=mp)  # fmt: skip
+                  s=s, b=B, recompute=recompute, optimizer_impl=opt, world=world, fsdp=True, fsdp_param_dtype=mp,
+                  cache_promotes_values=cache_promotes_values())  # fmt: skip
     return tr, tl
 
 

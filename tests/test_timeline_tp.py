@@ -26,6 +26,7 @@ from memcalc.memory.timeline_states import param_tensors
 from memcalc.memory.timeline_tp import rank_arch, step_temporary
 from memcalc.model.hf_config import architecture_from_config
 from memcalc.validation.trace import trace_step
+from memcalc.validation.trace_step import cache_promotes_values
 
 LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 256}
@@ -57,7 +58,7 @@ def both(name, precision, tp, world, mp=None, recompute="none", opt="fused", att
                     fsdp_param_dtype=mp, optimizer_impl=opt, recompute=recompute, attention=attention)  # fmt: skip
     tl = timeline(architecture_from_config(cfg), family=cfg["model_type"], regime=precision, attention=attention, s=s,
                   b=B, recompute=recompute, optimizer_impl=opt, world=world // tp, fsdp_param_dtype=mp,
-                  tp=tp)  # fmt: skip
+                  tp=tp, cache_promotes_values=cache_promotes_values())  # fmt: skip
     return tr, tl
 
 
@@ -113,7 +114,10 @@ EXACT = [  # (config, precision, tp, world, fsdp_param_dtype, recompute, optimiz
 @pytest.mark.parametrize("name,precision,tp,world,mp,recompute,opt,attention,peak", EXACT)
 def test_tp_peak_equals_trace(name, precision, tp, world, mp, recompute, opt, attention, peak):
     tr, tl = both(name, precision, tp, world, mp, recompute, opt, attention)
-    assert tr.peak == peak
+    # the traced peak as transformers 5.23 ran it; from 5.24 an autocast step with the cache on holds less (its cached
+    # V keeps bf16: memcalc.memory.timeline's cache_promotes_values), and the timeline follows the installed one
+    if cache_promotes_values() or precision != "amp-bf16" or recompute != "none":
+        assert tr.peak == peak
     assert (tl.peak.live_bytes, tl.peak.phase) == (tr.peak, tr.peak_phase)
     for phase in ("baseline", "input", "optimizer", "zero_grad"):
         assert tl.phase_peaks[phase] == tr.phase_peaks[phase]
@@ -210,7 +214,7 @@ def both_sp(name, precision, tp, world, mp=None, recompute="none", opt="fused"):
                     fsdp_param_dtype=mp, optimizer_impl=opt, recompute=recompute, sequence_parallel=True)  # fmt: skip
     tl = timeline(architecture_from_config(cfg), family=cfg["model_type"], regime=precision, attention="sdpa", s=S,
                   b=B, recompute=recompute, optimizer_impl=opt, world=world // tp, fsdp_param_dtype=mp, tp=tp,
-                  sequence_parallel=True)  # fmt: skip
+                  sequence_parallel=True, cache_promotes_values=cache_promotes_values())  # fmt: skip
     return tr, tl
 
 

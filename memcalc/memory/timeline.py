@@ -19,7 +19,7 @@ from memcalc.frozen import frozen
 from memcalc.memory.reserved import loss_cached
 from memcalc.memory.saved import (FAMILIES, LLAMA_STYLE, OTHER_NORMS, REGIMES, _check, check_code, loss_transient,
                                   shape)
-from memcalc.memory.saved_gemma import GEMMAS, rope_types
+from memcalc.memory.saved_gemma import GEMMAS, rope_types, sliding_sdpa_masked
 from memcalc.memory.timeline_layers import checkpointed, layer_sizes, parse_recompute
 from memcalc.memory.timeline_states import FsdpOverlay, lora_states, param_tensors, states
 from memcalc.memory.timeline_tp import (norm_backward, parallel_loss, rank_arch, reduce_scatter, rmsnorm_backward,
@@ -82,7 +82,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
              sequence_parallel: bool = False, float8: str = "none",
              float8_all_gather: bool = False, fsdp_wrap: str = "root", fsdp_keep: bool = False,
              fsdp_hsdp: bool = False, fsdp_reduce_fp32: bool = False, fsdp_flat: bool = False,
-             fsdp_prefetch: bool = True) -> Timeline:  # fmt: skip
+             fsdp_prefetch: bool = True, cache_promotes_values: bool = False) -> Timeline:  # fmt: skip
     """Moments of one training step of a Hugging Face ``family`` model on one GPU.
 
     regime: fp32 | bf16 (pure: weights, gradients, AdamW moments bf16) | amp-bf16 (fp32 weights, autocast).
@@ -90,8 +90,13 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     in-backward.  optimizer_states: adamw | adamw-8bit | paged-adamw-8bit.  loss: standard | chunked:N | fused.
     device: cpu (what the tracer runs) | cuda (adds the cuBLAS workspaces; CUDA kernel differences in saved.py).
     use_cache: the config's ``use_cache`` (Hugging Face turns it off under checkpointing). Under autocast the
-    rotary product promotes K to fp32, so the cache keeps fp32 K, V copies (2·4·T·kv width per layer) while SDPA
-    saves bf16 casts; they live until the forward returns.
+    rotary product promotes K to fp32, so the cache keeps an fp32 copy of K (4·T·kv width per layer) while SDPA
+    saves a bf16 cast; the cached V (transformers 5.24 on: ``DynamicLayer.lazy_initialization`` gives the empty
+    values tensor V's own dtype) is a bf16 copy, the very tensor SDPA saves (where repeat_kv's copies are saved
+    instead, eager attention under GQA and Gemma 3's masked sliding layers: 2·T·kv width more). ``cache_promotes_values``: transformers 5.x before 5.24, whose empty values
+    tensor took K's dtype, so ``torch.cat`` promoted the cached V to fp32 too (2·4·T·kv width per layer, SDPA saving
+    its bf16 cast; ``memcalc.validation.trace_step.cache_promotes_values`` probes the installed one). They live
+    until the forward returns.
     position_ids: the batch passes b × s position ids (the tracer does; a plain ``model(input_ids)`` call makes
     1 × s ones, so the rotary tables are b times smaller).
     world: above 1 (or ``fsdp=True``: FSDP2 on one rank), FSDP2 ``fully_shard`` per decoder layer and on the root
@@ -215,7 +220,10 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
             cache += 2 * (x.qw + 2 * x.kvw)
         if amp and use_cache and policy.kind == "none" and family in (*LLAMA_STYLE, *GEMMAS) and i not in arch.nope_layers:
             # a layer without rotary (SmolLM3) caches the bf16 K, V that SDPA saves anyway: nothing beyond them
-            cache += 2 * 4 * t * x.kvw
+            # repeat_kv's copies saved instead of V (GQA under eager, Gemma 3's masked sliding SDPA)
+            copied = (attention == "eager" and x.kv < x.heads) or sliding_sdpa_masked(arch, attention, s, i)
+            value = 4 if cache_promotes_values else 2 if copied else 0
+            cache += (4 + value) * t * x.kvw
         elif (attention == "eager" and x.kv < x.heads and use_cache and policy.kind == "none"
               and (lora is not None or (family in (*LLAMA_STYLE, *OTHER_NORMS) and code == "hf"))):  # fmt: skip
             # DynamicCache keeps this layer's K, V (kv width) until the forward returns; eager attention saves their

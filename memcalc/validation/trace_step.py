@@ -9,6 +9,7 @@ runs on real tensors and on fake ones (``trace.trace_step`` wraps it in ``FakeTe
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -83,6 +84,18 @@ def _quiet_imports() -> Iterator[None]:
     finally:
         for n, level in zip(names, levels):
             logging.getLogger(n).setLevel(level)
+
+
+@functools.cache
+def cache_promotes_values() -> bool:
+    """Whether the installed transformers' ``DynamicCache`` promotes a bf16 V to the dtype of an fp32 K (5.x before
+    5.24: the empty values tensor was made with K's dtype), probed with one update; the timeline's
+    ``cache_promotes_values`` for comparing its autocast steps with a trace."""
+    with _quiet_imports():
+        from transformers.cache_utils import DynamicCache
+
+    _, value = DynamicCache().update(torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2, dtype=torch.bfloat16), 0)
+    return value.dtype == torch.float32
 
 
 def build_model(hf_config: dict, spec: StepSpec) -> torch.nn.Module:
