@@ -379,7 +379,7 @@ BASES = [to_hf(load_model(n)) for n in ("gpt2", "llama-2-7b", "mistral-7b", "qwe
 USED_KEYS = sorted({"model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "attention_bias",
                     "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size", "tie_word_embeddings",
                     "attention_dropout", "mlp_bias", "num_local_experts", "num_experts_per_tok", "n_embd", "n_layer",
-                    "n_head", "n_inner", "n_positions", "attn_pdrop", "resid_pdrop", "use_parallel_residual",
+                    "n_head", "n_inner", "n_positions", "attn_pdrop", "resid_pdrop", "embd_pdrop", "use_parallel_residual",
                     "hidden_dropout", "n_embed", "ffn_dim", "enable_bias", "word_embed_proj_dim",
                     "max_position_embeddings", "do_layer_norm_before", "dropout", "new_decoder_architecture",
                     "num_kv_heads", "multi_query", "bias", "parallel_attn", "ffn_hidden_size", "alibi",

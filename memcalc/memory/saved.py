@@ -131,9 +131,20 @@ def layer_saved(arch: Architecture, *, family: str, regime: Regime, attention: s
         mlp_in = ("gate_up",) if arch.fused_gate_up else ("gate", "up") if family in LLAMA_STYLE else ("fc1",)
         out += _inputs(x, d, amp, mlp_in)
     out += _mlp(x, family, d, amp, cuda)
+    if family == "gpt2" and arch.dropout > 0:
+        out.append(dropout_mask(x, d, cuda, "resid_dropout and mlp.dropout masks (2)", 2))
     if amp:
         out += _weight_casts(x, family)
     return out
+
+
+def dropout_mask(x: Shape, width: int, cuda: bool, name: str, count: int = 1) -> SavedTensor:
+    """What ``count`` ``nn.Dropout`` calls in training keep over T × hidden: on CUDA ``native_dropout``'s bool mask (1
+    byte an element); on CPU ``at::dropout``'s composite, ``input * noise``, whose ``mul`` keeps the noise in the
+    input's dtype (``width`` bytes; ATen Dropout.cpp: the fused kernel serves CUDA only), as the tracer sees.
+    GPT-2's attention dropout is SDPA's ``dropout_p``: fused in the CUDA flash and memory-efficient kernels (their
+    RNG state only); on CPU it sends SDPA to the math kernel, which is not modelled."""
+    return SavedTensor(name, count * (1 if cuda else width) * x.t * x.h)
 
 
 def _qk_norm(x: Shape, d: int) -> list[SavedTensor]:

@@ -191,6 +191,8 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
         # Gemma 3: one table per layer type in use; OLMo 2's rotary returns fp32 cos, sin in every regime
         tables = rope_types(arch) * (4 if family == "olmo2" else r)
         prologue.append(("rotary cos, sin", 2 * rows * s * x.rot * tables))
+    if family == "gpt2" and arch.dropout > 0 and code == "hf":  # GPT2Model's drop(wte + wpe): its mask to the end
+        prologue.append(("embedding dropout mask", (1 if device == "cuda" else r) * t * h // sp))
     # Eager attention: the model's 4-D causal mask (b × s × s in the embedding output's dtype; transformers
     # ``masking_utils.create_causal_mask``) lives until the model's forward returns; the attention's add saves
     # nothing, but each checkpointed layer keeps it as an argument until its backward (tests/test_timeline_tp.py)

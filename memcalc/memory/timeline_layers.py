@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from memcalc.errors import InputError
 from memcalc.frozen import frozen
-from memcalc.memory.saved import LLAMA_LIKE, LLAMA_STYLE, OTHER_NORMS, SavedTensor, layer_saved, shape, total
+from memcalc.memory.saved import (LLAMA_LIKE, LLAMA_STYLE, OTHER_NORMS, SavedTensor, dropout_mask, layer_saved, shape,
+                                  total)
 
 RECOMPUTE_HELP = "none, full, every:K, selective, op-sac"
 
@@ -156,6 +157,9 @@ def layer_sizes(arch, *, family: str, regime: str, attention: str, s: int, b: in
         # a norm after the MLP (Gemma 2/3 post_feedforward_layernorm, OLMo 2's): its backward ran before the MLP's and
         # freed its fp32 input and normalized tensor (8·T·h) and Gemma's 1 + weight (4h) (traced: tests/test_timeline.py)
         extra -= 8 * x.t * x.h + (4 * x.h if family != "olmo2" else 0)
+    if family == "gpt2" and arch.dropout > 0 and code == "hf" and lora is None:
+        # mlp.dropout ends the layer: its backward ran before the MLP's and freed its mask (traced)
+        extra -= dropout_mask(x, d, device == "cuda", "mlp.dropout mask").bytes
     mlp_params = (3 if arch.gated_mlp else 2) * x.h * x.ffn
     attn = _attention_backward(saved, x, d, w, mlp_params) if attention == "eager" else 0
     if attn and family in LLAMA_STYLE and code == "hf" and lora is None:

@@ -140,7 +140,8 @@ def _gpt2(k: _Keys) -> dict[str, Any]:
         "position": "learned",
         "max_positions": k.count("max_positions", "n_positions", bound=POSITIONS, default=1024),
         "fused_qkv": True,
-        "dropout": k.dropout("attn_pdrop", "resid_pdrop"),
+        # each GPT2Config's default 0.1 where the file leaves it out
+        "dropout": max(k.dropout(key) if key in k.cfg else 0.1 for key in ("attn_pdrop", "resid_pdrop", "embd_pdrop")),
     }
 
 
