@@ -272,7 +272,8 @@ def fsdp1(name, world, precision, mp=None, recompute="none", opt="fused", prefet
                     fsdp_param_dtype=mp, optimizer_impl=opt, recompute=recompute, backward_prefetch=prefetch)  # fmt: skip
     tl = timeline(architecture_from_config(cfg), family=cfg["model_type"], regime=precision, attention="sdpa", s=S,
                   b=B, recompute=recompute, optimizer_impl=opt, world=world, fsdp=True, fsdp_param_dtype=mp,
-                  fsdp_flat=True, fsdp_prefetch=prefetch == "pre", cache_promotes_values=cache_promotes_values())  # fmt: skip
+                  fsdp_flat=True, fsdp_prefetch=prefetch == "pre",
+                  cache_promotes_values=cache_promotes_values())  # fmt: skip
     return tr, tl
 
 

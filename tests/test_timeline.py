@@ -254,3 +254,15 @@ def test_band_scales_with_the_step():
     assert fit(21 << 30, 24 << 30, context=0).verdict == "at-risk"  # margin 3 GiB under a 3.91 GiB band
     # the largest single request still sets the band when it is wider
     assert fit(10 << 30, 24 << 30, context=0, largest_request=5 << 30).reserved_high == 15 << 30
+
+
+def test_estimate_counts_gpt2_dropout_masks_and_follows_dropout():
+    """The realistic estimate on CUDA: each GPT-2 layer's two bool masks and the embedding's, 1 byte per element
+    (native_dropout); ``dropout=0`` (the workload's, over the model's 0.1) drops them."""
+    import memcalc
+
+    kw = dict(model="gpt2-large", gpus=2, fsdp="FULL_SHARD", seq_len=1024, micro_batch=4, precision="fp32")
+    on, off = memcalc.estimate(**kw), memcalc.estimate(dropout=0, **kw)
+    assert on.accounting == off.accounting == "realistic"
+    t, h, layers = 1024 * 4, 1280, 36
+    assert on.memory.per_gpu.peak_allocated - off.memory.per_gpu.peak_allocated == (2 * layers + 1) * t * h

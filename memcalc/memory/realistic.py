@@ -185,6 +185,10 @@ def evaluate(plan: Plan, stage: int = 0) -> Realistic:
     assert arch is not None and w is not None
     if plan.pp > 1:
         return _pipeline_rank(plan, stage)
+    if w.dropout != arch.dropout:  # --dropout in force over the model's: what the layers' dropout masks follow
+        import dataclasses
+
+        arch = dataclasses.replace(arch, dropout=w.dropout)
     if plan.spec.name in ZERO_STAGES:
         from memcalc.memory.timeline_zero import zero_timeline, worst_rank
 
@@ -200,8 +204,8 @@ def evaluate(plan: Plan, stage: int = 0) -> Realistic:
         tl = zero3_timeline(arch, family=arch.family or "", dp=plan.dp, attention=ATTENTION[w.attention], s=w.seq_len,
                             b=w.micro_batch, recompute=w.recompute, optimizer_impl=w.optimizer_impl, loss=w.loss,
                             device=w.device, bucket=plan.reduce_bucket_size, settings=plan.zero3, use_cache=False,
-                            offload_optimizer=plan.offload_optimizer != "none", offload_params=plan.offload_params != "none",
-                            lora=plan.lora)
+                            offload_optimizer=plan.offload_optimizer != "none",
+                            offload_params=plan.offload_params != "none", lora=plan.lora)
         return _finish(plan, tl, tl.peak.live_bytes, 0, comm_groups=int(plan.dp > 1))
     sharded = plan.spec.name in FSDP_SHARDED
     # FSDP's mixed precision (bf16-mixed: fp32 sharded parameters, the master copy, gathered and computed in bf16)

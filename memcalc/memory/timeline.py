@@ -93,10 +93,10 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     rotary product promotes K to fp32, so the cache keeps an fp32 copy of K (4·T·kv width per layer) while SDPA
     saves a bf16 cast; the cached V (transformers 5.24 on: ``DynamicLayer.lazy_initialization`` gives the empty
     values tensor V's own dtype) is a bf16 copy, the very tensor SDPA saves (where repeat_kv's copies are saved
-    instead, eager attention under GQA and Gemma 3's masked sliding layers: 2·T·kv width more). ``cache_promotes_values``: transformers 5.x before 5.24, whose empty values
-    tensor took K's dtype, so ``torch.cat`` promoted the cached V to fp32 too (2·4·T·kv width per layer, SDPA saving
-    its bf16 cast; ``memcalc.validation.trace_step.cache_promotes_values`` probes the installed one). They live
-    until the forward returns.
+    instead, eager attention under GQA and Gemma 3's masked sliding layers: 2·T·kv width more). They live until the
+    forward returns. cache_promotes_values: transformers 5.x before 5.24, whose empty values tensor took K's dtype,
+    so ``torch.cat`` promoted the cached V to fp32 too (2·4·T·kv width per layer, SDPA saving its bf16 cast;
+    ``memcalc.validation.trace_step.cache_promotes_values`` probes the installed release).
     position_ids: the batch passes b × s position ids (the tracer does; a plain ``model(input_ids)`` call makes
     1 × s ones, so the rotary tables are b times smaller).
     world: above 1 (or ``fsdp=True``: FSDP2 on one rank), FSDP2 ``fully_shard`` per decoder layer and on the root
@@ -221,8 +221,9 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
             # bias gradient is a sum of the output gradient), alive until the autocast block exits
             cache += 2 * (x.qw + 2 * x.kvw)
         if amp and use_cache and policy.kind == "none" and family in (*LLAMA_STYLE, *GEMMAS) and i not in arch.nope_layers:
-            # a layer without rotary (SmolLM3) caches the bf16 K, V that SDPA saves anyway: nothing beyond them
-            # repeat_kv's copies saved instead of V (GQA under eager, Gemma 3's masked sliding SDPA)
+            # (a layer without rotary, SmolLM3's, caches the bf16 K, V that SDPA saves anyway: nothing beyond them)
+            # V beyond what SDPA saves only where repeat_kv's copies are saved instead (GQA under eager, Gemma 3's
+            # masked sliding SDPA), or where the cache promoted it to fp32
             copied = (attention == "eager" and x.kv < x.heads) or sliding_sdpa_masked(arch, attention, s, i)
             value = 4 if cache_promotes_values else 2 if copied else 0
             cache += (4 + value) * t * x.kvw

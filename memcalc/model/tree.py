@@ -273,11 +273,15 @@ def lora_tree(arch: Architecture, lora) -> Node:
     ``.lora_B``."""
     from memcalc.model.lora import targeted
 
-    suffix = {}
+    suffix = {}  # the leaf's last name in ``_layer_node`` -> (in, out)
     for p in targeted(arch, lora):
-        name = ("qkv" if len(p.names) == 3 else "gate_up" if len(p.names) == 2 else
-                {"up": "fc1", "down": "fc2"}.get(p.names[0], p.names[0]) if not arch.gated_mlp else p.names[0])
-        suffix[name] = (p.fan_in, p.fan_out)
+        if len(p.names) > 1:  # one module for q, k, v, or for gate and up
+            leaf = "qkv" if len(p.names) == 3 else "gate_up"
+        elif not arch.gated_mlp and p.names[0] in ("up", "down"):  # fc2(act(fc1(x)))
+            leaf = {"up": "fc1", "down": "fc2"}[p.names[0]]
+        else:
+            leaf = p.names[0]
+        suffix[leaf] = (p.fan_in, p.fan_out)
     r = lora.rank
 
     def wrap(n: Node) -> Node:
