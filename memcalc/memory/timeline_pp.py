@@ -33,7 +33,7 @@ from memcalc.memory.pipeline import interleaved_ops, receive_buffers
 from memcalc.memory.saved import LLAMA_STYLE, loss_transient, shape
 from memcalc.memory.timeline import CUBLAS_WORKSPACE, Moment, Timeline, _chunk, _head, _moment
 from memcalc.memory.timeline_layers import checkpointed, layer_sizes, parse_recompute
-from memcalc.memory.timeline_states import buffer_bytes, fp8_gathered, param_tensors, shard_elements
+from memcalc.memory.timeline_states import fp8_gathered, param_tensors, shard_elements, shard_states
 from memcalc.memory.timeline_tp import norm_backward, parallel_loss, rank_arch, sp_rank_arch
 
 
@@ -142,8 +142,9 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
         return own + (resid if upto is None and not last[c] else 0)
 
     full = [kept(c) + rotary for c in range(v)]
-    states = [("parameters (fp32 shards)" if width == 4 else "parameters (shards)", width * shard),
-              ("optimizer states", 2 * width * shard + 4 * tensors), ("buffers", buffer_bytes(ra, family, width))]
+    st = shard_states(ra, family, width, shard, tensors, optimizer_impl)  # the rank's chunks' shards
+    states = [("parameters (fp32 shards)" if width == 4 else "parameters (shards)", st.params),
+              ("optimizer states", st.optimizer), ("buffers", st.buffers)]
     if device == "cuda":
         states.append(("cuBLAS workspaces (forward, backward threads)", 2 * CUBLAS_WORKSPACE))
     recv = sum(receive_buffers(gs, stages, n) for gs in glob) * resid
@@ -269,8 +270,8 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
         if not reduced[c]:
             moments.append(_reduce(c, common(c, False), rw * world * lsh))
             gathered[c], acc[c] = False, 0
-    grads = [("gradients (shards)", width * shard)]
-    step = width * shard if optimizer_impl == "foreach" else 0
+    grads = [("gradients (shards)", st.grads)]
+    step = st.step_temporary
     tail = common(0, False)
     moments.append(_moment("optimizer", "optimizer.step()", tail + grads + [("step temporaries", step)]))
     moments.append(_moment("zero_grad", "after the step, before zero_grad", tail + grads))

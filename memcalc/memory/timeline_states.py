@@ -266,13 +266,18 @@ def flat_units(arch: Architecture, world: int) -> ShardUnits:
 
 
 def sharded_states(arch: Architecture, family: str, width: int, units: ShardUnits, impl: str = "foreach") -> States:
-    """Rank 0's model states under FSDP2: sharded parameters, gradients and AdamW moments (rank 0 holds full
-    chunks, so its moments equal its padded shards), a step scalar per parameter, replicated buffers."""
+    """Rank 0's model states under FSDP2 over every unit (``shard_states``)."""
+    return shard_states(arch, family, width, units.root_shard + units.layer_shard * arch.layers, units.tensors, impl)
+
+
+def shard_states(arch: Architecture, family: str, width: int, p: int, tensors: int, impl: str = "foreach") -> States:
+    """Model states of ``p`` padded shard elements over ``tensors`` parameters under FSDP2, at ``width`` bytes:
+    sharded parameters, gradients and AdamW moments (rank 0 holds full chunks, so its moments equal its padded
+    shards), a 4-byte step scalar per parameter, replicated buffers; foreach AdamW's temporary is one more shard."""
     if impl not in ("foreach", "fused"):
         raise InputError(f"optimizer implementation {impl!r} under FSDP: accepted foreach, fused")
-    p = units.root_shard + units.layer_shard * arch.layers
     temp = {"foreach": width * p, "fused": 0}[impl]
-    return States(width * p, width * p, 2 * width * p + 4 * units.tensors, 0, buffer_bytes(arch, family, width), temp, 0)
+    return States(width * p, width * p, 2 * width * p + 4 * tensors, 0, buffer_bytes(arch, family, width), temp, 0)
 
 
 @frozen

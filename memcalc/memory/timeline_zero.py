@@ -229,7 +229,8 @@ def zero_timeline(arch: Architecture, *, family: str, stage: int, dp: int, atten
 def embedding_leaf(arch: Architecture, s: int, b: int, lora) -> list[tuple[str, int]]:
     """LoRA: ``enable_input_require_grads`` makes the embedding's output a leaf that requires a gradient; the loss's
     graph (its AccumulateGrad node) keeps it and its gradient alive until the loss is dropped, after
-    ``engine.backward`` returns, so through DeepSpeed's end of backward (traced). Nothing without LoRA."""
+    ``engine.backward`` returns, so through DeepSpeed's end of backward (traced): 2 bytes an element each (the
+    module's bf16), b·s·h elements. Nothing without LoRA."""
     return [] if lora is None else [("embedding output (a leaf: enable_input_require_grads) and its gradient",
                                      2 * 2 * s * b * arch.hidden)]
 

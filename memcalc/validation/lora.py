@@ -16,19 +16,25 @@ from memcalc.model.lora import LoraPlan, projections
 from memcalc.validation import saved as sv
 
 
-def build(family: str, regime: sv.Regime, attention: str, lora: LoraPlan, recompute: bool = False):
-    """The tiny ``family`` model with peft LoRA adapters on ``lora.targets``."""
+def add_adapters(model, hf_config: dict, lora: LoraPlan):
+    """peft's adapters on ``lora.targets`` of the Hugging Face ``model`` built from ``hf_config``, injected in place
+    (``LoraConfig(r, lora_alpha=2r, lora_dropout=0, bias="none")``, ``autocast_adapter_dtype=False``), the rest frozen
+    and the embedding's output made to require grad (``enable_input_require_grads``); returns the ``PeftModel``."""
     from peft import LoraConfig, get_peft_model
 
     from memcalc.model.hf_config import architecture_from_config
 
-    model = sv.build(family, regime, attention, recompute)
-    arch = architecture_from_config(sv.tiny_config(family))
+    arch = architecture_from_config(hf_config)
     modules = sorted({p.module.split(".")[-1] for p in projections(arch) if p.names[0] in lora.targets})
     cfg = LoraConfig(r=lora.rank, lora_alpha=2 * lora.rank, target_modules=modules, lora_dropout=0.0, bias="none")
     peft_model = get_peft_model(model, cfg, autocast_adapter_dtype=False)
-    peft_model.enable_input_require_grads()
+    model.enable_input_require_grads()
     return peft_model
+
+
+def build(family: str, regime: sv.Regime, attention: str, lora: LoraPlan, recompute: bool = False):
+    """The tiny ``family`` model with peft LoRA adapters on ``lora.targets``."""
+    return add_adapters(sv.build(family, regime, attention, recompute), sv.tiny_config(family), lora)
 
 
 def census(family: str, regime: sv.Regime, attention: str, s: int, b: int, lora: LoraPlan) -> sv.Census:
@@ -62,11 +68,9 @@ def trace_lora_step(hf_config: dict, lora: LoraPlan, *, seq_len: int, micro_batc
     import contextlib
 
     import torch
-    from peft import LoraConfig, get_peft_model
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from memcalc.errors import InputError
-    from memcalc.model.hf_config import architecture_from_config
     from memcalc.validation.trace_parallel import apply_layout, fake_process_group
     from memcalc.validation.trace_step import StepSpec, batch, build_model, traced_steps
 
@@ -74,14 +78,10 @@ def trace_lora_step(hf_config: dict, lora: LoraPlan, *, seq_len: int, micro_batc
     spec.check()
     if world < 1 or fsdp_param_dtype not in (None, "bf16") or (fsdp_param_dtype and world == 1):
         raise InputError(f"world {world} must be at least 1, fsdp_param_dtype None or 'bf16' (with world above 1)")
-    arch = architecture_from_config(hf_config)
-    modules = sorted({p.module.split(".")[-1] for p in projections(arch) if p.names[0] in lora.targets})
     torch.manual_seed(0)
     with fake_process_group(world, 1) as mesh, FakeTensorMode() if fake else contextlib.nullcontext():
         model = build_model(hf_config, spec)
-        cfg = LoraConfig(r=lora.rank, lora_alpha=2 * lora.rank, target_modules=modules, lora_dropout=0.0, bias="none")
-        peft_model = get_peft_model(model, cfg, autocast_adapter_dtype=False)
-        model.enable_input_require_grads()
+        peft_model = add_adapters(model, hf_config, lora)
         if world > 1:
             model = apply_layout(model, mesh, dp=world, tp=1, fsdp=True, mp_bf16=fsdp_param_dtype == "bf16")
         trainable = [p for p in model.parameters() if p.requires_grad]

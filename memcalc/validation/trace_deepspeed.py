@@ -254,16 +254,9 @@ def _engine(hf_config: dict, attention: str, optimizer: str, recompute: str, con
                                              attn_implementation=attention)  # fp32; DeepSpeed casts it to bf16
     model.train()
     if lora is not None:  # peft injects its adapters into the model in place and freezes the rest
-        from peft import LoraConfig, get_peft_model
+        from memcalc.validation.lora import add_adapters
 
-        from memcalc.model.hf_config import architecture_from_config
-        from memcalc.model.lora import projections
-
-        modules = sorted({p.module.split(".")[-1] for p in projections(architecture_from_config(hf_config))
-                          if p.names[0] in lora.targets})
-        get_peft_model(model, LoraConfig(r=lora.rank, lora_alpha=2 * lora.rank, target_modules=modules,
-                                         lora_dropout=0.0, bias="none"), autocast_adapter_dtype=False)
-        model.enable_input_require_grads()
+        add_adapters(model, hf_config, lora)
     impl = {"foreach": optimizer.endswith("foreach"), "fused": optimizer.endswith("fused")}
     trainable = [p for p in model.parameters() if p.requires_grad]  # Trainer.create_optimizer's groups
     engine, _, _, _ = deepspeed.initialize(model=model, config=config,
