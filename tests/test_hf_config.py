@@ -162,6 +162,24 @@ def test_dropout_comes_from_the_config():
     assert load_model("llama-2-7b").dropout == 0.0
 
 
+def test_neox_partial_rotary_and_falcon_layouts_come_from_the_config():
+    neox = REAL_CONFIGS["pythia-1b"][0]
+    assert architecture_from_config(neox).rotary_dims == 256 // 4  # head 256, rotary_pct 0.25
+    no_key = {k: v for k, v in neox.items() if k != "rotary_pct"}
+    assert architecture_from_config(no_key).rotary_dims == 64  # GPTNeoXConfig's default, 0.25
+    five = no_key | {"rope_parameters": {"rope_theta": 10000.0, "partial_rotary_factor": 0.5}}
+    assert architecture_from_config(five).rotary_dims == 128  # transformers 5's key
+    with pytest.raises(InputError, match=r"rotary_pct 1\.5 is out of range; accepted: a JSON number above 0"):
+        architecture_from_config(neox | {"rotary_pct": 1.5})
+    falcon = REAL_CONFIGS["falcon-40b"][0]
+    new = architecture_from_config(falcon)
+    assert (new.kv_expanded, new.norms_per_layer, new.parallel_block) == (True, 2, True)
+    eleven = architecture_from_config(falcon | {"num_ln_in_parallel_attn": 1})  # Falcon-11B: one norm
+    assert (eleven.kv_expanded, eleven.norms_per_layer) == (True, 1)
+    seven = architecture_from_config(to_hf(load_model("falcon-7b")))
+    assert (seven.kv_expanded, seven.norms_per_layer, seven.kv_heads) == (False, 1, 1)
+
+
 def test_every_supported_model_type_has_a_reader():
     assert set(READERS) >= {"llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3", "granite", "smollm3", "gemma",
                             "gemma2", "gemma3_text", "olmo2", "gpt2", "gpt_neox", "bloom", "opt", "falcon"}
@@ -385,7 +403,8 @@ USED_KEYS = sorted({"model_type", "num_hidden_layers", "hidden_size", "num_atten
                     "max_position_embeddings", "do_layer_norm_before", "dropout", "new_decoder_architecture",
                     "num_kv_heads", "multi_query", "bias", "parallel_attn", "ffn_hidden_size", "alibi",
                     "no_rope_layers", "no_rope_layer_interval", "sliding_window", "layer_types",
-                    "sliding_window_pattern", "attn_logit_softcapping", "final_logit_softcapping"})  # fmt: skip
+                    "sliding_window_pattern", "attn_logit_softcapping", "final_logit_softcapping", "rotary_pct",
+                    "rope_parameters", "num_ln_in_parallel_attn"})  # fmt: skip
 
 
 def test_the_fuzzed_keys_are_every_key_the_readers_use():
@@ -432,6 +451,13 @@ def test_random_values_give_an_architecture_or_one_input_error(base, over, drop,
             continue
         if key == "layer_types" and value is not None:  # Gemma 2/3's per-layer attention kinds
             assert len(value) == a.layers and set(value) <= {"sliding_attention", "full_attention"}, value
+            continue
+        if key == "rotary_pct" and isinstance(value, float):  # a fraction of each head
+            assert 0 < value <= 1, value
+            continue
+        if key == "rope_parameters" and isinstance(value, dict):  # read for its partial_rotary_factor
+            factor = value.get("partial_rotary_factor")
+            assert factor is None or (type(factor) in (int, float) and 0 < factor <= 1), value
             continue
         if key.endswith("softcapping") and isinstance(value, float):  # a cap is a positive number or null
             assert value > 0 and math.isfinite(value), value

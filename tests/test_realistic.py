@@ -186,6 +186,21 @@ def test_an_eager_only_family_with_flash_takes_the_paper_and_says_why(tmp_path):
     assert memcalc.estimate(attention="eager", **kw).accounting == "realistic"
 
 
+@pytest.mark.parametrize("stage", [None, 2])
+def test_neox_and_falcon_with_eager_attention_take_the_paper_and_say_why(tmp_path, stage):
+    """Their SDPA step (the default) is ordered op by op; eager attention's score-sized transients are not."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "gpt_neox", "hidden_size": 2048, "intermediate_size": 8192,
+                                "num_attention_heads": 8, "num_hidden_layers": 16, "vocab_size": 50304}))
+    kw = dict(hf_config=str(path), gpus=2 if stage else 1, gpu="h100", seq_len=1024, micro_batch=1,
+              precision="bf16-mixed" if stage else "amp-bf16", stage=stage)
+    r = memcalc.estimate(attention="eager", **kw)
+    assert r.accounting == "paper" and any("--attention eager with gpt_neox" in n for n in r.notes)
+    with pytest.raises(InputError, match="give --attention sdpa"):
+        memcalc.estimate(attention="eager", accounting="realistic", **kw)
+    assert memcalc.estimate(**kw).accounting == "realistic"
+
+
 def test_attention_left_out_is_what_the_model_code_runs(tmp_path):
     # transformers loads a model that supports it with SDPA: the default is the sdpa step, not eager's a·s² scores
     kw = dict(hf_config=LLAMA1B, gpus=1, gpu="h100", precision="amp-bf16", seq_len=2048, micro_batch=4)

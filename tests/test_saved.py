@@ -150,3 +150,48 @@ def test_bad_inputs():
         layer_saved(arch, family="bloom", regime="fp8", attention="eager", s=8, b=1)
     with pytest.raises(InputError, match="chunked"):
         loss_transient(8, 8, "fp32", "chunked:0")
+
+
+@pytest.mark.parametrize("family", ["llama", "phi3", "gpt2", "gpt_neox", "opt", "falcon"])
+@pytest.mark.parametrize("regime", REGIMES)
+def test_layer_without_cache_matches_census(family, regime):
+    """``use_cache=False`` (checkpointing, or a fine-tuning framework that turns the cache off): SDPA saves K and V as
+    the layer makes them, which differs from the cache's copies where they are views of a fused projection."""
+    arch, rot = arch_and_rot(family)
+    m = build(family, regime, "sdpa", False, use_cache=False)
+    on, off = (total(layer_saved(arch, family=family, regime=regime, attention="sdpa", s=8, b=2, rotary_dims=rot,
+                                 use_cache=c)) for c in (True, False))
+    for s, b in SHAPES:
+        c = census(family, regime, "sdpa", s, b, False, model=m)
+        assert total(layer_saved(arch, family=family, regime=regime, attention="sdpa", s=s, b=b, rotary_dims=rot,
+                                 use_cache=False)) == c.layer_bytes()
+    x = arch.hidden * 16 * (4 if regime == "fp32" else 2)  # d·T·h at s 8 x b 2
+    kv = arch.n_kv * arch.d_head * 16 * (4 if regime == "fp32" else 2)
+    # the fused storage whole beside the rotated K (Phi-3: GQA widths), no cache copies (GPT-2), the same (the rest)
+    assert off - on == {"phi3": x + kv, "gpt_neox": 2 * x, "gpt2": -2 * kv}.get(family, 0)
+
+
+FALCONS = {  # Falcon's other layouts than Falcon-7B's (the tiny config: multi-query, parallel, one norm)
+    "new decoder (Falcon-40B, 180B)": dict(new_decoder_architecture=True, num_kv_heads=2),
+    "new decoder, one norm (Falcon-11B)": dict(new_decoder_architecture=True, num_kv_heads=2,
+                                                num_ln_in_parallel_attn=1),
+    "multi-head, parallel": dict(multi_query=False),
+    "sequential (parallel_attn false)": dict(parallel_attn=False),
+}
+
+
+@pytest.mark.parametrize("variant", FALCONS)
+@pytest.mark.parametrize("regime", REGIMES)
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_falcon_layouts_match_census(variant, regime, attention):
+    """Falcon's decoder layouts: two norms on one input (ln_attn, ln_mlp) or a sequential block's second norm, K and V
+    broadcast to the query heads (new decoder) or reshaped (multi-head), SDPA with the mask Falcon always builds;
+    with and without the cache."""
+    cfg = tiny_config("falcon") | FALCONS[variant]
+    arch = architecture_from_config(cfg)
+    for use_cache in (True, False):
+        m = build("falcon", regime, attention, False, use_cache=use_cache, overrides=FALCONS[variant])
+        for s, b in SHAPES:
+            c = census("falcon", regime, attention, s, b, False, model=m)
+            mine = layer_saved(arch, family="falcon", regime=regime, attention=attention, s=s, b=b, use_cache=use_cache)
+            assert total(mine) == c.layer_bytes(), (use_cache, s, b)

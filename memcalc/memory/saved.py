@@ -39,6 +39,8 @@ from memcalc.memory.saved_parts import (LLAMA_LIKE, LLAMA_STYLE, Kind, Regime, S
 OTHER_NORMS = ("gemma", "gemma2", "gemma3_text", "olmo2")
 """Llama's projections with Gemma's or OLMo 2's norms (``memcalc.memory.saved_gemma``)."""
 FAMILIES = (*LLAMA_STYLE, *OTHER_NORMS, "gpt2", "gpt_neox", "opt", "bloom", "falcon")
+LAYER_NORM_FAMILIES = ("gpt2", "gpt_neox", "opt", "bloom", "falcon")
+"""nn.LayerNorm before attention and MLP: it saves its input as it is (with mean and rstd), in every regime."""
 EAGER_ONLY = ("bloom", "gemma2")
 """No SDPA path in transformers: BLOOM's ALiBi, Gemma 2's score softcap (``_supports_sdpa = False``)."""
 REGIMES = ("fp32", "bf16", "amp-bf16")
@@ -64,6 +66,11 @@ def _norm(
     stat = 4 if cuda else r  # aten native_layer_norm: mean, rstd fp32 on CUDA, input dtype on CPU
     out = [SavedTensor(f"{label} input", r * t * h)] if with_input else []
     return out + [SavedTensor(f"{label} mean, rstd", 2 * stat * t)]
+
+
+def embedding_norm(x: Shape, r: int, amp: bool, cuda: bool) -> list[SavedTensor]:
+    """BLOOM's ``word_embeddings_layernorm`` (a LayerNorm on the embedding output): its input and statistics."""
+    return _norm(x, "bloom", r, amp, "embedding norm", cuda=cuda)
 
 
 def _mlp(x: Shape, family: str, d: int, amp: bool, cuda: bool) -> list[SavedTensor]:
@@ -95,11 +102,12 @@ def check_code(code: str, family: str, regime: str, attention: str) -> None:
 def layer_saved(arch: Architecture, *, family: str, regime: Regime, attention: str, s: int, b: int,
                 recompute: bool = False, device: str = "cpu",
                 rotary_dims: int | None = None, lora: Any = None, code: str = "hf",
-                index: int | None = None) -> list[SavedTensor]:  # fmt: skip
+                index: int | None = None, use_cache: bool = True) -> list[SavedTensor]:  # fmt: skip
     """Every storage one decoder layer of ``family`` saves for backward, per micro-batch (``lora``: a
     ``memcalc.model.lora.LoraPlan``, peft adapters on a frozen base: ``_lora_layer``; ``code``: whose modeling
     code, ``hf`` or ``torchtitan``: ``_torchtitan_layer``; ``index``: which layer, where layers differ: Gemma 3's
-    sliding layers under SDPA, ``memcalc.memory.saved_gemma``; None: a full-attention layer)."""
+    sliding layers under SDPA, ``memcalc.memory.saved_gemma``; None: a full-attention layer; ``use_cache``: the
+    config's, which changes what SDPA saves where q, k, v are views of a fused projection: ``_attention``)."""
     _check(family, regime, attention)
     check_code(code, family, regime, attention)
     d, r, amp = _dtypes(regime)
@@ -121,11 +129,15 @@ def layer_saved(arch: Architecture, *, family: str, regime: Regime, attention: s
         out += _inputs(x, d, amp, ("qkv",))
     if arch.qk_norm:
         out += _qk_norm(x, d)
-    if family == "falcon":
-        out.append(SavedTensor("MQA split indices (2 int64)", 16))
-    out += _attention(x, family, attention, d, r)
-    if family == "falcon":  # one norm feeds attention and MLP (parallel block)
+    if family == "falcon" and (arch.kv_expanded or x.kv < x.heads):  # _split_heads indexes K, V with [-2], [-1]
+        out.append(SavedTensor("K, V split indices (2 int64)", 16))
+    out += _attention(x, family, attention, d, r, use_cache, arch.kv_expanded)
+    if family == "falcon" and arch.parallel_block and arch.norms_per_layer == 1:  # one norm feeds attention and MLP
         out += _inputs(x, d, amp, ("fc1",)) if amp else []
+    elif family == "falcon":
+        # the new decoder's ln_mlp (its input is ln_attn's, saved once) or a sequential block's post_attention_layernorm
+        out += _norm(x, family, r, amp, "norm 2", with_input=not arch.parallel_block, cuda=cuda)
+        out += _inputs(x, d, amp, ("fc1",))
     else:
         out += _norm(x, family, r, amp, "norm 2", with_input=family != "gpt_neox", cuda=cuda)
         mlp_in = ("gate_up",) if arch.fused_gate_up else ("gate", "up") if family in LLAMA_STYLE else ("fc1",)
@@ -253,7 +265,7 @@ def outside_saved(arch: Architecture, *, family: str, regime: Regime, s: int, b:
     if family == "opt":
         out.append(SavedTensor("position ids (int64, b x s)", 8 * t))
     if family == "bloom":
-        out += _norm(x, family, r, amp, "embedding norm", cuda=cuda)
+        out += embedding_norm(x, r, amp, cuda)
     if arch.position == "rotary" and not recompute:
         out.append(SavedTensor("rotary cos, sin (shared by the layers)", 2 * s * x.rot * r))
     out += _norm(x, family, r, amp, "final norm", cuda=cuda)

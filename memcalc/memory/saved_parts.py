@@ -64,7 +64,7 @@ class Shape:
 
 def shape(arch: Architecture, s: int, b: int, rotary_dims: int | None = None) -> Shape:
     return Shape(s, b, arch.hidden, arch.heads, arch.n_kv, arch.d_head, arch.ffn_size, arch.padded_vocab,
-                 rotary_dims if rotary_dims is not None else arch.d_head)  # fmt: skip
+                 rotary_dims if rotary_dims is not None else arch.rotary_dims or arch.d_head)  # fmt: skip
 
 def _dtypes(regime: str) -> tuple[int, int, bool]:
     """(d compute bytes, r residual bytes, autocast?)"""
@@ -77,16 +77,37 @@ def _inputs(x: Shape, d: int, amp: bool, names: tuple[str, ...]) -> list[SavedTe
     return [SavedTensor(f"{'/'.join(names)} input", d * x.t * x.h)]
 
 
-def _attention(x: Shape, family: str, attention: str, d: int, r: int) -> list[SavedTensor]:
+def _attention(x: Shape, family: str, attention: str, d: int, r: int, use_cache: bool = True,
+               kv_expanded: bool = False) -> list[SavedTensor]:
+    """``use_cache`` False (no DynamicCache: checkpointing, or fine-tuning frameworks that turn it off): SDPA saves
+    K and V as the layer makes them. Where q, k, v are views of one fused projection that is the fused storage: the
+    whole of it for GPT-2 (already kept by its Q view), for Phi-3 and GPT-NeoX (Q and K rotated into fresh tensors)
+    the fused storage through V's view beside the rotated K (census with ``use_cache=False``, tests/test_saved.py)."""
     t = x.t
-    if attention == "sdpa" and family == "falcon":  # mask given: CPU math kernel upcasts to fp32
+    if attention == "sdpa" and family == "falcon" and x.kv < x.heads and not kv_expanded:
+        # Falcon-7B's multi-query K, V (one head) beside the query heads, with the mask Falcon always builds: no fused
+        # kernel takes them, the math kernel runs and upcasts to fp32
         return [SavedTensor("Q, Kᵀ, V (fp32, math kernel)", 3 * 4 * t * x.qw),
                 SavedTensor("softmax (fp32)", 4 * x.scores), SavedTensor("output projection input", d * t * x.qw)]
+    if attention == "sdpa" and family == "falcon":
+        # K, V at the query heads (copies: the new decoder broadcasts them, multi-head ones are reshaped), and the
+        # mask Falcon always builds (``allow_is_causal_skip=False``): a fused kernel with a mask, which keeps Q, K, V,
+        # the mask in the compute dtype (made per call from the boolean one), the output (dense's input) and the
+        # log-sum-exp
+        # (multi-head Falcon without a cache: V is a view of the fused storage, kept whole beside the rotated Q, K)
+        qkv = (SavedTensor("Q, K (rotated), the fused qkv storage (V's view)", 5 * d * t * x.qw)
+               if not use_cache and not kv_expanded else SavedTensor("Q, K, V (query heads)", 3 * d * t * x.qw))
+        return [qkv, SavedTensor("attention mask", d * x.b * x.s ** 2), SavedTensor("attention output", d * t * x.qw),
+                SavedTensor("log-sum-exp (fp32)", 4 * x.heads * t)]
     if attention == "sdpa":
         q = d * t * (x.qw + 2 * x.kvw) if family == "gpt2" else d * t * x.qw  # GPT-2's Q is a view of the fused qkv
-        out = [SavedTensor("Q" + (" (fused qkv storage)" if family == "gpt2" else ""), q),
-               SavedTensor("K, V (cache copies)", 2 * d * t * x.kvw), SavedTensor("attention output", d * t * x.qw),
-               SavedTensor("log-sum-exp (fp32)", 4 * x.heads * t)]  # fmt: skip
+        kv = SavedTensor("K, V (cache copies)", 2 * d * t * x.kvw)
+        if not use_cache and family == "gpt2":
+            kv = SavedTensor("K, V (views of the fused qkv storage)", 0)
+        elif not use_cache and family in ("phi3", "gpt_neox"):
+            kv = SavedTensor("K (rotated), the fused qkv storage (V's view)", d * t * (x.qw + 3 * x.kvw))
+        out = [SavedTensor("Q" + (" (fused qkv storage)" if family == "gpt2" else ""), q), kv,
+               SavedTensor("attention output", d * t * x.qw), SavedTensor("log-sum-exp (fp32)", 4 * x.heads * t)]
         if family in ("gpt_neox", "phi3"):
             # the rotary output is a fresh (b, heads, s, hd) tensor there (NeoX and Phi-3 rotate a slice and cat), so
             # the kernel's output follows that layout and attn_output.transpose(1, 2).contiguous() copies it

@@ -17,8 +17,8 @@ import dataclasses
 from memcalc.errors import InputError
 from memcalc.frozen import frozen
 from memcalc.memory.reserved import loss_cached
-from memcalc.memory.saved import (FAMILIES, LLAMA_STYLE, OTHER_NORMS, REGIMES, _check, check_code, loss_transient,
-                                  shape)
+from memcalc.memory.saved import (FAMILIES, LAYER_NORM_FAMILIES, LLAMA_STYLE, OTHER_NORMS, REGIMES, _check,
+                                  check_code, embedding_norm, loss_transient, shape)
 from memcalc.memory.saved_gemma import GEMMAS, rope_types, sliding_sdpa_masked
 from memcalc.memory.timeline_layers import checkpointed, layer_sizes, parse_recompute
 from memcalc.memory.timeline_states import FsdpOverlay, lora_states, param_tensors, states
@@ -193,33 +193,60 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
         prologue.append(("rotary cos, sin", 2 * rows * s * x.rot * tables))
     if family == "gpt2" and arch.dropout > 0 and code == "hf":  # GPT2Model's drop(wte + wpe): its mask to the end
         prologue.append(("embedding dropout mask", (1 if device == "cuda" else r) * t * h // sp))
+    if family == "opt" and code == "hf":  # OPTLearnedPositionalEmbedding's b x s indices, saved for its backward
+        prologue.append(("learned position indices (int64)", 8 * t))
+    if family == "bloom":  # word_embeddings_layernorm keeps its input and statistics until the backward's last op
+        prologue += [(k.name, k.bytes) for k in embedding_norm(x, r, amp, device == "cuda")]
     # Eager attention: the model's 4-D causal mask (b × s × s in the embedding output's dtype; transformers
     # ``masking_utils.create_causal_mask``) lives until the model's forward returns; the attention's add saves
     # nothing, but each checkpointed layer keeps it as an argument until its backward (tests/test_timeline_tp.py)
-    eager_mask = attention == "eager" and family in (*LLAMA_STYLE, *OTHER_NORMS) and code == "hf" and lora is None
+    eager_mask = (attention == "eager" and family in (*LLAMA_STYLE, *OTHER_NORMS, "bloom") and code == "hf"
+                  and lora is None)
     mask = [("eager attention mask", r * b * s * s * _mask_kinds(arch))] if eager_mask else []
+    if family == "falcon" and code == "hf" and lora is None:
+        # FalconModel builds its causal mask even for SDPA (``allow_is_causal_skip=False``): a boolean s x s broadcast
+        # over the batch (SDPA), or b x s x s in the embedding's dtype (eager), alive through the forward and kept by
+        # checkpointed layers as an argument
+        mask = [("causal mask (bool)", s * s)] if attention == "sdpa" else [("eager attention mask", r * b * s * s)]
+    slopes = []
+    if family == "bloom" and lora is None:  # build_alibi_tensor: (b·heads, 1, s) in the embedding's dtype
+        mask.append(("ALiBi biases", r * b * x.heads * s))
+        slopes = [("ALiBi slopes (fp32, until the forward returns)", 4 * x.heads)]
     if attention == "sdpa" and family == "gemma3_text" and arch.sliding_layers and s >= (arch.sliding_window or s + 1):
         mask = [("sliding-window attention mask (bool)", b * s * s)]  # masking_utils: built once s >= the window
     kept_mask = mask if checkpointed(policy, 0) else []
-    fwd_shared, bwd_shared = prologue[1:] + mask, prologue[1:] + kept_mask  # the rotary tables, the mask
+    fwd_shared, bwd_shared = prologue[1:] + mask + slopes, prologue[1:] + kept_mask  # the rotary tables, the mask
     layers = [layer_sizes(arch, family=family, regime=act, attention=attention, s=s, b=b, policy=policy,
                           index=i, device=device, rotary_dims=rotary_dims, lora=lora, code=code,
-                          compiled=compiled, sp=sp, float8=float8, float8_weight_cast=not float8_all_gather)
+                          compiled=compiled, sp=sp, float8=float8, float8_weight_cast=not float8_all_gather,
+                          use_cache=use_cache and not checkpointed(policy, i))
               for i in range(arch.layers)]  # fmt: skip
     kept = 0
     cache = 0  # autocast's cast cache beyond what the matmuls save: bf16 copies of recomputed layers' weights
     for i, ly in enumerate(layers):
+        if ly.attention_forward:
+            moments.append(_moment(f"forward.layer.{i}", f"layer {i}: eager attention's softmax",
+                                   base + fwd_shared + [(f"activations kept (layers 0..{i - 1})", kept),
+                                                        ("autocast cast cache", cache),
+                                                        ("attention forward: the layer so far", ly.attention_forward)]
+                                   + FsdpOverlay.forward(fs, i)))  # fmt: skip
         if fs is not None:
             moments.append(_moment(f"forward.layer.{i}", f"layer {i}: parameters gathered",
                                    base + fwd_shared + [(f"activations kept (layers 0..{i - 1})", kept),
                                    ("layer input", ly.residual), ("autocast cast cache", cache)]
                                    + FsdpOverlay.gather(fs, i)))  # fmt: skip
         kept += ly.kept + ly.kept_casts  # each layer's kept tensors include its input (the previous output)
-        cache += ly.casts - ly.kept_casts
+        # (FalconLinear multiplies by ``self.weight.T``, a view: autocast casts it on every call and caches nothing)
+        cache += ly.casts - ly.kept_casts if family != "falcon" else 0
         if amp and arch.qkv_bias and family in (*LLAMA_STYLE, *OTHER_NORMS) and code == "hf" and lora is None:
             # bf16 casts of the q, k, v biases (Qwen2): cached by autocast (trainable leaves), saved by no op (addmm's
             # bias gradient is a sum of the output gradient), alive until the autocast block exits
             cache += 2 * (x.qw + 2 * x.kvw)
+        if amp and family in ("bloom", "gpt_neox", "opt") and lora is None:
+            # the linears' biases (all of BLOOM's and OPT's; NeoX's attention ones as attention_bias says): autocast
+            # caches the bf16 cast of each, alive until the autocast block exits
+            attn_bias = x.qw + 2 * x.kvw + h if arch.qkv_bias else 0
+            cache += 2 * (attn_bias + (h + x.ffn if arch.mlp_bias else 0))
         if amp and use_cache and policy.kind == "none" and family in (*LLAMA_STYLE, *GEMMAS) and i not in arch.nope_layers:
             # (a layer without rotary, SmolLM3's, caches the bf16 K, V that SDPA saves anyway: nothing beyond them)
             # V beyond what SDPA saves only where repeat_kv's copies are saved instead (GQA under eager, Gemma 3's
@@ -239,8 +266,16 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
             cache += 8
         acts = [(f"activations kept (layers 0..{i})", kept), ("layer output (residual stream)", ly.residual),
                 ("autocast cast cache (recomputed layers' weights)", cache)] + FsdpOverlay.forward(fs, i)
+        # GPT-NeoX's parallel residual (``mlp_output + attn_output + residual``): the attention's output and the
+        # first sum are alive at the second add
+        parallel = 2 * d * t * h if family == "gpt_neox" and arch.parallel_block and code == "hf" else 0
         moments.append(_moment(f"forward.layer.{i}", f"layer {i}: down projection's output before the residual add",
-                               base + fwd_shared + acts + [("down projection output", d * t * h)]))  # fmt: skip
+                               base + fwd_shared + acts + [("down projection output", d * t * h),
+                                                           ("attention output and the first sum", parallel)]))
+        if ly.forward_extra:
+            moments.append(_moment(f"forward.layer.{i}", f"layer {i}: the activation's forward temporaries",
+                                   base + fwd_shared + acts[:1] + acts[2:]
+                                   + [("activation forward temporaries, less the down input", ly.forward_extra)]))
         if tp > 1:
             reduce = reduce_scatter(d, r, t, h, sp, amp) if sp > 1 else row_parallel_reduce(d, r, t, h, amp)
             moments.append(_moment(f"forward.layer.{i}", f"layer {i}: the MLP's row-parallel "
@@ -353,7 +388,10 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
         ly = layers[i]
         # Llama-style, fp32 or autocast: the recomputed norm-1 input (fp32) is the checkpointed layer input itself
         # (``to(float32)`` of an fp32 tensor is a no-op): counted once, in the checkpoint (tests/test_timeline_tp.py)
-        twice = ly.residual if norm2 is not None and checkpointed(policy, i) and act != "bf16" else 0
+        # LayerNorm families (GPT-2, OPT, GPT-NeoX, BLOOM, Falcon): the first norm saves its input as it is, in every
+        # regime, so the recomputed input is the checkpoint too
+        twice = (ly.residual if checkpointed(policy, i) and code == "hf" and lora is None
+                 and ((norm2 is not None and act != "bf16") or family in LAYER_NORM_FAMILIES) else 0)
         entry = base + bwd_shared + [("loss and its gradient", 8), (f"layer activations (layers 0..{i})", remaining),
                                        ("gradient of the residual stream", resid)]  # fmt: skip
         if fs is not None:
@@ -366,6 +404,10 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
                                        ("recomputed activations of this layer", ly.recomputed - twice),
                                        ("recomputed weight casts", ly.casts - ly.kept_casts),
                                        ("layer backward transient (MLP gradients)", ly.backward_extra)]  # fmt: skip
+        if ly.recompute_attention:
+            moments.append(_moment(f"backward.layer.{i}", f"backward of layer {i}: the recomputed eager attention",
+                                   parts[:-3] + [("recomputed forward at eager attention's softmax",
+                                                  ly.recompute_attention)]))
         if optimizer_impl == "in-backward":
             parts.append(("one gradient and its step temporaries", st.largest_grad + st.step_temporary))
         moments.append(_moment(f"backward.layer.{i}", f"backward of layer {i}: MLP gradients", parts))

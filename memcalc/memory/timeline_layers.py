@@ -68,6 +68,16 @@ class LayerSizes:
     parts: tuple[tuple[str, int], ...]
     float8_extra: int = 0
     """Above the entry at the down projection's eager ``Float8Linear`` backward casts (0 without float8)."""
+    attention_forward: int = 0
+    """Above the kept activations of the layers before it and the cast cache they left: the layer at eager attention's
+    softmax, where it keeps its transients (BLOOM; 0 elsewhere)."""
+    recompute_attention: int = 0
+    """Above the entry of a recomputed layer's backward: its forward rerun at eager attention's softmax, saving as it
+    goes (BLOOM; 0 elsewhere)."""
+    forward_extra: int = 0
+    """Above the layer's kept activations, before its output exists: the activation function's forward temporaries
+    less the down projection's input not yet made (BLOOM's GELU; 0 where the down projection's output moment tops
+    it)."""
 
 
 def _op_sac(x, d: int, r: int, code: str = "hf") -> list[SavedTensor]:
@@ -95,6 +105,10 @@ def _mlp_backward_extra(arch, family: str, d: int, w: int, t: int) -> int:
     and two ffn-wide gradients (``mul`` backward for a gated MLP: d(act), d(up); GELU: d(fc1 out), d(gelu in)),
     with down's saved input already freed and its input gradient alive: + w·h·f + 2·d·T·f."""
     f = arch.ffn_size
+    if family in ("gpt_neox", "falcon"):
+        # an exact GELU (F.gelu) saves its input, and fc2 its output, which fc2's backward frees before the GELU's
+        # backward makes the input gradient: one ffn-wide gradient at a time, beside fc2's weight and bias gradients
+        return w * arch.hidden * f + d * t * f + (w * arch.hidden if arch.mlp_bias else 0)
     return w * arch.hidden * f + 2 * d * t * f
 
 
@@ -119,10 +133,33 @@ def _attention_backward(saved: list[SavedTensor], x, d: int, w: int, mlp_params:
     return peak - soft - probs - mlp_side + w * mlp_params + d * x.t * x.qw
 
 
+def _bloom_attention_forward(x, d: int, r: int, amp: bool, cuda: bool, ckpt: bool) -> int:
+    """BLOOM's eager attention at its softmax or at its end, whichever holds more (modeling_bloom.py
+    ``BloomAttention.forward``), above the layers before:
+    the layer input, the first norm's output (a local; fp32 under autocast), the fused qkv output (alive until the
+    attention returns), the q, k, v copies baddbmm and bmm save, and 12 bytes per score element: the scores and the
+    masked scores (locals), the softmax's fp32 output, and either its fp32 input copy (pure bf16), or the bf16
+    probabilities beside the fp32 masked scores (autocast, whose mask is fp32), or nothing more (fp32). Without
+    recompute the first norm's statistics are saved too, and under autocast its output's bf16 cast and the qkv
+    weight's and bias's copies (traced op by op)."""
+    t, h = x.t, x.h
+    out = r * t * h + r * t * h + 3 * d * t * h + 3 * d * t * h
+    if amp:
+        out += 2 * (3 * h * h + 3 * h) + (0 if ckpt else 2 * t * h)
+    if not ckpt:
+        out += 2 * (4 if cuda else r) * t
+    # at the residual add ending the attention the scores, the masked scores and the probabilities are alive (and the
+    # softmax's fp32 output where it is saved or is the probabilities), beside the merged heads (dense's input),
+    # dense's output and the sum (and under autocast dense's weight and bias copies)
+    soft = 4 if not ckpt or d == 4 else 0
+    end = (d + (4 if amp else d) + soft + (d if d != 4 else 0)) * x.scores + 2 * d * t * h + r * t * h
+    return out + max(12 * x.scores, end + (2 * (h * h + h) if amp else 0))
+
+
 def layer_sizes(arch, *, family: str, regime: str, attention: str, s: int, b: int, policy: Policy, index: int,
                 device: str = "cpu", rotary_dims: int | None = None, lora=None, code: str = "hf",
                 compiled: bool = False, sp: int = 1, float8: str = "none",
-                float8_weight_cast: bool = True) -> LayerSizes:  # fmt: skip
+                float8_weight_cast: bool = True, use_cache: bool = True) -> LayerSizes:  # fmt: skip
     """``sp``: sequence parallelism over ``sp`` ranks (``memcalc.memory.timeline_tp.sp_split``): the norms' tensors,
     the layer input and output are the rank's ``1/sp`` of the sequence; ``arch`` is rank 0's (``rank_arch``).
     ``float8``: torchao's eager ``Float8Linear`` projections (``memcalc.model.float8.eager_backward``): the down
@@ -138,7 +175,8 @@ def layer_sizes(arch, *, family: str, regime: str, attention: str, s: int, b: in
         saved = compiled_layer_saved(arch, family=family, regime=regime, attention=attention, s=s, b=b, device=device,
                                      scope="layer", code=code)
     else:
-        saved = layer_saved(arch, **kw, lora=lora, index=index)  # LoRA: the backward transients below stay the full model's (a bound)
+        # LoRA: the backward transients below stay the full model's (a bound)
+        saved = layer_saved(arch, **kw, lora=lora, index=index, use_cache=use_cache)
     if sp > 1:
         from memcalc.memory.timeline_tp import sp_split
 
@@ -149,7 +187,7 @@ def layer_sizes(arch, *, family: str, regime: str, attention: str, s: int, b: in
     w = 2 if regime == "bf16" else 4
     residual = r * x.t * x.h // sp
     extra = _mlp_backward_extra(arch, family, d, w, x.t)
-    if regime == "amp-bf16" and casts and family in (*LLAMA_STYLE, *OTHER_NORMS):
+    if regime == "amp-bf16" and casts and family in (*LLAMA_STYLE, *OTHER_NORMS, "gpt_neox", "falcon", "opt"):
         # down's bf16 weight copy, saved by its matmul, is released once down's backward ran (autograd frees a
         # node's saved tensors after it runs; autocast's cache was cleared when the forward's block exited)
         extra -= 2 * x.h * x.ffn
@@ -160,8 +198,43 @@ def layer_sizes(arch, *, family: str, regime: str, attention: str, s: int, b: in
     if family == "gpt2" and arch.dropout > 0 and code == "hf" and lora is None:
         # mlp.dropout ends the layer: its backward ran before the MLP's and freed its mask (traced)
         extra -= dropout_mask(x, d, device == "cuda", "mlp.dropout mask").bytes
+    if regime == "amp-bf16" and family in ("gpt_neox", "falcon") and arch.parallel_block:
+        # the parallel block's sum of the bf16 branch outputs (NeoX's first add, Falcon's in-place one): its gradient's
+        # bf16 cast, which both branches take, stays for the attention's backward after the MLP's
+        extra += 2 * x.t * x.h
+    forward_extra = attention_forward = recompute_attention = 0
+    if family == "bloom" and lora is None:
+        # BLOOM's GeLUFunction (modeling_bloom.py): ``bloom_gelu_forward`` holds four ffn-wide temporaries beside the
+        # fc1 output, and ``bloom_gelu_back`` five beside the output gradient (tanh, 0.5·x, 1 - tanh², 0.107·x, its
+        # product with x) where the generic MLP counts two; the fc2 bias gradient is made before (traced op by op)
+        extra += 3 * d * x.t * x.ffn + w * x.h
+        forward_extra = 3 * d * x.t * x.ffn
+        if checkpointed(policy, index):
+            # nothing of the layer is kept: the fc1 output and the GELU's temporaries, beside what BloomBlock.forward
+            # still holds in locals (the second norm's output, the attention output, the attention probabilities
+            # BloomAttention returns)
+            forward_extra = 5 * d * x.t * x.ffn + 2 * r * x.t * x.h + d * x.scores
+        elif regime == "amp-bf16":  # the second norm's fp32 output (a local; fc1 saved its bf16 cast)
+            forward_extra += r * x.t * x.h
+        if regime == "amp-bf16":
+            # fc2's bf16 weight and bias copies, counted with the layer's casts, are made after the GELU; the weight's,
+            # saved by its matmul, is freed once fc2's backward ran
+            forward_extra -= 2 * x.h * x.ffn + 2 * x.h
+            extra -= 2 * x.h * x.ffn
+        attention_forward = _bloom_attention_forward(x, d, r, regime == "amp-bf16", device == "cuda",
+                                                     checkpointed(policy, index))
+        if checkpointed(policy, index):  # the rerun saves: the layer's own forward, less its input (the checkpoint)
+            recompute_attention = _bloom_attention_forward(x, d, r, regime == "amp-bf16", device == "cuda",
+                                                           False) - r * x.t * x.h
+        if index > 0 and checkpointed(policy, index - 1):
+            # BloomModel's loop holds the previous block's returned (output, probabilities) in ``outputs`` until this
+            # block returns; probabilities that no checkpointed block saved
+            forward_extra += d * x.scores
+            attention_forward += d * x.scores
     mlp_params = (3 if arch.gated_mlp else 2) * x.h * x.ffn
-    attn = _attention_backward(saved, x, d, w, mlp_params) if attention == "eager" else 0
+    # (Falcon-7B's multi-query SDPA runs the math kernel, whose backward is eager attention's in fp32)
+    math = family == "falcon" and attention == "sdpa" and x.kv < x.heads and not arch.kv_expanded
+    attn = _attention_backward(saved, x, d, w, mlp_params) if attention == "eager" or math else 0
     if attn and family in LLAMA_STYLE and code == "hf" and lora is None:
         # Llama-style layers, traced op by op (hidden 128 and 1024, tp 1 and 2: tests/test_timeline_tp.py): at the
         # softmax backward the gradient of the residual stream between attention and MLP is alive beside the layer
@@ -196,4 +269,5 @@ def layer_sizes(arch, *, family: str, regime: str, attention: str, s: int, b: in
         # the down projection's, at the layer's backward entry; gate/up (and o, q, k, v) cast after the MLP's saved
         # tensors began to go and, with ffn above hidden, stay below it (traced: tests/test_float8_timeline.py)
         f8 = eager_backward(x.t, x.ffn, x.h, d, float8_weight_cast)
-    return LayerSizes(full, casts, kept, kept_casts, rec, residual, extra, attn, parts, f8)
+    return LayerSizes(full, casts, kept, kept_casts, rec, residual, extra, attn, parts, f8, attention_forward,
+                      recompute_attention, forward_extra)

@@ -72,11 +72,14 @@ def buffer_bytes(arch: Architecture, family: str, width: int = 4) -> int:
     """Non-parameter buffers: rotary ``inv_freq`` and ``original_inv_freq`` (fp32, head_dim/2 each;
     transformers ``modeling_rope_utils``), one pair per rotary table (Gemma 3: one per layer type in use,
     ``Gemma3RotaryEmbedding``); Gemma's ``embed_scale`` (a 0-dim buffer in the parameters' dtype, ``width`` bytes:
-    ``GemmaTextScaledWordEmbedding``); the other families keep none that persist."""
+    ``GemmaTextScaledWordEmbedding``); GPT-NeoX's and Falcon's pair over the dims they rotate; the other families
+    keep none that persist."""
     from memcalc.memory.saved_gemma import GEMMAS, rope_types
 
     if arch.position == "rotary" and family in (*LLAMA_STYLE, *OTHER_NORMS):
         return rope_types(arch) * 2 * 4 * (arch.d_head // 2) + (width if family in GEMMAS else 0)
+    if arch.position == "rotary" and family in ("gpt_neox", "falcon"):  # over the rotated dims (NeoX: a quarter)
+        return 2 * 4 * ((arch.rotary_dims or arch.d_head) // 2)
     return 0
 
 

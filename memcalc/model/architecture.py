@@ -102,6 +102,8 @@ class Architecture(Record):
     """Gate and up are one Linear module of width 2·ffn, split after the matmul (Phi-3's ``gate_up_proj``)."""
     nope_layers: tuple[int, ...] = ()
     """0-based indices of the layers that skip the rotary embedding (SmolLM3's ``no_rope_layers`` zeros)."""
+    rotary_dims: int | None = bounded(default=None, gt=0, le=MAX_HEAD_DIM)
+    """Head dims the rotary embedding turns (GPT-NeoX's ``partial_rotary_factor``, 0.25 by default); None: all."""
     qk_norm: bool = False
     """An RMSNorm over each head of Q and of K before the rotary embedding (Qwen3's ``q_norm``/``k_norm``): two
     head_dim-wide weights per layer."""
@@ -121,6 +123,8 @@ class Architecture(Record):
     mlp_bias: bool = True
     parallel_block: bool = False
     """Attention and MLP read the same input (GPT-J, NeoX, Falcon)."""
+    kv_expanded: bool = False
+    """K and V are broadcast to the query heads and copied before attention (Falcon's new decoder architecture)."""
     experts: int = bounded(default=0, ge=0, le=MAX_EXPERTS)
     """MoE experts per MoE layer; 0 = dense."""
     top_k: int = bounded(default=2, ge=1, le=MAX_EXPERTS)

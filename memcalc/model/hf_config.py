@@ -84,6 +84,18 @@ class _Keys:
             raise self._refuse(key, value, f"is {_kind(value)}", "a JSON boolean, true or false")
         return value
 
+    def fraction(self, key: str, default: float) -> float:
+        """A fraction in (0, 1] (``default`` when absent or null)."""
+        value = self.cfg.get(key)
+        if value is None:
+            return default
+        accepted = "a JSON number above 0 and at most 1"
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self._refuse(key, value, f"is {_kind(value)}", accepted)
+        if not (math.isfinite(value) and 0 < value <= 1):
+            raise self._refuse(key, value, "is out of range", accepted)
+        return float(value)
+
     def dropout(self, *keys: str) -> float:
         """The largest of the dropout probabilities present (0 when none is)."""
         out = 0.0
@@ -147,10 +159,21 @@ def _gpt2(k: _Keys) -> dict[str, Any]:
 
 def _gpt_neox(k: _Keys) -> dict[str, Any]:
     bias = k.flag("attention_bias", True)
+    hidden = k.count("hidden", "hidden_size", bound=HIDDEN)
+    heads = k.count("heads", "num_attention_heads", bound=HEADS)
+    # GPTNeoXAttention: rotary_ndims = int(head_size * partial_rotary_factor); the factor is config.json's
+    # ``rotary_pct`` (transformers 4.x) or ``rope_parameters.partial_rotary_factor`` (5.x), 0.25 by default
+    rope = k.cfg.get("rope_parameters")
+    if rope is not None and not isinstance(rope, dict):
+        raise k._refuse("rope_parameters", rope, f"is {_kind(rope)}",
+                        "a JSON object (rope_theta, partial_rotary_factor)")
+    factor = (k.fraction("rotary_pct", 0.25) if rope is None or rope.get("partial_rotary_factor") is None
+              else _Keys(rope, f"{k.where}: rope_parameters", "gpt_neox").fraction("partial_rotary_factor", 0.25))
     return {
         "layers": k.count("layers", "num_hidden_layers", bound=LAYERS),
-        "hidden": k.count("hidden", "hidden_size", bound=HIDDEN),
-        "heads": k.count("heads", "num_attention_heads", bound=HEADS),
+        "hidden": hidden,
+        "heads": heads,
+        "rotary_dims": max(1, int(hidden // heads * factor)),
         "ffn": k.count("ffn", "intermediate_size", bound=FFN),
         "vocab": k.count("vocab", "vocab_size", bound=VOCAB),
         "tied_embeddings": k.flag("tie_word_embeddings", False),
@@ -212,6 +235,8 @@ def _falcon(k: _Keys) -> dict[str, Any]:
     bias = k.flag("bias", False)
     parallel = k.flag("parallel_attn", True)
     hidden = k.count("hidden", "hidden_size", bound=HIDDEN)
+    norms = k.count("norms", "num_ln_in_parallel_attn", bound=(2, "norms before a parallel block"), default=2,
+                    nullable=True) if new_arch else 1
     return {
         "layers": k.count("layers", "num_hidden_layers", "n_layer", bound=LAYERS, nullable=True),
         "hidden": hidden,
@@ -222,8 +247,11 @@ def _falcon(k: _Keys) -> dict[str, Any]:
         "vocab": k.count("vocab", "vocab_size", bound=VOCAB),
         "tied_embeddings": k.flag("tie_word_embeddings", True),
         "position": "alibi" if k.flag("alibi", False) else "rotary",
-        "norms_per_layer": 2 if new_arch or not parallel else 1,
+        # FalconDecoderLayer: num_ln_in_parallel_attn None -> 2 under the new decoder architecture (ln_attn and ln_mlp
+        # on the same input; Falcon-11B sets 1); a sequential block has its post_attention_layernorm
+        "norms_per_layer": 2 if (new_arch and norms == 2) or not parallel else 1,
         "parallel_block": parallel,
+        "kv_expanded": new_arch,
         "fused_qkv": True,
         "qkv_bias": bias,
         "out_bias": bias,

@@ -140,10 +140,15 @@ class Census:
         return out
 
 
-def build(family: str, regime: Regime, attention: str, recompute: bool) -> nn.Module:
+def build(family: str, regime: Regime, attention: str, recompute: bool, use_cache: bool | None = None,
+          overrides: dict | None = None) -> nn.Module:
+    """The tiny ``family`` model; ``use_cache``: the config's (None: the family's default, on); ``overrides``: config
+    keys replacing the tiny config's (another variant of the family, e.g. Falcon's new decoder architecture)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = tiny_config(family)
+    cfg = tiny_config(family) | (overrides or {})
+    if use_cache is not None:
+        cfg["use_cache"] = use_cache
     config = AutoConfig.for_model(**cfg)
     dtype = torch.bfloat16 if regime == "bf16" else torch.float32
     torch.manual_seed(0)

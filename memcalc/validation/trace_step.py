@@ -132,14 +132,17 @@ def enable_checkpointing(model: torch.nn.Module) -> None:
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated blocks (``model.model.layers`` for Llama/Qwen2, ``transformer.h`` for GPT-2)."""
+    """The repeated blocks (``model.model.layers`` for Llama/Qwen2, ``transformer.h`` for GPT-2,
+    ``model.decoder.layers`` for OPT)."""
     for owner in ("model", "transformer", "gpt_neox"):
         base = getattr(model, owner, None)
+        base = getattr(base, "decoder", base)  # OPT: model.decoder.layers
         for name in ("layers", "h"):
             blocks = getattr(base, name, None)
             if isinstance(blocks, torch.nn.ModuleList):
                 return list(blocks)
-    raise InputError(f"{type(model).__name__}: no decoder layer list found (looked for model.layers, transformer.h)")
+    raise InputError(f"{type(model).__name__}: no decoder layer list found (looked for model.layers, "
+                     "model.decoder.layers, transformer.h)")
 
 
 def build_optimizer(model: torch.nn.Module, impl: str) -> torch.optim.Optimizer:
