@@ -59,6 +59,42 @@ def test_states_and_step_follow_the_formulas():
     assert z0.phase_peaks["backward.epilogue"] == z0.moments[0].live_bytes + inputs + 4 * PSI
 
 
+@pytest.mark.parametrize("stage,dp,peak,phase", [
+    (0, 2, 3_160_980, "backward.epilogue"), (1, 2, 2_686_156, "backward"), (2, 2, 2_686_156, "backward"),
+])  # fmt: skip
+def test_fp32_states_and_peaks_as_traced(stage, dp, peak, phase):
+    """Neither fp16 nor bf16 enabled: the flat buffer, the gradients and the bucket in fp32; ZeRO-1/2 still clone the
+    fp32 master partition; ZeRO-0 keeps no fp32 copies (the client optimizer steps the parameters). Peaks as the
+    traced DeepSpeed ranks measured them, within 256 bytes (tests/validation/test_deepspeed_timeline.py)."""
+    t = tl(stage, dp, bucket=2000, optimizer_impl="for-loop", precision="fp32")
+    p = partition(ARCH, dp)[0]
+    base = (4 * 2 * p + 4 * p + 8 * p + 4 if stage else 4 * PSI + 8 * PSI + 4 * 21) + 64
+    assert t.moments[0].live_bytes == base
+    assert (t.peak.phase, abs(t.peak.live_bytes - peak) <= 256) == (phase, True)
+    activations = timeline(ARCH, family="llama", regime="fp32", attention="sdpa", s=32, b=2, optimizer_impl="fused",
+                           position_ids=False)  # fmt: skip
+    assert t.phase_peaks["loss"] - activations.phase_peaks["loss"] == base - activations.moments[0].live_bytes
+
+
+def test_fp32_is_refused_with_offload_and_lora_and_takes_the_realistic_accounting_in_estimate(tmp_path):
+    import json
+
+    with pytest.raises(InputError, match="fp32 DeepSpeed"):
+        tl(2, 2, precision="fp32", offload=True)
+    with pytest.raises(InputError, match="precision 'fp16'"):
+        tl(2, 2, precision="fp16")
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(dict(LLAMA, hidden_size=256, intermediate_size=704, vocab_size=32000)))
+    kw = dict(hf_config=str(cfg), gpus=8, precision="fp32", seq_len=512, micro_batch=2)
+    fp32, bf16 = memcalc.estimate(stage=2, **kw), memcalc.estimate(stage=2, **(kw | dict(precision="bf16-mixed")))
+    assert fp32.accounting == bf16.accounting == "realistic"
+    assert fp32.memory.per_gpu.peak_allocated > bf16.memory.per_gpu.peak_allocated
+    assert memcalc.estimate(stage=3, **kw).accounting == "realistic"
+    for other in (dict(stage=3, offload_optimizer="cpu"), dict(stage=2, offload_optimizer="cpu")):
+        r = memcalc.estimate(**other, **kw)
+        assert r.accounting == "paper" and any("fp32" in n for n in r.notes), other
+
+
 def test_activations_are_the_bf16_models():
     plain = timeline(ARCH, family="llama", regime="bf16", attention="sdpa", s=32, b=2, optimizer_impl="fused",
                      position_ids=False)  # fmt: skip

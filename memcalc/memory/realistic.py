@@ -196,7 +196,8 @@ def evaluate(plan: Plan, stage: int = 0) -> Realistic:
                            attention=ATTENTION[w.attention], s=w.seq_len, b=w.micro_batch, recompute=w.recompute,
                            optimizer_impl=w.optimizer_impl, loss=w.loss, device=w.device,
                            bucket=plan.reduce_bucket_size, rank=worst_rank(arch, plan.dp, plan.lora), use_cache=False,
-                           overlap_comm=plan.overlap_comm, offload=plan.offload_optimizer != "none", lora=plan.lora)
+                           overlap_comm=plan.overlap_comm, offload=plan.offload_optimizer != "none", lora=plan.lora,
+                           precision="fp32" if p.name == "fp32" else "bf16")
         return _finish(plan, tl, tl.peak.live_bytes, 0, comm_groups=int(plan.dp > 1))
     if plan.spec.name == "zero-3":
         from memcalc.memory.timeline_zero3 import zero3_timeline
@@ -205,7 +206,8 @@ def evaluate(plan: Plan, stage: int = 0) -> Realistic:
                             b=w.micro_batch, recompute=w.recompute, optimizer_impl=w.optimizer_impl, loss=w.loss,
                             device=w.device, bucket=plan.reduce_bucket_size, settings=plan.zero3, use_cache=False,
                             offload_optimizer=plan.offload_optimizer != "none",
-                            offload_params=plan.offload_params != "none", lora=plan.lora)
+                            offload_params=plan.offload_params != "none", lora=plan.lora,
+                            precision="fp32" if p.name == "fp32" else "bf16")
         return _finish(plan, tl, tl.peak.live_bytes, 0, comm_groups=int(plan.dp > 1))
     sharded = plan.spec.name in FSDP_SHARDED
     # FSDP's mixed precision (bf16-mixed: fp32 sharded parameters, the master copy, gathered and computed in bf16)

@@ -72,6 +72,9 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
         if lora is not None and offload != ("none", "none") and strategy != "zero-3":
             return ("LoRA with DeepSpeed ZeRO-1/2 offload: the realistic accounting models LoRA under ZeRO-0/1/2 "
                     "without offload and under ZeRO-3 with it; the paper accounting counts this one")
+        if precision == "fp32" and offload != ("none", "none"):
+            return (f"{strategy} offload with --precision fp32: the realistic accounting models DeepSpeed's fp32 "
+                    "training (neither fp16 nor bf16 enabled) without offload; the paper accounting counts this one")
         return _why_not_zero(arch, precision, optimizer, strategy, work, max(tp, pp, cp, ep), lora)
     if getattr(work, "compile", False):
         from memcalc.memory.saved import LLAMA_LIKE
@@ -181,9 +184,10 @@ def _why_not_zero(arch: Any, precision: str, optimizer: str, strategy: str, work
         return f"--attention {work.attention}: Hugging Face's {arch.family} is profiled eager; give --attention eager"
     if arch.family in SDPA_ONLY and work.attention == "eager":
         return SDPA_ONLY_WHY.format(family=arch.family)
-    if precision not in ("bf16-mixed", "fp16-mixed"):
+    if precision not in ("bf16-mixed", "fp16-mixed") and not (precision == "fp32" and lora is None):
         return (f"{strategy} with --precision {precision}: the realistic accounting models DeepSpeed's bf16/fp16 "
-                "training (bf16-mixed, fp16-mixed: the module in 2 bytes, an fp32 master partition)")
+                "training (bf16-mixed, fp16-mixed: the module in 2 bytes, an fp32 master partition) and, without "
+                "LoRA, fp32 (neither enabled)")
     if optimizer != "adamw" or getattr(work, "optimizer_impl", "fused") not in ("foreach", "fused", "for-loop"):
         return f"{strategy}: the realistic accounting models AdamW (DeepSpeed's FusedAdam, or torch's)"
     if parallel > 1 or (work.recompute not in ("none", "full") and not work.recompute.startswith("every:")):

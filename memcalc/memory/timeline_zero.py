@@ -23,6 +23,12 @@ k = 2 with ``overlap_comm`` (two buckets), else 1:
   flattened partition and its fp32 copy (2Σ + 2P + 4P), then AdamW on the fp32 partition (4P + its temporaries:
   for-loop 8P, foreach 4P, fused 0); ZeRO-0: the bf16 gradients and their fp32 copies (6Ψ) + AdamW's temporaries
   (for-loop: ``for_loop_peak``; foreach 4Ψ; fused 0). The all-gather of the updated partitions allocates nothing.
+
+fp32 (neither ``fp16`` nor ``bf16`` enabled, as the Trainer's ``"auto"`` resolves without --fp16/--bf16): the module,
+its gradients, the flat buffer and the buckets in 4 bytes; ZeRO-1/2 still clone the fp32 master partition from the
+fp32 flat buffer (``single_partition_of_fp32_groups``) and the upcast of the flattened partition is the same tensor;
+ZeRO-0 wraps nothing and the client optimizer steps the parameters (no fp32 copies). Traced on CPU ranks: the peak and
+the baseline within 256 bytes (tests/validation/test_deepspeed_timeline.py).
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ from memcalc.model.architecture import Architecture
 from memcalc.units import ceil_div
 
 STAGES = (0, 1, 2)
+PRECISIONS = ("bf16", "fp32")
+"""The training dtype DeepSpeed casts the module to (bf16 or fp16: ``bf16``), or fp32 when neither is enabled."""
 ALLREDUCE_BUFFER = 500_000_000
 """``MEMORY_OPT_ALLREDUCE_SIZE`` (``runtime/engine.py``): ZeRO-0 flattens gradients in buffers of this many."""
 _GRADS = ("parameter gradients so far", "head and final norm gradients")
@@ -120,8 +128,9 @@ def zero_timeline(arch: Architecture, *, family: str, stage: int, dp: int, atten
                   device: str = "cpu", bucket: int = REDUCE_BUCKET_SIZE, overlap_comm: bool = False,
                   rank: int = 0, compiled: bool = False, loss_compiled: bool | None = None,
                   position_ids: bool = False, use_cache: bool = True, offload: bool = False,
-                  lora=None) -> Timeline:  # fmt: skip
-    """Moments of one DeepSpeed ZeRO-``stage`` step (bf16 or fp16 training dtype, torch AdamW client optimizer of
+                  lora=None, precision: str = "bf16") -> Timeline:  # fmt: skip
+    """Moments of one DeepSpeed ZeRO-``stage`` step (bf16 or fp16 training dtype, or fp32: ``precision``; torch AdamW
+    client optimizer of
     ``optimizer_impl``, or DeepSpeed's FusedAdam: ``fused``) on data-parallel rank ``rank`` of ``dp``.
     ``lora``: peft adapters on a frozen base (``memcalc.model.lora.LoraPlan``, no 4-bit base): DeepSpeed flattens,
     partitions and reduces only the parameters that require a gradient, so every formula above reads Ψ as the
@@ -134,6 +143,12 @@ def zero_timeline(arch: Architecture, *, family: str, stage: int, dp: int, atten
         raise InputError(f"ZeRO stage {stage}: the realistic timeline models stages 0, 1, 2")
     if dp < 1 or not 0 <= rank < dp or bucket < 1:
         raise InputError(f"dp {dp}, rank {rank} and reduce_bucket_size {bucket} must be positive, rank below dp")
+    if precision not in PRECISIONS:
+        raise InputError(f"precision {precision!r} under DeepSpeed's realistic timeline: accepted "
+                         f"{', '.join(PRECISIONS)}")
+    if precision == "fp32" and (offload or lora is not None):
+        raise InputError("fp32 DeepSpeed (neither fp16 nor bf16 enabled): the realistic timeline models it without "
+                         "offload_optimizer and LoRA")
     if lora is not None and (offload or lora.quantize != "none"):
         raise InputError("LoRA under DeepSpeed ZeRO-0/1/2: the realistic timeline models a base in the training dtype "
                          "without offload_optimizer")
@@ -151,28 +166,32 @@ def zero_timeline(arch: Architecture, *, family: str, stage: int, dp: int, atten
     if optimizer_impl not in ("foreach", "fused", "for-loop"):
         raise InputError(f"optimizer implementation {optimizer_impl!r} under DeepSpeed: accepted foreach, fused, "
                          "for-loop")  # fmt: skip
-    tl = timeline(arch, family=family, regime="bf16", attention=attention, s=s, b=b, recompute=recompute,
+    w = 4 if precision == "fp32" else 2  # the module's and its gradients' bytes per element
+    dtype = "bf16" if w == 2 else "fp32"
+    tl = timeline(arch, family=family, regime="fp32" if w == 4 else "bf16", attention=attention, s=s, b=b,
+                  recompute=recompute,
                   optimizer_impl="fused", loss=loss, device=device, position_ids=position_ids, use_cache=use_cache,
                   compiled=compiled, loss_compiled=loss_compiled, lora=lora)  # fmt: skip
     tensors = trainable(arch, lora)
     psi = sum(n for _, n in tensors)
     steps = 4  # torch AdamW's ``step`` tensor: one per parameter tensor it is handed (one flat group under ZeRO)
     states = [] if lora is None else [("parameters (frozen base)", _frozen(arch, family, lora))]
-    if stage == 0:
-        states += [("parameters (bf16)", 2 * psi), ("fp32 copies of the parameters", 4 * psi),
+    if stage == 0:  # fp32: no wrapper, the client optimizer steps the module's own parameters
+        states += [(f"parameters ({dtype})", w * psi),
+                   ("fp32 copies of the parameters", 4 * psi if w == 2 else 0),
                    ("optimizer states (fp32 moments)", 8 * psi + steps * len(tensors))]
-    else:
+    else:  # (fp32: the master partition is a clone of the flat buffer's all the same)
         p, sigma, slice_max, mine = partition(arch, dp, rank, lora)
-        states += [("parameters (bf16 flat buffer)", 2 * dp * p), ("fp32 master partition", 4 * p),
-                   ("optimizer states (fp32 moments)", 8 * p + steps)]
-    states.append(("buffers", buffer_bytes(arch, family, 2)))
+        states += [(f"parameters ({dtype} flat buffer)", w * dp * p),
+                   ("fp32 master partition", 4 * p), ("optimizer states (fp32 moments)", 8 * p + steps)]
+    states.append(("buffers", buffer_bytes(arch, family, w)))
     k = 2 if overlap_comm else 1
     made: list[tuple[str, int]] = []  # gradients made so far in backward, in the order autograd makes them
     reduced = False  # ZeRO-2: a bucket holding one of this rank's parameters was reduced (grads_in_partition exists)
     moments: list[Moment] = []
     for m, parts, grads, unit in _walk(tl, tensors):
         if (grads or (lora is not None and m.phase.startswith("backward.layer."))) and stage in (1, 2):
-            parts.append(("gradient bucket (reduce_bucket_size)", 2 * k * bucket))
+            parts.append(("gradient bucket (reduce_bucket_size)", w * k * bucket))
             if stage == 2:  # gradients go to the bucket in their hooks; larger ones wait for the next reduction
                 # The partition is allocated at the first reduction after one of this rank's gradients was made. A
                 # gradient that would overflow the bucket reduces it first (``reduce_independent_p_g_buckets_and_
@@ -182,19 +201,20 @@ def zero_timeline(arch: Architecture, *, family: str, stage: int, dp: int, atten
                 reduced = reduced or (any(name in mine for name, _ in made)
                                       and sum(n for _, n in made + new) > bucket)
                 made += new
-                pending = 2 * min(grads // 2, max((n for _, n in unit if n > bucket), default=0))
+                pending = w * min(grads // w, max((n for _, n in unit if n > bucket), default=0))
                 parts = [(n, x) for n, x in parts if n not in _GRADS]
-                parts += [("gradient partition (grads_in_partition)", 2 * sigma if reduced else 0),
+                parts += [("gradient partition (grads_in_partition)", w * sigma if reduced else 0),
                           ("gradients not yet in the bucket", pending)]
         moments.append(_moment(m.phase, m.label, states + parts))
     inputs = [(n, x) for n, x in tl.moments[1].parts if n.startswith("input ids")]  # the model's position ids died
     base = states + inputs
     leaf = embedding_leaf(arch, s, b, lora)
     if stage == 0:
-        end = [("gradients (bf16)", 2 * psi), ("flattened gradients for the all-reduce", 2 * min(psi, ALLREDUCE_BUFFER))]
+        end = [(f"gradients ({dtype})", w * psi),
+               ("flattened gradients for the all-reduce", w * min(psi, ALLREDUCE_BUFFER))]
         end += leaf
-        temp = step_temporaries(optimizer_impl, tensors, 4)  # on the fp32 copies
-        step = [("gradients (bf16)", 2 * psi), ("fp32 gradients", 4 * psi)]
+        temp = step_temporaries(optimizer_impl, tensors, 4)  # on the fp32 copies (fp32: the parameters)
+        step = [(f"gradients ({dtype})", w * psi), ("fp32 gradients", 4 * psi if w == 2 else 0)]
         moments += [_moment("backward.epilogue", "the gradients flattened for the all-reduce", base + end),
                     _moment("optimizer", "fp32 copies of the gradients", base + step),
                     _moment("optimizer.adamw", "AdamW on the fp32 copies", base + step + [("step temporaries", temp)])]
@@ -203,22 +223,23 @@ def zero_timeline(arch: Architecture, *, family: str, stage: int, dp: int, atten
         last = tensors[0][1] if stage == 2 and tensors[0][1] > bucket else 0
         # One bucket holds every gradient (B ≥ Ψ): its flatten copy for the all-reduce may still be alive when the
         # partition is allocated (traced: in some runs it is, in others it was released first; the later is counted)
-        end = ([("gradients (bf16)", 2 * (psi - _copied_first(tensors, bucket))),
-                ("gradient partition (grads_in_partition)", 2 * sigma)]
+        end = ([(f"gradients ({dtype})", w * (psi - _copied_first(tensors, bucket))),
+                ("gradient partition (grads_in_partition)", w * sigma)]
                if stage == 1 and bucket < psi else
-               [("bucket's flatten copy", 2 * psi), ("gradient partition (grads_in_partition)", 2 * sigma)]
+               [("bucket's flatten copy", w * psi), ("gradient partition (grads_in_partition)", w * sigma)]
                if bucket >= psi else
-               [("gradient partition (grads_in_partition)", 2 * sigma), ("gradient not yet reduced", 2 * last)])
-        end.append(("gradient bucket (reduce_bucket_size)", 2 * k * bucket))
+               [("gradient partition (grads_in_partition)", w * sigma), ("gradient not yet reduced", w * last)])
+        end.append(("gradient bucket (reduce_bucket_size)", w * k * bucket))
         end += leaf
-        held = [("gradient partition (averaged_gradients)", 2 * sigma)]
+        held = [("gradient partition (averaged_gradients)", w * sigma)]
         temp = step_temporaries(optimizer_impl, (("fp32 partition", p),), 4)
         moments += [
             _moment("backward.epilogue", "the last reductions", base + end),
             _moment("optimizer", "fp64 copy of a gradient slice for the norm", base + held
                     + [("fp64 gradient slice", 8 * slice_max)]),
             _moment("optimizer", "the partition flattened and upcast", base + held
-                    + [("flattened partition (bf16)", 2 * p), ("fp32 gradient partition", 4 * p)]),
+                    + [(f"flattened partition ({dtype})", w * p),
+                       ("fp32 gradient partition", 4 * p if w == 2 else 0)]),
             _moment("optimizer.adamw", "AdamW on the fp32 partition", base + [("fp32 gradient partition", 4 * p),
                                                                               ("step temporaries", temp)]),
         ]  # fmt: skip

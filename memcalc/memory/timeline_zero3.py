@@ -133,9 +133,10 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
                    device: str = "cpu", bucket: int = REDUCE_BUCKET_SIZE, settings: Zero3Settings = Zero3Settings(),
                    sub_group_size: int = SUB_GROUP_SIZE, compiled: bool = False, loss_compiled: bool | None = None,
                    position_ids: bool = False, use_cache: bool = True, offload_optimizer: bool = False,
-                   offload_params: bool = False, lora=None) -> Timeline:  # fmt: skip
-    """Moments of one DeepSpeed ZeRO-3 step (bf16 or fp16 training dtype, torch AdamW of ``optimizer_impl`` or
-    DeepSpeed's FusedAdam: ``fused``) on data-parallel rank 0 of ``dp`` (the rank with the largest partitions).
+                   offload_params: bool = False, lora=None, precision: str = "bf16") -> Timeline:  # fmt: skip
+    """Moments of one DeepSpeed ZeRO-3 step (bf16 or fp16 training dtype, or fp32: ``precision``; torch AdamW of
+    ``optimizer_impl`` or DeepSpeed's FusedAdam: ``fused``) on data-parallel rank 0 of ``dp`` (the rank with the
+    largest partitions).
 
     ``offload_optimizer`` (``offload_optimizer.device`` cpu or nvme, ratio 1, DeepSpeedCPUAdam): the fp32 master
     partitions, the moments and the gradient partitions (``grad_partitions_flat_buffer``, ``device=self.device``:
@@ -161,7 +162,16 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
                          "for-loop")  # fmt: skip
     if recompute not in ("none", "full"):
         raise InputError(f"recompute {recompute!r} under ZeRO-3: accepted none, full")
-    tl = timeline(arch, family=family, regime="bf16", attention=attention, s=s, b=b, recompute=recompute,
+    if precision not in ("bf16", "fp32"):
+        raise InputError(f"precision {precision!r} under DeepSpeed's realistic timeline: accepted bf16, fp32")
+    if precision == "fp32" and (offload_optimizer or offload_params or lora is not None):
+        raise InputError("fp32 DeepSpeed (neither fp16 nor bf16 enabled): the realistic ZeRO-3 timeline models it "
+                         "without offload and LoRA")
+    # fp32: the partitions, gradients, bucket and gathered parameters in 4 bytes; the fp32 master partitions are
+    # still clones (stage3.py ``_create_fp32_partitions``) and the upcast of a flattened sub-group is the same tensor
+    w = 4 if precision == "fp32" else 2
+    dtype = "bf16" if w == 2 else "fp32"
+    tl = timeline(arch, family=family, regime=dtype, attention=attention, s=s, b=b, recompute=recompute,
                   optimizer_impl="fused", loss=loss, device=device, position_ids=position_ids, use_cache=use_cache,
                   compiled=compiled, loss_compiled=loss_compiled, lora=lora)  # fmt: skip
     tensors = trainable(arch, lora)
@@ -170,23 +180,24 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
     groups = sub_groups(arch, dp, sub_group_size, lora)
     # Persistent parameters stay whole beside their partitions; on one rank the partition is the whole parameter,
     # already counted (that case was traced with no persistent parameters only).
-    whole = 2 * sum(persistent(arch, settings, lora).values()) if dp > 1 else 0
+    whole = w * sum(persistent(arch, settings, lora).values()) if dp > 1 else 0
     if offload_params and not offload_optimizer:
         raise InputError("offload_param without offload_optimizer: the ZeRO-3 timeline models parameter offload "
                          "together with optimizer offload only (DeepSpeed runs either alone); --accounting paper "
                          "counts this one")
-    on_gpu = [] if offload_params else [("parameters (bf16 partitions)", 2 * sum(ceil_div(n, dp) for _, n in every))]
+    mine = w * sum(ceil_div(n, dp) for _, n in every)
+    on_gpu = [] if offload_params else [(f"parameters ({dtype} partitions)", mine)]
     if not offload_optimizer:
         on_gpu += [("fp32 master partitions", 4 * p3), ("optimizer states (fp32 moments)", 8 * p3 + 4 * len(groups)),
-                   ("gradient partitions (bf16)", 2 * p3)]  # fmt: skip
-    states = [*on_gpu, ("gradient bucket (reduce_bucket_size)", 2 * bucket), ("persistent parameters (whole)", whole),
-              ("buffers", buffer_bytes(arch, family, 2))]  # fmt: skip
+                   (f"gradient partitions ({dtype})", w * p3)]  # fmt: skip
+    states = [*on_gpu, ("gradient bucket (reduce_bucket_size)", w * bucket), ("persistent parameters (whole)", whole),
+              ("buffers", buffer_bytes(arch, family, w))]  # fmt: skip
     # Gathered parameters while each module runs; at world 1 nothing is gathered (``_no_gather_coalesced``).
     gathered: dict[tuple[str, str], int] = {}
     fetching: dict[tuple[str, str], int] = {}  # at a fetch, an emptied flat buffer not yet freed (when larger)
     after_forward = 0
     if dp > 1:
-        for phase, module, x, at in gathered_bytes(arch, dp, settings, recompute == "full", 2, lora):
+        for phase, module, x, at in gathered_bytes(arch, dp, settings, recompute == "full", w, lora):
             if phase == "loss":
                 after_forward = x
                 continue
@@ -194,7 +205,7 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
             gathered[key] = max(gathered.get(key, 0), x)
             if at > x:
                 fetching[key] = max(fetching.get(key, 0), at)
-    grads, epilogue = _gradients(arch, dp, bucket, device, offload=offload_optimizer, lora=lora)
+    grads, epilogue = _gradients(arch, dp, bucket, device, w, offload=offload_optimizer, lora=lora)
     moments: list[Moment] = []
     last: list[tuple[str, int]] = []  # the previous moment's parts, less the gathered parameters
     seen: set[tuple[str, str]] = set()
@@ -251,7 +262,7 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
         _moment("optimizer", "fp64 copy of a gradient partition for the norm", base
                 + [("fp64 gradient partition", 8 * largest)]),
         _moment("optimizer", "a sub-group's gradients flattened and upcast", base
-                + [("flattened gradients (bf16)", 2 * big), ("fp32 gradients", 4 * big)]),
+                + [(f"flattened gradients ({dtype})", w * big), ("fp32 gradients", 4 * big if w == 2 else 0)]),
         _moment("optimizer.adamw", "AdamW on a sub-group's fp32 partition", base
                 + [("fp32 gradients", 4 * big), ("step temporaries", temp)]),
         _moment("zero_grad", "after the step", base),

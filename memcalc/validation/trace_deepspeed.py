@@ -45,7 +45,9 @@ from memcalc.validation.trace_step import (
 from memcalc.validation.trace_tracker import BASELINE, LiveBytes, Trace
 
 STAGES = (0, 1, 2, 3)
-PRECISIONS = ("bf16",)
+PRECISIONS = ("bf16", "fp32")
+"""bf16: ``bf16: {enabled: true}``; fp32: neither fp16 nor bf16 enabled (as the Trainer's ``"auto"`` without
+--fp16/--bf16), the module trained in fp32."""
 OPTIMIZERS = ("torch-adamw", "torch-adamw-foreach", "torch-adamw-fused")
 """torch.optim.AdamW with its default implementation (the for-loop one on CPU), foreach=True, or fused=True."""
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
@@ -227,8 +229,9 @@ def named_storages(engine: Any) -> dict[int, str]:
 
 
 def ds_config(stage: int, micro_batch: int, reduce_bucket_size: int | None, overlap_comm: bool | None,
-              contiguous_gradients: bool | None, zero_config: dict | None) -> dict:
-    """The DeepSpeed config: bf16, ZeRO ``stage`` (ZeRO-3 partitions every parameter), untested client optimizer."""
+              contiguous_gradients: bool | None, zero_config: dict | None, precision: str = "bf16") -> dict:
+    """The DeepSpeed config: bf16 (or fp32), ZeRO ``stage`` (ZeRO-3 partitions every parameter), untested client
+    optimizer."""
     zero: dict[str, Any] = {"stage": stage}
     if stage == 3:
         zero["stage3_param_persistence_threshold"] = 0  # DeepSpeed's default keeps parameters up to 1e5 whole
@@ -238,8 +241,8 @@ def ds_config(stage: int, micro_batch: int, reduce_bucket_size: int | None, over
             zero[key] = v
     zero.update(zero_config or {})
     return {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": 1,
-            "zero_allow_untested_optimizer": True, "bf16": {"enabled": True}, "zero_optimization": zero,
-            "steps_per_print": 10**9}  # fmt: skip
+            "zero_allow_untested_optimizer": True, "bf16": {"enabled": precision == "bf16"},
+            "zero_optimization": zero, "steps_per_print": 10**9}  # fmt: skip
 
 
 # --- one rank ------------------------------------------------------------------------------------------------
@@ -362,8 +365,9 @@ def _rank_main(rank: int, world: int, hf_config: dict, seq_len: int, micro_batch
         tracker.snapshots["end"] = list(tracker.info.values())
         box[0] = None
         if rank == 0:
+            dtype = "bf16" if config["bf16"]["enabled"] else "fp32"
             label = (f"{hf_config['model_type']} b{micro_batch}xs{seq_len} deepspeed "
-                     f"zero-{config['zero_optimization']['stage']} world={world} bf16 {optimizer} "
+                     f"zero-{config['zero_optimization']['stage']} world={world} {dtype} {optimizer} "
                      f"recompute={recompute} {attention}"
                      + (f" lora r={lora.rank} {','.join(lora.targets)}" if lora is not None else ""))  # fmt: skip
             held = {k: tuple(i.held() for i in v) for k, v in tracker.snapshots.items()}
@@ -408,7 +412,8 @@ def trace_deepspeed(hf_config: dict, *, stage: int, world: int, seq_len: int, mi
         raise InputError(f"world {world}, seq_len {seq_len} and micro_batch {micro_batch} must be at least 1")
     if "model_type" not in hf_config:
         raise InputError("hf_config lacks 'model_type'; accepted: a Hugging Face config.json dict")
-    config = ds_config(stage, micro_batch, reduce_bucket_size, overlap_comm, contiguous_gradients, zero_config)
+    config = ds_config(stage, micro_batch, reduce_bucket_size, overlap_comm, contiguous_gradients, zero_config,
+                       precision)
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as out:
