@@ -149,6 +149,57 @@ def test_qwen3_and_smollm3_layers_match_the_peft_census(family, regime):
         assert (c.layer_bytes(), c.layer_bytes("weight_cast")) == (total(m), total(m, "weight_cast"))
 
 
+@pytest.mark.parametrize("family", ["gemma", "gemma2", "gemma3_text"])
+@pytest.mark.parametrize("regime", ["fp32", "bf16", "amp-bf16"])
+def test_gemma_layers_match_the_peft_census(family, regime):
+    """Gemma's RMSNorm with a frozen weight keeps its fp32 input, rstd and 1 + weight, not the normalized tensor;
+    Gemma 2 and 3 norm the attention output and the MLP's input and output too (each layer: Gemma 3's sliding ones
+    and Gemma 2's eager soft-capped scores)."""
+    pytest.importorskip("peft")
+    from memcalc.memory.saved import layer_saved, total
+    from memcalc.model.hf_config import architecture_from_config
+    from memcalc.validation import lora as vl
+    from memcalc.validation.saved import tiny_config
+
+    arch = architecture_from_config(tiny_config(family))
+    for attention in ("eager",) if family == "gemma2" else ("sdpa", "eager"):
+        for targets in (ALL, ("q", "v")):
+            lp = LoraPlan(8, targets)
+            c = vl.census(family, regime, attention, 16, 2, lp)
+            for i in range(c.layers):
+                m = layer_saved(arch, family=family, regime=regime, attention=attention, s=16, b=2, lora=lp, index=i)
+                assert (c.part_bytes(f"layer.{i}"), c.part_bytes(f"layer.{i}", "weight_cast")) == (
+                    total(m), total(m, "weight_cast")), (attention, targets, i)
+
+
+GEMMA = dict(model_type="gemma", hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, vocab_size=128, max_position_embeddings=256,
+             tie_word_embeddings=False)
+
+
+@pytest.mark.parametrize("precision,impl,recompute,targets", [
+    ("fp32", "fused", "none", ("q", "v")), ("bf16", "fused", "none", ALL), ("amp-bf16", "fused", "none", ALL),
+    ("fp32", "foreach", "none", ALL), ("bf16", "fused", "full", ALL), ("amp-bf16", "fused", "full", ("q", "v")),
+])  # fmt: skip
+def test_gemma_timeline_against_a_traced_peft_step(precision, impl, recompute, targets):
+    """Gemma under peft on one GPU: the states byte for byte, the peak at the trace's or above it by at most 5 % (the
+    layers' backward transients are the full model's, an upper bound, as for Llama's LoRA)."""
+    pytest.importorskip("peft")
+    from memcalc.memory.timeline import timeline
+    from memcalc.model.hf_config import architecture_from_config
+    from memcalc.validation.lora import trace_lora_step
+    from memcalc.validation.trace_step import cache_promotes_values
+
+    lp = LoraPlan(8, targets)
+    tr = trace_lora_step(GEMMA, lp, seq_len=32, micro_batch=2, precision=precision, optimizer_impl=impl,
+                         recompute=recompute, fake=False)
+    tl = timeline(architecture_from_config(GEMMA), family="gemma", regime=precision, attention="sdpa", s=32, b=2,
+                  optimizer_impl=impl, recompute=recompute, lora=lp, cache_promotes_values=cache_promotes_values())
+    for phase in ("baseline", "input", "optimizer", "zero_grad"):
+        assert tl.phase_peaks[phase] == tr.phase_peaks[phase]
+    assert tr.peak <= tl.peak.live_bytes <= 1.05 * tr.peak
+
+
 def test_tiny_counts_match_peft():
     pytest.importorskip("peft")
     from memcalc.model.hf_config import architecture_from_config

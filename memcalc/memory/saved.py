@@ -117,7 +117,7 @@ def layer_saved(arch: Architecture, *, family: str, regime: Regime, attention: s
     if code == "torchtitan":
         return _torchtitan_layer(x, d, cuda)
     if lora is not None:
-        return _lora_layer(arch, x, family, attention, d, r, amp, cuda, lora)
+        return _lora_layer(arch, x, family, attention, d, r, amp, cuda, lora, index)
     if family in OTHER_NORMS:
         from memcalc.memory.saved_gemma import layer_saved_gemma
 
@@ -199,13 +199,16 @@ def _torchtitan_layer(x: Shape, d: int, cuda: bool) -> list[SavedTensor]:
             SavedTensor("w1 output, SiLU output, w3 output, w2 input", 4 * d * t * x.ffn)]  # fmt: skip
 
 
+LORA_GEMMAS = ("gemma", "gemma2", "gemma3_text")
+"""Gemma's layers under peft (census: tests/test_lora.py): their norms keep no normalized tensor with a frozen
+weight."""
 LORA_FAMILIES = (*LLAMA_LIKE, "qwen3", "smollm3")
 """Llama-style families whose peft step was censused and traced (tests/test_lora.py). Granite's layers save the same,
 but its traced peft step holds one more residual-sized tensor than the timeline counts (1.1-1.5 % under): left out."""
 
 
 def _lora_layer(arch: Architecture, x: Shape, family: str, attention: str, d: int, r: int, amp: bool, cuda: bool,
-                lora: Any) -> list[SavedTensor]:  # fmt: skip
+                lora: Any, index: int | None = None) -> list[SavedTensor]:  # fmt: skip
     """A Llama-style layer under peft LoRA (``tuners/lora/layer.py`` ``Linear.forward``: ``base_layer(x) +
     lora_B(lora_A(dropout(x))) * scaling``, ``lora_dropout=0`` is ``nn.Identity``), with the embedding output
     requiring grad (``enable_input_require_grads``, as ``prepare_model_for_kbit_training`` sets up; without it
@@ -216,25 +219,46 @@ def _lora_layer(arch: Architecture, x: Shape, family: str, attention: str, d: in
     its fp32 input to bf16 itself and the frozen weights' bf16 casts are made per use (autocast caches casts of
     leaves that require grad only) and saved for the input gradient; NF4 weights are dequantized per use and
     bitsandbytes' ``MatMul4Bit`` keeps only the packed weight."""
-    if family not in LORA_FAMILIES:
-        raise InputError(f"LoRA's saved tensors are modelled for {', '.join(LORA_FAMILIES)}; got {family}")
+    if family not in (*LORA_FAMILIES, *LORA_GEMMAS):
+        raise InputError(f"LoRA's saved tensors are modelled for {', '.join((*LORA_FAMILIES, *LORA_GEMMAS))}; got "
+                         f"{family}")
     from memcalc.model.lora import layer_lora, targeted
 
     t = set(lora.targets)
-    out = [k for k in _norm(x, family, r, amp, "norm 1") if "normalized" not in k.name]
+    gemma = family in LORA_GEMMAS
+    if gemma:  # GemmaRMSNorm with a frozen weight: 1 + weight needs no gradient, so the normalized tensor is not kept
+        from memcalc.memory.saved_gemma import gemma_norm
+
+        def norm(label: str, total: int, rows: int, width: int) -> list[SavedTensor]:
+            return [k for k in gemma_norm(label, total, rows, width) if "normalized" not in k.name]
+    out = (norm("input_layernorm", x.t * x.h, x.t, x.h) if gemma
+           else [k for k in _norm(x, family, r, amp, "norm 1") if "normalized" not in k.name])
     out += _inputs(x, d, amp, tuple(n for n in ("q", "k", "v") if n in t)) if t & {"q", "k", "v"} else []
-    if arch.qk_norm:  # Qwen3's q_norm/k_norm: frozen weights, so their normalized tensors are not kept
+    if arch.qk_norm and gemma:  # Gemma 3: GemmaRMSNorm over head_dim
+        out += norm("q_norm", x.t * x.qw, x.t * x.heads, x.hd) + norm("k_norm", x.t * x.kvw, x.t * x.kv, x.hd)
+    elif arch.qk_norm:  # Qwen3's q_norm/k_norm: frozen weights, so their normalized tensors are not kept
         out += [k for k in _qk_norm(x, d) if "normalized" not in k.name]
-    attn = _attention(x, family, attention, d, r)
+    if gemma:
+        from memcalc.memory.saved_gemma import _gemma_attention, sliding_sdpa_masked
+
+        attn = _gemma_attention(arch, x, family, attention, d, r, sliding_sdpa_masked(arch, attention, x.s, index))
+    else:
+        attn = _attention(x, family, attention, d, r)
     out += [k for k in attn if "o" in t or k.name != "output projection input"]
     if amp and "o" in t and attention == "sdpa":
         # peft casts the bf16 attention output to lora_A's fp32 (``_cast_input_dtype``) and autocast casts it back:
         # A saves that new bf16 copy while SDPA keeps its own output (eager: the frozen o_proj no longer keeps its input)
         out.append(SavedTensor("o input (bf16 re-cast for LoRA A)", 2 * x.t * x.qw))
-    out += [k for k in _norm(x, family, r, amp, "norm 2") if "normalized" not in k.name]
+    if gemma:  # Gemma 2 and 3 norm the attention output, then the MLP's input, then its output
+        out += norm("post_attention_layernorm", x.t * x.h, x.t, x.h)
+        out += norm("pre_feedforward_layernorm", x.t * x.h, x.t, x.h) if family != "gemma" else []
+    else:
+        out += [k for k in _norm(x, family, r, amp, "norm 2") if "normalized" not in k.name]
     out += _inputs(x, d, amp, tuple(n for n in ("gate", "up") if n in t)) if t & {"gate", "up"} else []
-    out.append(SavedTensor("gate output, SiLU output, up output" + (", down input" if "down" in t else ""),
+    out.append(SavedTensor("gate output, activation output, up output" + (", down input" if "down" in t else ""),
                            (4 if "down" in t else 3) * d * x.t * x.ffn))
+    if gemma and family != "gemma":
+        out += norm("post_feedforward_layernorm", x.t * x.h, x.t, x.h)
     out.append(SavedTensor("LoRA A outputs (r wide)", len(targeted(arch, lora)) * d * x.t * lora.rank))
     if amp:
         ll = layer_lora(arch, lora)

@@ -40,7 +40,8 @@ _NAMES = {
     "opt": ("q_proj", "k_proj", "v_proj", "out_proj", None, "fc1", "fc2"),
 }
 _NAMES.update(mistral=_NAMES["llama"], qwen2=_NAMES["llama"], qwen3=_NAMES["llama"], granite=_NAMES["llama"],
-              smollm3=_NAMES["llama"], bloom=_NAMES["gpt_neox"], falcon=_NAMES["gpt_neox"],
+              smollm3=_NAMES["llama"], gemma=_NAMES["llama"], gemma2=_NAMES["llama"], gemma3_text=_NAMES["llama"],
+              olmo2=_NAMES["llama"], bloom=_NAMES["gpt_neox"], falcon=_NAMES["gpt_neox"],
               phi3=("qkv_proj",) * 3 + ("o_proj",) + ("gate_up_proj",) * 2 + ("down_proj",))
 
 
