@@ -124,7 +124,7 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
     layer_new = g * le  # one layer's new gradients, before its post-backward adds them
     layers = {i: layer_sizes(ra, family=family, regime=act, attention=attention, s=s, b=b, policy=policy, index=i,
                              device=device, code=code, compiled=compiled, sp=sp, float8=float8,
-                             float8_weight_cast=not float8_all_gather)
+                             float8_weight_cast=not float8_all_gather, use_cache=False)  # a stage runs no cache
               for ch in chunks for i in ch}  # fmt: skip
     resid = r * t * h // sp  # a stage boundary: one micro-batch's residual stream (the rank's 1/sp of the sequence)
 
