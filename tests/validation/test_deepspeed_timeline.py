@@ -66,9 +66,11 @@ def test_deepspeed_timeline_equals_trace(stage, world, recompute, bucket, optimi
 def test_fp32_deepspeed_timeline_equals_trace(stage, recompute):
     """Neither fp16 nor bf16 enabled (the Trainer's "auto" without --fp16/--bf16): the module trains in fp32, ZeRO-1/2
     still clone the fp32 master partition from the fp32 flat buffer, ZeRO-0 steps the client optimizer on the
-    parameters themselves. The peak, its phase, the baseline and the optimizer's phases within 256 bytes (ZeRO-0's
-    flattened all-reduce buffers die at the end of backward or in the step's first op, run by run: the peak's phase
-    is one or the other, its bytes the same)."""
+    parameters themselves. The peak, its phase, the baseline, the end of backward and AdamW's step within 256 bytes.
+    Some of what the end of backward releases dies in the step's first op in some runs instead (ZeRO-0's flattened
+    all-reduce buffers; under ZeRO-1/2 77 KB of gradients, about one run in three): the peak's phase may then be the
+    step's, its bytes the same, and the step's first phase is the timeline's or above it by less than the gradient
+    partition (4Σ)."""
     r = trace_deepspeed(LLAMA, stage=stage, world=2, seq_len=S, micro_batch=B, recompute=recompute,
                         reduce_bucket_size=2000, optimizer="torch-adamw", timeout=240, precision="fp32")
     tr = r.trace
@@ -77,8 +79,11 @@ def test_fp32_deepspeed_timeline_equals_trace(stage, recompute):
     assert tl.peak.phase == tr.peak_phase or (stage == 0 and tr.peak_phase == "optimizer")
     assert abs(tl.peak.live_bytes - tr.peak) <= 256
     assert abs(tl.moments[0].live_bytes - tr.baseline) <= 256
-    for phase in ("backward.epilogue", "optimizer.adamw") + (() if stage == 0 else ("optimizer",)):
+    for phase in ("backward.epilogue", "optimizer.adamw"):
         assert abs(tl.phase_peaks[phase] - tr.phase_peaks[phase]) <= 256, phase
+    if stage:
+        sigma = partition(architecture_from_config(LLAMA), 2)[1]
+        assert -256 <= tr.phase_peaks["optimizer"] - tl.phase_peaks["optimizer"] < 4 * sigma
 
 
 def test_zero2_overlap_comm_second_bucket_as_traced():
