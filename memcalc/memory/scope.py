@@ -245,8 +245,6 @@ def _why_not_lora(arch: Any, strategy: str, work: Any, fsdp_version: int = 2, fr
     from memcalc.layout.compose import fsdp_wrap
     from memcalc.memory.saved import LORA_FAMILIES
 
-    if arch is not None and arch.family == "gemma" and strategy != "ddp":
-        return "LoRA on gemma: the realistic accounting models peft on its layers on one GPU and DDP so far"
     if arch is not None and arch.family not in (*LORA_FAMILIES, "gemma"):
         return (f"LoRA: the realistic accounting models peft on {', '.join(LORA_FAMILIES)} and gemma layers (Gemma 2 "
                 "and 3: their post-norm layers' recomputed backward under LoRA is not ordered, up to 7 % below a "
