@@ -135,13 +135,12 @@ def _attention_backward(saved: list[SavedTensor], x, d: int, w: int, mlp_params:
 
 def _bloom_attention_forward(x, d: int, r: int, amp: bool, cuda: bool, ckpt: bool) -> int:
     """BLOOM's eager attention at its softmax or at its end, whichever holds more (modeling_bloom.py
-    ``BloomAttention.forward``), above the layers before:
-    the layer input, the first norm's output (a local; fp32 under autocast), the fused qkv output (alive until the
-    attention returns), the q, k, v copies baddbmm and bmm save, and 12 bytes per score element: the scores and the
-    masked scores (locals), the softmax's fp32 output, and either its fp32 input copy (pure bf16), or the bf16
-    probabilities beside the fp32 masked scores (autocast, whose mask is fp32), or nothing more (fp32). Without
-    recompute the first norm's statistics are saved too, and under autocast its output's bf16 cast and the qkv
-    weight's and bias's copies (traced op by op)."""
+    ``BloomAttention.forward``), in bytes above the layers before: the layer input, the first norm's output (a local;
+    fp32 under autocast), the fused qkv output (alive until the attention returns), the q, k, v copies baddbmm and
+    bmm save, and 12 bytes per score element: the scores and the masked scores (locals), the softmax's fp32 output,
+    and either its fp32 input copy (pure bf16), or the bf16 probabilities beside the fp32 masked scores (autocast,
+    whose mask is fp32), or nothing more (fp32). Without recompute the first norm's statistics are saved too, and
+    under autocast its output's bf16 cast and the qkv weight's and bias's copies (traced op by op)."""
     t, h = x.t, x.h
     out = r * t * h + r * t * h + 3 * d * t * h + 3 * d * t * h
     if amp:

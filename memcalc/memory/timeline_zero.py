@@ -54,6 +54,18 @@ ALLREDUCE_BUFFER = 500_000_000
 _GRADS = ("parameter gradients so far", "head and final norm gradients")
 
 
+def module_dtype(precision: str, offload: bool, lora) -> tuple[str, int]:
+    """(dtype, bytes per element) of the module DeepSpeed trains: ``bf16`` (bf16 or fp16 enabled: 2) or ``fp32``
+    (neither: 4), the regime its layers save in. fp32 is modelled without offload and LoRA."""
+    if precision not in PRECISIONS:
+        raise InputError(f"precision {precision!r} under DeepSpeed's realistic timeline: accepted "
+                         f"{', '.join(PRECISIONS)}")
+    if precision == "fp32" and (offload or lora is not None):
+        raise InputError("fp32 DeepSpeed (neither fp16 nor bf16 enabled): the realistic timeline models it without "
+                         "offload and LoRA")
+    return precision, 4 if precision == "fp32" else 2
+
+
 def trainable(arch: Architecture, lora=None) -> tuple[tuple[str, int], ...]:
     """The tensors DeepSpeed's ZeRO-1/2 flattens, in ``model.parameters()`` order: those that require a gradient
     (``stage_1_and_2.py``: ``trainable_parameters``), every parameter, or peft's adapters alone under LoRA."""
@@ -143,12 +155,7 @@ def zero_timeline(arch: Architecture, *, family: str, stage: int, dp: int, atten
         raise InputError(f"ZeRO stage {stage}: the realistic timeline models stages 0, 1, 2")
     if dp < 1 or not 0 <= rank < dp or bucket < 1:
         raise InputError(f"dp {dp}, rank {rank} and reduce_bucket_size {bucket} must be positive, rank below dp")
-    if precision not in PRECISIONS:
-        raise InputError(f"precision {precision!r} under DeepSpeed's realistic timeline: accepted "
-                         f"{', '.join(PRECISIONS)}")
-    if precision == "fp32" and (offload or lora is not None):
-        raise InputError("fp32 DeepSpeed (neither fp16 nor bf16 enabled): the realistic timeline models it without "
-                         "offload_optimizer and LoRA")
+    dtype, w = module_dtype(precision, offload, lora)  # w: the module's and its gradients' bytes per element
     if lora is not None and (offload or lora.quantize != "none"):
         raise InputError("LoRA under DeepSpeed ZeRO-0/1/2: the realistic timeline models a base in the training dtype "
                          "without offload_optimizer")
@@ -166,10 +173,7 @@ def zero_timeline(arch: Architecture, *, family: str, stage: int, dp: int, atten
     if optimizer_impl not in ("foreach", "fused", "for-loop"):
         raise InputError(f"optimizer implementation {optimizer_impl!r} under DeepSpeed: accepted foreach, fused, "
                          "for-loop")  # fmt: skip
-    w = 4 if precision == "fp32" else 2  # the module's and its gradients' bytes per element
-    dtype = "bf16" if w == 2 else "fp32"
-    tl = timeline(arch, family=family, regime="fp32" if w == 4 else "bf16", attention=attention, s=s, b=b,
-                  recompute=recompute,
+    tl = timeline(arch, family=family, regime=dtype, attention=attention, s=s, b=b, recompute=recompute,
                   optimizer_impl="fused", loss=loss, device=device, position_ids=position_ids, use_cache=use_cache,
                   compiled=compiled, loss_compiled=loss_compiled, lora=lora)  # fmt: skip
     tensors = trainable(arch, lora)

@@ -34,7 +34,13 @@ from memcalc.memory.timeline_states import (
     param_tensors,
     step_temporaries,
 )
-from memcalc.memory.timeline_zero import _GRADS, _STATES, embedding_leaf, trainable
+from memcalc.memory.timeline_zero import (
+    _GRADS,
+    _STATES,
+    embedding_leaf,
+    module_dtype,
+    trainable,
+)
 from memcalc.memory.zero3 import _called, gathered_bytes, persistent
 from memcalc.model.architecture import Architecture
 from memcalc.model.lora import projections
@@ -162,15 +168,9 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
                          "for-loop")  # fmt: skip
     if recompute not in ("none", "full"):
         raise InputError(f"recompute {recompute!r} under ZeRO-3: accepted none, full")
-    if precision not in ("bf16", "fp32"):
-        raise InputError(f"precision {precision!r} under DeepSpeed's realistic timeline: accepted bf16, fp32")
-    if precision == "fp32" and (offload_optimizer or offload_params or lora is not None):
-        raise InputError("fp32 DeepSpeed (neither fp16 nor bf16 enabled): the realistic ZeRO-3 timeline models it "
-                         "without offload and LoRA")
     # fp32: the partitions, gradients, bucket and gathered parameters in 4 bytes; the fp32 master partitions are
     # still clones (stage3.py ``_create_fp32_partitions``) and the upcast of a flattened sub-group is the same tensor
-    w = 4 if precision == "fp32" else 2
-    dtype = "bf16" if w == 2 else "fp32"
+    dtype, w = module_dtype(precision, offload_optimizer or offload_params, lora)
     tl = timeline(arch, family=family, regime=dtype, attention=attention, s=s, b=b, recompute=recompute,
                   optimizer_impl="fused", loss=loss, device=device, position_ids=position_ids, use_cache=use_cache,
                   compiled=compiled, loss_compiled=loss_compiled, lora=lora)  # fmt: skip
