@@ -152,8 +152,8 @@ def test_offload_keeps_the_bf16_partitions_the_bucket_and_the_gathered_parameter
     # Each bucket's reduction carries the largest partition's trip to the host: 2n + max(8·min(n, 2.5e8), 4n).
     assert _to_host(1000) == 10_000 and _to_host(300_000_000) == 600_000_000 + 2_000_000_000
     assert _to_host(600_000_000) == 1_200_000_000 + 2_400_000_000
-    g_plain, end_plain = _gradients(ARCH, 2, 2000, "cuda")
-    g_off, end_off = _gradients(ARCH, 2, 2000, "cuda", offload=True)
+    g_plain, end_plain = _gradients(ARCH, 2, 2000)
+    g_off, end_off = _gradients(ARCH, 2, 2000, offload=True)
     assert all(g_off[k] >= g_plain[k] for k in g_plain) and g_off != g_plain
     # The last bucket reduced is the embedding's alone (512 x 64 elements: 16,384 per rank).
     assert end_off - end_plain == _to_host(512 * 64 // 2) == 163_840

@@ -18,7 +18,7 @@ k = 2 with ``overlap_comm`` (two buckets), else 1:
 - end of backward: ZeRO-0 flattens all gradients for the all-reduce (2Ψ more, in buffers of at most 5e8 elements,
   ``engine.py`` ``MEMORY_OPT_ALLREDUCE_SIZE``); ZeRO-1 copies the gradients into the bucket and its partition:
   2Ψ + 2Σ + 2kB; ZeRO-2: 2Σ + 2kB + the last unreduced gradient (B ≥ Ψ, both: 2kB + the one bucket's flatten copy
-  2Ψ + 2Σ, when the copy outlives the partition's allocation, as it did in some traced runs);
+  2Ψ, released before the partition, 2Σ ≤ 2Ψ, is allocated);
 - optimizer step: ZeRO-1/2: fp64 copies of each gradient slice for the norm (2Σ + 8 × the largest slice), the
   flattened partition and its fp32 copy (2Σ + 2P + 4P), then AdamW on the fp32 partition (4P + its temporaries:
   for-loop 8P, foreach 4P, fused 0); ZeRO-0: the bf16 gradients and their fp32 copies (6Ψ) + AdamW's temporaries
@@ -225,12 +225,13 @@ def zero_timeline(arch: Architecture, *, family: str, stage: int, dp: int, atten
     else:
         # the first tensor's gradient is made last (the embedding's; under LoRA layer 0's first adapter's)
         last = tensors[0][1] if stage == 2 and tensors[0][1] > bucket else 0
-        # One bucket holds every gradient (B ≥ Ψ): its flatten copy for the all-reduce may still be alive when the
-        # partition is allocated (traced: in some runs it is, in others it was released first; the later is counted)
+        # One bucket holds every gradient (B ≥ Ψ): its flatten copy for the all-reduce dies with ``allreduce_bucket``,
+        # before the partition (2Σ ≤ 2Ψ) is allocated (traced, every run alike once gloo's late releases are out of
+        # sight: ``memcalc.validation.trace_deepspeed``)
         end = ([(f"gradients ({dtype})", w * (psi - _copied_first(tensors, bucket))),
                 ("gradient partition (grads_in_partition)", w * sigma)]
                if stage == 1 and bucket < psi else
-               [("bucket's flatten copy", w * psi), ("gradient partition (grads_in_partition)", w * sigma)]
+               [("bucket's flatten copy", w * psi)]
                if bucket >= psi else
                [("gradient partition (grads_in_partition)", w * sigma), ("gradient not yet reduced", w * last)])
         end.append(("gradient bucket (reduce_bucket_size)", w * k * bucket))

@@ -17,7 +17,8 @@ with each parameter of n elements partitioned into ⌈n/N⌉ (P3 = Σ⌈n/N⌉ o
   stays until the bucket is reduced); a gradient that overflows the bucket reduces it first:
   ``reduce_scatter_coalesced`` concatenates the bucket's gradients padded to N·⌈n/N⌉ each into a new buffer (none
   for a single gradient divisible by N), reduce-scatters in place and copies the rank's slice into its partitions
-  (on gloo, ``reduce_scatter_tensor`` copies its input once more: ``device="cpu"``);
+  (what a backend copies inside the collective is not counted: NCCL reduces in place, and the traced runs stage
+  gloo's collectives out of sight, ``memcalc.validation.trace_deepspeed``);
 - optimizer step, per sub-group of at most ``sub_group_size`` partition elements: an fp64 copy of each gradient
   partition for the norm, the flattened partitions and their fp32 copy (``flatten(...).to(fp32)``: 2 + 4 bytes per
   element), then AdamW on the fp32 gradient (its temporaries: for-loop 8, foreach 4, fused 0 bytes per element).
@@ -89,7 +90,7 @@ def _to_host(n: int, width: int = 2) -> int:
     return width * n + max(8 * min(n, NORM_BUFFER), 4 * n)
 
 
-def _gradients(arch: Architecture, dp: int, bucket: int, device: str, width: int = 2,
+def _gradients(arch: Architecture, dp: int, bucket: int, width: int = 2,
                offload: bool = False, lora=None) -> tuple[dict[str, int], int]:  # fmt: skip
     """Per phase key (``layer.i``, ``head``...), the most bytes of gradients and reduction buffers alive at one of
     its gradient hooks; and at the end of backward (the last bucket reduced). ``offload``: the optimizer is on the
@@ -108,7 +109,7 @@ def _gradients(arch: Architecture, dp: int, bucket: int, device: str, width: int
         padded = width * dp * sum(ceil_div(n, dp) for _, n in held)
         concat = 0 if len(held) == 1 and held[0][1] % dp == 0 else padded
         host = max(_to_host(ceil_div(n, dp), width) for _, n in held) if offload else 0
-        return concat + host + (padded if device == "cpu" else 0)  # gloo's reduce_scatter_tensor copies its input
+        return concat + host
 
     for m in order:
         key = _layer_of(m)
@@ -205,7 +206,7 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
             gathered[key] = max(gathered.get(key, 0), x)
             if at > x:
                 fetching[key] = max(fetching.get(key, 0), at)
-    grads, epilogue = _gradients(arch, dp, bucket, device, w, offload=offload_optimizer, lora=lora)
+    grads, epilogue = _gradients(arch, dp, bucket, w, offload=offload_optimizer, lora=lora)
     moments: list[Moment] = []
     last: list[tuple[str, int]] = []  # the previous moment's parts, less the gathered parameters
     seen: set[tuple[str, str]] = set()

@@ -16,6 +16,13 @@ backward: the last reductions), ``optimizer`` (``engine.step``: norms, the fp32 
 ``optimizer.adamw`` (the inner ``torch.optim.AdamW.step``), ``optimizer.update`` (fp32 → bf16 copy, all-gather),
 ``zero_grad`` (after ``engine.step``, which already cleared the gradients).
 
+Collectives run on untracked copies (``_stage_collectives``). Gloo's worker thread drops its reference to a
+finished collective's tensors some time after ``wait()`` returns, on a loaded machine an op or a phase later, so a
+buffer DeepSpeed has released could otherwise die late in some runs and not in others (ZeRO-3's gathered head
+weight alive into the loss, ZeRO-0's flattened all-reduce buffers into the optimizer's first op). What a backend
+allocates inside a collective is not DeepSpeed's and is not counted either (gloo's ``reduce_scatter_tensor`` copies
+its input; NCCL reduces in place): the trace shows what DeepSpeed holds and where it lets go.
+
 The caller's main module must be importable by the spawned ranks (an ``if __name__ == "__main__":`` guard).
 """
 
@@ -34,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from memcalc.errors import InputError
 from memcalc.validation.trace_step import (
@@ -298,6 +306,67 @@ def _facts(engine: Any) -> dict[str, int]:
     return facts
 
 
+_COLLECTIVES = ("all_gather", "all_gather_coalesced", "all_gather_into_tensor", "all_reduce", "all_reduce_coalesced",
+                "all_to_all", "all_to_all_single", "broadcast", "gather", "reduce", "reduce_scatter",
+                "reduce_scatter_tensor", "scatter")  # fmt: skip
+"""``deepspeed.comm``'s backend methods that move tensors (every ZeRO collective goes through one of them)."""
+
+
+class _Done:
+    """The handle of a collective that has already run (what a staged ``async_op=True`` call returns)."""
+
+    def wait(self, *args: Any, **kwargs: Any) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+def _clones(x: Any, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+    """``x`` with every tensor in it (lists and tuples followed) replaced by a clone; (tensor, clone) appended to
+    ``pairs``. A module-level function: a recursive closure would be a reference cycle keeping the tensors alive
+    until the garbage collector runs."""
+    if isinstance(x, torch.Tensor):
+        pairs.append((x, x.detach().clone()))
+        return pairs[-1][1]
+    if isinstance(x, (list, tuple)):
+        return type(x)(_clones(y, pairs) for y in x)
+    return x
+
+
+def _staged(fn: Any) -> Any:
+    """``fn`` run on untracked clones of its tensor arguments, waited for, the results copied back in place.
+
+    Gloo keeps a finished collective's tensors until its worker thread gets round to dropping them; the clones are
+    made with the dispatch modes off, so the tracker never counts them (nor what gloo copies inside the collective)
+    and the caller's own tensors die when DeepSpeed lets go of them, in every run alike. An asynchronous call
+    (``async_op=True``) returns a handle that has already completed."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        with _disable_current_modes(), torch.no_grad():
+            args = _clones(args, pairs)
+            kwargs = {key: _clones(value, pairs) for key, value in kwargs.items()}
+            result = fn(*args, **kwargs)
+            waited = callable(getattr(result, "wait", None))
+            if waited:
+                result.wait()
+            for original, copy in pairs:
+                original.copy_(copy)
+        return _Done() if waited else result
+
+    return run
+
+
+def _stage_collectives() -> None:
+    """Every tensor collective of ``deepspeed.comm``'s backend staged through ``_staged``."""
+    from deepspeed.comm import comm
+
+    for name in _COLLECTIVES:
+        if hasattr(comm.cdb, name):
+            setattr(comm.cdb, name, _staged(getattr(comm.cdb, name)))
+
+
 def _rank_main(rank: int, world: int, hf_config: dict, seq_len: int, micro_batch: int, recompute: str,
                attention: str, optimizer: str, config: dict, init_file: str, out_dir: str, timeout: float,
                lora: Any = None) -> None:
@@ -317,6 +386,7 @@ def _rank_main(rank: int, world: int, hf_config: dict, seq_len: int, micro_batch
 
         logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
         deepspeed.init_distributed(dist_backend="gloo")
+        _stage_collectives()
         engine = _engine(hf_config, attention, optimizer, recompute, config, lora)
         box: list[AttributedLiveBytes | None] = [None]
 

@@ -4,10 +4,10 @@ a traced DeepSpeed step.
 Real DeepSpeed 0.19 ranks on CPU (gloo), a tiny Hugging Face Llama in bf16, torch AdamW as the client optimizer
 (its CPU default is the for-loop implementation), live bytes op by op (``memcalc.validation.trace_deepspeed``).
 The peak, its phase, the baseline and the optimizer's and the end of backward's peaks agree within 256 bytes (AdamW's
-``step`` scalars and the model's internal position ids, which the timeline keeps until the loss); where one bucket
-holds every gradient, the end of backward is the trace's or above it by exactly the gradient partition (a release the
-trace sees in some runs and not others; the timeline counts the later one). The phases the
+``step`` scalars and the model's internal position ids, which the timeline keeps until the loss). The phases the
 timeline orders at layer grain (the recomputed layer's backward under ZeRO-2) may be above the trace, never below.
+The traced collectives run on copies the tracker does not see (gloo's worker thread would otherwise release a
+finished collective's tensors an op or a phase late in some runs), so every run traces the same bytes.
 """
 
 import pytest
@@ -48,13 +48,7 @@ def test_deepspeed_timeline_equals_trace(stage, world, recompute, bucket, optimi
     p, sigma, _, _ = partition(arch, world)
     for phase in ("backward.epilogue", "optimizer", "optimizer.adamw"):
         if phase in tr.phase_peaks:
-            gap = tl.phase_peaks[phase] - tr.phase_peaks[phase]
-            if phase == "backward.epilogue" and stage and bucket >= 158_016:
-                # one bucket holds every gradient: its flatten copy outlives the partition's allocation in some runs
-                # (counted) and is released first in others, when the trace is lower by exactly the partition, 2Σ
-                assert abs(gap) <= 256 or abs(gap - 2 * sigma) <= 256, gap
-            else:
-                assert abs(gap) <= 256, phase
+            assert abs(tl.phase_peaks[phase] - tr.phase_peaks[phase]) <= 256, phase
     backward = max(v for k, v in tr.phase_peaks.items() if k.startswith("backward") and k != "backward.epilogue")
     mine = max(v for k, v in tl.phase_peaks.items() if k.startswith("backward") and k != "backward.epilogue")
     assert -256 <= mine - backward <= 0.02 * backward
@@ -66,24 +60,17 @@ def test_deepspeed_timeline_equals_trace(stage, world, recompute, bucket, optimi
 def test_fp32_deepspeed_timeline_equals_trace(stage, recompute):
     """Neither fp16 nor bf16 enabled (the Trainer's "auto" without --fp16/--bf16): the module trains in fp32, ZeRO-1/2
     still clone the fp32 master partition from the fp32 flat buffer, ZeRO-0 steps the client optimizer on the
-    parameters themselves. The peak, its phase, the baseline, the end of backward and AdamW's step within 256 bytes.
-    Some of what the end of backward releases dies in the step's first op in some runs instead (ZeRO-0's flattened
-    all-reduce buffers; under ZeRO-1/2 77 KB of gradients, about one run in three): the peak's phase may then be the
-    step's, its bytes the same, and the step's first phase is the timeline's or above it by less than the gradient
-    partition (4Σ)."""
+    parameters themselves. The peak, its phase, the baseline, the end of backward and the step within 256 bytes."""
     r = trace_deepspeed(LLAMA, stage=stage, world=2, seq_len=S, micro_batch=B, recompute=recompute,
                         reduce_bucket_size=2000, optimizer="torch-adamw", timeout=240, precision="fp32")
     tr = r.trace
     tl = zero_timeline(architecture_from_config(LLAMA), family="llama", stage=stage, dp=2, attention="sdpa", s=S, b=B,
                        recompute=recompute, optimizer_impl="for-loop", bucket=2000, precision="fp32")
-    assert tl.peak.phase == tr.peak_phase or (stage == 0 and tr.peak_phase == "optimizer")
+    assert tl.peak.phase == tr.peak_phase
     assert abs(tl.peak.live_bytes - tr.peak) <= 256
     assert abs(tl.moments[0].live_bytes - tr.baseline) <= 256
-    for phase in ("backward.epilogue", "optimizer.adamw"):
+    for phase in ("backward.epilogue", "optimizer", "optimizer.adamw"):
         assert abs(tl.phase_peaks[phase] - tr.phase_peaks[phase]) <= 256, phase
-    if stage:
-        sigma = partition(architecture_from_config(LLAMA), 2)[1]
-        assert -256 <= tr.phase_peaks["optimizer"] - tl.phase_peaks["optimizer"] < 4 * sigma
 
 
 def test_zero2_overlap_comm_second_bucket_as_traced():
