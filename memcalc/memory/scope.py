@@ -195,10 +195,10 @@ def _why_not_zero(arch: Any, precision: str, optimizer: str, strategy: str, work
     if lora is not None:
         from memcalc.memory.saved import LORA_FAMILIES
 
-        if lora.quantize != "none" or arch.family not in LORA_FAMILIES:
-            return (f"LoRA under {strategy}: the realistic accounting models peft on {', '.join(LORA_FAMILIES)} layers "
-                    "under DeepSpeed, the base in the training dtype (no 4-bit base); the paper accounting counts "
-                    "this one")
+        if lora.quantize != "none" or arch.family not in (*LORA_FAMILIES, "gemma"):
+            return (f"LoRA under {strategy}: the realistic accounting models peft on {', '.join(LORA_FAMILIES)} and "
+                    "gemma layers under DeepSpeed, the base in the training dtype (no 4-bit base); the paper "
+                    "accounting counts this one")
         if strategy == "zero-3":
             from memcalc.model.lora import projections
 

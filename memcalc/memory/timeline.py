@@ -296,9 +296,9 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     head = _head(x, family, act, loss, code, device)
     if sp > 1:  # the final norm (SequenceParallel) runs on the rank's 1/sp of the sequence
         head[0] = (head[0][0], head[0][1] // sp)
-    if lora is not None:  # frozen final norm weight and head: no normalized tensor, no head input kept
-        head = [(n, b - (4 if act != "bf16" else 2) * t * h if n == "final norm saved" else b) for n, b in head
-                if n != "head input (bf16 cast)"]
+    if lora is not None:  # frozen final norm weight and head: no normalized tensor (Gemma's is fp32), no head input
+        normalized = (4 if act != "bf16" or family in GEMMAS else 2) * t * h
+        head = [(n, b - normalized if n == "final norm saved" else b) for n, b in head if n != "head input (bf16 cast)"]
     last = len(layers) - 1
     after_norm = base + bwd_shared + [("layer activations", layers_kept), ("autocast cast cache", cache)]
     if fs is not None and fs.wrap == "separate":  # the final norm's pre-forward gathers the head's unit
