@@ -267,6 +267,21 @@ def test_context_parallel_under_fsdp2_is_the_step_of_s_over_cp_tokens():
                          accounting="realistic")
 
 
+def test_context_parallel_with_sequence_parallelism_is_the_step_of_s_over_cp_tokens():
+    """TP with sequence parallelism and CP together (torchtitan's 4D layouts): each rank runs the sequence-parallel
+    step of its s/cp tokens on its shard of the states, as without CP; tp must divide s/cp."""
+    kw = dict(model="llama-3-8b", gpu="h100-96g", precision="bf16-mixed", fsdp="FULL_SHARD", fsdp_version=2,
+              framework="torchtitan", attention="flash", gpus=16, tp=2, sequence_parallel=True, micro_batch=1,
+              recompute="full")
+    base = memcalc.estimate(seq_len=8192, shard_over="dp-cp", **kw)
+    cp2 = memcalc.estimate(seq_len=16384, cp=2, **kw)
+    assert (base.accounting, cp2.accounting) == ("realistic", "realistic")
+    assert any(n.startswith("cp 2: each rank runs the step of its s/cp = 8192") for n in cp2.notes)
+    assert cp2.memory.per_gpu.peak_allocated == base.memory.per_gpu.peak_allocated
+    odd = memcalc.estimate(seq_len=6, cp=2, **kw)  # s/cp = 3 tokens over tp 2
+    assert odd.accounting == "paper" and any("tp dividing the rank's seq_len / cp" in n for n in odd.notes)
+
+
 def test_torchtitan_2d_with_sequence_parallelism_is_realistic():
     """torchtitan's 2D run (FSDP 32 x TP 8, sequence parallel, full AC, compile): realistic, torchtitan's layers counted
     as Hugging Face's Llama layers (the checkpoints are the same), the loss vocabulary-sharded under loss_parallel."""
