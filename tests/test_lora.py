@@ -223,6 +223,19 @@ def test_gemma_under_fsdp2_against_a_traced_peft_step(precision, mp, targets, re
     assert tr.peak <= tl.peak.live_bytes <= 1.051 * tr.peak
 
 
+def test_lora_under_fsdp1_is_refused_by_the_timeline():
+    """FSDP1's FlatParameter units with LoRA are not modelled: the timeline refuses them in one line rather than
+    answering with the full model's states (the realistic accounting gives the paper's with the reason)."""
+    from memcalc.memory.timeline import timeline
+    from memcalc.model.hf_config import architecture_from_config
+
+    with pytest.raises(InputError, match="LoRA under FSDP is modelled for FSDP2 FULL_SHARD with the root wrap"):
+        timeline(architecture_from_config(GEMMA), family="gemma", regime="bf16", attention="sdpa", s=32, b=2,
+                 lora=LoraPlan(8, ALL), world=4, fsdp=True, fsdp_flat=True)
+    r = memcalc.estimate(model="llama-2-7b", fsdp="FULL_SHARD", fsdp_version=1, gpus=8, lora_rank=8, seq_len=512)
+    assert r.accounting == "paper" and any("LoRA: the realistic accounting covers" in n for n in r.notes)
+
+
 def test_tiny_counts_match_peft():
     pytest.importorskip("peft")
     from memcalc.model.hf_config import architecture_from_config

@@ -391,6 +391,10 @@ class FsdpOverlay:
                              "put in two units; accepted for tied embeddings: root")
         width = 2 if regime == "bf16" else 4
         g = 2 if param_dtype == "bf16" else width
+        if lora is not None:
+            if flat or wrap != "root" or fp8_gather or hsdp or keep or reduce_fp32:
+                raise InputError("LoRA under FSDP is modelled for FSDP2 FULL_SHARD with the root wrap")
+            return lora_overlay(arch, family, width, g, world, impl, lora)
         if flat:
             if wrap != "root" or reduce_fp32 or fp8_gather:
                 raise InputError("FSDP1 is modelled with one unit per decoder layer and the root, without fp8 "
@@ -401,10 +405,6 @@ class FsdpOverlay:
                                width * u.layer_shard, width, width * u.layer, 0, flat=True,
                                mp_shard=g * u.layer_shard if g != width else 0, root_grads=g * u.root,
                                prefetch=prefetch, keep=keep)
-        if lora is not None:
-            if flat or wrap != "root" or fp8_gather or hsdp or keep or reduce_fp32:
-                raise InputError("LoRA under FSDP is modelled for FSDP2 FULL_SHARD with the root wrap")
-            return lora_overlay(arch, family, width, g, world, impl, lora)
         rw = 4 if reduce_fp32 and param_dtype == "bf16" else g
         u = shard_units(arch, world)
         st = sharded_states(arch, family, width, u, impl)
