@@ -18,7 +18,7 @@ k = 2 with ``overlap_comm`` (two buckets), else 1:
 - end of backward: ZeRO-0 flattens all gradients for the all-reduce (2Ψ more, in buffers of at most 5e8 elements,
   ``engine.py`` ``MEMORY_OPT_ALLREDUCE_SIZE``); ZeRO-1 copies the gradients into the bucket and its partition:
   2Ψ + 2Σ + 2kB; ZeRO-2: 2Σ + 2kB + the last unreduced gradient (B ≥ Ψ, both: 2kB + the one bucket's flatten copy
-  2Ψ, released before the partition, 2Σ ≤ 2Ψ, is allocated);
+  2Ψ, which dies before the 2Σ partition is allocated);
 - optimizer step: ZeRO-1/2: fp64 copies of each gradient slice for the norm (2Σ + 8 × the largest slice), the
   flattened partition and its fp32 copy (2Σ + 2P + 4P), then AdamW on the fp32 partition (4P + its temporaries:
   for-loop 8P, foreach 4P, fused 0); ZeRO-0: the bf16 gradients and their fp32 copies (6Ψ) + AdamW's temporaries
