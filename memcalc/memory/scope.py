@@ -193,12 +193,12 @@ def _why_not_zero(arch: Any, precision: str, optimizer: str, strategy: str, work
     if parallel > 1 or (work.recompute not in ("none", "full") and not work.recompute.startswith("every:")):
         return (f"{strategy}: the realistic accounting models data parallelism alone, recompute none, full or every:K")
     if lora is not None:
-        from memcalc.memory.saved import LORA_FAMILIES
+        from memcalc.memory.saved import LORA_REALISTIC
 
-        if lora.quantize != "none" or arch.family not in (*LORA_FAMILIES, "gemma"):
-            return (f"LoRA under {strategy}: the realistic accounting models peft on {', '.join(LORA_FAMILIES)} and "
-                    "gemma layers under DeepSpeed, the base in the training dtype (no 4-bit base); the paper "
-                    "accounting counts this one")
+        if lora.quantize != "none" or arch.family not in LORA_REALISTIC:
+            return (f"LoRA under {strategy}: the realistic accounting models peft on {', '.join(LORA_REALISTIC)} "
+                    "layers under DeepSpeed, the base in the training dtype (no 4-bit base); the paper accounting "
+                    "counts this one")
         if strategy == "zero-3":
             from memcalc.model.lora import projections
 
@@ -243,12 +243,11 @@ def _why_not_lora(arch: Any, strategy: str, work: Any, fsdp_version: int = 2, fr
     FULL_SHARD with the root wrap (``memcalc.memory.timeline_states.lora_overlay``)."""
     from memcalc.layout.compose import framework as named
     from memcalc.layout.compose import fsdp_wrap
-    from memcalc.memory.saved import LORA_FAMILIES
+    from memcalc.memory.saved import LORA_REALISTIC
 
-    if arch is not None and arch.family not in (*LORA_FAMILIES, "gemma"):
-        return (f"LoRA: the realistic accounting models peft on {', '.join(LORA_FAMILIES)} and gemma layers (Gemma 2 "
-                "and 3: their post-norm layers' recomputed backward under LoRA is not ordered, up to 7 % below a "
-                "trace)")
+    if arch is not None and arch.family not in LORA_REALISTIC:
+        return (f"LoRA: the realistic accounting models peft on {', '.join(LORA_REALISTIC)} layers (Gemma 2 and 3: "
+                "their post-norm layers' recomputed backward under LoRA is not ordered, up to 7 % below a trace)")
     fsdp2_root = (strategy == "FULL_SHARD" and fsdp_version == 2 and offload == ("none", "none")
                   and getattr(lora, "quantize", "none") == "none"
                   and fsdp_wrap(given_wrap, named(framework), arch is not None and arch.tied_embeddings) == "root")

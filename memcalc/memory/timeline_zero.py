@@ -27,8 +27,8 @@ k = 2 with ``overlap_comm`` (two buckets), else 1:
 fp32 (neither ``fp16`` nor ``bf16`` enabled, as the Trainer's ``"auto"`` resolves without --fp16/--bf16): the module,
 its gradients, the flat buffer and the buckets in 4 bytes; ZeRO-1/2 still clone the fp32 master partition from the
 fp32 flat buffer (``single_partition_of_fp32_groups``) and the upcast of the flattened partition is the same tensor;
-ZeRO-0 wraps nothing and the client optimizer steps the parameters (no fp32 copies). Traced on CPU ranks: the peak and
-the baseline within 256 bytes (tests/validation/test_deepspeed_timeline.py).
+ZeRO-0 wraps nothing and the client optimizer steps the parameters (no fp32 copies). Traced on CPU ranks: the peak,
+its phase, the baseline and the step's phases within 256 bytes (tests/validation/test_deepspeed_timeline.py).
 """
 
 from __future__ import annotations
@@ -142,8 +142,8 @@ def zero_timeline(arch: Architecture, *, family: str, stage: int, dp: int, atten
                   position_ids: bool = False, use_cache: bool = True, offload: bool = False,
                   lora=None, precision: str = "bf16") -> Timeline:  # fmt: skip
     """Moments of one DeepSpeed ZeRO-``stage`` step (bf16 or fp16 training dtype, or fp32: ``precision``; torch AdamW
-    client optimizer of
-    ``optimizer_impl``, or DeepSpeed's FusedAdam: ``fused``) on data-parallel rank ``rank`` of ``dp``.
+    client optimizer of ``optimizer_impl``, or DeepSpeed's FusedAdam: ``fused``) on data-parallel rank ``rank`` of
+    ``dp``.
     ``lora``: peft adapters on a frozen base (``memcalc.model.lora.LoraPlan``, no 4-bit base): DeepSpeed flattens,
     partitions and reduces only the parameters that require a gradient, so every formula above reads Ψ as the
     adapters' elements (``adapter_tensors``), the frozen base stays whole in the training dtype on every rank, and
