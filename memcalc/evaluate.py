@@ -98,11 +98,11 @@ def _host_rows(plan: Plan) -> list[Row]:
                                               "their dtype (FSDP2: _fsdp_collectives.py foreach_reduce; FSDP1: "
                                               "_cpu_grad, _runtime_utils.py _offload_grad)"))
     elif plan.spec.name in ("zero-1", "zero-2") and plan.arch is not None:
-        from memcalc.memory.timeline_states import param_tensors
-        from memcalc.memory.timeline_zero import partition
+        from memcalc.memory.timeline_zero import partition, trainable
 
-        where, p = master.location, partition(plan.arch, plan.dp)[0]
-        largest = max(n for _, n in param_tensors(plan.arch))
+        # LoRA: DeepSpeed flattens and offloads the adapters alone (the parameters that require a gradient)
+        where, p = master.location, partition(plan.arch, plan.dp, lora=plan.lora)[0]
+        largest = max(n for _, n in trainable(plan.arch, plan.lora))
         rows = [r for r in rows if r.key != "gradients"] + [
             Row("gradients_fp32", "fp32 gradient partition", 4 * p, where, "model_state", "DeepSpeed ZeRO-1/2 offload: "
                 "the fp32 .grad of the master partition, 4 bytes per element (stage_1_and_2.py)"),
@@ -189,9 +189,14 @@ def evaluate(plan: Plan) -> Evaluation:
     transfers: list[HostTransfer] = []
     if opt_device != "none" or plan.offload_params != "none":  # nothing moves to or from the host otherwise
         opt_state_bytes = sum(r.bytes for r in host_rows if r.key in ("master_weights", "optimizer_moments"))
+        adapters = None
+        if plan.lora is not None and plan.arch is not None:  # only the adapters' gradients and updates move
+            from memcalc.model import lora as lr
+
+            adapters = lr.layer_lora(plan.arch, plan.lora).adapters * plan.arch.layers
         transfers = traffic.host_transfers(psi_top, plan.spec, plan.shard_group_size, plan.precision.param_bytes,
                                            plan.precision.grad_bytes, opt_state_bytes, opt_device,
-                                           plan.offload_params, plan.grad_accum)
+                                           plan.offload_params, plan.grad_accum, trainable=adapters)
     return Evaluation(plan, tuple(stages), top, tuple(gpu_rows), tuple(node_rows), tuple(collectives),
                       tuple(transfers), real)
 

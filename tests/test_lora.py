@@ -48,6 +48,27 @@ def test_nf4_bytes_equal_bitsandbytes():
         assert sum(t.numel() * t.element_size() for t in parts) == nf4_bytes(n)
 
 
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gpt_neox", "opt", "phi3"])
+def test_module_names_pick_what_peft_adapts(family):
+    # peft's target_modules (the module names, or a path's tail) and all-linear pick the projections peft itself wraps
+    peft = pytest.importorskip("peft")
+    pytest.importorskip("transformers")
+    from memcalc.model.hf_config import architecture_from_config
+    from memcalc.model.lora import projections
+    from memcalc.validation.saved import build, tiny_config
+
+    arch = architecture_from_config(tiny_config(family))
+    modules = list(dict.fromkeys(p.module.rsplit(".", 1)[-1] for p in projections(arch)))
+    for given in (modules[:1], modules[-2:], "all-linear"):
+        model = peft.get_peft_model(build(family, "fp32", "sdpa", False), peft.LoraConfig(r=2, target_modules=given))
+        adapted = {n.split(".0.", 1)[1].removesuffix(".lora_A")  # layer 0's wrapped modules, as named inside it
+                   for n, _ in model.named_modules() if n.endswith(".lora_A") and ".0." in n}
+        mine = resolve_targets(arch, given if isinstance(given, str) else ",".join(given))
+        picked = [p.module for p in projections(arch) if p.names[0] in mine]
+        # peft's path inside the layer (self_attn.q_proj) ends with memcalc's module name (q_proj, attn.c_proj)
+        assert len(picked) == len(adapted) and all(any(a.endswith(m) for a in adapted) for m in picked), given
+
+
 def test_targets_refused_in_one_line():
     gpt2 = load_model("gpt2")
     accepted = "accepted: a comma-separated subset of q,k,v,o,up,down"

@@ -227,6 +227,7 @@ def test_lora_peaks_as_traced(stage, dp, recompute, peak):
 
 def test_lora_states_are_the_adapters_partitioned_beside_the_frozen_base():
     from memcalc.memory.timeline_states import adapter_tensors
+    from memcalc.model.lora import LoraPlan
 
     lora = _lora()
     adapters = sum(n for _, n in adapter_tensors(ARCH, lora))
@@ -246,8 +247,18 @@ def test_lora_states_are_the_adapters_partitioned_beside_the_frozen_base():
     z1 = tl(1, 2, bucket=2000, optimizer_impl="for-loop", lora=lora)
     end = next(m for m in z1.moments if m.phase == "backward.epilogue")
     assert dict(end.parts)["gradients (bf16)"] == 2 * (adapters - 1792)
-    with pytest.raises(InputError, match="LoRA under DeepSpeed"):
-        tl(2, 2, offload=True, lora=lora)
+    # offload_optimizer: the adapters' flat buffer and a staging buffer of the largest adapter (B of gate/up/down:
+    # 176 x 4) beside the whole frozen base; their fp32 master, moments and gradient partition go to the host. The
+    # layers' moments are those of the step without offload less those states
+    for stage in (1, 2):
+        off, on = tl(stage, 2, bucket=2000, offload=True, lora=lora), tl(stage, 2, bucket=2000, lora=lora)
+        parts = dict(off.moments[0].parts)
+        assert parts["parameters (frozen base)"] == 2 * PSI and parts["parameters (bf16 flat buffer)"] == 2 * 2 * p
+        assert parts["gradient staging buffer (temp_grad_buffer_for_gpu_offload)"] == 2 * 176 * 4
+        assert "fp32 master partition" not in parts
+        assert off.phase_peaks["loss"] == on.phase_peaks["loss"] - (4 * p + 8 * p + 4) + 2 * 176 * 4
+    with pytest.raises(InputError, match="LoRA under DeepSpeed.*--quantize none"):
+        tl(2, 2, lora=LoraPlan(4, lora.targets, "nf4"))
 
 
 def test_estimate_lora_under_zero(tmp_path):
@@ -265,8 +276,19 @@ def test_estimate_lora_under_zero(tmp_path):
     assert rows["parameters_frozen"] == 2 * sum(n for _, n in param_tensors(arch))  # the whole base, bf16
     full = memcalc.estimate(stage=2, **{k: v for k, v in kw.items() if k != "lora_rank"})
     assert z2.memory.per_gpu.peak_allocated < full.memory.per_gpu.peak_allocated
-    # offload under LoRA keeps the paper accounting, with the reason in the notes
-    r = memcalc.estimate(stage=2, offload_optimizer="cpu", **kw)
-    assert r.accounting == "paper" and any("LoRA with DeepSpeed ZeRO-1/2 offload" in n for n in r.notes)
-    with pytest.raises(InputError, match="LoRA with DeepSpeed ZeRO-1/2 offload"):
-        memcalc.estimate(stage=1, offload_optimizer="cpu", accounting="realistic", **kw)
+    # offload_optimizer under LoRA: the adapters' states, and only theirs, on the host and over PCIe
+    from memcalc.memory.timeline_states import adapter_tensors
+    from memcalc.memory.timeline_zero import partition as part
+    from memcalc.model.lora import LoraPlan, resolve_targets
+
+    lora = LoraPlan(8, resolve_targets(arch, None))
+    a, p = sum(n for _, n in adapter_tensors(arch, lora)), part(arch, 4, lora=lora)[0]
+    for stage in (1, 2):
+        r = memcalc.estimate(stage=stage, offload_optimizer="cpu", gpus_per_node=4, **kw)
+        assert r.accounting == "realistic"
+        host = {row.key: row.bytes for row in r.memory.per_node.rows}
+        assert host["gradients_fp32"] == 4 * 4 * p and host["parameters_staging"] == 4 * 2 * p
+        assert host["master_weights"] == 4 * a  # the four ranks' fp32 partitions
+        moved = {(t.op, t.phase): t.bytes_per_call for t in r.communication.host_transfers}
+        assert moved[("device-to-host", "backward")] == moved[("host-to-device", "optimizer step")] == 2 * a // 4
+        assert r.memory.per_gpu.peak_allocated < z2.memory.per_gpu.peak_allocated

@@ -76,7 +76,7 @@ DeepSpeedConfig = Annotated[str | None, typer.Option("--deepspeed", help="A Deep
 AccelerateConfig = Annotated[str | None, typer.Option("--accelerate-config", help="An accelerate config YAML (distributed_type, num_processes, fsdp_config or deepspeed_config).")]
 TorchtitanConfig = Annotated[str | None, typer.Option("--torchtitan-config", help="A torchtitan job TOML (parallelism, batch, seq_len, activation checkpointing, model flavor).")]
 LoraRank = Annotated[int | None, typer.Option("--lora-rank", help="LoRA: train rank-R adapters (A: R x in, B: out x R) on a frozen base; needs the model's shape.")]
-LoraTargets = Annotated[str | None, typer.Option("--lora-targets", help="LoRA: projections that get adapters, comma-separated from q,k,v,o,gate,up,down (default: all of the family's, as peft's all-linear minus the head).")]
+LoraTargets = Annotated[str | None, typer.Option("--lora-targets", help="LoRA: projections that get adapters, comma-separated from q,k,v,o,gate,up,down or peft's target_modules (q_proj,v_proj; all-linear) (default: all of the family's, as peft's all-linear minus the head).")]
 Float8 = Annotated[str, typer.Option("--float8", help="torchao float8 training of the decoder layers' linears: none, tensorwise or rowwise (GEMMs at the fp8 rate; saved tensors unchanged); needs the model's shape.")]
 Float8AllGather = Annotated[bool, typer.Option("--float8-all-gather", help="With --float8 tensorwise under FSDP: gather the converted weights in fp8 (torchao enable_fsdp_float8_all_gather).")]
 Quantize = Annotated[str, typer.Option("--quantize", help="QLoRA: none or nf4 (the frozen base's linear weights in bitsandbytes NF4 with double quantization); needs --lora-rank.")]

@@ -275,8 +275,12 @@ def host_transfers(
     optimizer_device: str,
     param_device: str,
     grad_accum: int,
+    trainable: int | None = None,
 ) -> list[HostTransfer]:
     """Copies between GPU and host (PCIe) and host and NVMe that offload adds, per GPU per step.
+
+    ``trainable``: the elements that train where fewer than Ψ do (LoRA's adapters): only their gradients go to the
+    host and only their updated partitions come back; offloaded parameters are still fetched whole.
 
     ZeRO-Offload (arXiv 2101.06840) §4.1: per step each rank sends its fp16 gradient partition to
     the CPU and receives its updated fp16 parameter partition: 2Ψ/N + 2Ψ/N bytes (4Ψ on one GPU).
@@ -294,8 +298,9 @@ def host_transfers(
                          bytes_per_call=per_call, bytes=per_call * calls)
         )  # fmt: skip
 
-    grad_shard = shard_numel(psi, n) * grad_bytes if spec.shards_optimizer else psi * grad_bytes
-    param_shard = shard_numel(psi, n) * param_bytes if spec.shards_params or spec.shards_optimizer else psi * param_bytes
+    t = psi if trainable is None else trainable
+    grad_shard = shard_numel(t, n) * grad_bytes if spec.shards_optimizer else t * grad_bytes
+    param_shard = shard_numel(t, n) * param_bytes if spec.shards_params or spec.shards_optimizer else t * param_bytes
     resident_params = shard_numel(psi, n) * param_bytes if spec.shards_params else psi * param_bytes
     reduces = grad_accum if spec.reduce_each_micro_batch else 1
 

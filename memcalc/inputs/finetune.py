@@ -20,18 +20,21 @@ class Lora(Record):
     rank: int = bounded(gt=0, le=MAX_RANK, why="wider than any model's hidden size")
     """r: A is r x in, B is out x r."""
     targets: tuple[str, ...] | None = None
-    """Neutral projection names (q, k, v, o, gate, up, down); None: every projection of the layers (peft's
-    "all-linear" without the head). Checked against the model's shape by ``EstimateInput``."""
+    """Neutral projection names (q, k, v, o, gate, up, down), Hugging Face module names as peft's ``target_modules``
+    gives them (q_proj, ...), or all-linear; None: every projection of the layers (peft's "all-linear" without the
+    head). Checked against the model's shape by ``EstimateInput`` (``memcalc.model.lora.resolve_targets``)."""
     quantize: Literal["none", "nf4"] = "none"
     """none: the frozen base in the compute dtype; nf4: QLoRA, its linear weights stored by bitsandbytes in NF4 with
     double quantization (blocks of 64, 8-bit absmax per 256 blocks)."""
 
     def __post_init__(self) -> None:
         check_fields(self)
+        from memcalc.model.lora import ALL_LINEAR, MODULE_NAMES
+
         for t in self.targets or ():
-            if t not in TARGETS:
+            if t.lower() not in TARGETS and t.lower() != ALL_LINEAR and t.rsplit(".", 1)[-1] not in MODULE_NAMES:
                 raise InputError(f"--lora-targets {t!r} is not accepted; accepted: a comma-separated subset of "
-                                 f"{','.join(TARGETS)}")
+                                 f"{','.join(TARGETS)}, the model's module names (q_proj, ...) or {ALL_LINEAR}")
 
     def plan(self, targets: tuple[str, ...]) -> LoraPlan:
         from memcalc.model.lora import LoraPlan  # the core's record, loaded when LoRA is asked for
@@ -54,7 +57,8 @@ def parse_targets(text: str | tuple[str, ...] | list[str] | None) -> tuple[str, 
     if text is None:
         return None
     parts = text.split(",") if isinstance(text, str) else list(text)
-    out = tuple(str(t).strip().lower() for t in parts if str(t).strip())
+    # neutral names and all-linear in lower case; module names as given (peft matches them case-sensitively)
+    out = tuple(t.lower() if t.lower() in (*TARGETS, "all-linear") else t for t in (str(p).strip() for p in parts) if t)
     if not out:
         raise InputError(f"--lora-targets is empty; accepted: a comma-separated subset of {','.join(TARGETS)}")
     return out

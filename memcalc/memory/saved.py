@@ -216,7 +216,8 @@ def _lora_layer(arch: Architecture, x: Shape, family: str, attention: str, d: in
     requiring grad (``enable_input_require_grads``, as ``prepare_model_for_kbit_training`` sets up; without it
     layer 0 saves less). Census: ``memcalc.validation.lora``. A frozen weight needs no saved input (derivatives.yaml
     ``mm``: ``self`` is saved for ``mat2``'s gradient only): the norms' ``weight * normalized`` keeps nothing, a
-    projection without an adapter keeps nothing, and lora_A keeps the very tensor the full model's projection kept
+    projection without an adapter keeps nothing (its input under DeepSpeed ZeRO-3's linear: ``lora.inputs_saved``),
+    and lora_A keeps the very tensor the full model's projection kept
     (one storage for q, k, v). lora_A's output (r wide) is saved for B's gradient. Under autocast each lora_A casts
     its fp32 input to bf16 itself and the frozen weights' bf16 casts are made per use (autocast caches casts of
     leaves that require grad only) and saved for the input gradient; NF4 weights are dequantized per use and
@@ -224,9 +225,11 @@ def _lora_layer(arch: Architecture, x: Shape, family: str, attention: str, d: in
     if family not in (*LORA_FAMILIES, *GEMMAS):
         raise InputError(f"LoRA's saved tensors are modelled for {', '.join((*LORA_FAMILIES, *GEMMAS))}; got "
                          f"{family}")
-    from memcalc.model.lora import layer_lora, targeted
+    from memcalc.model.lora import layer_lora, projections, targeted
 
     t = set(lora.targets)
+    # the projections that keep their input: the targeted ones (lora_A saves it), or every one under DeepSpeed's linear
+    keeps = {n for p in projections(arch) for n in p.names} if lora.inputs_saved else t
     gemma = family in GEMMAS
     if gemma:  # GemmaRMSNorm with a frozen weight: 1 + weight needs no gradient, so the normalized tensor is not kept
         from memcalc.memory.saved_gemma import gemma_norm
@@ -235,7 +238,7 @@ def _lora_layer(arch: Architecture, x: Shape, family: str, attention: str, d: in
             return [k for k in gemma_norm(label, total, rows, width) if "normalized" not in k.name]
     out = (norm("input_layernorm", x.t * x.h, x.t, x.h) if gemma
            else [k for k in _norm(x, family, r, amp, "norm 1") if "normalized" not in k.name])
-    out += _inputs(x, d, amp, tuple(n for n in ("q", "k", "v") if n in t)) if t & {"q", "k", "v"} else []
+    out += _inputs(x, d, amp, tuple(n for n in ("q", "k", "v") if n in keeps)) if keeps & {"q", "k", "v"} else []
     if arch.qk_norm and gemma:  # Gemma 3: GemmaRMSNorm over head_dim
         out += norm("q_norm", x.t * x.qw, x.t * x.heads, x.hd) + norm("k_norm", x.t * x.kvw, x.t * x.kv, x.hd)
     elif arch.qk_norm:  # Qwen3's q_norm/k_norm: frozen weights, so their normalized tensors are not kept
@@ -246,7 +249,7 @@ def _lora_layer(arch: Architecture, x: Shape, family: str, attention: str, d: in
         attn = _gemma_attention(arch, x, family, attention, d, r, sliding_sdpa_masked(arch, attention, x.s, index))
     else:
         attn = _attention(x, family, attention, d, r)
-    out += [k for k in attn if "o" in t or k.name != "output projection input"]
+    out += [a for a in attn if "o" in keeps or a.name != "output projection input"]
     if amp and "o" in t and attention == "sdpa":
         # peft casts the bf16 attention output to lora_A's fp32 (``_cast_input_dtype``) and autocast casts it back:
         # A saves that new bf16 copy while SDPA keeps its own output (eager: the frozen o_proj no longer keeps its input)
@@ -256,9 +259,9 @@ def _lora_layer(arch: Architecture, x: Shape, family: str, attention: str, d: in
         out += norm("pre_feedforward_layernorm", x.t * x.h, x.t, x.h) if family != "gemma" else []
     else:
         out += [k for k in _norm(x, family, r, amp, "norm 2") if "normalized" not in k.name]
-    out += _inputs(x, d, amp, tuple(n for n in ("gate", "up") if n in t)) if t & {"gate", "up"} else []
-    out.append(SavedTensor("gate output, activation output, up output" + (", down input" if "down" in t else ""),
-                           (4 if "down" in t else 3) * d * x.t * x.ffn))
+    out += _inputs(x, d, amp, tuple(n for n in ("gate", "up") if n in keeps)) if keeps & {"gate", "up"} else []
+    out.append(SavedTensor("gate output, activation output, up output" + (", down input" if "down" in keeps else ""),
+                           (4 if "down" in keeps else 3) * d * x.t * x.ffn))
     if gemma and family != "gemma":
         out += norm("post_feedforward_layernorm", x.t * x.h, x.t, x.h)
     out.append(SavedTensor("LoRA A outputs (r wide)", len(targeted(arch, lora)) * d * x.t * lora.rank))

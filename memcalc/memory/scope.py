@@ -69,9 +69,6 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
     if strategy == "zero-3" and work is not None and work.recompute not in ("none", "full"):
         return f"zero-3: the realistic accounting models recompute none or full (got {work.recompute})"
     if strategy in (*ZERO_STAGES, "zero-3"):
-        if lora is not None and offload != ("none", "none") and strategy != "zero-3":
-            return ("LoRA with DeepSpeed ZeRO-1/2 offload: the realistic accounting models LoRA under ZeRO-0/1/2 "
-                    "without offload and under ZeRO-3 with it; the paper accounting counts this one")
         if precision == "fp32" and offload != ("none", "none"):
             return (f"{strategy} offload with --precision fp32: the realistic accounting models DeepSpeed's fp32 "
                     "training (neither fp16 nor bf16 enabled) without offload; the paper accounting counts this one")
@@ -199,14 +196,6 @@ def _why_not_zero(arch: Any, precision: str, optimizer: str, strategy: str, work
             return (f"LoRA under {strategy}: the realistic accounting models peft on {', '.join(LORA_REALISTIC)} "
                     "layers under DeepSpeed, the base in the training dtype (no 4-bit base); the paper accounting "
                     "counts this one")
-        if strategy == "zero-3":
-            from memcalc.model.lora import projections
-
-            every = [n for p in projections(arch) for n in p.names]
-            if lora.targets is not None and set(lora.targets) != set(every):  # None: every projection
-                return (f"LoRA under zero-3 on {','.join(lora.targets)}: ZeRO-3's linear saves the input of every "
-                        "frozen projection, which the realistic accounting counts with adapters on all of them "
-                        f"(--lora-targets {','.join(every)}); the paper accounting counts this one")
         if work.recompute not in ("none", "full"):
             return "LoRA: the realistic accounting models recompute none or full"
     if getattr(work, "compile", False):

@@ -156,9 +156,9 @@ def zero_timeline(arch: Architecture, *, family: str, stage: int, dp: int, atten
     if dp < 1 or not 0 <= rank < dp or bucket < 1:
         raise InputError(f"dp {dp}, rank {rank} and reduce_bucket_size {bucket} must be positive, rank below dp")
     dtype, w = module_dtype(precision, offload, lora)  # w: the module's and its gradients' bytes per element
-    if lora is not None and (offload or lora.quantize != "none"):
+    if lora is not None and lora.quantize != "none":
         raise InputError("LoRA under DeepSpeed ZeRO-0/1/2: the realistic timeline models a base in the training dtype "
-                         "without offload_optimizer")
+                         "(--quantize none)")
     if offload:
         if stage not in (1, 2):
             raise InputError(f"offload_optimizer under ZeRO-{stage}: the realistic timeline models stages 1 and 2 "
@@ -169,7 +169,7 @@ def zero_timeline(arch: Architecture, *, family: str, stage: int, dp: int, atten
         return _offload_timeline(arch, family=family, stage=stage, dp=dp, attention=attention, s=s, b=b,
                                  recompute=recompute, loss=loss, device=device, bucket=bucket,
                                  overlap_comm=overlap_comm, compiled=compiled, loss_compiled=loss_compiled,
-                                 position_ids=position_ids, use_cache=use_cache)
+                                 position_ids=position_ids, use_cache=use_cache, lora=lora)
     if optimizer_impl not in ("foreach", "fused", "for-loop"):
         raise InputError(f"optimizer implementation {optimizer_impl!r} under DeepSpeed: accepted foreach, fused, "
                          "for-loop")  # fmt: skip
@@ -324,25 +324,30 @@ class _Buckets:
 
 def _offload_timeline(arch: Architecture, *, family: str, stage: int, dp: int, attention: str, s: int, b: int,
                       recompute: str, loss: str, device: str, bucket: int, overlap_comm: bool, compiled: bool,
-                      loss_compiled: bool | None, position_ids: bool, use_cache: bool) -> Timeline:  # fmt: skip
+                      loss_compiled: bool | None, position_ids: bool, use_cache: bool,
+                      lora=None) -> Timeline:  # fmt: skip
     """``zero_timeline`` with ``offload_optimizer``: DeepSpeed 0.19 ``stage_1_and_2.py`` with ``cpu_offload``. The
     GPU keeps the bf16 flat buffer (2NP) and ``temp_grad_buffer_for_gpu_offload`` (bf16, the largest parameter);
     no gradient partition (``copy_grads_in_partition`` sends each slice to the host's fp32 ``.grad``); the step
     runs on the host (DeepSpeedCPUAdam) and copies the bf16 partition back through a pinned host buffer (``copy_``,
     no GPU temporary). ZeRO-2 reduces in its gradient hooks; ZeRO-1 keeps autograd's gradients to the end of
     backward and reduces them in parameter order (``reduce_gradients``), each gradient freed as it is copied into
-    the bucket (its ``.data`` becomes the bucket's view)."""
+    the bucket (its ``.data`` becomes the bucket's view).
+    ``lora``: as without offload, the flat buffer, the buckets, the staging buffer and the host's states are the
+    adapters' (``trainable``) and the frozen base stays whole in bf16 beside them (composed from the two traced steps,
+    not traced itself)."""
     tl = timeline(arch, family=family, regime="bf16", attention=attention, s=s, b=b, recompute=recompute,
                   optimizer_impl="fused", loss=loss, device=device, position_ids=position_ids, use_cache=use_cache,
-                  compiled=compiled, loss_compiled=loss_compiled)  # fmt: skip
-    tensors = param_tensors(arch)
+                  compiled=compiled, loss_compiled=loss_compiled, lora=lora)  # fmt: skip
+    tensors = trainable(arch, lora)
     psi = sum(n for _, n in tensors)
-    p = partition(arch, dp)[0]
+    p = partition(arch, dp, lora=lora)[0]
     piece, start = {}, 0
     for name, n in tensors:
         piece[name] = largest_piece(start, n, p)
         start += n
-    states = [("parameters (bf16 flat buffer)", 2 * dp * p),
+    states = [] if lora is None else [("parameters (frozen base)", _frozen(arch, family, lora))]
+    states += [("parameters (bf16 flat buffer)", 2 * dp * p),
               ("gradient staging buffer (temp_grad_buffer_for_gpu_offload)", 2 * max(n for _, n in tensors)),
               ("buffers", buffer_bytes(arch, family, 2))]  # fmt: skip
     slots = ("gradient bucket (reduce_bucket_size)", 2 * (2 if overlap_comm else 1) * bucket)
@@ -350,7 +355,7 @@ def _offload_timeline(arch: Architecture, *, family: str, stage: int, dp: int, a
     made: set[str] = set()
     moments: list[Moment] = []
     for m, parts, grads, unit in _walk(tl, tensors):
-        if grads:
+        if grads or (lora is not None and m.phase.startswith("backward.layer.")):
             parts.append(slots)
             if stage == 2:
                 extra = max((_at(buckets.add(name, n), n) for name, n in unit if name not in made), default=0)
@@ -373,6 +378,7 @@ def _offload_timeline(arch: Architecture, *, family: str, stage: int, dp: int, a
             left -= 2 * n
         extra = max(extra, sum(buckets.flush()))
         tail = [("gradients not yet reduced or on their way to the host", extra)]
+    tail += embedding_leaf(arch, s, b, lora)
     moments.append(_moment("backward.epilogue", "the last reductions", base + [slots] + tail))
     moments += [_moment("optimizer", "DeepSpeedCPUAdam on the host, the bf16 partition copied back", base),
                 _moment("zero_grad", "after the step", base)]

@@ -26,6 +26,8 @@ with each parameter of n elements partitioned into ⌈n/N⌉ (P3 = Σ⌈n/N⌉ o
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from memcalc.errors import InputError
 from memcalc.layout.plan import REDUCE_BUCKET_SIZE, Zero3Settings
 from memcalc.memory.timeline import Moment, Timeline, _moment, timeline, with_loss
@@ -44,7 +46,6 @@ from memcalc.memory.timeline_zero import (
 )
 from memcalc.memory.zero3 import _called, gathered_bytes, persistent
 from memcalc.model.architecture import Architecture
-from memcalc.model.lora import projections
 from memcalc.units import ceil_div
 
 SUB_GROUP_SIZE = 1_000_000_000
@@ -158,10 +159,11 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
     ``base_layer``, ``lora_A`` and ``lora_B`` are modules of their own: ``memcalc.model.tree.lora_tree``); the fp32
     master partitions, the moments, the gradient partitions, the bucket's gradients and the step are the
     adapters' alone (``trainable_param_groups``), on the host under ``offload_optimizer``."""
-    if lora is not None and (lora.quantize != "none"
-                             or set(lora.targets) != {n for p in projections(arch) for n in p.names}):
-        raise InputError("LoRA under DeepSpeed ZeRO-3: the realistic timeline models adapters on every projection "
-                         "and a base in the training dtype")
+    if lora is not None and lora.quantize != "none":
+        raise InputError("LoRA under DeepSpeed ZeRO-3: the realistic timeline models a base in the training dtype "
+                         "(--quantize none)")
+    if lora is not None:  # DeepSpeed's linear saves every projection's input, a frozen one's too (below)
+        lora = replace(lora, inputs_saved=True)
     if dp < 1 or bucket < 1 or sub_group_size < 1:
         raise InputError(f"dp {dp}, reduce_bucket_size {bucket} and sub_group_size {sub_group_size} must be positive")
     if optimizer_impl not in ("foreach", "fused", "for-loop"):
@@ -241,8 +243,8 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
             # ZeRO-3 replaces F.linear with its own autograd function (runtime/zero/linear.py
             # LinearFunctionForZeroStage3, installed for good by the engine's zero.Init: memory_efficient_linear),
             # which saves every linear's input, a frozen one's too: the frozen head keeps the final norm's output
-            # until its backward (traced); peft's frozen layer projections keep nothing more only when every one
-            # carries an adapter, whose lora_A keeps that input anyway (``why_not`` asks for all of them)
+            # until its backward (traced); the layers' projections without an adapter keep theirs as well
+            # (``LoraPlan.inputs_saved``: the saved set of adapters on every projection, traced with q,v alone)
             extra.append(("head input (saved by DeepSpeed's linear)", 2 * s * b * arch.hidden))
         moments.append(_moment(m.phase, m.label, states + parts + extra))
         last = states + parts + [e for e in extra if e[0] != "gathered parameters"]

@@ -43,6 +43,10 @@ _NAMES.update(mistral=_NAMES["llama"], qwen2=_NAMES["llama"], qwen3=_NAMES["llam
               smollm3=_NAMES["llama"], gemma=_NAMES["llama"], gemma2=_NAMES["llama"], gemma3_text=_NAMES["llama"],
               olmo2=_NAMES["llama"], bloom=_NAMES["gpt_neox"], falcon=_NAMES["gpt_neox"],
               phi3=("qkv_proj",) * 3 + ("o_proj",) + ("gate_up_proj",) * 2 + ("down_proj",))
+ALL_LINEAR = "all-linear"
+"""peft's ``target_modules="all-linear"``: every projection of the layers (the head excluded)."""
+MODULE_NAMES = frozenset(n.rsplit(".", 1)[-1] for names in _NAMES.values() for n in names if n)
+"""The layer projections' Hugging Face module names, as peft's ``target_modules`` lists them (``q_proj``, ...)."""
 
 
 @frozen
@@ -55,6 +59,10 @@ class LoraPlan:
     """Family-neutral projections that get adapters (``TARGETS``), in layer order."""
     quantize: str = "none"
     """none (frozen base in the compute dtype) or nf4 (QLoRA: the base's linear weights in 4 bits)."""
+    inputs_saved: bool = False
+    """True where every linear saves its input whether or not its weight trains: DeepSpeed ZeRO-3's
+    ``LinearFunctionForZeroStage3`` (runtime/zero/linear.py, ``ctx.save_for_backward(input, weight, bias)``), which
+    ``zero.Init`` installs as ``F.linear``; a projection without an adapter then keeps what a targeted one keeps."""
 
 
 @frozen
@@ -89,9 +97,17 @@ def projections(arch: Architecture) -> tuple[Projection, ...]:
     return tuple(out)
 
 
+def _matches(module: str, given: str) -> bool:
+    """peft's match of a ``target_modules`` string against a module's name (``tuners_utils.check_target_module_exists``:
+    the name, or its tail after a dot); ``module`` is the name inside the layer, ``given`` may carry a longer path."""
+    return module == given or module.endswith("." + given) or given.endswith("." + module)
+
+
 def resolve_targets(arch: Architecture | None, text: str | tuple[str, ...] | None) -> tuple[str, ...]:
-    """``--lora-targets``: comma-separated neutral names (default: every projection, as peft's "all-linear" minus
-    the head); one line naming what would work when a target does not exist in ``arch``."""
+    """``--lora-targets``: comma-separated neutral names (q, k, v, o, gate, up, down), the model's Hugging Face module
+    names as peft's ``target_modules`` gives them (``q_proj,v_proj``; GPT-2's ``c_proj`` is both attn.c_proj and
+    mlp.c_proj, as peft matches it), or ``all-linear`` (the default: every projection, the head excluded); one line
+    naming what would work when a target does not exist in ``arch``."""
     if arch is None:
         raise InputError("--lora-rank needs the model's shape (which projections get adapters): give --model, "
                          "--hf-config or --layers/--hidden/--heads/--vocab, not --params alone")
@@ -102,13 +118,25 @@ def resolve_targets(arch: Architecture | None, text: str | tuple[str, ...] | Non
     have = [n for p in projs for n in p.names]
     if text is None:
         return tuple(have)
-    given = [t.strip().lower() for t in (text.split(",") if isinstance(text, str) else text) if t.strip()]
-    if not given:
+    tokens = [t.strip() for t in (text.split(",") if isinstance(text, str) else text) if t.strip()]
+    if not tokens:
         raise InputError(f"--lora-targets is empty; accepted: a comma-separated subset of {','.join(have)}")
-    for t in given:
-        if t not in have:
-            why = "is not one of the neutral names" if t not in TARGETS else f"does not exist in {_who(arch)}"
-            raise InputError(f"--lora-targets {t!r} {why}; accepted: a comma-separated subset of {','.join(have)}")
+    modules = ",".join(dict.fromkeys(p.module for p in projs))
+    given: list[str] = []
+    for token in tokens:
+        t = token.lower()
+        if t == ALL_LINEAR:
+            given += have
+        elif t in TARGETS:
+            if t not in have:
+                raise InputError(f"--lora-targets {t!r} does not exist in {_who(arch)}; accepted: a comma-separated "
+                                 f"subset of {','.join(have)} (or its modules {modules})")
+            given.append(t)
+        elif picked := [n for p in projs if _matches(p.module, token) for n in p.names]:
+            given += picked
+        else:
+            raise InputError(f"--lora-targets {token!r} is not a projection of {_who(arch)}; accepted: a "
+                             f"comma-separated subset of {','.join(have)}, its modules {modules}, or {ALL_LINEAR}")
     for p in projs:
         picked = [n for n in p.names if n in given]
         if picked and len(picked) < len(p.names):

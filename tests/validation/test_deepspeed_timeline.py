@@ -201,26 +201,28 @@ def test_deepspeed_lora_timeline_equals_trace(stage, world, recompute, bucket):
             n for _, n in adapter_tensors(arch, lora)) + 2 * world
 
 
-# LoRA under ZeRO-3 (adapters on every projection): the coordinator gathers peft's base_layer, lora_A and lora_B as
-# modules of their own; the frozen base is partitioned like the rest, and DeepSpeed's linear keeps the frozen head's
-# input until its backward.
-Z3_LORA_CASES = [  # (layers, world, recompute, reuse distance, prefetch bucket)
-    (2, 2, "none", 1_000_000_000, 50_000_000),
-    (4, 2, "none", 100_000, 20_000),
-    (4, 2, "full", 100_000, 0),
-    (4, 4, "none", 0, 0),
+# LoRA under ZeRO-3: the coordinator gathers peft's base_layer, lora_A and lora_B as modules of their own; the frozen
+# base is partitioned like the rest, and DeepSpeed's linear keeps the input of every frozen linear, the head's and, with
+# adapters on q and v alone, the other projections', until its backward.
+Z3_LORA_CASES = [  # (layers, world, recompute, reuse distance, prefetch bucket, targets)
+    (2, 2, "none", 1_000_000_000, 50_000_000, None),
+    (4, 2, "none", 100_000, 20_000, None),
+    (4, 2, "full", 100_000, 0, None),
+    (4, 4, "none", 0, 0, None),
+    (4, 2, "none", 100_000, 20_000, ("q", "v")),
+    (4, 2, "full", 100_000, 0, ("q", "v")),
 ]
 
 
-@pytest.mark.parametrize("layers,world,recompute,reuse,prefetch", Z3_LORA_CASES)
-def test_zero3_lora_timeline_equals_trace(layers, world, recompute, reuse, prefetch):
+@pytest.mark.parametrize("layers,world,recompute,reuse,prefetch,targets", Z3_LORA_CASES)
+def test_zero3_lora_timeline_equals_trace(layers, world, recompute, reuse, prefetch, targets):
     pytest.importorskip("peft")
     from memcalc.layout.plan import Zero3Settings
     from memcalc.memory.timeline_states import adapter_tensors
     from memcalc.memory.timeline_zero3 import zero3_timeline
     from memcalc.model.lora import TARGETS, LoraPlan
 
-    cfg, lora = dict(LLAMA, num_hidden_layers=layers), LoraPlan(4, tuple(TARGETS))
+    cfg, lora = dict(LLAMA, num_hidden_layers=layers), LoraPlan(4, targets or tuple(TARGETS))
     r = trace_deepspeed(cfg, stage=3, world=world, seq_len=S, micro_batch=B, recompute=recompute,
                         reduce_bucket_size=2000, optimizer="torch-adamw", timeout=240, lora=lora,
                         zero_config={"stage3_max_reuse_distance": reuse, "stage3_prefetch_bucket_size": prefetch})
@@ -233,14 +235,17 @@ def test_zero3_lora_timeline_equals_trace(layers, world, recompute, reuse, prefe
     assert abs(tl.moments[0].live_bytes - tr.baseline) <= 256
     # Under full recompute with a short reuse distance DeepSpeed still holds one adapter after forward that the
     # replay has released (layer 3 down's lora_A, 1,408 bytes: not located); otherwise within 256 bytes
-    slack = 256 + (2 * max(n for _, n in adapter_tensors(arch, lora)) if recompute == "full" else 0)
+    slack = 256 + (2 * max(n for _, n in adapter_tensors(arch, lora)) if recompute == "full" and not targets else 0)
     assert abs(tl.peak.live_bytes - tr.peak) <= slack
     for phase in ("loss", "backward"):
         assert abs(tl.phase_peaks[phase] - tr.phase_peaks[phase]) <= slack, phase
     for phase in ("backward.epilogue", "optimizer", "optimizer.adamw"):
         assert abs(tl.phase_peaks[phase] - tr.phase_peaks[phase]) <= 256, phase
-    for key in [k for k in tr.phase_peaks if k.startswith("backward.layer.")]:  # LoRA's bound, as above
-        assert 0 <= tl.phase_peaks[key] - tr.phase_peaks[key] <= 0.07 * tr.phase_peaks[key], key
+    # LoRA's bound, as above; the layers' backward transients stay those of adapters on every projection (under full
+    # recompute on q,v: 7.5-8.3 % above on this 64-wide model)
+    bound = 0.09 if targets else 0.07
+    for key in [k for k in tr.phase_peaks if k.startswith("backward.layer.")]:
+        assert 0 <= tl.phase_peaks[key] - tr.phase_peaks[key] <= bound * tr.phase_peaks[key], key
     every = [n for _, n in param_tensors(arch)] + [n for _, n in adapter_tensors(arch, lora)]
     assert r.facts["partition"] == sum(-(-n // world) for n in every)  # the frozen base partitioned too
 
