@@ -220,7 +220,8 @@ def _collectives(plan: Plan, issued: list, psi: int, stage: int, st: object) -> 
             gathered = paper.fp8_gathered_bytes(plan, stage, psi)
         # torchtitan reduces FSDP gradients in fp32 (MixedPrecisionPolicy reduce_dtype: its default
         # ``mixed_precision_reduce = "float32"``, torchtitan config/configs.py) when a master copy exists.
-        fp32_reduce = composition(plan.framework).fsdp_reduce_fp32 and plan.spec.framework == "fsdp" and p.master_bytes > 0
+        fp32_reduce = ((composition(plan.framework).fsdp_reduce_fp32 and plan.spec.framework == "fsdp"
+                        and p.master_bytes > 0) or plan.grad_bytes == 4 != p.grad_bytes)  # Megatron's main_grad
         rows = traffic.data_parallel_collectives(psi, plan.spec, plan.shard_group_size, plan.replicas,
                                                  plan.shard_domain, plan.gpus_per_node, p.param_bytes,
                                                  4 if fp32_reduce else p.grad_bytes,

@@ -41,9 +41,9 @@ N8 = PSI_8B // 8
 
 
 @pytest.mark.parametrize("framework, strategy, expected", [
-    # Megatron's distributed optimizer (ZeRO-1): 2Ψ + 2Ψ + 12Ψ/N over its data-parallel group with context
-    # parallelism (get_data_parallel_group(with_context_parallel=True))
-    ("megatron", dict(stage=1), dict(parameters=2 * PSI_8B, gradients=2 * PSI_8B, master_weights=4 * N8,
+    # Megatron's distributed optimizer (ZeRO-1): 2Ψ + 4Ψ (its fp32 main_grad buffer) + 12Ψ/N over its data-parallel
+    # group with context parallelism (get_data_parallel_group(with_context_parallel=True))
+    ("megatron", dict(stage=1), dict(parameters=2 * PSI_8B, gradients=4 * PSI_8B, master_weights=4 * N8,
                                      optimizer_moments=8 * N8)),
     # DeepSpeed-Ulysses ZeRO-2 over seq_data_parallel_group: 2Ψ + 14Ψ/N
     ("deepspeed", dict(stage=2), dict(parameters=2 * PSI_8B, gradients=2 * N8, master_weights=4 * N8,
@@ -62,8 +62,10 @@ def test_cp2_shards_over_dp_times_cp(framework, strategy, expected):
     assert r.training.dp == 4 and r.strategy.shard_group_size == 8
     got = rows(r)
     assert {k: got[k] for k in expected} == expected
-    # The same figures without --framework: every framework that runs CP shards over dp x cp, so that is the default.
-    assert rows(memcalc.estimate(model="llama-3-8b", gpus=8, cp=2, accounting="paper", **strategy)) == got
+    # The same figures without --framework: every framework that runs CP shards over dp x cp, so that is the default
+    # (Megatron's gradients aside: bf16 gradients in 2 bytes elsewhere)
+    plain = rows(memcalc.estimate(model="llama-3-8b", gpus=8, cp=2, accounting="paper", **strategy))
+    assert plain == got | ({"gradients": 2 * PSI_8B} if framework == "megatron" else {})
 
 
 def test_shard_over_dp_keeps_the_states_replicated_across_context_ranks():
@@ -340,6 +342,22 @@ def test_torchtitan_reduces_fsdp_gradients_in_fp32():
                    if c.op == "reduce-scatter") for fw in ("torchtitan", "hf")}
     assert (rs["torchtitan"].dtype, rs["hf"].dtype) == ("fp32", "bf16")
     assert rs["torchtitan"].payload_bytes_per_call == 2 * rs["hf"].payload_bytes_per_call == 4 * 8_030_261_248
+
+
+def test_megatron_accumulates_and_reduces_bf16_gradients_in_fp32():
+    # Megatron-LM's --bf16 sets accumulate_allreduce_grads_in_fp32 (arguments.py), so its grad buffer is fp32: 18 bytes
+    # per parameter with the plain optimizer, 6 + 12/d with the distributed one (its dist_optimizer.md table)
+    kw = {"model": "llama-3-8b", "gpus": 8, "framework": "megatron", "precision": "bf16-mixed", "accounting": "paper"}
+    states = ("parameters", "gradients", "master_weights", "optimizer_moments")
+    ddp, dist = memcalc.estimate(ddp=True, **kw), memcalc.estimate(stage=1, **kw)
+    assert sum(rows(ddp)[k] for k in states) == 18 * PSI_8B
+    assert sum(rows(dist)[k] for k in states) == 6 * PSI_8B + 12 * N8
+    rs = next(c for c in dist.communication.collectives if c.op == "reduce-scatter")
+    ag = next(c for c in dist.communication.collectives if c.op == "all-gather")
+    assert (rs.dtype, rs.payload_bytes_per_call, ag.dtype) == ("fp32", 4 * PSI_8B, "bf16")
+    # fp16 keeps fp16 gradients (the flag is bf16's), and other frameworks keep bf16 ones
+    assert rows(memcalc.estimate(stage=1, **kw | {"precision": "fp16-mixed"}))["gradients"] == 2 * PSI_8B
+    assert rows(memcalc.estimate(stage=1, **kw | {"framework": "deepspeed"}))["gradients"] == 2 * PSI_8B
 
 
 def test_float8_all_gather_keeps_the_pipeline_stage_gathered_in_fp8():

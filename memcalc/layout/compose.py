@@ -91,6 +91,12 @@ class Framework:
     """Where its FSDP2 units put the embedding and the head (``FSDP_WRAPS``): torchtitan's ``apply_fsdp`` since
     v0.2.0 separate; torchtune's distributed recipes with ``custom_sharded_layers: ['tok_embeddings', 'output']``
     (recipes/configs/llama3_1/70B_full.yaml, 8B_full.yaml) separate-reshard; accelerate's transformer-based wrap root."""
+    main_grads_fp32: bool = False
+    """Gradients accumulated and reduced in an fp32 buffer under bf16 parameters: Megatron-LM's ``--bf16`` sets
+    ``accumulate_allreduce_grads_in_fp32`` unless ``--grad-reduce-in-bf16`` (megatron/training/arguments.py), and its
+    DDP then makes the grad buffer ``torch.float`` (megatron/core/distributed/param_and_grad_buffer.py): 4 bytes per
+    parameter, whole even under the distributed optimizer (docs/source/api-guide/dist_optimizer.md: 6 + 12/d bytes
+    per parameter with bf16 parameters and fp32 gradients, 18 without)."""
     optimizer_impl: str = "foreach"
     """The AdamW its configs run when --optimizer-impl is not given: torch's foreach (the default on CUDA, what the
     Hugging Face Trainer's ``adamw_torch`` gets); torchtitan ``implementation = "fused"``
@@ -108,7 +114,8 @@ FRAMEWORKS: dict[str, Framework] = {
                            fsdp_wrap="separate-reshard"),
     "megatron": Framework("megatron", "dp-cp", True, "even",
                           "Megatron-LM splits layers evenly unless the first and last stages are given "
-                          "(--decoder-first/last-pipeline-num-layers)", model_code="megatron", optimizer_impl="fused"),
+                          "(--decoder-first/last-pipeline-num-layers)", model_code="megatron", optimizer_impl="fused",
+                          main_grads_fp32=True),
     "deepspeed": Framework("deepspeed", "dp-cp", True, "even",
                            "DeepSpeed's PipelineModule balances the parameters of your layer specs "
                            "(partition_method='parameters'), which memcalc does not replay", optimizer_impl="fused"),

@@ -171,6 +171,15 @@ class Plan:
         return self.tp if self.shard_over == "dp-cp" else self.tp * self.cp
 
     @property
+    def grad_bytes(self) -> int:
+        """Bytes of a gradient element as the framework keeps and reduces it: the precision's, or 4 where the
+        framework accumulates bf16 parameters' gradients in fp32 (``Framework.main_grads_fp32``: Megatron-LM)."""
+        from memcalc.layout.compose import composition
+
+        fp32 = composition(self.framework).main_grads_fp32 and self.precision.name == "bf16-mixed"
+        return 4 if fp32 else self.precision.grad_bytes
+
+    @property
     def model_parallel(self) -> int:
         return self.tp * self.pp * self.cp
 

@@ -101,7 +101,7 @@ def model_state_rows(plan: Plan, groups: list[ParamGroup], stage: int = 0) -> li
     """Every model-state tensor of one rank (of pipeline stage ``stage``), one row per tensor per location."""
     if plan.lora is not None:
         return lora_state_rows(plan, groups[0])
-    p, opt, spec = plan.precision, plan.optimizer, plan.spec
+    p, opt, spec, gb = plan.precision, plan.optimizer, plan.spec, plan.grad_bytes
     opt_dev, param_dev = plan.optimizer_device, plan.offload_params
     b_mom = opt.moment_bytes_for(p)
     if len(groups) == 1 and opt_dev == "none" and param_dev == "none":
@@ -109,16 +109,16 @@ def model_state_rows(plan: Plan, groups: list[ParamGroup], stage: int = 0) -> li
         psi, n = groups[0]
         shard = shard_numel(psi, n)  # states.state_bytes, element count taken once for the four tensors
         sizes = ((shard if spec.shards_params else psi) * p.param_bytes,
-                 (shard if spec.shards_grads else psi) * p.grad_bytes,
+                 (shard if spec.shards_grads else psi) * gb,
                  (shard if spec.shards_optimizer else psi) * p.master_bytes,
                  (shard if spec.shards_optimizer else psi) * opt.moments * b_mom)
         rows = [Row(key, label, size, "gpu", "model_state", detail) for key, (label, detail, _), size
-                in zip(_STATE_KEYS, _state_labels(p, opt, spec, plan.shard_group_size), sizes)]
+                in zip(_STATE_KEYS, _state_labels(p, opt, spec, plan.shard_group_size, gb), sizes)]
         return rows + pipeline_fsdp_rows(plan, groups, stage) if plan.pp > 1 else rows
     placed = [
         (
             states.parameter_bytes(g.psi, p.param_bytes, spec.shards_params, g.n, param_dev),
-            states.gradient_bytes(g.psi, p.grad_bytes, spec.shards_grads, spec.shards_optimizer, g.n, opt_dev),
+            states.gradient_bytes(g.psi, gb, spec.shards_grads, spec.shards_optimizer, g.n, opt_dev),
             states.master_bytes(g.psi, p.master_bytes, spec.shards_optimizer, g.n, opt_dev),
             states.moment_bytes(g.psi, opt.moments, b_mom, spec.shards_optimizer, g.n, opt_dev),
         )
@@ -128,7 +128,7 @@ def model_state_rows(plan: Plan, groups: list[ParamGroup], stage: int = 0) -> li
     sums = placed[0] if len(placed) == 1 else [states.StateBytes(*map(sum, zip(*col))) for col in zip(*placed)]
     rows: list[Row] = []
     for key, (label, detail, offloaded), (on_gpu, cpu, nvme) in zip(
-        _STATE_KEYS, _state_labels(p, opt, spec, plan.shard_group_size), sums
+        _STATE_KEYS, _state_labels(p, opt, spec, plan.shard_group_size, gb), sums
     ):
         rows.append(Row(key, label, on_gpu, "gpu", "model_state", offloaded if on_gpu == 0 and (cpu or nvme) else detail))
         if cpu:
@@ -231,13 +231,20 @@ def pipeline_fsdp_rows(plan: Plan, groups: list[ParamGroup], stage: int = 0) -> 
 
 
 @lru_cache(maxsize=256)
-def _state_labels(p: Precision, opt: Optimizer, spec: StrategySpec, n: int) -> tuple[tuple[str, str, str], ...]:
-    """(label, detail, detail when offloaded) of each model-state row: the same for every plan that shares them."""
+def _state_labels(p: Precision, opt: Optimizer, spec: StrategySpec, n: int,
+                  gb: int | None = None) -> tuple[tuple[str, str, str], ...]:  # fmt: skip
+    """(label, detail, detail when offloaded) of each model-state row: the same for every plan that shares them.
+    ``gb``: the gradients' bytes where the framework's differ from the precision's (``Plan.grad_bytes``)."""
     b_mom = opt.moment_bytes_for(p)
     div = f"/{n}" if n > 1 else ""
+    main = gb is not None and gb != p.grad_bytes
+    grads = (("gradients (fp32 main_grad)", (f"{gb}Ψ{div if spec.shards_grads else ''} (Megatron-LM: bf16 gradients "
+                                             "accumulated and reduced in fp32, arguments.py "
+                                             "accumulate_allreduce_grads_in_fp32)")) if main
+             else (f"gradients ({p.low_dtype})", f"{p.grad_bytes}Ψ{div if spec.shards_grads else ''} (ZeRO §5.2)"))
     meta = (
         (f"parameters ({p.low_dtype})", f"{p.param_bytes}Ψ{div if spec.shards_params else ''} (ZeRO §5.3)"),
-        (f"gradients ({p.low_dtype})", f"{p.grad_bytes}Ψ{div if spec.shards_grads else ''} (ZeRO §5.2)"),
+        grads,
         ("master weights (fp32)", f"{p.master_bytes}Ψ{div if spec.shards_optimizer else ''} (ZeRO §3.1, §5.1)"),
         (f"optimizer moments ({opt.name})",
          f"{opt.moments}x{b_mom}Ψ{div if spec.shards_optimizer else ''} ({opt.source})"),

@@ -348,8 +348,8 @@ def _offload_timeline(arch: Architecture, *, family: str, stage: int, dp: int, a
         start += n
     states = [] if lora is None else [("parameters (frozen base)", _frozen(arch, family, lora))]
     states += [("parameters (bf16 flat buffer)", 2 * dp * p),
-              ("gradient staging buffer (temp_grad_buffer_for_gpu_offload)", 2 * max(n for _, n in tensors)),
-              ("buffers", buffer_bytes(arch, family, 2))]  # fmt: skip
+               ("gradient staging buffer (temp_grad_buffer_for_gpu_offload)", 2 * max(n for _, n in tensors)),
+               ("buffers", buffer_bytes(arch, family, 2))]  # fmt: skip
     slots = ("gradient bucket (reduce_bucket_size)", 2 * (2 if overlap_comm else 1) * bucket)
     buckets = _Buckets(bucket, piece)
     made: set[str] = set()
