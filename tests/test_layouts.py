@@ -358,6 +358,13 @@ def test_megatron_accumulates_and_reduces_bf16_gradients_in_fp32():
     # fp16 keeps fp16 gradients (the flag is bf16's), and other frameworks keep bf16 ones
     assert rows(memcalc.estimate(stage=1, **kw | {"precision": "fp16-mixed"}))["gradients"] == 2 * PSI_8B
     assert rows(memcalc.estimate(stage=1, **kw | {"framework": "deepspeed"}))["gradients"] == 2 * PSI_8B
+    # with a sequence length too: DeepSpeed's ZeRO-1 timeline (its flat buffer, bf16 gradients) is not Megatron's
+    # step, so the paper accounting answers, with the reason
+    auto = memcalc.estimate(stage=1, seq_len=2048, **kw | {"accounting": "auto"})
+    assert auto.accounting == "paper" and any("--framework megatron" in n for n in auto.notes)
+    assert rows(auto)["gradients"] == 4 * PSI_8B
+    with pytest.raises(InputError, match="--framework megatron: the realistic accounting follows"):
+        memcalc.estimate(stage=1, seq_len=2048, **kw | {"accounting": "realistic"})
 
 
 def test_float8_all_gather_keeps_the_pipeline_stage_gathered_in_fp8():

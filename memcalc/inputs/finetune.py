@@ -57,8 +57,10 @@ def parse_targets(text: str | tuple[str, ...] | list[str] | None) -> tuple[str, 
     if text is None:
         return None
     parts = text.split(",") if isinstance(text, str) else list(text)
+    from memcalc.model.lora import ALL_LINEAR
+
     # neutral names and all-linear in lower case; module names as given (peft matches them case-sensitively)
-    out = tuple(t.lower() if t.lower() in (*TARGETS, "all-linear") else t for t in (str(p).strip() for p in parts) if t)
+    out = tuple(t.lower() if t.lower() in (*TARGETS, ALL_LINEAR) else t for t in (str(p).strip() for p in parts) if t)
     if not out:
         raise InputError(f"--lora-targets is empty; accepted: a comma-separated subset of {','.join(TARGETS)}")
     return out

@@ -57,6 +57,13 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
     """Why the realistic accounting does not apply to this set-up (one line), or None when it does.
 
     offload: (optimizer, parameters) devices. fsdp_wrap: the --fsdp-wrap given (None: the framework's)."""
+    if framework == "megatron":
+        # the timelines replay Hugging Face's, torchtitan's and torchtune's code under torch's DDP/FSDP and DeepSpeed's
+        # engine; Megatron-LM runs its own layers, its fp32 main_grad buffer and its distributed optimizer
+        return ("--framework megatron: the realistic accounting follows Hugging Face, torchtitan and torchtune code "
+                "under torch DDP/FSDP or DeepSpeed, not Megatron-LM's layers, fp32 main_grad buffer and distributed "
+                "optimizer; the paper accounting counts Megatron's states (bf16: 18 bytes per parameter, 6 + 12/d "
+                "with --stage 1)")
     if strategy == "zero-3" and offload[1] != "none" and offload[0] == "none":
         return ("zero-3 offload_param without offload_optimizer: the realistic ZeRO-3 timeline was traced with the "
                 "parameters offloaded together with the optimizer; the paper accounting counts this one")
