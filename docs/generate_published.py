@@ -61,32 +61,46 @@ FITS = [
 
 
 # torchtitan's benchmark (pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md: Llama 3.1, H100 96GB HBM2e
-# at 500 W, bf16 parameters with fp32 gradient reduction, seq 8192; torch.compile then compiled the model only;
+# at 500 W, bf16 parameters with fp32 gradient reduction, seq 8192; torch.compile then compiled the model only, hence
+# --no-compile-loss;
 # "Memory(GiB)" is what torchtitan logs, the allocator's reserved peak): (row, measured GiB, arguments)
 # The benchmark's torchtitan (commit 9dec370ad, Dec 2024) kept the embedding, final norm and head in FSDP's root
 # unit (parallelize_llama.py: ``fully_shard`` per block, then on the model), as releases up to v0.1.0 do: fsdp_wrap
 # "root"; torchtitan's own default in memcalc is v0.2's units of their own ("separate").
+MODEL_ONLY = dict(compile=True, compile_loss=False)  # 9dec370 predates the compiled loss (bbb1b616e, April 2025)
 TITAN = dict(framework="torchtitan", gpu="h100-96g", precision="bf16-mixed", fsdp="FULL_SHARD", fsdp_version=2,
              fsdp_wrap="root", attention="flash", model="llama-3-8b", seq_len=8192)  # fmt: skip
 TORCHTITAN = [
     ("Table 1: FSDP, 8 GPUs, op AC", 82.4, TITAN | dict(gpus=8, micro_batch=2, recompute="op-sac")),
-    ("Table 1: + torch.compile", 77.0, TITAN | dict(gpus=8, micro_batch=2, recompute="op-sac", compile=True)),
+    ("Table 1: + torch.compile", 77.0, TITAN | dict(gpus=8, micro_batch=2, recompute="op-sac", **MODEL_ONLY)),
     ("Table 3: FSDP, 128 GPUs, op AC", 67.0, TITAN | dict(gpus=128, micro_batch=2, recompute="op-sac")),
-    ("Table 3: + torch.compile", 62.0, TITAN | dict(gpus=128, micro_batch=2, recompute="op-sac", compile=True)),
+    ("Table 3: + torch.compile", 62.0, TITAN | dict(gpus=128, micro_batch=2, recompute="op-sac", **MODEL_ONLY)),
     # "+ Float8": tensorwise with the fp8 all-gather torchtitan's float8 notes pair it with (without it: +0.2 GiB)
     ("Table 1: + torch.compile + Float8", 76.8,
-     TITAN | dict(gpus=8, micro_batch=2, recompute="op-sac", compile=True, float8="tensorwise", float8_all_gather=True)),
+     TITAN | dict(gpus=8, micro_batch=2, recompute="op-sac", **MODEL_ONLY, float8="tensorwise", float8_all_gather=True)),
     ("Table 3: + torch.compile + Float8", 61.8,
-     TITAN | dict(gpus=128, micro_batch=2, recompute="op-sac", compile=True, float8="tensorwise",
+     TITAN | dict(gpus=128, micro_batch=2, recompute="op-sac", **MODEL_ONLY, float8="tensorwise",
                   float8_all_gather=True)),
     ("Table 2: FSDP 8, seq 32768, full AC, compile, float8", 83.9,
-     TITAN | dict(gpus=8, micro_batch=1, seq_len=32768, recompute="full", compile=True, float8="tensorwise")),
+     TITAN | dict(gpus=8, micro_batch=1, seq_len=32768, recompute="full", **MODEL_ONLY, float8="tensorwise")),
     ("Table 2: FSDP 4 x CP 2, seq 65536", 84.2,
-     TITAN | dict(gpus=8, cp=2, micro_batch=1, seq_len=65536, recompute="full", compile=True, float8="tensorwise")),
+     TITAN | dict(gpus=8, cp=2, micro_batch=1, seq_len=65536, recompute="full", **MODEL_ONLY, float8="tensorwise")),
     ("Table 4: 70B, FSDP 32 x TP 8, full AC, compile, float8", 71.9,
      TITAN | dict(model="llama-3-70b", gpus=256, tp=8, sequence_parallel=True, micro_batch=16, recompute="full",
-                  compile=True, float8="tensorwise")),
+                  **MODEL_ONLY, float8="tensorwise")),
 ]  # fmt: skip
+
+# A community run in the same folder (benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md: Llama 3.1 8B on 4 and 8
+# nodes of 8 H200s, torchtitan e7c0cae of 2025-06-13 with llama3_8b.toml's per-op SAC and seq 8192, local batch 2,
+# ``--training.compile``, which from bbb1b616e (April 2025) compiles the loss too, float8 tensorwise with fp8
+# all-gathers; "Memory(GiB)" as above, read at step 100). Its FSDP units are 9dec370's (the root keeps the embedding
+# and the head): memcalc's torchtitan defaults otherwise, the compiled loss included.
+H200 = TITAN | dict(gpu="h200", micro_batch=2, recompute="op-sac", compile=True, float8="tensorwise",
+                    float8_all_gather=True)  # fmt: skip
+TORCHTITAN_2025 = [
+    ("H200, 4 nodes: FSDP 32, compile, float8", 47.96, H200 | dict(gpus=32)),
+    ("H200, 8 nodes: FSDP 64, compile, float8", 46.97, H200 | dict(gpus=64)),
+]
 
 
 # torchtitan's 3D and 4D runs (same file, Tables 5 and 6: Llama 3.1 405B on 512 GPUs, TP 8 x PP 8, full AC, compile,
@@ -96,7 +110,7 @@ TORCHTITAN = [
 # and 7,8,...,8,7 over 16 stages (interleaved, two per rank). The pipeline ranks' steps are replayed by the realistic
 # accounting (memory/timeline_pp.py); on Table 6's CP rows each rank runs the sequence-parallel step of its s/cp tokens
 # (docs/timeline.md).
-PP = TITAN | dict(model="llama-3-405b", gpus=512, tp=8, pp=8, sequence_parallel=True, recompute="full", compile=True,
+PP = TITAN | dict(model="llama-3-405b", gpus=512, tp=8, pp=8, sequence_parallel=True, recompute="full", **MODEL_ONLY,
                   float8="tensorwise", float8_all_gather=True)  # fmt: skip
 TORCHTITAN_PP = [
     ("Table 5: 1F1B, local batch 32", 82.5, PP | dict(micro_batch=4, grad_accum=8)),
@@ -125,7 +139,7 @@ def main() -> None:
     print()
     print("| torchtitan run | measured GiB (reserved) | memcalc peak_reserved GiB | error | accounting |")
     print("|---|---|---|---|---|")
-    for name, measured, kw in TORCHTITAN:
+    for name, measured, kw in TORCHTITAN + TORCHTITAN_2025:
         r = memcalc.estimate(**kw)
         got = (r.memory.per_gpu.peak_reserved or r.memory.per_gpu.total) / GiB
         print(f"| {name} | {measured:.1f} | {got:.2f} | {(got - measured) / measured * 100:+.1f} % | {r.accounting} |")

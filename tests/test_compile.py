@@ -229,6 +229,57 @@ def test_compiled_loss_keeps_the_logits_not_the_fp32_log_softmax():
     assert (peak["torchtune", "standard"] - peak["hf", "standard"]) / GiB > 5  # the eager fp32 loss tensors
 
 
+def test_compiled_loss_parallel_saves_one_fp32_tensor_per_logit_not_the_logits():
+    """The loss compiled under ``loss_parallel`` on vocabulary-sharded logits (rank 0 of 2, the fake process group):
+    the partitioner saves ``scatter + exp(log-softmax)`` (fp32, one per logit of the rank's share), a mask and a
+    scalar, and not the logits, whose gradient comes back in bf16 (``saved.loss_transient``, compiled and parallel).
+    ``aot_eager`` runs inductor's partitioner; inductor's generated forward also makes the fp32 one-hot scatter."""
+    if not can_compile():
+        pytest.skip("torch.compile cannot run here")
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.parallel import loss_parallel
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from memcalc.memory.saved import loss_transient
+
+    b, s, v, tp = 2, 16, 1000, 2
+    n = b * s * v // tp  # rank 0's logits
+
+    def loss_fn(pred, labels):  # torchtitan's cross_entropy_loss
+        return F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=tp)
+    try:
+        mesh = init_device_mesh("cpu", (tp,))
+        local = torch.randn(b, s, v // tp, dtype=torch.bfloat16)
+        pred = DTensor.from_local(local, mesh, [Shard(2)], run_check=False).requires_grad_()
+        kept: dict[int, tuple] = {}
+
+        def pack(x):
+            t = x._local_tensor if isinstance(x, DTensor) else x
+            kept[t.untyped_storage().data_ptr()] = (t.untyped_storage().nbytes(), t.dtype)
+            return x
+
+        fn = torch.compile(loss_fn, backend="aot_eager", dynamic=False)
+        with loss_parallel():
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+                loss = fn(pred, torch.randint(0, v, (b, s)))
+            loss.backward()
+    finally:
+        dist.destroy_process_group()
+    assert local.untyped_storage().data_ptr() not in kept  # the logits are not saved
+    big = [k for k in kept.values() if k[0] >= n]
+    assert big == [(4 * n, torch.float32)] and sum(k[0] for k in kept.values()) - 4 * n <= 8 * b * s
+    assert pred.grad._local_tensor.dtype == torch.bfloat16
+    lp = loss_transient(b * s, v // tp, "bf16", compiled=True, parallel=True)
+    assert dict(lp.names)["softmax minus one-hot (fp32, saved)"] == 4 * n
+    assert (lp.forward, lp.backward) == (2 * n + 8 * n, 4 * n + 2 * n)
+
+
 def test_estimate_with_compile_keeps_the_compiled_saved_set():
     import memcalc
     from memcalc.errors import InputError as Refused

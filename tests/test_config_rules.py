@@ -118,7 +118,8 @@ def test_torchtitan_rules(tmp_path: Path) -> None:
     r = read_torchtitan(_toml(tmp_path, "[model]\nconverters = [\"float8\"]\n[float8]\nenable_fsdp_float8_all_gather = true\n"
                                         "[training]\ncompile = true\n"), world_size=8)  # fmt: skip
     assert any(u.startswith("float8.enable_fsdp_float8_all_gather") for u in r.unmodelled)
-    assert (r.arguments["compile"], r.arguments["compile_loss"]) == (True, False)  # v0.1.0: the model's blocks only
+    # v0.1.0 compiles the blocks and the loss (components/loss.py build_cross_entropy_loss)
+    assert (r.arguments["compile"], r.arguments["compile_loss"]) == (True, True)
     r = read_torchtitan(_toml(tmp_path, "[activation_checkpoint]\nmode = \"selective\"\nselective_ac_option = \"1\"\n"
                                         "[training]\ndtype = \"bfloat16\"\n"), world_size=1)  # fmt: skip
     assert r.arguments["recompute"] == "full" and r.arguments["precision"] == "bf16" and r.arguments["ddp"] is True

@@ -9,7 +9,7 @@ from memcalc.inputs.presets import load_gpu, presets_dir
 
 GPU_FILES = sorted((presets_dir() / "gpus").glob("*.toml"))
 REQUIRED = {"a100-sxm-40gb", "a100-sxm-80gb", "a100-pcie-40gb", "a100-pcie-80gb", "h100-sxm", "h100-pcie", "h200",
-            "v100-16gb", "v100-32gb", "a10", "l4", "l40s", "rtx-4090", "mi250x", "mi300x"}  # fmt: skip
+            "b200", "v100-16gb", "v100-32gb", "a10", "l4", "l40s", "rtx-4090", "mi250x", "mi300x"}  # fmt: skip
 
 
 def test_catalogue_is_complete():
@@ -32,7 +32,7 @@ def test_every_preset_loads_and_cites_its_source(path):
     "name, key, memory_gb, bf16",
     [("a100-80g", "a100-sxm-80gb", 80, 312), ("A100_40G", "a100-sxm-40gb", 40, 312), ("h100", "h100-sxm", 80, 989),
      ("h200", "h200", 141, 989), ("v100", "v100-32gb", 32, 0), ("4090", "rtx-4090", 24, 165.2),
-     ("mi300x", "mi300x", 192, 1307.4)],
+     ("mi300x", "mi300x", 192, 1307.4), ("b200", "b200", 180, 2250)],
 )  # fmt: skip
 def test_datasheet_figures(name, key, memory_gb, bf16):
     g = load_gpu(name)

@@ -84,6 +84,9 @@ def test_presets_load_and_resolve_aliases():
     h200 = load_calibration("h200")  # extends h100-sxm: same compute, its own HBM
     assert h200.gemm_efficiency == load_calibration("h100-sxm").gemm_efficiency
     assert h200.hbm_peak_bytes_per_s == 4800e9
+    b200 = load_calibration("b200")  # extends h100-sxm: the H100's fractions of the B200's own peaks
+    assert b200.gemm_efficiency == h200.gemm_efficiency and b200.hbm_peak_bytes_per_s == 8000e9
+    assert cluster_for_gpu("b200") == "hgx-b200" and load_cluster("b200").intra_node.bandwidth == 900e9
     assert cluster_for_gpu("a100-80g") == "dgx-a100"
     assert load_cluster("p5-h100").network.bandwidth == 50e9  # 3200 Gb/s / 8 GPUs
     assert load_cluster("p4d-a100").network.bandwidth == 6.25e9  # 400 Gb/s / 8 GPUs

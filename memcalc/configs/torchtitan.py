@@ -100,8 +100,8 @@ def read_torchtitan(path: str | os.PathLike[str], *, world_size: int | None = No
             c.used("training.enable_cpu_offload")
         else:
             c.ignore("training.enable_cpu_offload", "torchtitan offloads through FSDP only, which is off")
-    if get("training.compile") is True:  # 0.1.0: the model's blocks only
-        c.arguments["compile"], c.arguments["compile_loss"] = True, False
+    if get("training.compile") is True:  # 0.1.0: the blocks and the loss (components/loss.py build_cross_entropy_loss)
+        c.arguments["compile"], c.arguments["compile_loss"] = True, True
         c.used("training.compile")
     if get("compile.enable") is True:
         parts = get("compile.components", ["model", "loss"])  # torchtitan config/configs.py CompileConfig default

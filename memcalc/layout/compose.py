@@ -82,9 +82,10 @@ class Framework:
     """Under --compile the loss is compiled too (a compiled Hugging Face model has its loss in the graph).
     torchtune's recipes call ``training.compile_loss(loss_fn)`` and drop what it returns
     (recipes/full_finetune_single_device.py), which compiles a chunked cross-entropy in place but leaves a plain loss
-    eager. torchtitan compiles the loss when ``compile.components`` lists it (the default since 2025); its earlier
-    releases, the Dec-2024 published benchmark's included, compiled the model only: memcalc takes the model only
-    (the larger answer) unless --compile-loss or a config's ``compile.components`` says so."""
+    eager. Every torchtitan release compiles the loss with the model: v0.1.0 under ``training.compile``
+    (components/loss.py ``build_cross_entropy_loss``, since commit bbb1b616e of 2025-04-02), v0.2.0-v0.2.2 when
+    ``compile.components`` lists it, which it does by default; the commits before, the Dec-2024 published
+    benchmark's (9dec370) among them, compiled the model only (--no-compile-loss)."""
     compiles_chunked_loss: bool = True
     """The same for a chunked cross-entropy (torchtune compiles it in place; torchtitan as above)."""
     fsdp_wrap: str = "root"
@@ -108,8 +109,7 @@ class Framework:
 FRAMEWORKS: dict[str, Framework] = {
     "hf": Framework("hf", "dp-cp", True, "none", "", dtensor_tp=True),
     "torchtitan": Framework("torchtitan", "dp-cp", True, "weighted", "", model_code="torchtitan", dtensor_tp=True,
-                            fsdp_reduce_fp32=True, fsdp_in_pipeline=True, optimizer_impl="fused", fsdp_wrap="separate",
-                            compiles_plain_loss=False, compiles_chunked_loss=False),
+                            fsdp_reduce_fp32=True, fsdp_in_pipeline=True, optimizer_impl="fused", fsdp_wrap="separate"),
     "torchtune": Framework("torchtune", "dp", False, "none", "", optimizer_impl="fused", compiles_plain_loss=False,
                            fsdp_wrap="separate-reshard"),
     "megatron": Framework("megatron", "dp-cp", True, "even",

@@ -165,6 +165,29 @@ def _loss_compiled(plan: Plan) -> bool:
     return fw.compiles_plain_loss if w.loss == "standard" else fw.compiles_chunked_loss
 
 
+_LOSS_HABIT = {"torchtitan": "as torchtitan's releases do (v0.1.0 on); its commits before April 2025 left it eager: "
+                              "--no-compile-loss",
+               "torchtune": "as torchtune's recipes do: they drop what compile_loss returns, so a chunked loss is "
+                            "compiled in place and a plain one stays eager",
+               "hf": "as a compiled Hugging Face model does: its loss is in the graph"}
+
+
+def _loss_note(plan: Plan) -> str:
+    """Whether --compile covers the loss, and who said so."""
+    from memcalc.layout.compose import composition
+
+    w = plan.work
+    assert w is not None
+    on = _loss_compiled(plan)
+    what = "compiled too (inductor's fused cross-entropy: memory/saved.py loss_transient)" if on else "left eager"
+    if w.compile_loss is not None:
+        who = "--compile-loss" if w.compile_loss else "--no-compile-loss"
+    else:
+        name = composition(plan.framework).name
+        who = _LOSS_HABIT.get(name, "the default with no --framework: the loss compiled with the model")
+    return f"--compile: the loss {what} ({who})"
+
+
 HSDP = ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
 """FSDP2 on a (replicate, shard) mesh: sharded over the shard group, the reduced shards all-reduced across replicas."""
 
@@ -354,6 +377,8 @@ def notes(plan: Plan) -> list[str]:
            "at-risk when the margin left is under the widest gap measured "
            f"for a step of this size ({GAP_FRACTION * 100:.1f} % of the allocated peak, at most {GAP_HIGH / GiB:.1f} "
            "GiB) or the largest single request at the peak, oom when it is under 0.3 GiB"]
+    if w.compile and w.loss != "fused":
+        out.append(_loss_note(plan))
     if w.compile and w.recompute != "none":
         out.append(f"--compile with {w.recompute} recompute: what the policy keeps is kept, compiled or not; the layers "
                    "it recomputes and their backward are counted as the eager layer's (an upper bound: the compiled "

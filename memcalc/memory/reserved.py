@@ -51,12 +51,16 @@ def loss_events(tokens: int, vocab: int, width: int, option: str = "standard", c
     ``distributed/tensor/parallel/loss.py``): the same around ``_log_softmax``'s ``shifted`` (alive until its result
     is made) and ``exp(shifted)`` (summed and freed before), and its backward's ``zeros_like``, ``exp`` and their
     sum (``memcalc.memory.timeline_tp.parallel_loss``). compiled: inductor's fused kernels save the logits and write
-    their gradient (``saved.loss_transient``). chunked:N and fused are not replayed (no events): fused makes no
+    their gradient (``saved.loss_transient``); compiled under ``loss_parallel``, the forward's one-hot scatter and
+    the fp32 sum it saves instead. chunked:N and fused are not replayed (no events): fused makes no
     logits; a chunked loss's blocks are a chunk's size each, and what its freed chunks leave is not counted."""
     n = tokens * vocab
     d, f = width * n, 4 * n
     if option != "standard":
         return []
+    if compiled and parallel:  # the forward's scatter and its saved sum; the caller drops the logits before backward
+        return [("logits", d), ("scatter", f), ("saved", f), ("scatter", -1), ("logits", -1), ("logits gradient", d),
+                ("saved", -1)]
     if compiled:
         return [("logits", d), ("max, log-sum-exp", 8 * tokens), ("logits gradient", d), ("logits gradient", -1)]
     up = d != f  # logits.float() is a no-op on fp32 logits

@@ -316,8 +316,8 @@ class LossPeak:
     names: tuple[tuple[str, int], ...]
 
 
-def loss_transient(tokens: int, vocab: int, regime: Regime, option: str = "standard",
-                   compiled: bool = False) -> LossPeak:  # fmt: skip
+def loss_transient(tokens: int, vocab: int, regime: Regime, option: str = "standard", compiled: bool = False,
+                   parallel: bool = False) -> LossPeak:  # fmt: skip
     """The loss's logit-sized memory (DOMAIN §10): standard | chunked:N | fused.
 
     standard (bf16 logits): 2 + 4 + 4 = 10 B per logit element in forward, 2 + 4 + 4 + 4 = 14 in backward
@@ -331,11 +331,22 @@ def loss_transient(tokens: int, vocab: int, regime: Regime, option: str = "stand
     token (max, log-sum-exp), and a backward kernel that writes the logits' gradient in the compute dtype; nothing
     fp32 and logit-sized is made (the generated code of ``F.cross_entropy(logits.float(), y)`` under
     ``torch.compile``, torch 2.13: tests/test_compile.py). Chunks change nothing there: every chunk's logits are
-    saved and the backward graph writes every chunk's gradient.
+    saved and the backward graph writes every chunk's gradient. compiled and parallel (the loss compiled under
+    ``loss_parallel``, as torchtitan's releases run a compiled loss with tensor parallelism; the rank's vocabulary
+    share): the partitioner moves the fused backward's first half into the forward, which makes the one-hot scatter
+    (``zeros_like`` + ``index_put``, fp32) and ``scatter + exp(log-softmax)`` (fp32, saved in place of the logits) and
+    frees the scatter at its end; the backward kernel writes the logits' gradient in their dtype (the generated code
+    of ``cross_entropy(pred.float(), y)`` on a vocabulary-sharded DTensor under ``loss_parallel`` and
+    ``torch.compile``, torch 2.13: tests/test_compile.py). The logits are not saved: the caller's reference holds
+    them until it drops it.
     """
     d = _dtypes(regime)[0]
     n = tokens * vocab
     up = 0 if d == 4 else 4 * n  # logits.float() is a no-op on fp32 logits
+    if compiled and parallel and option == "standard":
+        parts = (("logits", d * n), ("one-hot scatter (fp32, the forward's)", 4 * n),
+                 ("softmax minus one-hot (fp32, saved)", 4 * n), ("logits gradient", d * n))
+        return LossPeak(d * n + 8 * n, 4 * n + d * n, parts)
     if compiled and option != "fused":
         parts = (("logits", d * n), ("fp32 copy", 0), ("max, log-sum-exp (fp32)", 8 * tokens),
                  ("logits gradient", d * n))

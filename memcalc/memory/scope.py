@@ -127,11 +127,11 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
     compiled = getattr(work, "compile", False)
     if tp > 1 and sequence_parallel and (ATTENTION.get(work.attention) != "sdpa" or arch.tied_embeddings
                                          or getattr(work, "loss", "standard") != "standard"
-                                         or (compiled and (work.recompute != "full" or work.compile_loss))
+                                         or (compiled and work.recompute != "full")
                                          or getattr(work, "seq_len", tp * cp) // cp % tp):  # fmt: skip
         return (f"--tp {tp} --sequence-parallel: the realistic accounting models torchtitan's sequence-parallel plan "
-                "(with loss_parallel) for untied layers, sdpa, the standard eager loss, layers eager (or compiled "
-                "under full recompute), tp dividing the rank's seq_len / cp; the paper accounting counts the rest")
+                "(with loss_parallel) for untied layers, sdpa, the standard loss (eager or compiled), layers eager (or "
+                "compiled under full recompute), tp dividing the rank's seq_len / cp; the paper accounting counts the rest")
     if tp > 1:
         why = _why_not_tp(arch, optimizer, work, tp, lora, framework, sequence_parallel)
         if why is not None:

@@ -138,9 +138,9 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
         arch = rank_arch(arch, tp, family) if not sequence_parallel else sp_rank_arch(arch, tp, family)
     # under full recompute a compiled layer keeps its checkpoint too (its recomputed backward counted as eager's)
     if sequence_parallel and (tp < 2 or family not in LLAMA_STYLE or attention != "sdpa" or s % tp or loss != "standard"
-                              or (compiled and policy.kind != "full") or loss_compiled):  # fmt: skip
+                              or (compiled and policy.kind != "full")):  # fmt: skip
         raise InputError(f"sequence_parallel is modelled for tp above 1 dividing seq_len, {', '.join(LLAMA_STYLE)} "
-                         f"layers, sdpa, the standard eager loss, layers eager or compiled under full recompute; got "
+                         f"layers, sdpa, the standard loss, layers eager or compiled under full recompute; got "
                          f"tp {tp}, {family}, {attention}, s {s}, loss {loss}, recompute {recompute}")  # fmt: skip
     sp = tp if sequence_parallel else 1
     loss_transient(1, 1, regime, loss)  # validates the loss option
@@ -324,7 +324,8 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     labels = [("labels padded (int64)", 8 * b * (s + 1)), ("shift labels (int64)", 8 * t)]
     # inductor's fused cross-entropy saves the logits instead of the fp32 log-softmax
     compiled_loss = (compiled if loss_compiled is None else loss_compiled) and loss != "fused"
-    lp = loss_transient(t, v, act, loss, compiled=compiled_loss)
+    parallel = sp > 1 and not compiled_loss  # loss_parallel run eagerly: its DTensor temporaries (timeline_tp)
+    lp = loss_transient(t, v, act, loss, compiled=compiled_loss, parallel=sp > 1)
     copy_name, saved_name, grad_name = (("fp32 logits copy", "log-softmax output (fp32)", "loss gradients (fp32)")
                                         if not compiled_loss else tuple(n for n, _ in lp.names[1:]))
     # Gemma 2's final logit softcap (``logits / cap``, ``tanh``, ``* cap``, Gemma2ForCausalLM.forward): tanh's output
@@ -332,7 +333,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     softcap = [("logit softcap tanh output", d * n if arch.logit_softcap and loss != "fused" else 0)]
     fwd_loss = after_norm + FsdpOverlay.after_layers(fs, "loss", L) + head[1:] + logits + labels + softcap
     fwd_loss += [(copy_name, _chunk(lp, 1)), (saved_name, _chunk(lp, 2)), ("loss, total weight", 8)]
-    if sp > 1:  # loss_parallel's log-softmax: shifted and exp(shifted) alive together (timeline_tp.parallel_loss)
+    if parallel:  # loss_parallel's log-softmax: shifted and exp(shifted) alive together (timeline_tp.parallel_loss)
         fwd_loss.append(("loss_parallel log-softmax temporaries (inside DTensor)", parallel_loss(n)[0]))
     moments.append(_moment("loss", "log-softmax done, logits and their fp32 copy alive", fwd_loss))
 
@@ -341,9 +342,9 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     saved_end += [] if amp or lora is not None else [("head input (the last hidden state)", d * t * h)]
     # loss_parallel's backward: its fp32 gradient (log-softmax's backward is a no-op cast), and inside DTensor
     # zeros_like, exp(x) and their sum beside the saved log-softmax (timeline_tp.parallel_loss)
-    grad_bytes = _chunk(lp, 3) // 2 + parallel_loss(n)[1] if sp > 1 else _chunk(lp, 3)
+    grad_bytes = _chunk(lp, 3) // 2 + parallel_loss(n)[1] if parallel else _chunk(lp, 3)
     saved_end += [(saved_name, _chunk(lp, 2)), ("loss and its gradient", 8)] + softcap
-    saved_end += [("logits (saved by the compiled loss)", d * n)] if compiled_loss else []
+    saved_end += [("logits (saved by the compiled loss)", d * n)] if compiled_loss and sp == 1 else []
     saved_end += FsdpOverlay.after_layers(fs, "loss-backward", L)
     loss_moment = len(moments)
     moments.append(_moment("backward", "log_softmax backward: its output gradient and its input gradient",

@@ -155,7 +155,10 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
         head[0] = (head[0][0], head[0][1] // sp)
     n_logits = t * x.vocab
     compiled_loss = (compiled if loss_compiled is None else loss_compiled) and loss != "fused"
-    lp = loss_transient(t, x.vocab, act, loss, compiled=compiled_loss)
+    lp = loss_transient(t, x.vocab, act, loss, compiled=compiled_loss, parallel=sp > 1)
+    copy_name, saved_name, grad_name = (("fp32 logits copy", "log-softmax output (fp32)", "loss gradients (fp32)")
+                                        if not compiled_loss else tuple(n for n, _ in lp.names[1:]))
+    eager_parallel = sp > 1 and not compiled_loss  # loss_parallel's DTensor temporaries (timeline_tp.parallel_loss)
     logits = ("logits (kept by fwd_cache)", 0 if loss == "fused" else d * n_logits)
     norm2 = (norm_backward(ra, family=family, regime=act, attention=attention, s=s, b=b, device=device,
                            rotary_dims=None, grad_width=g, sp=sp)
@@ -193,9 +196,8 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
             if last[c]:
                 cur = [("this micro-batch's saved tensors", full[c]), head[0]] + head[1:] + [logits]
                 lab = [("labels (int64)", 8 * t)]
-                fwd_loss = common(c, True) + cur + lab + [("fp32 logits copy", _chunk(lp, 1)),
-                                                         ("log-softmax output (fp32)", _chunk(lp, 2))]
-                if sp > 1:
+                fwd_loss = common(c, True) + cur + lab + [(copy_name, _chunk(lp, 1)), (saved_name, _chunk(lp, 2))]
+                if eager_parallel:
                     fwd_loss.append(("loss_parallel log-softmax temporaries (inside DTensor)",
                                      parallel_loss(n_logits)[0]))
                 moments.append(_moment("loss", f"micro-batch {fwd[c] - 1}: log-softmax done", fwd_loss))
@@ -203,11 +205,10 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
         # ---- backward of one micro-batch of chunk c ---------------------------------------------------------------
         m = done[c]
         if last[c]:
-            grad = _chunk(lp, 3) // 2 + parallel_loss(n_logits)[1] if sp > 1 else _chunk(lp, 3)
+            grad = _chunk(lp, 3) // 2 + parallel_loss(n_logits)[1] if eager_parallel else _chunk(lp, 3)
             moments.append(_moment("backward", f"micro-batch {m}: the loss's backward",
                                    common(c, True) + [("this micro-batch's saved tensors", full[c]), head[0]]
-                                   + head[1:] + [logits, ("log-softmax output (fp32)", _chunk(lp, 2)),
-                                                 ("loss gradients (fp32)", grad)]))
+                                   + head[1:] + [logits, (saved_name, _chunk(lp, 2)), (grad_name, grad)]))
             moments.append(_moment("backward", f"micro-batch {m}: the head's backward",
                                    common(c, True) + [("this micro-batch's saved tensors", full[c]), head[0], logits,
                                                       ("logits gradient", d * n_logits),
