@@ -117,7 +117,17 @@ def test_torchtitan_rules(tmp_path: Path) -> None:
     assert a["micro_batch"] == 2 and a["grad_accum"] == 8 and a["pp"] == 2
     r = read_torchtitan(_toml(tmp_path, "[model]\nconverters = [\"float8\"]\n[float8]\nenable_fsdp_float8_all_gather = true\n"
                                         "[training]\ncompile = true\n"), world_size=8)  # fmt: skip
-    assert any(u.startswith("float8.enable_fsdp_float8_all_gather") for u in r.unmodelled)
+    assert (r.arguments["float8"], r.arguments["float8_all_gather"]) == ("tensorwise", True) and not r.unmodelled
+    # rowwise: no fp8 all-gather (torchtitan gathers in fp8 for tensorwise only); a filter beyond the head is named
+    r8 = read_torchtitan(_toml(tmp_path, "[model]\nconverters = [\"float8\"]\n[float8]\nrecipe_name = \"rowwise\"\n"
+                                         "enable_fsdp_float8_all_gather = true\nfilter_fqns = [\"output\", \"w1\"]\n"),
+                         world_size=8)  # fmt: skip
+    assert r8.arguments["float8"] == "rowwise" and "float8_all_gather" not in r8.arguments
+    assert any(i.startswith("float8.enable_fsdp_float8_all_gather: torchtitan gathers in fp8 only") for i in r8.ignored)
+    assert any(u.startswith("float8.filter_fqns: filters beyond the head") for u in r8.unmodelled)
+    with pytest.raises(InputError, match=r"float8.recipe_name: 'fp4' is not accepted; accepted: tensorwise, rowwise"):
+        read_torchtitan(_toml(tmp_path, "[model]\nconverters = [\"float8\"]\n[float8]\nrecipe_name = \"fp4\"\n"),
+                        world_size=8)
     # v0.1.0 compiles the blocks and the loss (components/loss.py build_cross_entropy_loss)
     assert (r.arguments["compile"], r.arguments["compile_loss"]) == (True, True)
     r = read_torchtitan(_toml(tmp_path, "[activation_checkpoint]\nmode = \"selective\"\nselective_ac_option = \"1\"\n"

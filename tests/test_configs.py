@@ -100,7 +100,8 @@ def test_accelerate_no_with_several_processes_is_multi_gpu() -> None:
 def test_torchtitan_samples_read_and_estimate(path: Path) -> None:
     r = read_torchtitan(path, world_size=64)
     assert r.framework == "torchtitan" and r.arguments["gpus"] == 64
-    est = memcalc.estimate(**r.arguments, **_model_args(r.arguments))
+    gpu = {"gpu": "h100"} if r.arguments.get("float8", "none") != "none" else {}  # torchao's fp8 needs fp8 cores
+    est = memcalc.estimate(**r.arguments, **_model_args(r.arguments), **gpu)
     assert est.memory.per_gpu.total > 0
 
 
@@ -255,7 +256,13 @@ def test_torchtitan_llama3_samples() -> None:
     assert any(i.startswith("float8.enable_fsdp_float8_all_gather") for i in r.ignored)
     r = read_torchtitan(DATA / "torchtitan" / "v0.2.2_llama3_405b.toml", world_size=512)
     assert r.arguments["model"] == "llama-3-405b" and r.arguments["tp"] == 8
-    assert any(u.startswith("model.converters") for u in r.unmodelled)
+    # converters ["float8"] with enable_fsdp_float8_all_gather under FSDP: tensorwise (recipe_name unset), fp8 gathers
+    assert (r.arguments["float8"], r.arguments["float8_all_gather"]) == ("tensorwise", True)
+    assert not r.unmodelled and "quantize.linear.float8.enable_fsdp_float8_all_gather" in r.read
+    assert any(i.startswith("quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp") for i in r.ignored)
+    with pytest.raises(InputError, match="--float8 needs fp8 tensor cores, which a100-sxm-80gb lacks"):
+        memcalc.estimate(**r.arguments)
+    assert memcalc.estimate(**r.arguments, gpu="h100").accounting == "realistic"
     # [compile] enable with the default components (model and loss): both compiled
     assert (r.arguments["compile"], r.arguments["compile_loss"]) == (True, True) and "compile.enable" in r.read
     r = read_torchtitan(DATA / "torchtitan" / "v0.2.0_debug_model.toml", world_size=8)

@@ -69,6 +69,20 @@ def test_module_names_pick_what_peft_adapts(family):
         assert len(picked) == len(adapted) and all(any(a.endswith(m) for a in adapted) for m in picked), given
 
 
+def test_validation_adapters_follow_the_module_paths():
+    """The traced steps' peft adapters (memcalc.validation.lora.add_adapters): GPT-2's o alone is ``attn.c_proj``, its
+    down alone ``mlp.c_proj`` (a bare ``c_proj`` would adapt both)."""
+    pytest.importorskip("peft")
+    pytest.importorskip("transformers")
+    from memcalc.validation import lora as vl
+
+    for targets, want in ((("o",), {"attn.c_proj"}), (("down",), {"mlp.c_proj"}),
+                          (("q", "up"), {"attn.c_attn", "mlp.c_fc"})):  # fmt: skip
+        m = vl.build("gpt2", "fp32", "sdpa", LoraPlan(4, targets))
+        got = {n.split(".lora_A")[0].split(".h.")[-1].split(".", 1)[1] for n, _ in m.named_parameters() if "lora_A" in n}
+        assert got == want, (targets, got)
+
+
 def test_targets_refused_in_one_line():
     gpt2 = load_model("gpt2")
     accepted = "accepted: a comma-separated subset of q,k,v,o,up,down"

@@ -46,10 +46,10 @@ def read_torchtitan(path: str | os.PathLike[str], *, world_size: int | None = No
     flat = _flatten(data)
     releases = _check_keys(c, flat)
     get = flat.get
-    _model(c, flat, releases)
     dims = _parallel(c, flat, world_size)
     replicate, shard, tp, pp, cp = dims
     fsdp_on = shard > 1 or cp > 1
+    _model(c, flat, releases, fsdp_on)
     c.arguments["gpus"] = replicate * shard * tp * pp * cp
     # Strategy: FSDP2 over dp_shard (x cp), HSDP with dp_replicate, DDP with dp_replicate alone.
     if fsdp_on:
@@ -183,7 +183,7 @@ def _check_type(c: Collector, path: str, value: object, kind: str) -> None:
         raise c.fail(path, f"{value!r} is not accepted; accepted: {word}")
 
 
-def _model(c: Collector, flat: Mapping[str, Any], releases: tuple[str, ...]) -> None:
+def _model(c: Collector, flat: Mapping[str, Any], releases: tuple[str, ...], fsdp_on: bool) -> None:
     name, flavor = flat.get("model.name", "llama3"), flat.get("model.flavor", "debugmodel")
     for key in ("model.name", "model.flavor"):
         if key in flat:
@@ -201,15 +201,59 @@ def _model(c: Collector, flat: Mapping[str, Any], releases: tuple[str, ...]) -> 
     if "float8" in converters and "0.1.0" not in releases:
         c.note("model.converters 'float8' is v0.1's name; v0.2 registers 'quantize.linear.float8' and raises "
                "KeyError on 'float8' (read as float8 on)")  # fmt: skip
-    if float8:
-        c.unmodelled("model.converters", "float8 linears (fp8 casts saved for backward, fp8 all-gather)")
+    linear8 = any(x in ("float8", "quantize.linear.float8") for x in converters)
+    if linear8:
+        _float8(c, flat, fsdp_on)
+    if "quantize.grouped_mm.float8" in converters:
+        c.unmodelled("model.converters", "float8 grouped GEMMs of MoE experts")
     if mx:
         c.unmodelled("model.converters", "MX (microscaling) linears")
     for path in flat:
         section = path.split(".")[0]
-        if section in ("float8", "mx", "quantize"):
+        if section in ("float8", "mx", "quantize") and path not in c.mentioned():
             on = mx if ".mx." in f".{path}" else float8
             (c.unmodelled if on else c.ignore)(path, "converter setting" if on else "its converter is not in model.converters")
+
+
+def _float8(c: Collector, flat: Mapping[str, Any], fsdp_on: bool) -> None:
+    """torchao float8 linears (components/quantization/float8.py, v0.1's [float8] = v0.2's [quantize.linear.float8]):
+    ``recipe_name`` unset is tensorwise scaling (``Float8LinearConfig()``), "rowwise" and "rowwise_with_gw_hp" are
+    rowwise; the fp8 all-gather is on where FSDP shards (``dp_shard_enabled and enable_fsdp_float8_all_gather``) and
+    only for tensorwise; ``filter_fqns`` (default ``["output"]``) leaves the head in bf16, as memcalc converts the
+    decoder layers' linears only."""
+    prefix = next((p for p in ("quantize.linear.float8.", "float8.") if any(k.startswith(p) for k in flat)),
+                  "quantize.linear.float8.")
+    get = flat.get
+    recipe = get(prefix + "recipe_name") or "tensorwise"
+    if recipe not in ("tensorwise", "rowwise", "rowwise_with_gw_hp"):
+        raise c.fail(prefix + "recipe_name", f"{recipe!r} is not accepted; accepted: tensorwise, rowwise, "
+                                             "rowwise_with_gw_hp (or unset: tensorwise)")
+    c.arguments["float8"] = "tensorwise" if recipe == "tensorwise" else "rowwise"
+    if recipe == "rowwise_with_gw_hp":
+        c.unmodelled(prefix + "recipe_name", "the weight gradient's GEMM in high precision (answered as rowwise)")
+    elif prefix + "recipe_name" in flat:
+        c.used(prefix + "recipe_name")
+    gather = prefix + "enable_fsdp_float8_all_gather"
+    if get(gather) is True:
+        if fsdp_on and recipe == "tensorwise":
+            c.arguments["float8_all_gather"] = True
+            c.used(gather)
+        else:
+            c.ignore(gather, "torchtitan gathers in fp8 only for tensorwise scaling under FSDP")
+    filt = get(prefix + "filter_fqns", ["output"])
+    if prefix + "filter_fqns" in flat:
+        if set(filt) <= {"output", "lm_head"}:
+            c.used(prefix + "filter_fqns")
+        else:
+            c.unmodelled(prefix + "filter_fqns", "filters beyond the head (memcalc converts every decoder-layer linear)")
+    recompute_w = prefix + "force_recompute_fp8_weight_in_bwd"
+    if get(recompute_w) is True and not c.arguments.get("float8_all_gather"):
+        c.unmodelled(recompute_w, "the fp8 weight recast in backward instead of saved (counted saved)")
+    for key, why in (("precompute_float8_dynamic_scale_for_fsdp", "one all-reduce of the amax per step: time only"),
+                     ("emulate", "emulated fp8 matmuls hold the same casts"),
+                     ("force_recompute_fp8_weight_in_bwd", "the weights are gathered in fp8 already")):
+        if prefix + key in flat and prefix + key not in c.mentioned():
+            c.ignore(prefix + key, why)
 
 
 def _parallel(c: Collector, flat: Mapping[str, Any], world: int | None) -> tuple[int, int, int, int, int]:

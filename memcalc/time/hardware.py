@@ -134,6 +134,9 @@ class Calibration:
             if d == dtype:
                 return v
         known = [d for d, _ in self.peak_flops]
+        if dtype == "fp8":  # torchao's float8 GEMMs need fp8 tensor cores (compute capability 8.9 and up)
+            raise InputError(f"--float8 needs fp8 tensor cores, which {self.gpu} lacks (it has {', '.join(known)}); "
+                             "give a --gpu with them (h100, h200, b200) or leave --float8 out")
         raise InputError(f"{self.gpu} has no {dtype!r} tensor-core rate{did_you_mean(dtype, known)}; known: {', '.join(known)}")
 
     def gemm(self, flops: float) -> float:

@@ -25,7 +25,8 @@ def add_adapters(model, hf_config: dict, lora: LoraPlan):
     from memcalc.model.hf_config import architecture_from_config
 
     arch = architecture_from_config(hf_config)
-    modules = sorted({p.module.split(".")[-1] for p in projections(arch) if p.names[0] in lora.targets})
+    # the module paths' tails as peft matches them (``attn.c_proj`` is GPT-2's o alone, ``c_proj`` would be o and down)
+    modules = sorted({p.module for p in projections(arch) if p.names[0] in lora.targets})
     cfg = LoraConfig(r=lora.rank, lora_alpha=2 * lora.rank, target_modules=modules, lora_dropout=0.0, bias="none")
     peft_model = get_peft_model(model, cfg, autocast_adapter_dtype=False)
     model.enable_input_require_grads()
