@@ -97,9 +97,17 @@ TORCHTITAN = [
 # and the head): memcalc's torchtitan defaults otherwise, the compiled loss included.
 H200 = TITAN | dict(gpu="h200", micro_batch=2, recompute="op-sac", compile=True, float8="tensorwise",
                     float8_all_gather=True)  # fmt: skip
+# torchao's B200 benchmark (pytorch/ao torchao/prototype/mx_formats/README.md, "Training e2e benchmarks on NVIDIA
+# B200"; torchtitan docs/mxfp8.md): Llama 3 8B on 8 power-limited B200s, local batch 1, seq 8192, torch.compile (model
+# and loss at torchtitan 6fc499f, 2025-08-14), FSDP2 with the embedding and the head as units of their own (its
+# apply_fsdp), per-op SAC; "Peak Memory" as torchtitan logs it. The MX rows are not modelled.
+B200 = TITAN | dict(gpu="b200", gpus=8, micro_batch=1, recompute="op-sac", compile=True, fsdp_wrap="separate")
 TORCHTITAN_2025 = [
     ("H200, 4 nodes: FSDP 32, compile, float8", 47.96, H200 | dict(gpus=32)),
     ("H200, 8 nodes: FSDP 64, compile, float8", 46.97, H200 | dict(gpus=64)),
+    ("B200: FSDP 8, compile, bf16", 33.71, B200),
+    ("B200: + float8 tensorwise (fp8 all-gather)", 33.38, B200 | dict(float8="tensorwise", float8_all_gather=True)),
+    ("B200: + float8 rowwise", 33.72, B200 | dict(float8="rowwise")),
 ]
 
 

@@ -280,6 +280,98 @@ def test_compiled_loss_parallel_saves_one_fp32_tensor_per_logit_not_the_logits()
     assert (lp.forward, lp.backward) == (2 * n + 8 * n, 4 * n + 2 * n)
 
 
+def test_compiled_op_sac_block_keeps_the_policy_but_the_down_projection_output():
+    """torchtitan's per-op SAC policy (every second matmul's output and the attention kernel's outputs saved,
+    activation_checkpoint.py ``_get_custom_policy``) on the tiny Llama layer, compiled (``aot_eager``): the partitioner
+    saves q, v, gate, the attention output and log-sum-exp beside the block's inputs, not w2's output, which eager SAC
+    caches (memcalc.memory.timeline_layers._op_sac)."""
+    if not can_compile():
+        pytest.skip("torch.compile cannot run here")
+    from collections import defaultdict
+
+    import torch
+    from torch.utils.checkpoint import (
+        CheckpointPolicy,
+        checkpoint,
+        create_selective_checkpoint_contexts,
+    )
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import (
+        LlamaDecoderLayer,
+        LlamaRotaryEmbedding,
+    )
+
+    from memcalc.memory.timeline_layers import layer_sizes, parse_recompute
+
+    aten = torch.ops.aten
+    save = {aten.mm.default, aten._scaled_dot_product_flash_attention_for_cpu.default}
+
+    def context():
+        count = defaultdict(int)
+
+        def policy(ctx, func, *args, **kwargs):
+            key = "recompute" if ctx.is_recompute else "forward"
+            count[key] += func == aten.mm.default
+            keep = func in save and not (func == aten.mm.default and count[key] % 2 == 0)
+            return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+        return create_selective_checkpoint_contexts(policy)
+
+    cfg = LlamaConfig(**{k: v for k, v in TINY.items() if k != "model_type"}, attn_implementation="sdpa")
+    layer, rotary = LlamaDecoderLayer(cfg, 0), LlamaRotaryEmbedding(cfg)
+    s, b = 8, 2
+
+    def block(x, cos, sin):
+        out = layer(x, position_embeddings=(cos, sin), attention_mask=None)
+        return out[0] if isinstance(out, tuple) else out
+
+    fn = torch.compile(lambda x, cos, sin: checkpoint(block, x, cos, sin, use_reentrant=False, context_fn=context),
+                       backend="aot_eager", dynamic=False)
+    x = torch.randn(b, s, TINY["hidden_size"], requires_grad=True)
+    cos, sin = rotary(x, torch.arange(s)[None])
+    mine = {t.untyped_storage().data_ptr() for t in (x, cos, sin, *layer.parameters())}
+    kept: dict[int, int] = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in mine:
+            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn(x, cos, sin)
+    out.sum().backward()
+    kw = {"family": "llama", "regime": "fp32", "attention": "sdpa", "s": s, "b": b,
+          "policy": parse_recompute("op-sac"), "index": 0}
+    compiled, eager = layer_sizes(ARCH, compiled=True, **kw), layer_sizes(ARCH, **kw)
+    t, h = s * b, TINY["hidden_size"]
+    assert sum(kept.values()) == compiled.kept - 4 * t * h  # all it keeps but the block input (an input here)
+    assert eager.kept - compiled.kept == 4 * t * h  # w2's output, which eager SAC caches
+
+
+def test_torchtitan_tensor_parallel_step_with_the_compiled_loss():
+    """torchtitan's 2D layout (Llama-3-70B, FSDP 32 x TP 8 with sequence parallelism, full recompute) under --compile:
+    its releases compile the loss, which loss_parallel runs on the rank's vocabulary share n = T·V/8; the peak is the
+    compiled loss's forward (the bf16 logits, the fp32 one-hot scatter and the fp32 sum it saves), where the eager
+    loss peaks in its backward (the saved fp32 log-softmax and 12 bytes per logit of gradients and temporaries)."""
+    import memcalc
+
+    kw = {"framework": "torchtitan", "gpu": "h100-96g", "precision": "bf16-mixed", "fsdp": "FULL_SHARD",
+          "fsdp_version": 2, "attention": "flash", "model": "llama-3-70b", "seq_len": 8192, "gpus": 256, "tp": 8,
+          "sequence_parallel": True, "micro_batch": 16, "recompute": "full", "compile": True}
+    n = 16 * 8192 * 128256 // 8
+    compiled, eager = memcalc.estimate(**kw), memcalc.estimate(compile_loss=False, **kw)
+    assert compiled.accounting == eager.accounting == "realistic"
+    rows = {r.label: r.bytes for r in compiled.memory.per_gpu.rows}
+    assert compiled.memory.timeline.peak_phase == "loss"
+    assert (rows["logits"], rows["one-hot scatter (fp32, the forward's)"], rows["softmax minus one-hot (fp32, saved)"]) \
+        == (2 * n, 4 * n, 4 * n)
+    assert not any("loss_parallel" in label for label in rows)
+    rows = {r.label: r.bytes for r in eager.memory.per_gpu.rows}
+    assert (rows["log-softmax output (fp32)"], rows["loss gradients (fp32)"]) == (4 * n, 12 * n)
+    assert any("the loss compiled too" in x and "torchtitan's releases" in x for x in compiled.notes)
+    assert any("the loss left eager (--no-compile-loss)" in x for x in eager.notes)
+
+
 def test_estimate_with_compile_keeps_the_compiled_saved_set():
     import memcalc
     from memcalc.errors import InputError as Refused

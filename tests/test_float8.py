@@ -71,6 +71,9 @@ def test_bad_float8_input_is_one_line() -> None:
         (dict(model="mixtral-8x7b", float8="tensorwise"), "mixture of experts"),
         (dict(model="llama-3-8b", stage=3, gpus=8, float8="tensorwise", float8_all_gather=True), "FSDP"),
         (dict(model="llama-3-8b", fsdp="FULL_SHARD", gpus=8, float8="rowwise", float8_all_gather=True), "tensorwise"),
+        ({"model": "llama-3-8b", "fsdp": "FULL_SHARD", "gpus": 8, "float8": "tensorwise"},
+         "--float8 needs fp8 tensor cores, which a100-sxm-80gb lacks; give a --gpu with them"),
+        ({"model": "llama-3-8b", "gpu": "v100", "float8": "rowwise"}, "which v100-32gb lacks"),
     ]
     for kw, words in cases:
         with pytest.raises(InputError, match=words):

@@ -88,6 +88,12 @@ _DETAIL = (
     ("gradient accumulators", "pipelining with FSDP2: the stage's unsharded gradients in the reduce dtype, from its "
                               "first backward to perform_reduce_grad (FSDPParam.to_accumulated_grad_if_needed; "
                               "stage.py backward_maybe_with_nosync)"),
+    ("head parameters (gathered)", ("FSDP2: the final norm's and the head's unit of their own, gathered from its "
+                                    "forward to its post-backward (separate-reshard: regathered for its backward)")),
+    ("embedding parameters (gathered)", ("FSDP2: the embedding's unit of its own, gathered for its forward and "
+                                         "again for its backward")),
+    ("layers 0..", ("FSDP2 with reshard_after_forward=False (SHARD_GRAD_OP): each layer kept gathered from its "
+                    "forward to its post-backward")),
     ("parameters (gathered)", "pipelining with FSDP2: every unit of the stage kept gathered from its first forward to "
                               "perform_reduce_grad (reshard_after_forward=False, set_reshard_after_backward(False))"),
     ("micro-batches in flight", "pipelining: what the layers of each micro-batch in flight save, and its stage output "
@@ -165,10 +171,10 @@ def _loss_compiled(plan: Plan) -> bool:
     return fw.compiles_plain_loss if w.loss == "standard" else fw.compiles_chunked_loss
 
 
-_LOSS_HABIT = {"torchtitan": "as torchtitan's releases do (v0.1.0 on); its commits before April 2025 left it eager: "
-                              "--no-compile-loss",
-               "torchtune": "as torchtune's recipes do: they drop what compile_loss returns, so a chunked loss is "
-                            "compiled in place and a plain one stays eager",
+_LOSS_HABIT = {"torchtitan": ("as torchtitan's releases do (v0.1.0 on); its commits before April 2025 left it eager: "
+                               "--no-compile-loss"),
+               "torchtune": ("as torchtune's recipes do: they drop what compile_loss returns, so a chunked loss is "
+                             "compiled in place and a plain one stays eager"),
                "hf": "as a compiled Hugging Face model does: its loss is in the graph"}
 
 
@@ -380,9 +386,11 @@ def notes(plan: Plan) -> list[str]:
     if w.compile and w.loss != "fused":
         out.append(_loss_note(plan))
     if w.compile and w.recompute != "none":
-        out.append(f"--compile with {w.recompute} recompute: what the policy keeps is kept, compiled or not; the layers "
-                   "it recomputes and their backward are counted as the eager layer's (an upper bound: the compiled "
-                   "forward saves less)")
+        out.append(f"--compile with {w.recompute} recompute: what the policy keeps is kept, compiled or not"
+                   + (" (but the down projection's output, which eager SAC caches and the compiled block's backward "
+                      "does not read)" if w.recompute == "op-sac" else "")
+                   + "; the layers it recomputes and their backward are counted as the eager layer's (an upper bound: "
+                   "the compiled forward saves less)")
     if plan.spec.name in ZERO_STAGES:
         from memcalc.memory.timeline_zero import partition, worst_rank
 

@@ -335,7 +335,8 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     fwd_loss += [(copy_name, _chunk(lp, 1)), (saved_name, _chunk(lp, 2)), ("loss, total weight", 8)]
     if parallel:  # loss_parallel's log-softmax: shifted and exp(shifted) alive together (timeline_tp.parallel_loss)
         fwd_loss.append(("loss_parallel log-softmax temporaries (inside DTensor)", parallel_loss(n)[0]))
-    moments.append(_moment("loss", "log-softmax done, logits and their fp32 copy alive", fwd_loss))
+    moments.append(_moment("loss", "log-softmax done, logits and their fp32 copy alive" if not compiled_loss else
+                           "the compiled loss's forward kernels done, the logits alive", fwd_loss))
 
     # ---- start of backward: the loss's fp32 gradients ----------------------------------------------------------
     saved_end = base + bwd_shared + [("layer activations", layers_kept)] + head

@@ -85,7 +85,10 @@ def _op_sac(x, d: int, r: int, code: str = "hf") -> list[SavedTensor]:
     block's matmuls q, k, v, o, w1, w3, w2 every second output is saved (q, v, w1, w2), plus the attention
     kernel's outputs (output and fp32 log-sum-exp); everything else is recomputed from the block input. torchtitan
     0.3's own Llama fuses q, k, v into ``wqkv``: its five matmuls wqkv, wo, w1, w3, w2 keep wqkv, w1 and w2 (census:
-    ``memcalc.validation.saved_torchtitan``, selective)."""
+    ``memcalc.validation.saved_torchtitan``, selective). Eager SAC caches every MUST_SAVE output in the forward
+    (torch ``utils/checkpoint.py`` ``_CachingTorchDispatchMode``), w2's included, which no backward reads; under
+    torch.compile the policy only tags the graph and the partitioner saves what the backward needs, so a compiled
+    block keeps all but w2's output (tests/test_compile.py, the block under ``aot_eager``)."""
     t = x.t
     qkv = (SavedTensor("wqkv output", d * t * (x.qw + 2 * x.kvw)) if code == "torchtitan"
            else SavedTensor("q, v outputs", d * t * (x.qw + x.kvw)))
@@ -252,6 +255,8 @@ def layer_sizes(arch, *, family: str, regime: str, attention: str, s: int, b: in
             raise InputError(f"recompute 'op-sac' is modelled for {', '.join(LLAMA_LIKE)} with sdpa; got "
                              f"{family} with {attention}")  # fmt: skip
         keep = _op_sac(x, d, r, code)
+        if compiled:  # the partitioner saves what backward needs: not the down projection's output (_op_sac)
+            keep = [k for k in keep if not k.name.startswith("w2 (down)")]
         kept, kept_casts, rec = total(keep), 0, full
         parts = tuple((k.name, k.bytes) for k in keep)
     elif policy.kind == "selective":
