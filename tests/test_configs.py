@@ -235,7 +235,9 @@ def test_accelerate_fsdp_samples() -> None:
     assert "fsdp_config.fsdp_backward_prefetch" in r.read and not r.unmodelled
     r = read_accelerate(DATA / "accelerate" / "tp_hsdp.yaml")
     assert r.arguments == {"fsdp_version": 2, "shard_group": 2, "fsdp": "HYBRID_SHARD", "tp": 2,
-                           "precision": "bf16-mixed", "gpus": 8}  # fmt: skip
+                           "precision": "bf16-mixed", "gpus": 8, "framework": "hf"}  # fmt: skip
+    # accelerate 1.15's FSDP2 gives the embedding and [norm, head] units of their own: --framework hf's wrap
+    assert any("--fsdp-wrap separate" in n for n in r.notes)
     r = read_accelerate(DATA / "accelerate" / "nd.yaml")
     assert r.arguments["cp"] == 4 and r.arguments["fsdp"] == "FULL_SHARD"
     # FSDP2 shards over accelerate's dp_shard_cp dimension, which memcalc now models (memcalc.layout.compose).

@@ -304,6 +304,10 @@ def _fsdp(c: Collector, data: Mapping[str, Any], world: int | None, accounting: 
     if cp > 1:
         c.arguments.update(cp=cp, framework="hf")
         c.note(f"FSDP2 shards over dp_shard x cp = {shard * cp} ranks (accelerate's dp_shard_cp mesh dimension)")
+    if version == 2:  # accelerate 1.15's fsdp2_prepare_model: the embedding and [norm, head] units of their own
+        c.arguments["framework"] = "hf"
+        c.note("FSDP2 units as accelerate makes them: each decoder layer, the input embedding, and the final norm with "
+               "the output embedding (--fsdp-wrap separate; root with tied embeddings)")
     if version == 1 and "fsdp_backward_prefetch" not in fsdp:
         c.arguments["backward_prefetch"] = "none"
         c.note("fsdp_backward_prefetch is not set: accelerate's default NO_PREFETCH (each layer gathered at its own "

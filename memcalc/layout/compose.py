@@ -39,10 +39,11 @@ from memcalc.frozen import frozen
 
 FSDP_WRAPS = ("root", "separate", "separate-reshard")
 """Where FSDP2's units put the embedding and the head (every decoder layer is a unit of its own in all three):
-root: in the root, with the final norm, gathered from the forward's start to the root's post-backward (accelerate's
-transformer-based wrap; torchtitan up to v0.1.0 ``apply_fsdp``); separate: the embedding a unit resharded after its
-forward, the final norm and the head one unit kept gathered from its forward to its post-backward (torchtitan since
-July 2025, v0.2.0 on: ``fully_shard([model.norm, model.output], reshard_after_forward=False)``); separate-reshard:
+root: in the root, with the final norm, gathered from the forward's start to the root's post-backward (``fully_shard``
+per layer, then on the model; accelerate before April 2026; torchtitan up to v0.1.0 ``apply_fsdp``); separate: the
+embedding a unit resharded after its forward, the final norm and the head one unit kept gathered from its forward to
+its post-backward (torchtitan since July 2025, v0.2.0 on: ``fully_shard([model.norm, model.output],
+reshard_after_forward=False)``; accelerate 1.15's FSDP2); separate-reshard:
 the embedding and the head each a unit resharded after its forward, the final norm in the root (torchtune's
 ``custom_sharded_layers: ['tok_embeddings', 'output']``, ``training.shard_model``). A tied embedding and head share
 one weight, which FSDP2 cannot put in two units: root only."""
@@ -91,7 +92,10 @@ class Framework:
     fsdp_wrap: str = "root"
     """Where its FSDP2 units put the embedding and the head (``FSDP_WRAPS``): torchtitan's ``apply_fsdp`` since
     v0.2.0 separate; torchtune's distributed recipes with ``custom_sharded_layers: ['tok_embeddings', 'output']``
-    (recipes/configs/llama3_1/70B_full.yaml, 8B_full.yaml) separate-reshard; accelerate's transformer-based wrap root."""
+    (recipes/configs/llama3_1/70B_full.yaml, 8B_full.yaml) separate-reshard; accelerate's FSDP2 (1.15,
+    ``fsdp_utils.fsdp2_prepare_model``, its PR #4015 of April 2026) carves the embedding (resharded after forward)
+    and [final norm, head] (kept gathered) into units of their own after the decoder layers: separate (with tied
+    embeddings one [norm, embedding, head] unit kept gathered: root)."""
     main_grads_fp32: bool = False
     """Gradients accumulated and reduced in an fp32 buffer under bf16 parameters: Megatron-LM's ``--bf16`` sets
     ``accumulate_allreduce_grads_in_fp32`` unless ``--grad-reduce-in-bf16`` (megatron/training/arguments.py), and its
@@ -107,7 +111,7 @@ class Framework:
 
 
 FRAMEWORKS: dict[str, Framework] = {
-    "hf": Framework("hf", "dp-cp", True, "none", "", dtensor_tp=True),
+    "hf": Framework("hf", "dp-cp", True, "none", "", dtensor_tp=True, fsdp_wrap="separate"),
     "torchtitan": Framework("torchtitan", "dp-cp", True, "weighted", "", model_code="torchtitan", dtensor_tp=True,
                             fsdp_reduce_fp32=True, fsdp_in_pipeline=True, optimizer_impl="fused", fsdp_wrap="separate"),
     "torchtune": Framework("torchtune", "dp", False, "none", "", optimizer_impl="fused", compiles_plain_loss=False,
