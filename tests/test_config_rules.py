@@ -118,13 +118,21 @@ def test_torchtitan_rules(tmp_path: Path) -> None:
     r = read_torchtitan(_toml(tmp_path, "[model]\nconverters = [\"float8\"]\n[float8]\nenable_fsdp_float8_all_gather = true\n"
                                         "[training]\ncompile = true\n"), world_size=8)  # fmt: skip
     assert (r.arguments["float8"], r.arguments["float8_all_gather"]) == ("tensorwise", True) and not r.unmodelled
-    # rowwise: no fp8 all-gather (torchtitan gathers in fp8 for tensorwise only); a filter beyond the head is named
+    # a recipe_name: no fp8 all-gather (torchtitan asserts the two are not combined); a filter beyond the head is named
     r8 = read_torchtitan(_toml(tmp_path, "[model]\nconverters = [\"float8\"]\n[float8]\nrecipe_name = \"rowwise\"\n"
-                                         "enable_fsdp_float8_all_gather = true\nfilter_fqns = [\"output\", \"w1\"]\n"),
-                         world_size=8)  # fmt: skip
+                                         "filter_fqns = [\"output\", \"w1\"]\n"), world_size=8)  # fmt: skip
     assert r8.arguments["float8"] == "rowwise" and "float8_all_gather" not in r8.arguments
-    assert any(i.startswith("float8.enable_fsdp_float8_all_gather: torchtitan gathers in fp8 only") for i in r8.ignored)
     assert any(u.startswith("float8.filter_fqns: filters beyond the head") for u in r8.unmodelled)
+    with pytest.raises(InputError, match=r"float8.enable_fsdp_float8_all_gather: true with recipe_name 'rowwise': "
+                                         r"torchtitan asserts they are not combined"):  # fmt: skip
+        read_torchtitan(_toml(tmp_path, "[model]\nconverters = [\"float8\"]\n[float8]\nrecipe_name = \"rowwise\"\n"
+                                        "enable_fsdp_float8_all_gather = true\n"), world_size=8)  # fmt: skip
+    # no dp_shard (DDP over 8): the fp8 all-gather is off, as torchtitan's dp_shard_enabled says
+    r8 = read_torchtitan(_toml(tmp_path, "[model]\nconverters = [\"float8\"]\n[float8]\nenable_fsdp_float8_all_gather = true\n"
+                                         "[parallelism]\ndata_parallel_replicate_degree = 8\ndata_parallel_shard_degree = 1\n"),
+                         world_size=8)  # fmt: skip
+    assert "float8_all_gather" not in r8.arguments
+    assert any(i.startswith("float8.enable_fsdp_float8_all_gather: torchtitan gathers in fp8 only") for i in r8.ignored)
     with pytest.raises(InputError, match=r"float8.recipe_name: 'fp4' is not accepted; accepted: tensorwise, rowwise"):
         read_torchtitan(_toml(tmp_path, "[model]\nconverters = [\"float8\"]\n[float8]\nrecipe_name = \"fp4\"\n"),
                         world_size=8)

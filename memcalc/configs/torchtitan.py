@@ -49,7 +49,7 @@ def read_torchtitan(path: str | os.PathLike[str], *, world_size: int | None = No
     dims = _parallel(c, flat, world_size)
     replicate, shard, tp, pp, cp = dims
     fsdp_on = shard > 1 or cp > 1
-    _model(c, flat, releases, fsdp_on)
+    _model(c, flat, releases, shard > 1)
     c.arguments["gpus"] = replicate * shard * tp * pp * cp
     # Strategy: FSDP2 over dp_shard (x cp), HSDP with dp_replicate, DDP with dp_replicate alone.
     if fsdp_on:
@@ -183,7 +183,7 @@ def _check_type(c: Collector, path: str, value: object, kind: str) -> None:
         raise c.fail(path, f"{value!r} is not accepted; accepted: {word}")
 
 
-def _model(c: Collector, flat: Mapping[str, Any], releases: tuple[str, ...], fsdp_on: bool) -> None:
+def _model(c: Collector, flat: Mapping[str, Any], releases: tuple[str, ...], dp_shard: bool) -> None:
     name, flavor = flat.get("model.name", "llama3"), flat.get("model.flavor", "debugmodel")
     for key in ("model.name", "model.flavor"):
         if key in flat:
@@ -203,7 +203,7 @@ def _model(c: Collector, flat: Mapping[str, Any], releases: tuple[str, ...], fsd
                "KeyError on 'float8' (read as float8 on)")  # fmt: skip
     linear8 = any(x in ("float8", "quantize.linear.float8") for x in converters)
     if linear8:
-        _float8(c, flat, fsdp_on)
+        _float8(c, flat, dp_shard)
     if "quantize.grouped_mm.float8" in converters:
         c.unmodelled("model.converters", "float8 grouped GEMMs of MoE experts")
     if mx:
@@ -215,31 +215,37 @@ def _model(c: Collector, flat: Mapping[str, Any], releases: tuple[str, ...], fsd
             (c.unmodelled if on else c.ignore)(path, "converter setting" if on else "its converter is not in model.converters")
 
 
-def _float8(c: Collector, flat: Mapping[str, Any], fsdp_on: bool) -> None:
+def _float8(c: Collector, flat: Mapping[str, Any], dp_shard: bool) -> None:
     """torchao float8 linears (components/quantization/float8.py, v0.1's [float8] = v0.2's [quantize.linear.float8]):
-    ``recipe_name`` unset is tensorwise scaling (``Float8LinearConfig()``), "rowwise" and "rowwise_with_gw_hp" are
-    rowwise; the fp8 all-gather is on where FSDP shards (``dp_shard_enabled and enable_fsdp_float8_all_gather``) and
-    only for tensorwise; ``filter_fqns`` (default ``["output"]``) leaves the head in bf16, as memcalc converts the
+    ``recipe_name`` unset is tensorwise scaling (``Float8LinearConfig()``), with the fp8 all-gather where
+    ``dp_shard_enabled and enable_fsdp_float8_all_gather``; a ``recipe_name`` ("tensorwise", "rowwise",
+    "rowwise_with_gw_hp") is ``Float8LinearConfig.from_recipe_name``, which torchtitan asserts is not combined with
+    the fp8 all-gather; ``filter_fqns`` (default ``["output"]``) leaves the head in bf16, as memcalc converts the
     decoder layers' linears only."""
     prefix = next((p for p in ("quantize.linear.float8.", "float8.") if any(k.startswith(p) for k in flat)),
                   "quantize.linear.float8.")
     get = flat.get
-    recipe = get(prefix + "recipe_name") or "tensorwise"
+    named = get(prefix + "recipe_name")
+    recipe = named or "tensorwise"
     if recipe not in ("tensorwise", "rowwise", "rowwise_with_gw_hp"):
         raise c.fail(prefix + "recipe_name", f"{recipe!r} is not accepted; accepted: tensorwise, rowwise, "
                                              "rowwise_with_gw_hp (or unset: tensorwise)")
+    gather = prefix + "enable_fsdp_float8_all_gather"
+    if named and get(gather) is True:
+        raise c.fail(gather, f"true with recipe_name {named!r}: torchtitan asserts they are not combined; accepted: "
+                             "recipe_name unset (tensorwise) with the fp8 all-gather, or enable_fsdp_float8_all_gather "
+                             "false")  # fmt: skip
     c.arguments["float8"] = "tensorwise" if recipe == "tensorwise" else "rowwise"
     if recipe == "rowwise_with_gw_hp":
         c.unmodelled(prefix + "recipe_name", "the weight gradient's GEMM in high precision (answered as rowwise)")
-    elif prefix + "recipe_name" in flat:
+    elif named:
         c.used(prefix + "recipe_name")
-    gather = prefix + "enable_fsdp_float8_all_gather"
     if get(gather) is True:
-        if fsdp_on and recipe == "tensorwise":
+        if dp_shard:
             c.arguments["float8_all_gather"] = True
             c.used(gather)
         else:
-            c.ignore(gather, "torchtitan gathers in fp8 only for tensorwise scaling under FSDP")
+            c.ignore(gather, "torchtitan gathers in fp8 only where dp_shard shards (dp_shard_enabled)")
     filt = get(prefix + "filter_fqns", ["output"])
     if prefix + "filter_fqns" in flat:
         if set(filt) <= {"output", "lm_head"}:
