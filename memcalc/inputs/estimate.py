@@ -18,12 +18,6 @@ MAX_MICRO_BATCHES = 2**20
 """1,048,576 sequences in a micro-batch, or micro-batches in a step: 680x GPT-3's whole batch (3.2M tokens = 1,536
 sequences of 2,048, arXiv 2005.14165 Table 2.1)."""
 
-NO_FP8 = ("v100-16gb", "v100-32gb", "a10", "a100-pcie-40gb", "a100-pcie-80gb", "a100-sxm-40gb", "a100-sxm-80gb",
-          "mi250x")
-"""Shipped GPUs without fp8 tensor cores: torchao's float8 matmuls (``torch._scaled_mm``) need NVIDIA compute
-capability 8.9 or more (Ada, Hopper, Blackwell) or AMD's CDNA 3; Volta, Ampere and CDNA 2 have none. A GPU file of
-your own is taken at its word."""
-
 
 @record
 class Workload(Record):
@@ -251,7 +245,7 @@ class EstimateInput(Record):
             raise InputError(f"--float8-all-gather needs --float8 tensorwise and FSDP parameter sharding (--fsdp "
                              f"FULL_SHARD, SHARD_GRAD_OP or HYBRID_SHARD); got --float8 {self.float8} with "
                              f"{self.strategy.spec.label}")
-        if self.gpu.key in NO_FP8:
+        if not self.gpu.fp8:  # GPU.fp8: no fp8 tensor cores for torchao's float8 matmuls
             raise InputError(f"--float8 needs fp8 tensor cores, which {self.gpu.key} lacks; give a --gpu with them "
                              "(h100, h200, b200, l40s, l4, rtx-4090, mi300x) or leave --float8 out")
 

@@ -39,6 +39,10 @@ class GPU(Record):
     """Peak dense FP16 tensor throughput, TFLOPS."""
     fp32_tflops: float = bounded(ge=0, le=MAX_DATASHEET)
     """Peak FP32 throughput (non-tensor), TFLOPS."""
+    fp8: bool = True
+    """Whether it has fp8 tensor cores, which torchao's float8 matmuls (``torch._scaled_mm``) need: NVIDIA compute
+    capability 8.9 and up (Ada, Hopper, Blackwell) and AMD CDNA 3; ``false`` in the Volta, Ampere and CDNA 2 files.
+    A file that leaves it out is taken at its word for ``--float8``."""
     intra_node_link: str
     """The GPU-to-GPU link inside a node (``nvlink4``, ``pcie4``, ``infinity-fabric``)."""
     intra_node_gbps: float = bounded(gt=0, le=MAX_DATASHEET)

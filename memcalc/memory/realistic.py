@@ -190,7 +190,7 @@ def _loss_note(plan: Plan) -> str:
         who = "--compile-loss" if w.compile_loss else "--no-compile-loss"
     else:
         name = composition(plan.framework).name
-        who = _LOSS_HABIT.get(name, "the default with no --framework: the loss compiled with the model")
+        who = _LOSS_HABIT.get(name, "the default: a compiled model with its loss in the graph")
     return f"--compile: the loss {what} ({who})"
 
 

@@ -316,6 +316,16 @@ class LossPeak:
     names: tuple[tuple[str, int], ...]
 
 
+def parallel_loss(n: int) -> tuple[int, int]:
+    """What ``loss_parallel``'s cross-entropy holds inside one DTensor op beyond the op's output, on rank 0's
+    n = T·V/t logits (torch ``distributed/tensor/parallel/loss.py``): forward ``_log_softmax`` keeps ``shifted = x -
+    max`` and ``exp(shifted)`` alive together (8n where its output is 4n: 4n more); backward
+    ``_nll_loss_and_log_softmax_backward`` keeps ``zeros_like(x)``, ``exp(x)`` and their sum (12n where its output
+    is 4n: 8n more). They run inside DTensor's dispatch, below the tracer's ``TorchDispatchMode`` (which sees each
+    op's outputs only), so a traced step lacks exactly these bytes. Returns (forward, backward)."""
+    return 4 * n, 8 * n
+
+
 def loss_transient(tokens: int, vocab: int, regime: Regime, option: str = "standard", compiled: bool = False,
                    parallel: bool = False) -> LossPeak:  # fmt: skip
     """The loss's logit-sized memory (DOMAIN §10): standard | chunked:N | fused.
@@ -338,7 +348,10 @@ def loss_transient(tokens: int, vocab: int, regime: Regime, option: str = "stand
     frees the scatter at its end; the backward kernel writes the logits' gradient in their dtype (the generated code
     of ``cross_entropy(pred.float(), y)`` on a vocabulary-sharded DTensor under ``loss_parallel`` and
     ``torch.compile``, torch 2.13: tests/test_compile.py). The logits are not saved: the caller's reference holds
-    them until it drops it.
+    them until it drops it. parallel, eager (standard): the temporaries ``loss_parallel`` holds inside DTensor's ops
+    (``parallel_loss``): the forward's beside the log-softmax as a fifth part, the backward's in the gradients part
+    (its gradient, one fp32 tensor since log-softmax's backward is a no-op cast, with ``zeros_like(x)``, ``exp(x)``
+    and their sum).
     """
     d = _dtypes(regime)[0]
     n = tokens * vocab
@@ -351,6 +364,12 @@ def loss_transient(tokens: int, vocab: int, regime: Regime, option: str = "stand
         parts = (("logits", d * n), ("fp32 copy", 0), ("max, log-sum-exp (fp32)", 8 * tokens),
                  ("logits gradient", d * n))
         return LossPeak(d * n + 8 * tokens, d * n + 8 * tokens + d * n, parts)
+    if option == "standard" and parallel:
+        inside_fwd, inside_bwd = parallel_loss(n)
+        parts = (("logits", d * n), ("fp32 copy", up), ("log-softmax output (fp32)", 4 * n),
+                 ("gradient (fp32) and DTensor's backward temporaries", 4 * n + inside_bwd),
+                 ("loss_parallel log-softmax temporaries (inside DTensor)", inside_fwd))
+        return LossPeak(d * n + up + 4 * n + inside_fwd, d * n + 4 * n + 4 * n + inside_bwd, parts)
     if option == "standard":
         parts = (("logits", d * n), ("fp32 copy", up), ("log-softmax output (fp32)", 4 * n),
                  ("gradients (fp32, x2)", 8 * n))

@@ -22,7 +22,7 @@ from memcalc.memory.saved import (FAMILIES, LAYER_NORM_FAMILIES, LLAMA_STYLE, OT
 from memcalc.memory.saved_gemma import GEMMAS, rope_types, sliding_sdpa_masked
 from memcalc.memory.timeline_layers import checkpointed, layer_sizes, parse_recompute
 from memcalc.memory.timeline_states import FsdpOverlay, lora_states, param_tensors, states
-from memcalc.memory.timeline_tp import (norm_backward, parallel_loss, rank_arch, reduce_scatter, rmsnorm_backward,
+from memcalc.memory.timeline_tp import (norm_backward, rank_arch, reduce_scatter, rmsnorm_backward,
                                        row_parallel_reduce, sp_rank_arch, step_temporary)
 from memcalc.model.architecture import Architecture
 
@@ -324,26 +324,22 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     labels = [("labels padded (int64)", 8 * b * (s + 1)), ("shift labels (int64)", 8 * t)]
     # inductor's fused cross-entropy saves the logits instead of the fp32 log-softmax
     compiled_loss = (compiled if loss_compiled is None else loss_compiled) and loss != "fused"
-    parallel = sp > 1 and not compiled_loss  # loss_parallel run eagerly: its DTensor temporaries (timeline_tp)
     lp = loss_transient(t, v, act, loss, compiled=compiled_loss, parallel=sp > 1)
-    copy_name, saved_name, grad_name = (("fp32 logits copy", "log-softmax output (fp32)", "loss gradients (fp32)")
-                                        if not compiled_loss else tuple(n for n, _ in lp.names[1:]))
+    copy_name, saved_name, grad_name = loss_rows(lp, compiled_loss)
     # Gemma 2's final logit softcap (``logits / cap``, ``tanh``, ``* cap``, Gemma2ForCausalLM.forward): tanh's output
     # (d·T·V) is saved until the backward reaches it; the capped logits are the loss's input
     softcap = [("logit softcap tanh output", d * n if arch.logit_softcap and loss != "fused" else 0)]
     fwd_loss = after_norm + FsdpOverlay.after_layers(fs, "loss", L) + head[1:] + logits + labels + softcap
     fwd_loss += [(copy_name, _chunk(lp, 1)), (saved_name, _chunk(lp, 2)), ("loss, total weight", 8)]
-    if parallel:  # loss_parallel's log-softmax: shifted and exp(shifted) alive together (timeline_tp.parallel_loss)
-        fwd_loss.append(("loss_parallel log-softmax temporaries (inside DTensor)", parallel_loss(n)[0]))
+    fwd_loss += list(lp.names[4:])  # eager loss_parallel: shifted and exp(shifted) alive together inside DTensor
     moments.append(_moment("loss", "log-softmax done, logits and their fp32 copy alive" if not compiled_loss else
                            "the compiled loss's forward kernels done, the logits alive", fwd_loss))
 
     # ---- start of backward: the loss's fp32 gradients ----------------------------------------------------------
     saved_end = base + bwd_shared + [("layer activations", layers_kept)] + head
     saved_end += [] if amp or lora is not None else [("head input (the last hidden state)", d * t * h)]
-    # loss_parallel's backward: its fp32 gradient (log-softmax's backward is a no-op cast), and inside DTensor
-    # zeros_like, exp(x) and their sum beside the saved log-softmax (timeline_tp.parallel_loss)
-    grad_bytes = _chunk(lp, 3) // 2 + parallel_loss(n)[1] if parallel else _chunk(lp, 3)
+    # eager loss_parallel: its fp32 gradient and, inside DTensor, zeros_like, exp(x) and their sum (saved.parallel_loss)
+    grad_bytes = _chunk(lp, 3)
     saved_end += [(saved_name, _chunk(lp, 2)), ("loss and its gradient", 8)] + softcap
     saved_end += [("logits (saved by the compiled loss)", d * n)] if compiled_loss and sp == 1 else []
     saved_end += FsdpOverlay.after_layers(fs, "loss-backward", L)
@@ -466,6 +462,14 @@ def _mask_kinds(arch: Architecture) -> int:
     """Eager 4-D masks the model builds: Gemma 2 and 3 one causal and one sliding-window mask when both kinds of layer
     are present (``create_causal_mask``, ``create_sliding_window_causal_mask``), the others one."""
     return 2 if arch.sliding_layers and len(arch.sliding_layers) < arch.layers else 1
+
+
+def loss_rows(lp, compiled_loss: bool) -> tuple[str, str, str]:
+    """The timeline's names for the loss's parts 1-3 (``saved.loss_transient``): the eager loss's rows keep their
+    names (fp32 copy, saved log-softmax, fp32 gradients), a compiled loss's are its own parts'."""
+    if compiled_loss:
+        return lp.names[1][0], lp.names[2][0], lp.names[3][0]
+    return "fp32 logits copy", "log-softmax output (fp32)", "loss gradients (fp32)"
 
 
 def _chunk(lp, index: int) -> int:

@@ -80,7 +80,7 @@ class LayerSizes:
     it)."""
 
 
-def _op_sac(x, d: int, r: int, code: str = "hf") -> list[SavedTensor]:
+def _op_sac(x, d: int, r: int, code: str = "hf", compiled: bool = False) -> list[SavedTensor]:
     """torchtitan per-op SAC (torchtitan/distributed/activation_checkpoint.py ``_get_custom_policy``): of the
     block's matmuls q, k, v, o, w1, w3, w2 every second output is saved (q, v, w1, w2), plus the attention
     kernel's outputs (output and fp32 log-sum-exp); everything else is recomputed from the block input. torchtitan
@@ -92,9 +92,9 @@ def _op_sac(x, d: int, r: int, code: str = "hf") -> list[SavedTensor]:
     t = x.t
     qkv = (SavedTensor("wqkv output", d * t * (x.qw + 2 * x.kvw)) if code == "torchtitan"
            else SavedTensor("q, v outputs", d * t * (x.qw + x.kvw)))
-    return [SavedTensor("block input (checkpoint)", r * t * x.h), qkv,
-            SavedTensor("w1 (gate) output", d * t * x.ffn), SavedTensor("w2 (down) output", d * t * x.h),
-            SavedTensor("attention output", d * t * x.qw), SavedTensor("log-sum-exp (fp32)", 4 * x.heads * t)]  # fmt: skip
+    w2 = [] if compiled else [SavedTensor("w2 (down) output", d * t * x.h)]
+    return [SavedTensor("block input (checkpoint)", r * t * x.h), qkv, SavedTensor("w1 (gate) output", d * t * x.ffn),
+            *w2, SavedTensor("attention output", d * t * x.qw), SavedTensor("log-sum-exp (fp32)", 4 * x.heads * t)]
 
 
 def _selective_drop(saved: list[SavedTensor]) -> int:
@@ -254,9 +254,7 @@ def layer_sizes(arch, *, family: str, regime: str, attention: str, s: int, b: in
         if family not in LLAMA_LIKE or attention != "sdpa":
             raise InputError(f"recompute 'op-sac' is modelled for {', '.join(LLAMA_LIKE)} with sdpa; got "
                              f"{family} with {attention}")  # fmt: skip
-        keep = _op_sac(x, d, r, code)
-        if compiled:  # the partitioner saves what backward needs: not the down projection's output (_op_sac)
-            keep = [k for k in keep if not k.name.startswith("w2 (down)")]
+        keep = _op_sac(x, d, r, code, compiled)
         kept, kept_casts, rec = total(keep), 0, full
         parts = tuple((k.name, k.bytes) for k in keep)
     elif policy.kind == "selective":

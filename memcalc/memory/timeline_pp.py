@@ -31,10 +31,10 @@ from __future__ import annotations
 from memcalc.errors import InputError
 from memcalc.memory.pipeline import interleaved_ops, receive_buffers
 from memcalc.memory.saved import LLAMA_STYLE, loss_transient, shape
-from memcalc.memory.timeline import CUBLAS_WORKSPACE, Moment, Timeline, _chunk, _head, _moment
+from memcalc.memory.timeline import CUBLAS_WORKSPACE, Moment, Timeline, _chunk, _head, _moment, loss_rows
 from memcalc.memory.timeline_layers import checkpointed, layer_sizes, parse_recompute
 from memcalc.memory.timeline_states import fp8_gathered, param_tensors, shard_elements, shard_states
-from memcalc.memory.timeline_tp import norm_backward, parallel_loss, rank_arch, sp_rank_arch
+from memcalc.memory.timeline_tp import norm_backward, rank_arch, sp_rank_arch
 
 
 def one_f_one_b(rank: int, pp: int, n: int) -> list[tuple[bool, int]]:
@@ -156,9 +156,7 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
     n_logits = t * x.vocab
     compiled_loss = (compiled if loss_compiled is None else loss_compiled) and loss != "fused"
     lp = loss_transient(t, x.vocab, act, loss, compiled=compiled_loss, parallel=sp > 1)
-    copy_name, saved_name, grad_name = (("fp32 logits copy", "log-softmax output (fp32)", "loss gradients (fp32)")
-                                        if not compiled_loss else tuple(n for n, _ in lp.names[1:]))
-    eager_parallel = sp > 1 and not compiled_loss  # loss_parallel's DTensor temporaries (timeline_tp.parallel_loss)
+    copy_name, saved_name, grad_name = loss_rows(lp, compiled_loss)
     logits = ("logits (kept by fwd_cache)", 0 if loss == "fused" else d * n_logits)
     norm2 = (norm_backward(ra, family=family, regime=act, attention=attention, s=s, b=b, device=device,
                            rotary_dims=None, grad_width=g, sp=sp)
@@ -197,15 +195,13 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
                 cur = [("this micro-batch's saved tensors", full[c]), head[0]] + head[1:] + [logits]
                 lab = [("labels (int64)", 8 * t)]
                 fwd_loss = common(c, True) + cur + lab + [(copy_name, _chunk(lp, 1)), (saved_name, _chunk(lp, 2))]
-                if eager_parallel:
-                    fwd_loss.append(("loss_parallel log-softmax temporaries (inside DTensor)",
-                                     parallel_loss(n_logits)[0]))
+                fwd_loss += list(lp.names[4:])  # eager loss_parallel's temporaries inside DTensor
                 moments.append(_moment("loss", f"micro-batch {fwd[c] - 1}: log-softmax done", fwd_loss))
             continue
         # ---- backward of one micro-batch of chunk c ---------------------------------------------------------------
         m = done[c]
         if last[c]:
-            grad = _chunk(lp, 3) // 2 + parallel_loss(n_logits)[1] if eager_parallel else _chunk(lp, 3)
+            grad = _chunk(lp, 3)
             moments.append(_moment("backward", f"micro-batch {m}: the loss's backward",
                                    common(c, True) + [("this micro-batch's saved tensors", full[c]), head[0]]
                                    + head[1:] + [logits, (saved_name, _chunk(lp, 2)), (grad_name, grad)]))

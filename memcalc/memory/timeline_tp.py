@@ -40,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 
 from memcalc.errors import InputError
-from memcalc.memory.saved import LLAMA_LIKE, layer_saved
+from memcalc.memory.saved import LLAMA_LIKE, layer_saved, parallel_loss
 from memcalc.memory.timeline_states import param_tensors
 from memcalc.model.architecture import Architecture
 
@@ -163,16 +163,6 @@ def reduce_scatter(d: int, r: int, t: int, h: int, sp: int, amp: bool) -> list[t
     if amp:
         out.append(("MLP input (all-gathered, fp32)", r * t * h))
     return out
-
-
-def parallel_loss(n: int) -> tuple[int, int]:
-    """What ``loss_parallel``'s cross-entropy holds inside one DTensor op beyond the op's output, on rank 0's
-    n = T·V/t logits (torch ``distributed/tensor/parallel/loss.py``): forward ``_log_softmax`` keeps ``shifted = x -
-    max`` and ``exp(shifted)`` alive together (8n where its output is 4n: 4n more); backward
-    ``_nll_loss_and_log_softmax_backward`` keeps ``zeros_like(x)``, ``exp(x)`` and their sum (12n where its output
-    is 4n: 8n more). They run inside DTensor's dispatch, below the tracer's ``TorchDispatchMode`` (which sees each
-    op's outputs only), so a traced step lacks exactly these bytes. Returns (forward, backward)."""
-    return 4 * n, 8 * n
 
 
 __all__ = ["TP_FAMILIES", "norm_backward", "rank_arch", "rmsnorm_backward", "row_parallel_reduce",
