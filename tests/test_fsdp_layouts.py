@@ -449,34 +449,44 @@ def test_estimates_answer_fsdp1_cpu_offload():
 
 
 ALL = ("q", "k", "v", "o", "gate", "up", "down")
-LORA_FSDP = [  # (config, ranks, precision, MixedPrecisionPolicy param dtype, targets, optimizer, recompute, bound)
-    ("l4", 4, "fp32", None, ("q", "v"), "fused", "none", 0.03),
-    ("l4", 4, "amp-bf16", "bf16", ("q", "v"), "fused", "none", 0.03),
-    ("l4", 8, "amp-bf16", "bf16", ("q", "k", "v", "o"), "foreach", "none", 0.03),
-    ("l4", 4, "bf16", None, ALL, "fused", "none", 0.03),
-    ("bigvocab", 4, "amp-bf16", "bf16", ("q", "v"), "fused", "none", 0.03),
-    ("qwen3", 4, "fp32", None, ("q", "v"), "foreach", "none", 0.03),
-    ("l4", 4, "amp-bf16", "bf16", ("q", "v"), "fused", "full", 0.03),
-    ("l4", 4, "fp32", None, ALL, "fused", "full", 0.06),
+LORA_FSDP = [  # (config, ranks, precision, MixedPrecisionPolicy param dtype, targets, optimizer, recompute, bound,
+    # --fsdp-wrap)
+    ("l4", 4, "fp32", None, ("q", "v"), "fused", "none", 0.03, "root"),
+    ("l4", 4, "amp-bf16", "bf16", ("q", "v"), "fused", "none", 0.03, "root"),
+    ("l4", 8, "amp-bf16", "bf16", ("q", "k", "v", "o"), "foreach", "none", 0.03, "root"),
+    ("l4", 4, "bf16", None, ALL, "fused", "none", 0.03, "root"),
+    ("bigvocab", 4, "amp-bf16", "bf16", ("q", "v"), "fused", "none", 0.03, "root"),
+    ("qwen3", 4, "fp32", None, ("q", "v"), "foreach", "none", 0.03, "root"),
+    ("l4", 4, "amp-bf16", "bf16", ("q", "v"), "fused", "full", 0.03, "root"),
+    ("l4", 4, "fp32", None, ALL, "fused", "full", 0.06, "root"),
+    # accelerate 1.15's FSDP2 units: the embedding and [final norm, head] carved out, frozen (no gradient, no
+    # reduce-scatter); the head's pre-backward prefetches the last layer beside the frozen norm's backward
+    ("l4", 4, "fp32", None, ("q", "v"), "fused", "none", 0.03, "separate"),
+    ("l4", 4, "amp-bf16", "bf16", ("q", "v"), "fused", "none", 0.03, "separate"),
+    ("bigvocab", 4, "amp-bf16", "bf16", ("q", "v"), "fused", "none", 0.03, "separate"),
+    ("l4", 4, "bf16", None, ALL, "fused", "none", 0.03, "separate"),
+    ("l4", 4, "amp-bf16", "bf16", ("q", "v"), "fused", "full", 0.03, "separate"),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("name,world,precision,mp,targets,opt,recompute,bound", LORA_FSDP)
-def test_lora_under_fsdp2_against_a_traced_peft_step(name, world, precision, mp, targets, opt, recompute, bound):
+@pytest.mark.parametrize("name,world,precision,mp,targets,opt,recompute,bound,wrap", LORA_FSDP)
+def test_lora_under_fsdp2_against_a_traced_peft_step(name, world, precision, mp, targets, opt, recompute, bound, wrap):
     """peft LoRA under FSDP2 FULL_SHARD (accelerate's FSDP2 plugin), traced as rank 0 on real tensors: every parameter
     sharded and gathered, frozen base and adapters alike; the adapters' gradients reduce-scattered and AdamW's state
     theirs alone. The states (baseline, optimizer, zero_grad) are exact, and without recompute the loss and the head
     too. The layers' backward
     counts the full model's MLP-gradient transient, as on one GPU (``memcalc.memory.timeline_layers``: an upper
     bound), which under FSDP is where the step peaks: the peak is within 3 % above the trace (5.1 % in fp32 with
-    every projection adapted and full recompute), never below it."""
+    every projection adapted and full recompute), never below it. The same with the embedding and [final norm,
+    head] in units of their own (``wrap`` separate, accelerate 1.15's ``fsdp2_prepare_model``): the final norm's and
+    the head's backward exact too."""
     pytest.importorskip("peft")
     from memcalc.model.lora import LoraPlan
     from memcalc.validation.lora import trace_lora_step
 
     cfg, lp = CONFIGS[name], LoraPlan(8, targets)
     tr = trace_lora_step(cfg, lp, seq_len=S, micro_batch=B, precision=precision, optimizer_impl=opt, fake=False,
-                         world=world, fsdp_param_dtype=mp, recompute=recompute)  # fmt: skip
+                         world=world, fsdp_param_dtype=mp, recompute=recompute, fsdp_wrap=wrap)  # fmt: skip
     # one GPU computing as the gathered layers do: pure bf16 under the bf16 MixedPrecisionPolicy
     alike = "bf16" if mp else precision
     one = trace_lora_step(cfg, lp, seq_len=S, micro_batch=B, precision=alike, optimizer_impl=opt, fake=False,
@@ -484,7 +494,7 @@ def test_lora_under_fsdp2_against_a_traced_peft_step(name, world, precision, mp,
     arch = architecture_from_config(cfg)
     kw = dict(family=cfg["model_type"], attention="sdpa", s=S, b=B, optimizer_impl=opt, lora=lp, recompute=recompute,
               cache_promotes_values=cache_promotes_values())
-    tl = timeline(arch, regime=precision, world=world, fsdp=True, fsdp_param_dtype=mp, **kw)
+    tl = timeline(arch, regime=precision, world=world, fsdp=True, fsdp_param_dtype=mp, fsdp_wrap=wrap, **kw)
     alone = timeline(arch, regime=alike, **kw)
     exact_phases = ("baseline", "input", "optimizer", "zero_grad")  # the states
     for phase in exact_phases + (("forward.head", "loss", "backward") if recompute == "none" else ()):
@@ -495,6 +505,34 @@ def test_lora_under_fsdp2_against_a_traced_peft_step(name, world, precision, mp,
         assert tl.phase_peaks[phase] - tr.phase_peaks[phase] == alone.phase_peaks[phase] - one.phase_peaks[phase]
     assert tr.peak <= tl.peak.live_bytes <= (1 + bound) * tr.peak
     assert tr.baseline < one.baseline  # sharded: the frozen base too
+
+
+def test_hugging_face_lora_under_fsdp2_takes_accelerates_units():
+    """--framework hf: the Trainer keeps accelerate's per-layer FSDP2 wrap for a peft model (it swaps in peft's
+    policy only when it delays the optimizer, never under FSDP2: transformers trainer.py ``_prepare_for_training``),
+    and accelerate 1.15 carves the embedding and [final norm, head] out: the realistic accounting with the separate
+    wrap. At the loss's backward the root wrap holds the gathered embedding and the last layer's prefetched all-gather
+    output beside what the separate wrap holds; nothing else differs there."""
+    from memcalc.memory.timeline_states import shard_units
+
+    kw = {"model": "llama-3-8b", "lora_rank": 16, "seq_len": 4096, "micro_batch": 2, "gpu": "h100", "gpus": 8,
+          "fsdp": "FULL_SHARD", "fsdp_version": 2, "precision": "bf16-mixed"}
+    hf = memcalc.estimate(framework="hf", **kw)
+    root = memcalc.estimate(fsdp_wrap="root", **kw)
+    assert hf.accounting == root.accounting == "realistic"
+    assert any("--fsdp-wrap separate" in n and "accelerate 1.15" in n for n in hf.notes)
+    peak = "log_softmax backward: its output gradient and its input gradient"
+    assert hf.memory.timeline.peak_moment == root.memory.timeline.peak_moment == peak
+    from memcalc.inputs.presets import load_model
+    from memcalc.model.lora import LoraPlan, targeted
+
+    arch = load_model("llama-3-8b")
+    u = shard_units(arch, 8)
+    tensors = [(16, p.fan_in) for p in targeted(arch, LoraPlan(16, ALL))] + [
+        (p.fan_out, 16) for p in targeted(arch, LoraPlan(16, ALL))]
+    adapters = sum(-(-rows // 8) * cols for rows, cols in tensors)  # rank 0's padded chunks (dim 0)
+    embedding, last_layer = 2 * 8 * u.embed_shard, 2 * 8 * (u.layer_shard + adapters)  # bf16, gathered
+    assert root.memory.per_gpu.peak_allocated - hf.memory.per_gpu.peak_allocated == embedding + last_layer
 
 
 def test_estimates_answer_lora_under_fsdp2():

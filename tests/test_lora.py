@@ -264,7 +264,7 @@ def test_lora_under_fsdp1_is_refused_by_the_timeline():
     from memcalc.memory.timeline import timeline
     from memcalc.model.hf_config import architecture_from_config
 
-    with pytest.raises(InputError, match="LoRA under FSDP is modelled for FSDP2 FULL_SHARD with the root wrap"):
+    with pytest.raises(InputError, match="LoRA under FSDP is modelled for FSDP2 FULL_SHARD with the root or the separate wrap"):
         timeline(architecture_from_config(GEMMA), family="gemma", regime="bf16", attention="sdpa", s=32, b=2,
                  lora=LoraPlan(8, ALL), world=4, fsdp=True, fsdp_flat=True)
     r = memcalc.estimate(model="llama-2-7b", fsdp="FULL_SHARD", fsdp_version=1, gpus=8, lora_rank=8, seq_len=512)

@@ -240,3 +240,13 @@ def test_autocast_steps_pay_for_their_casts_and_pure_bf16_for_half_the_optimizer
     plan = Plan(gpus=1, seq=4096, micro_batch=1, optimizer="foreach")
     fp32 = step_time(LLAMA, plan, H100).optimizer_s
     assert step_time(LLAMA, replace(plan, optimizer_state_bytes=2), H100).optimizer_s == pytest.approx(fp32 / 2)
+
+
+def test_one_rank_group_in_backward_is_timed_as_no_communication():
+    """A data-parallel group of one rank lists its gradient all-reduce (the implementation accounting's DDP on one
+    GPU) but sends nothing: the step is the same as without the row, not a division by zero."""
+    plain = step_time(LLAMA, Plan(gpus=1, seq=4096, micro_batch=1), H100)
+    one = step_time(LLAMA, Plan(gpus=1, seq=4096, micro_batch=1), H100,
+                    [col("all-reduce", "backward", "data-parallel", 1, 16 * 2**30)])
+    assert one.step_s == pytest.approx(plain.step_s)
+    assert one.exposed_communication_s == 0

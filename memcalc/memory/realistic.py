@@ -441,7 +441,8 @@ def notes(plan: Plan) -> list[str]:
                     "the backward ends (FSDPParamGroup._all_reduce_state)") if plan.spec.name in HSDP else ""
         units = {"root": "the root (embedding, final norm, head) stays gathered from forward to backward",
                  "separate": "the embedding a unit resharded after its forward, the final norm and head one unit "
-                             "gathered from its forward to its post-backward (torchtitan's apply_fsdp since v0.2)",
+                             "gathered from its forward to its post-backward (torchtitan's apply_fsdp since v0.2, "
+                             "accelerate 1.15's fsdp2_prepare_model)",
                  "separate-reshard": "the embedding and the head each a unit resharded after its forward, the final "
                                      "norm in the root (torchtune's custom_sharded_layers)"}[plan.fsdp_wrap]
         if plan.fsdp_version == 1:

@@ -236,7 +236,7 @@ def _why_not_lora(arch: Any, strategy: str, work: Any, fsdp_version: int = 2, fr
                   offload: tuple[str, str] = ("none", "none"), given_wrap: str | None = None,
                   lora: Any = None) -> str | None:  # fmt: skip
     """LoRA's step (peft on Hugging Face code) is modelled for Llama-style layers on one GPU, DDP and FSDP2's
-    FULL_SHARD with the root wrap (``memcalc.memory.timeline_states.lora_overlay``)."""
+    FULL_SHARD with the root or the separate wrap (``memcalc.memory.timeline_states.lora_overlay``)."""
     from memcalc.layout.compose import framework as named
     from memcalc.layout.compose import fsdp_wrap
     from memcalc.memory.saved import LORA_REALISTIC
@@ -244,12 +244,13 @@ def _why_not_lora(arch: Any, strategy: str, work: Any, fsdp_version: int = 2, fr
     if arch is not None and arch.family not in LORA_REALISTIC:
         return (f"LoRA: the realistic accounting models peft on {', '.join(LORA_REALISTIC)} layers (Gemma 2 and 3: "
                 "their post-norm layers' recomputed backward under LoRA is not ordered, up to 7 % below a trace)")
-    fsdp2_root = (strategy == "FULL_SHARD" and fsdp_version == 2 and offload == ("none", "none")
+    fsdp2 = (strategy == "FULL_SHARD" and fsdp_version == 2 and offload == ("none", "none")
                   and getattr(lora, "quantize", "none") == "none"
-                  and fsdp_wrap(given_wrap, named(framework), arch is not None and arch.tied_embeddings) == "root")
-    if strategy != "ddp" and not fsdp2_root:
+                  and fsdp_wrap(given_wrap, named(framework), arch is not None and arch.tied_embeddings)
+                  in ("root", "separate"))
+    if strategy != "ddp" and not fsdp2:
         return ("LoRA: the realistic accounting covers one GPU, DDP and FSDP2 FULL_SHARD (embedding and head in the "
-                "root unit, no offload, no 4-bit base) so far")
+                "root unit or in units of their own as accelerate carves them, no offload, no 4-bit base) so far")
     if work is not None and getattr(work, "recompute", "none") not in ("none", "full"):
         return "LoRA: the realistic accounting models recompute none or full"
     return None

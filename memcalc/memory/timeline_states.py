@@ -349,6 +349,9 @@ class FsdpOverlay:
     """HSDP: the head unit's all-reduce buffer, as ``held_reduce``."""
     embed_reduce_out: int = 0
     """Bytes of the embedding's reduce-scatter output (its shard in the reduce dtype)."""
+    frozen_ends: bool = False
+    """The embedding's and the head's units hold frozen parameters (LoRA): gathered like the others, no gradient and
+    no reduce-scatter (FSDP2's post-backward finds no ``.grad`` and only reshards)."""
     flat: bool = False
     """FSDP1 (``FullyShardedDataParallel``, ``use_orig_params=True``): a unit all-gathers straight into its padded
     unsharded ``FlatParameter`` (no separate all-gather output), the backward prefetch allocates the next unit's
@@ -378,7 +381,8 @@ class FsdpOverlay:
         all-reduced across them: ``_fsdp_collectives.foreach_reduce``). ``reduce_fp32``: gradients reduced in fp32
         under a bf16 ``param_dtype`` (torchtitan's ``mixed_precision_reduce``). ``flat``: FSDP1 (``flat_units``),
         units per decoder layer and the root only (HYBRID_SHARD: the shard group's step, its all-reduce holding no
-        buffer, traced). ``lora``: peft adapters on a frozen base (``lora_overlay``), FSDP2 with the root wrap."""
+        buffer, traced). ``lora``: peft adapters on a frozen base (``lora_overlay``), FSDP2 with the root or the
+        separate wrap."""
         if world < 1:
             raise InputError(f"world {world} must be at least 1 (FSDP2 ranks)")
         if param_dtype not in (None, "bf16"):
@@ -392,9 +396,9 @@ class FsdpOverlay:
         width = 2 if regime == "bf16" else 4
         g = 2 if param_dtype == "bf16" else width
         if lora is not None:
-            if flat or wrap != "root" or fp8_gather or hsdp or keep or reduce_fp32:
-                raise InputError("LoRA under FSDP is modelled for FSDP2 FULL_SHARD with the root wrap")
-            return lora_overlay(arch, family, width, g, world, impl, lora)
+            if flat or wrap == "separate-reshard" or fp8_gather or hsdp or keep or reduce_fp32:
+                raise InputError("LoRA under FSDP is modelled for FSDP2 FULL_SHARD with the root or the separate wrap")
+            return lora_overlay(arch, family, width, g, world, impl, lora, wrap)
         if flat:
             if wrap != "root" or reduce_fp32 or fp8_gather:
                 raise InputError("FSDP1 is modelled with one unit per decoder layer and the root, without fp8 "
@@ -575,7 +579,8 @@ class FsdpOverlay:
             return []
         return [("root parameters (gathered)", fs.root), ("root gradients (unsharded)", fs.norm_grads
                                                           if fs.wrap == "separate-reshard" else 0),
-                ("embedding parameters (gathered)", fs.embed), ("embedding gradients (unsharded)", fs.embed),
+                ("embedding parameters (gathered)", fs.embed),
+                ("embedding gradients (unsharded)", 0 if fs.frozen_ends else fs.embed),
                 ("gradient shards of the layers above", done * fs.layer_grad_shard + fs.head_grad_shard),
                 ("reduce-scatter input (layer above)", fs.reduce_input),
                 ("all-reduce buffers (HSDP)", done * fs.held_reduce + fs.head_held_reduce)]
@@ -597,6 +602,8 @@ class FsdpOverlay:
         (separate-reshard) already reduced here: counted gathered, 3 bytes per element of it above the trace."""
         parts = [(n, 0 if n.startswith(("reduce-scatter input", "embedding parameters")) else x)
                  for n, x in FsdpOverlay.embedding_backward(fs, done)]
+        if fs.frozen_ends:  # no gradient: the post-backward reshards and reduces nothing
+            return parts
         cast = fs.embed_reduce_out // fs.reduce_width * fs.width if fs.reduce_width != fs.width else 0
         return parts + [("reduce-scatter input (embedding)", fs.embed // fs.gathered_width * fs.reduce_width),
                         ("reduce-scatter output (embedding)", fs.embed_reduce_out),
@@ -604,14 +611,15 @@ class FsdpOverlay:
 
 
 def lora_overlay(arch: Architecture, family: str, width: int, gathered: int, world: int, impl: str,
-                 lora: Any) -> FsdpOverlay:  # fmt: skip
+                 lora: Any, wrap: str = "root") -> FsdpOverlay:  # fmt: skip
     """FSDP2 ``fully_shard`` per decoder layer and on the root of a peft LoRA model (accelerate's FSDP2 plugin on a
     ``get_peft_model`` model), as rank 0 of ``world``: every parameter, the frozen base and each adapter's
     ``lora_A`` (r × in) and ``lora_B`` (out × r), is chunked on dim 0 and padded like any other
     (``_fsdp_param.py``), so a layer's all-gather carries the base and its adapters; only the adapters get
     gradients, so a layer's reduce-scatter input, its gradient shards and AdamW's state (moments and a step per
     adapter tensor) are the adapters' alone; the root (embedding, final norm, head) is frozen: gathered, no
-    gradient."""
+    gradient. ``wrap`` separate: the embedding and [final norm, head] in units of their own, as accelerate's
+    ``fsdp2_prepare_model`` carves them (the head's kept gathered after forward), frozen too (``frozen_ends``)."""
     from memcalc.model.lora import targeted
 
     if impl not in ("foreach", "fused") or lora.quantize != "none":
@@ -629,8 +637,15 @@ def lora_overlay(arch: Architecture, family: str, width: int, gathered: int, wor
                 0, buffer_bytes(arch, family, width), temp, 0)
     layer = gathered * world * (u.layer_shard + shard)
     root = gathered * world * u.root_shard
+    ends: dict = {}
+    if wrap == "separate":
+        ends = {"wrap": wrap, "embed": gathered * world * u.embed_shard,
+                "head": gathered * world * (u.head_shard + u.norm_shard), "frozen_ends": True}
+        root -= ends["embed"] + ends["head"]
+    elif wrap != "root":
+        raise InputError(f"fsdp_wrap {wrap!r} with LoRA: accepted root, separate")
     return FsdpOverlay(st, gathered, root, layer, layer, width * shard, width, width * adapters, root,
-                       gathered * world * shard)
+                       gathered * world * shard, **ends)
 
 
 FSDP_OFFLOADED = ("parameters", "optimizer states", "gradient shards of the layers above", "gradients (shards)",

@@ -404,7 +404,7 @@ def step_time(arch: Architecture, plan: Plan, machine: Machine, collectives: Ite
             total = sum(each)
             tail = max(_time(c, machine, min(DDP_BUCKET_BYTES, c.payload_bytes_per_call)) for c in rows)
             t = max(total - bwd, tail)
-            for c, u in zip(rows, each):
+            for c, u in zip(rows, each) if total > 0 else ():  # a group of one rank sends nothing
                 exposed[c.group] = exposed.get(c.group, 0.0) + t * u / total
 
     offload = 0.0

@@ -59,13 +59,14 @@ def trainable(family: str, lora: LoraPlan) -> tuple[int, int]:
 def trace_lora_step(hf_config: dict, lora: LoraPlan, *, seq_len: int, micro_batch: int = 1, precision: str = "fp32",
                     optimizer_impl: str = "foreach", attention: str = "sdpa", recompute: str = "none",
                     steps: int = 2, fake: bool = True, world: int = 1,
-                    fsdp_param_dtype: str | None = None):  # fmt: skip
+                    fsdp_param_dtype: str | None = None, fsdp_wrap: str = "root"):  # fmt: skip
     """The last of ``steps`` training steps of a peft LoRA model on one device, traced by
     ``memcalc.validation.trace_step`` (fake tensors, or real ones with ``fake=False``); AdamW over the trainable
     parameters only, as ``Trainer.create_optimizer`` builds it. ``world`` above 1: FSDP2 ``fully_shard`` on each
     decoder layer and the root of the peft model, as rank 0 of ``world`` under torch's fake process group
     (``trace_parallel.apply_layout``: accelerate's FSDP2 plugin), ``fsdp_param_dtype="bf16"`` its
-    ``MixedPrecisionPolicy``."""
+    ``MixedPrecisionPolicy``; ``fsdp_wrap`` separate: the embedding and [final norm, head] in units of their own
+    (accelerate 1.15's ``fsdp2_prepare_model``)."""
     import contextlib
 
     import torch
@@ -84,13 +85,15 @@ def trace_lora_step(hf_config: dict, lora: LoraPlan, *, seq_len: int, micro_batc
         model = build_model(hf_config, spec)
         peft_model = add_adapters(model, hf_config, lora)
         if world > 1:
-            model = apply_layout(model, mesh, dp=world, tp=1, fsdp=True, mp_bf16=fsdp_param_dtype == "bf16")
+            model = apply_layout(model, mesh, dp=world, tp=1, fsdp=True, mp_bf16=fsdp_param_dtype == "bf16",
+                                 fsdp_wrap=fsdp_wrap)
         trainable = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=1e-4, foreach=optimizer_impl == "foreach",
                                       fused=optimizer_impl == "fused")
         ids, pos = batch(hf_config, spec)
         tracker = traced_steps(model, optimizer, ids, pos, spec, steps)
-    layout = f" fsdp2 world={world}{' mp=bf16' if fsdp_param_dtype else ''}" if world > 1 else ""
+    layout = (f" fsdp2 world={world}{' mp=bf16' if fsdp_param_dtype else ''} wrap={fsdp_wrap}"
+              if world > 1 else "")
     result = tracker.result(f"lora r={lora.rank} {','.join(lora.targets)} {precision} {attention}{layout}",
                             tracker.seconds)
     del peft_model, model, optimizer
