@@ -219,6 +219,29 @@ def test_accelerate_sequence_parallel_under_deepspeed_is_named_not_ignored(tmp_p
         read_accelerate(path)
 
 
+@pytest.mark.parametrize("version", [1, 2])
+def test_accelerate_wrap_policy_other_than_per_layer_is_named(tmp_path, version) -> None:
+    # memcalc's FSDP units are one per decoder layer (TRANSFORMER_BASED_WRAP, read); NO_WRAP makes none, and it is
+    # accelerate's default when the key is absent (FullyShardedDataParallelPlugin); SIZE_BASED_WRAP makes units by
+    # parameter count: both named as not modelled; another value is refused as accelerate refuses it
+    path = tmp_path / "config.yaml"
+    head = f"distributed_type: FSDP\nnum_processes: 8\nfsdp_config:\n  fsdp_version: {version}\n"
+    path.write_text(head + "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n")
+    r = read_accelerate(path)
+    assert "fsdp_config.fsdp_auto_wrap_policy" in r.read and not r.unmodelled
+    for line, named in (("  fsdp_auto_wrap_policy: no_wrap\n", "fsdp_config.fsdp_auto_wrap_policy"),
+                        ("  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n", "fsdp_config.fsdp_auto_wrap_policy"),
+                        ("", "fsdp_config.fsdp_auto_wrap_policy (not set")):
+        path.write_text(head + line)
+        r = read_accelerate(path)
+        assert len(r.unmodelled) == 1 and r.unmodelled[0].startswith(named), line
+        assert ("NO_WRAP" if "SIZE" not in line else "SIZE_BASED_WRAP") in r.unmodelled[0]
+    path.write_text(head + "  fsdp_auto_wrap_policy: LAYER_WRAP\n")
+    with pytest.raises(InputError, match=r"fsdp_auto_wrap_policy: 'LAYER_WRAP' is not accepted; accepted: "
+                                         r"TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP, NO_WRAP$"):
+        read_accelerate(path)
+
+
 def test_accelerate_deepspeed_file_relative_to_launch_directory() -> None:
     r = read_accelerate(DATA / "accelerate" / "deepspeed.yaml", cwd=DATA / "accelerate")
     assert r.arguments == {"gpus": 2, "grad_accum": 1, "optimizer": "adamw", "stage": 1, "precision": "fp16-mixed",

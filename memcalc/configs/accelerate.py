@@ -306,12 +306,16 @@ def _fsdp(c: Collector, data: Mapping[str, Any], world: int | None, accounting: 
         c.note(f"FSDP2 shards over dp_shard x cp = {shard * cp} ranks (accelerate's dp_shard_cp mesh dimension)")
     if version == 2:  # accelerate 1.15's fsdp2_prepare_model: the embedding and [norm, head] units of their own
         c.arguments["framework"] = "hf"
-        c.note("FSDP2 units as accelerate makes them: each decoder layer, the input embedding, and the final norm with "
-               "the output embedding (--fsdp-wrap separate; root with tied embeddings)")
+        c.note("FSDP2 units as accelerate makes them: each decoder layer (TRANSFORMER_BASED_WRAP), the input "
+               "embedding, and the final norm with the output embedding (--fsdp-wrap separate; root with tied "
+               "embeddings)")
     if version == 1 and "fsdp_backward_prefetch" not in fsdp:
         c.arguments["backward_prefetch"] = "none"
         c.note("fsdp_backward_prefetch is not set: accelerate's default NO_PREFETCH (each layer gathered at its own "
                "pre-backward)")
+    if "fsdp_auto_wrap_policy" not in fsdp:  # FullyShardedDataParallelPlugin: FSDP_AUTO_WRAP_POLICY, else NO_WRAP
+        _wrap_policy(c, "fsdp_config.fsdp_auto_wrap_policy (not set: accelerate's default)", "NO_WRAP", version,
+                     accounting)
     for full, (key, value) in fsdp.items():
         path = f"fsdp_config.{key}"
         if full in ("fsdp_version", "fsdp_sharding_strategy", "fsdp_reshard_after_forward"):
@@ -347,10 +351,33 @@ def _fsdp(c: Collector, data: Mapping[str, Any], world: int | None, accounting: 
         elif full == "fsdp_activation_checkpointing_offload" and value is True:
             c.unmodelled(path, "checkpointed activations kept on the CPU")
         elif full == "fsdp_auto_wrap_policy":
-            c.ignore(path, "memcalc wraps one unit per decoder layer (TRANSFORMER_BASED_WRAP)" if value != "SIZE_BASED_WRAP"
-                     else "size-based wrapping, see fsdp_min_num_params")  # fmt: skip
+            _wrap_policy(c, path, value, version, accounting)
         else:
             c.ignore(path, "loading, saving or bookkeeping")
+
+
+WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
+"""accelerate's ``FSDP_AUTO_WRAP_POLICY`` (utils/constants.py), matched upper-cased as its plugin does."""
+
+
+def _wrap_policy(c: Collector, path: str, value: Any, version: int, accounting: str) -> None:
+    """``fsdp_auto_wrap_policy``: memcalc's units are one per decoder layer (TRANSFORMER_BASED_WRAP); with NO_WRAP
+    accelerate makes none (FSDP1: the model is one unit; FSDP2: ``fsdp2_prepare_auto_wrap_policy`` returns None, so
+    the root holds the layers, gathered from forward to backward), and SIZE_BASED_WRAP makes units by parameter
+    count (the implementation accounting follows it under FSDP1, through fsdp_min_num_params)."""
+    name = as_str(c, path, value).upper()
+    if name not in WRAP_POLICIES:
+        raise c.fail(path, f"{value!r} is not accepted; accepted: {', '.join(WRAP_POLICIES)}")
+    if name == "NO_WRAP":
+        c.unmodelled(path, "NO_WRAP: no unit per decoder layer, so every layer stays gathered from forward to "
+                           "backward; memcalc counts one unit per decoder layer")
+    elif name == "SIZE_BASED_WRAP" and not (version == 1 and accounting == "implementation"):
+        c.unmodelled(path, "SIZE_BASED_WRAP: units by parameter count; memcalc counts one unit per decoder layer "
+                           "(the implementation accounting follows it under FSDP1)")
+    elif name == "SIZE_BASED_WRAP":
+        c.ignore(path, "size-based wrapping, see fsdp_min_num_params")
+    else:
+        c.used(path)
 
 
 def _sharding(c: Collector, fsdp: Mapping[str, tuple[str, Any]], version: int) -> str:
