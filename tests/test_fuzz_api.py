@@ -121,7 +121,8 @@ COMBO = {
     "micro_batch": st.sampled_from([None, 1, 4, 0]), "grad_accum": st.sampled_from([None, 1, 3, 0]),
     "offload_optimizer": st.sampled_from(["none", "cpu", "nvme"]), "offload_params": st.sampled_from(["none", "cpu", "nvme"]),
     "recompute": st.sampled_from(["none", "selective", "full"]), "precision": st.sampled_from(["bf16-mixed", "fp32", "bf16"]),
-    "accounting": st.sampled_from(["paper", "deepspeed-estimator"]), "cp": st.sampled_from([1, 2]),
+    "accounting": st.sampled_from(["paper", "deepspeed-estimator", "implementation", "realistic"]),
+    "cp": st.sampled_from([1, 2]),
 }
 
 
