@@ -513,7 +513,9 @@ def test_hugging_face_lora_under_fsdp2_takes_accelerates_units():
     and accelerate 1.15 carves the embedding and [final norm, head] out: the realistic accounting with the separate
     wrap. At the loss's backward the root wrap holds the gathered embedding and the last layer's prefetched all-gather
     output beside what the separate wrap holds; nothing else differs there."""
+    from memcalc.inputs.presets import load_model
     from memcalc.memory.timeline_states import shard_units
+    from memcalc.model.lora import LoraPlan, targeted
 
     kw = {"model": "llama-3-8b", "lora_rank": 16, "seq_len": 4096, "micro_batch": 2, "gpu": "h100", "gpus": 8,
           "fsdp": "FULL_SHARD", "fsdp_version": 2, "precision": "bf16-mixed"}
@@ -523,9 +525,6 @@ def test_hugging_face_lora_under_fsdp2_takes_accelerates_units():
     assert any("--fsdp-wrap separate" in n and "accelerate 1.15" in n for n in hf.notes)
     peak = "log_softmax backward: its output gradient and its input gradient"
     assert hf.memory.timeline.peak_moment == root.memory.timeline.peak_moment == peak
-    from memcalc.inputs.presets import load_model
-    from memcalc.model.lora import LoraPlan, targeted
-
     arch = load_model("llama-3-8b")
     u = shard_units(arch, 8)
     tensors = [(16, p.fan_in) for p in targeted(arch, LoraPlan(16, ALL))] + [

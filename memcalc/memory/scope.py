@@ -245,9 +245,9 @@ def _why_not_lora(arch: Any, strategy: str, work: Any, fsdp_version: int = 2, fr
         return (f"LoRA: the realistic accounting models peft on {', '.join(LORA_REALISTIC)} layers (Gemma 2 and 3: "
                 "their post-norm layers' recomputed backward under LoRA is not ordered, up to 7 % below a trace)")
     fsdp2 = (strategy == "FULL_SHARD" and fsdp_version == 2 and offload == ("none", "none")
-                  and getattr(lora, "quantize", "none") == "none"
-                  and fsdp_wrap(given_wrap, named(framework), arch is not None and arch.tied_embeddings)
-                  in ("root", "separate"))
+             and getattr(lora, "quantize", "none") == "none"
+             and fsdp_wrap(given_wrap, named(framework), arch is not None and arch.tied_embeddings)
+             in ("root", "separate"))
     if strategy != "ddp" and not fsdp2:
         return ("LoRA: the realistic accounting covers one GPU, DDP and FSDP2 FULL_SHARD (embedding and head in the "
                 "root unit or in units of their own as accelerate carves them, no offload, no 4-bit base) so far")

@@ -356,7 +356,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
             + ([] if amp else [("head input (the last hidden state)", d * t * h)])
             + [("logits gradient", d * n), ("head weight gradient (unsharded)", d * v * h),
                ("head input gradient", d * t * h)] + FsdpOverlay.head_backward(fs, L)))
-    elif fs is not None and fs.wrap != "root" and sp == 1 and loss != "fused":
+    elif lora is not None and fs is not None and fs.wrap != "root" and sp == 1 and loss != "fused":
         # LoRA: the frozen head's backward makes only its input's gradient, from the logits' gradient, its unit
         # gathered and its pre-backward's prefetch of the last layer (the root, with no parameters, prefetched none)
         moments.append(_moment("backward", "the head's backward (frozen: its input's gradient only)", base + bwd_shared
@@ -385,7 +385,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
                                                      head[0][1] - (2 if act == "bf16" else 4) * t * h // sp),
                                                     ("RMSNorm backward (fp32)", rmsnorm_backward(t // sp, h))]
                                + FsdpOverlay.norm_backward(fs, root, L)))  # fmt: skip
-    elif family in LLAMA_STYLE and code == "hf" and sp == 1:
+    elif lora is not None and family in LLAMA_STYLE and code == "hf" and sp == 1:
         # LoRA: the frozen final norm's backward beside all it saved (its normalized tensor never was), the same fp32
         # transient; no gradients of its own or the head's. The separate wrap has the head's unit gathered and the
         # last layer prefetched by the head's pre-backward (traced: tests/test_fsdp_layouts.py)
