@@ -255,7 +255,7 @@ def test_sp_under_fsdp2_equals_trace(precision, world, mp, recompute, opt, peak)
 
 
 SP_LOSS = [  # without recompute the loss_parallel step can peak inside DTensor's cross-entropy, which the tracer's
-    # dispatch mode cannot see (memcalc.memory.timeline_tp.parallel_loss): exact elsewhere, the loss phases above
+    # dispatch mode cannot see (memcalc.memory.saved.parallel_loss): exact elsewhere, the loss phases above
     # the trace by exactly (forward) or at most (backward: the labels' 516 bytes freed first) those temporaries
     ("llama", "fp32", 2, 2, "foreach", True),
     ("llama", "amp-bf16", 2, 2, "fused", True),
@@ -265,7 +265,7 @@ SP_LOSS = [  # without recompute the loss_parallel step can peak inside DTensor'
 
 @pytest.mark.parametrize("name,precision,tp,world,opt,forward_exact", SP_LOSS)
 def test_sp_loss_parallel_bounded(name, precision, tp, world, opt, forward_exact):
-    from memcalc.memory.timeline_tp import parallel_loss
+    from memcalc.memory.saved import parallel_loss
 
     tr, tl = both_sp(name, precision, tp, world, opt=opt)
     n = S * B * 128 // tp  # tokens × rank 0's vocabulary shard

@@ -257,7 +257,9 @@ def _float8(c: Collector, flat: Mapping[str, Any], dp_shard: bool) -> None:
         c.unmodelled(recompute_w, "the fp8 weight recast in backward instead of saved (counted saved)")
     for key, why in (("precompute_float8_dynamic_scale_for_fsdp", "one all-reduce of the amax per step: time only"),
                      ("emulate", "emulated fp8 matmuls hold the same casts"),
-                     ("force_recompute_fp8_weight_in_bwd", "the weights are gathered in fp8 already")):
+                     ("force_recompute_fp8_weight_in_bwd", "the weights are gathered in fp8 already"
+                      if c.arguments.get("float8_all_gather") else "off: the fp8 weight is saved for backward, as "
+                      "counted")):
         if prefix + key in flat and prefix + key not in c.mentioned():
             c.ignore(prefix + key, why)
 

@@ -246,8 +246,11 @@ class EstimateInput(Record):
                              f"FULL_SHARD, SHARD_GRAD_OP or HYBRID_SHARD); got --float8 {self.float8} with "
                              f"{self.strategy.spec.label}")
         if not self.gpu.fp8:  # GPU.fp8: no fp8 tensor cores for torchao's float8 matmuls
+            from memcalc.inputs.presets import gpu_names, load_gpu
+
+            have = ", ".join(n for n in gpu_names() if load_gpu(n).fp8)
             raise InputError(f"--float8 needs fp8 tensor cores, which {self.gpu.key} lacks; give a --gpu with them "
-                             "(h100, h200, b200, l40s, l4, rtx-4090, mi300x) or leave --float8 out")
+                             f"({have}) or leave --float8 out")
 
     def _lora_applies(self, arch: object) -> None:
         """LoRA needs the shape (its targets are the model's projections) and the layouts its counts cover."""

@@ -50,7 +50,7 @@ def loss_events(tokens: int, vocab: int, width: int, option: str = "standard", c
     gradient, log-softmax's input gradient, the cast back to the logits' dtype. parallel (torch
     ``distributed/tensor/parallel/loss.py``): the same around ``_log_softmax``'s ``shifted`` (alive until its result
     is made) and ``exp(shifted)`` (summed and freed before), and its backward's ``zeros_like``, ``exp`` and their
-    sum (``memcalc.memory.timeline_tp.parallel_loss``). compiled: inductor's fused kernels save the logits and write
+    sum (``memcalc.memory.saved.parallel_loss``). compiled: inductor's fused kernels save the logits and write
     their gradient (``saved.loss_transient``); compiled under ``loss_parallel``, the forward's one-hot scatter and
     the fp32 sum it saves instead. chunked:N and fused are not replayed (no events): fused makes no
     logits; a chunked loss's blocks are a chunk's size each, and what its freed chunks leave is not counted."""

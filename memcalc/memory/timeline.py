@@ -347,22 +347,18 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     moments.append(_moment("backward", "log_softmax backward: its output gradient and its input gradient",
                            saved_end + [(grad_name, grad_bytes)]))  # fmt: skip
     loss_cache = loss_cached(t, v, d, loss, compiled_loss, parallel=sp > 1)
-    if fs is not None and fs.wrap != "root" and sp == 1 and loss != "fused" and lora is None:
+    if fs is not None and fs.wrap != "root" and sp == 1 and loss != "fused":
         # the head's backward, its unit gathered: the logits' gradient, the head weight's unsharded gradient and the
         # gradient of its input (both in the matmul's dtype; under autocast their fp32 casts come once the bf16 casts
-        # the head saved are freed), beside what the final norm and the head saved
-        moments.append(_moment("backward", "the head's backward", base + bwd_shared + [
+        # the head saved are freed), beside what the final norm and the head saved. LoRA's frozen head saved no
+        # input and makes its input's gradient only; the root, with no parameters, prefetched nothing before it
+        frozen = lora is not None
+        moments.append(_moment("backward", "the head's backward" + (" (frozen: its input's gradient only)" if frozen
+                                                                    else ""), base + bwd_shared + [
             ("loss and its gradient", 8), ("layer activations", layers_kept)] + head
-            + ([] if amp else [("head input (the last hidden state)", d * t * h)])
-            + [("logits gradient", d * n), ("head weight gradient (unsharded)", d * v * h),
+            + ([] if amp or frozen else [("head input (the last hidden state)", d * t * h)])
+            + [("logits gradient", d * n), ("head weight gradient (unsharded)", 0 if frozen else d * v * h),
                ("head input gradient", d * t * h)] + FsdpOverlay.head_backward(fs, L)))
-    elif lora is not None and fs is not None and fs.wrap != "root" and sp == 1 and loss != "fused":
-        # LoRA: the frozen head's backward makes only its input's gradient, from the logits' gradient, its unit
-        # gathered and its pre-backward's prefetch of the last layer (the root, with no parameters, prefetched none)
-        moments.append(_moment("backward", "the head's backward (frozen: its input's gradient only)", base + bwd_shared
-                               + [("loss and its gradient", 8), ("layer activations", layers_kept)] + head
-                               + [("logits gradient", d * n), ("head input gradient", d * t * h)]
-                               + FsdpOverlay.head_backward(fs, L)))  # fmt: skip
 
     # ---- backward layer by layer -------------------------------------------------------------------------------
     tensors = param_tensors(arch)
@@ -375,24 +371,19 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
         per_layer, late = full_st.grads // arch.layers, 0
     before_layers = full_st.grads - per_layer * arch.layers - late * w
     held_grads = 0 if optimizer_impl == "in-backward" else before_layers
-    if family in LLAMA_STYLE and code == "hf" and lora is None:
+    if family in LLAMA_STYLE and code == "hf":
         # the final RMSNorm's backward (``memcalc.memory.timeline_tp.rmsnorm_backward``): the loss's and the head's
-        # tensors are gone, the head's (and the norm's) gradients made; its normalized tensor freed
-        root = held_grads if fs is None else held_grads // w * fs.gathered_width  # unsharded until post-backward
-        moments.append(_moment("backward", "the final RMSNorm's backward",
+        # tensors are gone, the head's (and the norm's) gradients made; its normalized tensor freed. LoRA: the frozen
+        # norm and head make no gradients and the norm never kept its normalized tensor (the head list has it out
+        # already), the same fp32 transient (traced: tests/test_fsdp_layouts.py)
+        root = 0 if lora is not None else held_grads if fs is None else held_grads // w * fs.gathered_width
+        normalized = 0 if lora is not None else (2 if act == "bf16" else 4) * t * h // sp
+        moments.append(_moment("backward", "the final RMSNorm's backward" + (" (frozen weight)" if lora else ""),
                                base + bwd_shared + [("loss and its gradient", 8), ("layer activations", layers_kept),
                                                     ("final norm saved, less its normalized tensor",
-                                                     head[0][1] - (2 if act == "bf16" else 4) * t * h // sp),
+                                                     head[0][1] - normalized),
                                                     ("RMSNorm backward (fp32)", rmsnorm_backward(t // sp, h))]
                                + FsdpOverlay.norm_backward(fs, root, L)))  # fmt: skip
-    elif lora is not None and family in LLAMA_STYLE and code == "hf" and sp == 1:
-        # LoRA: the frozen final norm's backward beside all it saved (its normalized tensor never was), the same fp32
-        # transient; no gradients of its own or the head's. The separate wrap has the head's unit gathered and the
-        # last layer prefetched by the head's pre-backward (traced: tests/test_fsdp_layouts.py)
-        moments.append(_moment("backward", "the final RMSNorm's backward (frozen weight)",
-                               base + bwd_shared + [("loss and its gradient", 8), ("layer activations", layers_kept),
-                                                    head[0], ("RMSNorm backward (fp32)", rmsnorm_backward(t, h))]
-                               + FsdpOverlay.norm_backward(fs, 0, L)))  # fmt: skip
     remaining = kept
     norm2 = (norm_backward(arch, family=family, regime=act, attention=attention, s=s, b=b, device=device,
                            rotary_dims=rotary_dims, grad_width=fs.gathered_width if fs is not None else w, sp=sp)

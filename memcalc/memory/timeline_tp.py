@@ -40,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 
 from memcalc.errors import InputError
-from memcalc.memory.saved import LLAMA_LIKE, layer_saved, parallel_loss
+from memcalc.memory.saved import LLAMA_LIKE, layer_saved
 from memcalc.memory.timeline_states import param_tensors
 from memcalc.model.architecture import Architecture
 
@@ -166,4 +166,4 @@ def reduce_scatter(d: int, r: int, t: int, h: int, sp: int, amp: bool) -> list[t
 
 
 __all__ = ["TP_FAMILIES", "norm_backward", "rank_arch", "rmsnorm_backward", "row_parallel_reduce",
-           "step_temporary", "sp_rank_arch", "sp_split", "reduce_scatter", "parallel_loss"]
+           "step_temporary", "sp_rank_arch", "sp_split", "reduce_scatter"]
