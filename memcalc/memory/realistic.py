@@ -464,6 +464,18 @@ def notes(plan: Plan) -> list[str]:
             out.append(f"{plan.spec.name}: FSDP2 fully_shard per decoder layer and on the root over "
                        f"{plan.shard_group_size} ranks (rank 0's padded shards; --fsdp-wrap {plan.fsdp_wrap}: {units}; "
                        f"{gathered}; {policy}{replicas}); NCCL buffers counted per communicator")
+        if plan.fsdp_version == 1 and plan.lora is not None:
+            out.append("LoRA under FSDP1: peft's fsdp_auto_wrap_policy, which the Hugging Face Trainer applies under "
+                       "FSDP1 (update_fsdp_plugin_peft): each lora_A and lora_B a unit of its own, the decoder layers' "
+                       "and the root's flat parameters frozen (no flat gradient, no reduce-scatter; a layer resharded "
+                       "once its input's gradient is made)"
+                       + ("; under the bf16 MixedPrecision each lora_A saves a bf16 re-cast of its input of its own "
+                          "(peft casts the input to the weight's dtype while it is still the fp32 shard)"
+                          if plan.precision.name == "bf16-mixed" else "")
+                       + ("; BACKWARD_PRE prefetches the layer below from the layer's first adapter, late in its "
+                          "backward: counted from the layer's backward entry, an upper bound by at most one gathered "
+                          "layer" if plan.fsdp_prefetch else "")
+                       + " (traced against peft under FSDP1, tests/test_fsdp_layouts.py)")
         if plan.offload_params != "none" and plan.fsdp_version == 1:
             out.append("FULL_SHARD with FSDP1's CPUOffload(offload_params=True): the sharded flat parameters, the "
                        "reduced gradient shards (_cpu_grad) and AdamW's moments and step in host memory; the GPU keeps "

@@ -238,7 +238,8 @@ def _lora_layer(arch: Architecture, x: Shape, family: str, attention: str, d: in
             return [k for k in gemma_norm(label, total, rows, width) if "normalized" not in k.name]
     out = (norm("input_layernorm", x.t * x.h, x.t, x.h) if gemma
            else [k for k in _norm(x, family, r, amp, "norm 1") if "normalized" not in k.name])
-    out += _inputs(x, d, amp, tuple(n for n in ("q", "k", "v") if n in keeps)) if keeps & {"q", "k", "v"} else []
+    recast = amp or lora.inputs_recast  # each lora_A saves a bf16 cast of its input of its own
+    out += _inputs(x, d, recast, tuple(n for n in ("q", "k", "v") if n in keeps)) if keeps & {"q", "k", "v"} else []
     if arch.qk_norm and gemma:  # Gemma 3: GemmaRMSNorm over head_dim
         out += norm("q_norm", x.t * x.qw, x.t * x.heads, x.hd) + norm("k_norm", x.t * x.kvw, x.t * x.kv, x.hd)
     elif arch.qk_norm:  # Qwen3's q_norm/k_norm: frozen weights, so their normalized tensors are not kept
@@ -250,7 +251,7 @@ def _lora_layer(arch: Architecture, x: Shape, family: str, attention: str, d: in
     else:
         attn = _attention(x, family, attention, d, r)
     out += [a for a in attn if "o" in keeps or a.name != "output projection input"]
-    if amp and "o" in t and attention == "sdpa":
+    if recast and "o" in t and attention == "sdpa":
         # peft casts the bf16 attention output to lora_A's fp32 (``_cast_input_dtype``) and autocast casts it back:
         # A saves that new bf16 copy while SDPA keeps its own output (eager: the frozen o_proj no longer keeps its input)
         out.append(SavedTensor("o input (bf16 re-cast for LoRA A)", 2 * x.t * x.qw))
@@ -259,7 +260,7 @@ def _lora_layer(arch: Architecture, x: Shape, family: str, attention: str, d: in
         out += norm("pre_feedforward_layernorm", x.t * x.h, x.t, x.h) if family != "gemma" else []
     else:
         out += [k for k in _norm(x, family, r, amp, "norm 2") if "normalized" not in k.name]
-    out += _inputs(x, d, amp, tuple(n for n in ("gate", "up") if n in keeps)) if keeps & {"gate", "up"} else []
+    out += _inputs(x, d, recast, tuple(n for n in ("gate", "up") if n in keeps)) if keeps & {"gate", "up"} else []
     out.append(SavedTensor("gate output, activation output, up output" + (", down input" if "down" in keeps else ""),
                            (4 if "down" in keeps else 3) * d * x.t * x.ffn))
     if gemma and family != "gemma":

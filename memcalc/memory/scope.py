@@ -235,11 +235,12 @@ def _why_not_tp(arch: Any, optimizer: str, work: Any, tp: int, lora: Any, framew
 def _why_not_lora(arch: Any, strategy: str, work: Any, fsdp_version: int = 2, framework: str | None = None,
                   offload: tuple[str, str] = ("none", "none"), given_wrap: str | None = None,
                   lora: Any = None) -> str | None:  # fmt: skip
-    """LoRA's step (peft on Hugging Face code) is modelled for Llama-style layers on one GPU, DDP and FSDP2's
-    FULL_SHARD with the root or the separate wrap (``memcalc.memory.timeline_states.lora_overlay``)."""
+    """LoRA's step (peft on Hugging Face code) is modelled for Llama-style layers on one GPU, DDP, FSDP2's
+    FULL_SHARD with the root or the separate wrap and FSDP1's FULL_SHARD under peft's wrap policy
+    (``memcalc.memory.timeline_states.lora_overlay``)."""
     from memcalc.layout.compose import framework as named
     from memcalc.layout.compose import fsdp_wrap
-    from memcalc.memory.saved import LORA_REALISTIC
+    from memcalc.memory.saved import LORA_FAMILIES, LORA_REALISTIC
 
     if arch is not None and arch.family not in LORA_REALISTIC:
         return (f"LoRA: the realistic accounting models peft on {', '.join(LORA_REALISTIC)} layers (Gemma 2 and 3: "
@@ -248,9 +249,13 @@ def _why_not_lora(arch: Any, strategy: str, work: Any, fsdp_version: int = 2, fr
              and getattr(lora, "quantize", "none") == "none"
              and fsdp_wrap(given_wrap, named(framework), arch is not None and arch.tied_embeddings)
              in ("root", "separate"))
-    if strategy != "ddp" and not fsdp2:
-        return ("LoRA: the realistic accounting covers one GPU, DDP and FSDP2 FULL_SHARD (embedding and head in the "
-                "root unit or in units of their own as accelerate carves them, no offload, no 4-bit base) so far")
+    # FSDP1 as the Hugging Face Trainer wraps a peft model: peft's wrap policy, the embedding and head in the root
+    fsdp1 = (strategy == "FULL_SHARD" and fsdp_version == 1 and offload == ("none", "none")
+             and getattr(lora, "quantize", "none") == "none" and (arch is None or arch.family in LORA_FAMILIES))
+    if strategy != "ddp" and not fsdp2 and not fsdp1:
+        return ("LoRA: the realistic accounting covers one GPU, DDP, FSDP2 FULL_SHARD (embedding and head in the "
+                "root unit or in units of their own as accelerate carves them) and FSDP1 FULL_SHARD (peft's wrap "
+                "policy, Llama-style layers), no offload, no 4-bit base, so far")
     if work is not None and getattr(work, "recompute", "none") not in ("none", "full"):
         return "LoRA: the realistic accounting models recompute none or full"
     return None

@@ -165,6 +165,8 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
           if sharded else None)  # fmt: skip
     if fs is not None:
         st = fs.states
+        if fs.frozen_layers and fs.mp_shard:  # FSDP1's bf16 MixedPrecision: peft re-casts each adapter's input
+            lora = dataclasses.replace(lora, inputs_recast=True)
     elif tp > 1 and not sequence_parallel and (temp := step_temporary(arch, w, optimizer_impl)) is not None:
         st = full_st = dataclasses.replace(st, step_temporary=temp)
     # Sequence parallelism: the embedding's RowwiseParallel backward (``embedding_dense_backward`` under DTensor's
@@ -436,7 +438,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
                                    # inside that norm's backward: its input-side gradient is alive too
                                    + [("input norm's backward, in flight (FSDP1)", resid if fs.flat else 0)]))
         held_grads += 0 if optimizer_impl == "in-backward" else per_layer
-    if fs is not None and fs.flat:
+    if fs is not None and fs.flat and not fs.frozen_layers:
         moments.append(_moment("backward.layer.0", "the root's reduce-scatter copy-in (FSDP1)",
                                base + [("loss and its gradient", 8)] + FsdpOverlay.root_copy_in(fs, arch.layers)))
     if fs is not None and fs.wrap != "root":

@@ -366,6 +366,15 @@ class FsdpOverlay:
     """FSDP1's ``BackwardPrefetch.BACKWARD_PRE`` (torch's default): each pre-backward gathers the next unit too;
     False: ``BACKWARD_POST`` (issued once the unit is resharded: the same peaks, traced) or none (accelerate's
     default)."""
+    frozen_layers: bool = False
+    """FSDP1 under peft's ``fsdp_auto_wrap_policy`` (LoRA): each adapter's ``lora_A`` and ``lora_B`` a unit of its
+    own, so a decoder layer's FlatParameter holds only frozen weights. It gets no gradient: no flat gradient, no
+    reduce-scatter; a reshard-only hook on the layer's inputs reshards it once its input's gradient is made
+    (``_runtime_utils._register_post_backward_reshard_only_hook``). BACKWARD_PRE prefetches the unit before the
+    current one in the post-forward order (``_exec_order_utils.get_handle_to_backward_prefetch``), and within a
+    layer that is an adapter: the layer below is prefetched only by the pre-backward of the layer's first adapter
+    (the first projection's ``lora_A``), late in the layer's backward, and is gathered beside this one when it is
+    resharded. The root's units are frozen too (no gradients)."""
 
     @staticmethod
     def make(arch: Architecture, family: str, regime: str, world: int, param_dtype: str | None, impl: str,
@@ -396,9 +405,10 @@ class FsdpOverlay:
         width = 2 if regime == "bf16" else 4
         g = 2 if param_dtype == "bf16" else width
         if lora is not None:
-            if flat or wrap == "separate-reshard" or fp8_gather or hsdp or keep or reduce_fp32:
-                raise InputError("LoRA under FSDP is modelled for FSDP2 FULL_SHARD with the root or the separate wrap")
-            return lora_overlay(arch, family, width, g, world, impl, lora, wrap)
+            if (flat and wrap != "root") or wrap == "separate-reshard" or fp8_gather or hsdp or keep or reduce_fp32:
+                raise InputError("LoRA under FSDP is modelled for FULL_SHARD: FSDP2 with the root or the separate "
+                                 "wrap, FSDP1 with peft's wrap policy and the root")
+            return lora_overlay(arch, family, width, g, world, impl, lora, wrap, flat=flat, prefetch=prefetch)
         if flat:
             if wrap != "root" or reduce_fp32 or fp8_gather:
                 raise InputError("FSDP1 is modelled with one unit per decoder layer and the root, without fp8 "
@@ -561,6 +571,8 @@ class FsdpOverlay:
         (``post_backward`` waits on ``reduce_scatter_state`` and clears it first)."""
         parts = [(n, 0 if n.startswith("reduce-scatter input") else x)
                  for n, x in FsdpOverlay.backward(fs, i, held, root_grads)]
+        if fs.frozen_layers:  # frozen: resharded once the input's gradient is made, the layer below prefetched
+            return parts + [("next layer's parameters (prefetched)", fs.layer if i > 0 and fs.prefetch else 0)]
         if fs.flat:  # FSDP1: still gathered; the gradients copied into one padded flat gradient, reduced from it
             return parts + [("this layer's unsharded gradients", fs.unsharded_grads),
                             ("flat gradient (reduce-scatter input)", fs.layer)]
@@ -611,7 +623,7 @@ class FsdpOverlay:
 
 
 def lora_overlay(arch: Architecture, family: str, width: int, gathered: int, world: int, impl: str,
-                 lora: Any, wrap: str = "root") -> FsdpOverlay:  # fmt: skip
+                 lora: Any, wrap: str = "root", flat: bool = False, prefetch: bool = True) -> FsdpOverlay:  # fmt: skip
     """FSDP2 ``fully_shard`` per decoder layer and on the root of a peft LoRA model (accelerate's FSDP2 plugin on a
     ``get_peft_model`` model), as rank 0 of ``world``: every parameter, the frozen base and each adapter's
     ``lora_A`` (r × in) and ``lora_B`` (out × r), is chunked on dim 0 and padded like any other
@@ -619,24 +631,36 @@ def lora_overlay(arch: Architecture, family: str, width: int, gathered: int, wor
     gradients, so a layer's reduce-scatter input, its gradient shards and AdamW's state (moments and a step per
     adapter tensor) are the adapters' alone; the root (embedding, final norm, head) is frozen: gathered, no
     gradient. ``wrap`` separate: the embedding and [final norm, head] in units of their own, as accelerate's
-    ``fsdp2_prepare_model`` carves them (the head's kept gathered after forward), frozen too (``frozen_ends``)."""
+    ``fsdp2_prepare_model`` carves them (the head's kept gathered after forward), frozen too (``frozen_ends``).
+
+    ``flat``: FSDP1 as the Hugging Face Trainer wraps a peft model (``FsdpOverlay.frozen_layers``): each adapter
+    weight a FlatParameter of its own (its r × in or out × r elements padded to a multiple of ``world``), each decoder
+    layer's and the root's FlatParameter the frozen base's (``flat_units``)."""
     from memcalc.model.lora import targeted
 
     if impl not in ("foreach", "fused") or lora.quantize != "none":
         raise InputError(f"LoRA under FSDP is modelled with torch AdamW foreach or fused and a base in the compute "
                          f"dtype; got {impl}, quantize {lora.quantize}")
-    u = shard_units(arch, world)
+    u = flat_units(arch, world) if flat else shard_units(arch, world)
     r = lora.rank
     sizes = [(r, p.fan_in) for p in targeted(arch, lora)] + [(p.fan_out, r) for p in targeted(arch, lora)]
     adapters = sum(rows * cols for rows, cols in sizes)  # one layer's, unsharded
-    shard = sum(-(-rows // world) * cols for rows, cols in sizes)  # rank 0's padded chunk of them
+    # rank 0's padded chunk of them: FSDP2 chunks each on dim 0, FSDP1 flattens each into a unit of its own
+    shard = sum(-(-(rows * cols) // world) if flat else -(-rows // world) * cols for rows, cols in sizes)
     base = u.root_shard + arch.layers * u.layer_shard
     trainable = arch.layers * shard
     temp = {"foreach": width * trainable, "fused": 0}[impl]
     st = States(width * (base + trainable), width * trainable, 2 * width * trainable + 4 * len(sizes) * arch.layers,
                 0, buffer_bytes(arch, family, width), temp, 0)
-    layer = gathered * world * (u.layer_shard + shard)
     root = gathered * world * u.root_shard
+    if flat:
+        if wrap != "root":
+            raise InputError(f"fsdp_wrap {wrap!r} with LoRA under FSDP1: accepted root")
+        layer = gathered * world * u.layer_shard
+        return FsdpOverlay(st, gathered, root, layer, layer, width * shard, width, width * adapters, root, flat=True,
+                           mp_shard=gathered * u.layer_shard if gathered != width else 0, prefetch=prefetch,
+                           frozen_layers=True)
+    layer = gathered * world * (u.layer_shard + shard)
     ends: dict = {}
     if wrap == "separate":
         ends = {"wrap": wrap, "embed": gathered * world * u.embed_shard,

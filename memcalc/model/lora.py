@@ -63,6 +63,12 @@ class LoraPlan:
     """True where every linear saves its input whether or not its weight trains: DeepSpeed ZeRO-3's
     ``LinearFunctionForZeroStage3`` (runtime/zero/linear.py, ``ctx.save_for_backward(input, weight, bias)``), which
     ``zero.Init`` installs as ``F.linear``; a projection without an adapter then keeps what a targeted one keeps."""
+    inputs_recast: bool = False
+    """True where each lora_A saves a bf16 re-cast of its input of its own, as under autocast, in a bf16 step: FSDP1
+    under a bf16 ``MixedPrecision`` with ``use_orig_params=True`` (each adapter a unit of its own under peft's wrap
+    policy). peft's ``Linear.forward`` casts the input to ``lora_A.weight.dtype`` (``_cast_input_dtype``) before
+    lora_A's unit gathers its bf16 parameter, when the weight is still the fp32 shard's view; autocast then casts
+    that fp32 copy back to bf16 for the matmul, and lora_A saves the new copy (traced: tests/test_fsdp_layouts.py)."""
 
 
 @frozen

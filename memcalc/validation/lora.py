@@ -33,6 +33,30 @@ def add_adapters(model, hf_config: dict, lora: LoraPlan):
     return peft_model
 
 
+def peft_fsdp1(model, peft_model, mesh, mp_bf16: bool, prefetch: str = "pre"):
+    """FSDP1 ``FullyShardedDataParallel`` over ``mesh["dp"]`` with peft's ``fsdp_auto_wrap_policy``, as the Hugging
+    Face Trainer wraps a peft model under accelerate's FSDP1 (it delays the optimizer's creation there, and
+    ``update_fsdp_plugin_peft`` swaps in peft's policy): every leaf module with a trainable weight (each adapter's
+    ``lora_A`` and ``lora_B``) a unit of its own, each decoder layer a unit holding its frozen weights, the root the
+    rest; ``use_orig_params=True``, ``prefetch`` pre (``BackwardPrefetch.BACKWARD_PRE``) or none (accelerate's
+    default), ``MixedPrecision(param_dtype=bf16)`` with ``mp_bf16``."""
+    import torch
+    from peft.utils.other import fsdp_auto_wrap_policy
+    from torch.distributed.fsdp import (
+        BackwardPrefetch,
+        FullyShardedDataParallel,
+        MixedPrecision,
+        ShardingStrategy,
+    )
+
+    return FullyShardedDataParallel(model, process_group=mesh["dp"].get_group(),
+                                    sharding_strategy=ShardingStrategy.FULL_SHARD,
+                                    mixed_precision=MixedPrecision(param_dtype=torch.bfloat16) if mp_bf16 else None,
+                                    auto_wrap_policy=fsdp_auto_wrap_policy(peft_model),
+                                    device_id=torch.device("cpu"), use_orig_params=True,
+                                    backward_prefetch={"pre": BackwardPrefetch.BACKWARD_PRE, "none": None}[prefetch])
+
+
 def build(family: str, regime: sv.Regime, attention: str, lora: LoraPlan, recompute: bool = False):
     """The tiny ``family`` model with peft LoRA adapters on ``lora.targets``."""
     return add_adapters(sv.build(family, regime, attention, recompute), sv.tiny_config(family), lora)
@@ -59,14 +83,16 @@ def trainable(family: str, lora: LoraPlan) -> tuple[int, int]:
 def trace_lora_step(hf_config: dict, lora: LoraPlan, *, seq_len: int, micro_batch: int = 1, precision: str = "fp32",
                     optimizer_impl: str = "foreach", attention: str = "sdpa", recompute: str = "none",
                     steps: int = 2, fake: bool = True, world: int = 1,
-                    fsdp_param_dtype: str | None = None, fsdp_wrap: str = "root"):  # fmt: skip
+                    fsdp_param_dtype: str | None = None, fsdp_wrap: str = "root",
+                    fsdp_version: int = 2, backward_prefetch: str = "pre"):  # fmt: skip
     """The last of ``steps`` training steps of a peft LoRA model on one device, traced by
     ``memcalc.validation.trace_step`` (fake tensors, or real ones with ``fake=False``); AdamW over the trainable
     parameters only, as ``Trainer.create_optimizer`` builds it. ``world`` above 1: FSDP2 ``fully_shard`` on each
     decoder layer and the root of the peft model, as rank 0 of ``world`` under torch's fake process group
     (``trace_parallel.apply_layout``: accelerate's FSDP2 plugin), ``fsdp_param_dtype="bf16"`` its
     ``MixedPrecisionPolicy``; ``fsdp_wrap`` separate: the embedding and [final norm, head] in units of their own
-    (accelerate 1.15's ``fsdp2_prepare_model``)."""
+    (accelerate 1.15's ``fsdp2_prepare_model``). ``fsdp_version`` 1: FSDP1 with peft's wrap policy instead
+    (``peft_fsdp1``; ``fsdp_param_dtype`` its ``MixedPrecision``), ``backward_prefetch`` pre or none."""
     import contextlib
 
     import torch
@@ -84,7 +110,9 @@ def trace_lora_step(hf_config: dict, lora: LoraPlan, *, seq_len: int, micro_batc
     with fake_process_group(world, 1) as mesh, FakeTensorMode() if fake else contextlib.nullcontext():
         model = build_model(hf_config, spec)
         peft_model = add_adapters(model, hf_config, lora)
-        if world > 1:
+        if world > 1 and fsdp_version == 1:
+            model = peft_fsdp1(model, peft_model, mesh, mp_bf16=fsdp_param_dtype == "bf16", prefetch=backward_prefetch)
+        elif world > 1:
             model = apply_layout(model, mesh, dp=world, tp=1, fsdp=True, mp_bf16=fsdp_param_dtype == "bf16",
                                  fsdp_wrap=fsdp_wrap)
         trainable = [p for p in model.parameters() if p.requires_grad]
@@ -92,7 +120,7 @@ def trace_lora_step(hf_config: dict, lora: LoraPlan, *, seq_len: int, micro_batc
                                       fused=optimizer_impl == "fused")
         ids, pos = batch(hf_config, spec)
         tracker = traced_steps(model, optimizer, ids, pos, spec, steps)
-    layout = (f" fsdp2 world={world}{' mp=bf16' if fsdp_param_dtype else ''} wrap={fsdp_wrap}"
+    layout = (f" fsdp{fsdp_version} world={world}{' mp=bf16' if fsdp_param_dtype else ''} wrap={fsdp_wrap}"
               if world > 1 else "")
     result = tracker.result(f"lora r={lora.rank} {','.join(lora.targets)} {precision} {attention}{layout}",
                             tracker.seconds)
