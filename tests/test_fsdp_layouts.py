@@ -598,6 +598,15 @@ def test_lora_under_fsdp1_against_a_traced_peft_step(name, world, precision, mp,
         assert tl.peak.live_bytes - tr.peak <= layer
 
 
+def test_traced_lora_step_refuses_an_unknown_fsdp_setting():
+    from memcalc.model.lora import LoraPlan
+    from memcalc.validation.lora import trace_lora_step
+
+    for bad in ({"fsdp_version": 3}, {"backward_prefetch": "post", "fsdp_version": 1}, {"backward_prefetch": "none"}):
+        with pytest.raises(InputError, match="fsdp_version .* must be 1 or 2, backward_prefetch"):
+            trace_lora_step(CONFIGS["l4"], LoraPlan(8, ("q", "v")), seq_len=S, world=4, **bad)
+
+
 def test_hugging_face_lora_under_fsdp1_takes_peft_units():
     """--framework hf with FSDP1 (the Trainer's ``--fsdp "full_shard auto_wrap"``): LoRA is answered realistically
     under peft's wrap policy. Llama 3 8B, r 16 on every projection, 8 GPUs, seq 4096, micro-batch 2: each lora_A's

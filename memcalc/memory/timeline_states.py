@@ -374,7 +374,8 @@ class FsdpOverlay:
     current one in the post-forward order (``_exec_order_utils.get_handle_to_backward_prefetch``), and within a
     layer that is an adapter: the layer below is prefetched only by the pre-backward of the layer's first adapter
     (the first projection's ``lora_A``), late in the layer's backward, and is gathered beside this one when it is
-    resharded. The root's units are frozen too (no gradients)."""
+    resharded; the timeline counts it from the layer's backward entry (``backward``), an upper bound by at most one
+    gathered layer. The root's units are frozen too (no gradients)."""
 
     @staticmethod
     def make(arch: Architecture, family: str, regime: str, world: int, param_dtype: str | None, impl: str,

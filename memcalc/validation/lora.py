@@ -106,6 +106,10 @@ def trace_lora_step(hf_config: dict, lora: LoraPlan, *, seq_len: int, micro_batc
     spec.check()
     if world < 1 or fsdp_param_dtype not in (None, "bf16") or (fsdp_param_dtype and world == 1):
         raise InputError(f"world {world} must be at least 1, fsdp_param_dtype None or 'bf16' (with world above 1)")
+    if fsdp_version not in (1, 2) or backward_prefetch not in ("pre", "none") or (
+            backward_prefetch != "pre" and fsdp_version != 1):
+        raise InputError(f"fsdp_version {fsdp_version!r} must be 1 or 2, backward_prefetch {backward_prefetch!r} pre "
+                         "or none (none with fsdp_version 1)")
     torch.manual_seed(0)
     with fake_process_group(world, 1) as mesh, FakeTensorMode() if fake else contextlib.nullcontext():
         model = build_model(hf_config, spec)
