@@ -602,7 +602,8 @@ def test_traced_lora_step_refuses_an_unknown_fsdp_setting():
     from memcalc.model.lora import LoraPlan
     from memcalc.validation.lora import trace_lora_step
 
-    for bad in ({"fsdp_version": 3}, {"backward_prefetch": "post", "fsdp_version": 1}, {"backward_prefetch": "none"}):
+    for bad in ({"fsdp_version": 3}, {"backward_prefetch": "post", "fsdp_version": 1}, {"backward_prefetch": "none"},
+                {"fsdp_version": 1, "fsdp_wrap": "separate"}):
         with pytest.raises(InputError, match="fsdp_version .* must be 1 or 2, backward_prefetch"):
             trace_lora_step(CONFIGS["l4"], LoraPlan(8, ("q", "v")), seq_len=S, world=4, **bad)
 

@@ -165,7 +165,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
           if sharded else None)  # fmt: skip
     if fs is not None:
         st = fs.states
-        if fs.frozen_layers and fs.mp_shard:  # FSDP1's bf16 MixedPrecision: peft re-casts each adapter's input
+        if fs.frozen_layers and fs.gathered_width != fs.width:  # FSDP1's bf16 MixedPrecision: peft re-casts
             lora = dataclasses.replace(lora, inputs_recast=True)
     elif tp > 1 and not sequence_parallel and (temp := step_temporary(arch, w, optimizer_impl)) is not None:
         st = full_st = dataclasses.replace(st, step_temporary=temp)

@@ -33,30 +33,6 @@ def add_adapters(model, hf_config: dict, lora: LoraPlan):
     return peft_model
 
 
-def peft_fsdp1(model, peft_model, mesh, mp_bf16: bool, prefetch: str = "pre"):
-    """FSDP1 ``FullyShardedDataParallel`` over ``mesh["dp"]`` with peft's ``fsdp_auto_wrap_policy``, as the Hugging
-    Face Trainer wraps a peft model under accelerate's FSDP1 (it delays the optimizer's creation there, and
-    ``update_fsdp_plugin_peft`` swaps in peft's policy): every leaf module with a trainable weight (each adapter's
-    ``lora_A`` and ``lora_B``) a unit of its own, each decoder layer a unit holding its frozen weights, the root the
-    rest; ``use_orig_params=True``, ``prefetch`` pre (``BackwardPrefetch.BACKWARD_PRE``) or none (accelerate's
-    default), ``MixedPrecision(param_dtype=bf16)`` with ``mp_bf16``."""
-    import torch
-    from peft.utils.other import fsdp_auto_wrap_policy
-    from torch.distributed.fsdp import (
-        BackwardPrefetch,
-        FullyShardedDataParallel,
-        MixedPrecision,
-        ShardingStrategy,
-    )
-
-    return FullyShardedDataParallel(model, process_group=mesh["dp"].get_group(),
-                                    sharding_strategy=ShardingStrategy.FULL_SHARD,
-                                    mixed_precision=MixedPrecision(param_dtype=torch.bfloat16) if mp_bf16 else None,
-                                    auto_wrap_policy=fsdp_auto_wrap_policy(peft_model),
-                                    device_id=torch.device("cpu"), use_orig_params=True,
-                                    backward_prefetch={"pre": BackwardPrefetch.BACKWARD_PRE, "none": None}[prefetch])
-
-
 def build(family: str, regime: sv.Regime, attention: str, lora: LoraPlan, recompute: bool = False):
     """The tiny ``family`` model with peft LoRA adapters on ``lora.targets``."""
     return add_adapters(sv.build(family, regime, attention, recompute), sv.tiny_config(family), lora)
@@ -91,11 +67,14 @@ def trace_lora_step(hf_config: dict, lora: LoraPlan, *, seq_len: int, micro_batc
     decoder layer and the root of the peft model, as rank 0 of ``world`` under torch's fake process group
     (``trace_parallel.apply_layout``: accelerate's FSDP2 plugin), ``fsdp_param_dtype="bf16"`` its
     ``MixedPrecisionPolicy``; ``fsdp_wrap`` separate: the embedding and [final norm, head] in units of their own
-    (accelerate 1.15's ``fsdp2_prepare_model``). ``fsdp_version`` 1: FSDP1 with peft's wrap policy instead
-    (``peft_fsdp1``; ``fsdp_param_dtype`` its ``MixedPrecision``), ``backward_prefetch`` pre or none."""
+    (accelerate 1.15's ``fsdp2_prepare_model``). ``fsdp_version`` 1: FSDP1 with peft's ``fsdp_auto_wrap_policy``
+    instead, as the Hugging Face Trainer wraps a peft model there (every leaf module with a trainable weight, each
+    ``lora_A`` and ``lora_B``, a unit of its own; ``fsdp_param_dtype`` its ``MixedPrecision``), ``backward_prefetch``
+    pre or none."""
     import contextlib
 
     import torch
+    from peft.utils.other import fsdp_auto_wrap_policy
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from memcalc.errors import InputError
@@ -107,18 +86,20 @@ def trace_lora_step(hf_config: dict, lora: LoraPlan, *, seq_len: int, micro_batc
     if world < 1 or fsdp_param_dtype not in (None, "bf16") or (fsdp_param_dtype and world == 1):
         raise InputError(f"world {world} must be at least 1, fsdp_param_dtype None or 'bf16' (with world above 1)")
     if fsdp_version not in (1, 2) or backward_prefetch not in ("pre", "none") or (
-            backward_prefetch != "pre" and fsdp_version != 1):
+            backward_prefetch != "pre" and fsdp_version != 1) or (fsdp_version == 1 and fsdp_wrap != "root"):
         raise InputError(f"fsdp_version {fsdp_version!r} must be 1 or 2, backward_prefetch {backward_prefetch!r} pre "
-                         "or none (none with fsdp_version 1)")
+                         f"or none (none with fsdp_version 1), fsdp_wrap {fsdp_wrap!r} root with fsdp_version 1")
     torch.manual_seed(0)
     with fake_process_group(world, 1) as mesh, FakeTensorMode() if fake else contextlib.nullcontext():
         model = build_model(hf_config, spec)
         peft_model = add_adapters(model, hf_config, lora)
-        if world > 1 and fsdp_version == 1:
-            model = peft_fsdp1(model, peft_model, mesh, mp_bf16=fsdp_param_dtype == "bf16", prefetch=backward_prefetch)
-        elif world > 1:
+        if world > 1:
+            # FSDP1: the Trainer delays the optimizer and swaps in peft's fsdp_auto_wrap_policy
+            # (update_fsdp_plugin_peft): each lora_A and lora_B a unit of its own beside the decoder layers
+            policy = fsdp_auto_wrap_policy(peft_model) if fsdp_version == 1 else None
             model = apply_layout(model, mesh, dp=world, tp=1, fsdp=True, mp_bf16=fsdp_param_dtype == "bf16",
-                                 fsdp_wrap=fsdp_wrap)
+                                 fsdp_wrap=fsdp_wrap, fsdp_version=fsdp_version, backward_prefetch=backward_prefetch,
+                                 fsdp1_policy=policy)
         trainable = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=1e-4, foreach=optimizer_impl == "foreach",
                                       fused=optimizer_impl == "fused")

@@ -151,7 +151,7 @@ def check_tp_heads(hf_config: dict, tp: int) -> None:
 def apply_layout(model: torch.nn.Module, mesh, *, dp: int, tp: int, fsdp: bool, mp_bf16: bool,
                  sequence_parallel: bool = False, loss_parallel: bool = False, fsdp_wrap: str = "root",
                  replicate: int = 1, reshard_after_forward: bool = True, reduce_fp32: bool = False,
-                 fsdp_version: int = 2, backward_prefetch: str = "pre") -> torch.nn.Module:
+                 fsdp_version: int = 2, backward_prefetch: str = "pre", fsdp1_policy=None) -> torch.nn.Module:
     """The model laid out (FSDP1 wraps it; the other layouts change it in place): tensor-parallelise each decoder
     layer over ``mesh["tp"]`` (with ``sequence_parallel`` the whole model: ``_sp_plan``), then FSDP2-shard over ``mesh["dp"]`` (HSDP: over ``mesh["replicate", "dp"]``): every decoder
     layer (``reshard_after_forward`` False: kept gathered from its forward to its backward, SHARD_GRAD_OP), and as
@@ -159,7 +159,8 @@ def apply_layout(model: torch.nn.Module, mesh, *, dp: int, tp: int, fsdp: bool, 
     ``reduce_fp32``: ``MixedPrecisionPolicy(reduce_dtype=torch.float32)`` beside the bf16 ``param_dtype``
     (torchtitan's ``mixed_precision_reduce``). ``fsdp_version`` 1: FSDP1's ``FullyShardedDataParallel`` instead, one
     FlatParameter per decoder layer (``ModuleWrapPolicy``, as accelerate's transformer-based wrap) and the root, with
-    ``use_orig_params=True`` (accelerate's), ``backward_prefetch`` pre, post or none, ``MixedPrecision(param_dtype=bf16)``."""
+    ``use_orig_params=True`` (accelerate's), ``backward_prefetch`` pre, post or none, ``MixedPrecision(param_dtype=bf16)``;
+    ``fsdp1_policy``: another ``auto_wrap_policy`` for it (peft's, ``memcalc.validation.lora.trace_lora_step``)."""
     layers = decoder_layers(model)
     if tp > 1:
         from torch.distributed.tensor.parallel import parallelize_module
@@ -188,7 +189,7 @@ def apply_layout(model: torch.nn.Module, mesh, *, dp: int, tp: int, fsdp: bool, 
                                         sharding_strategy=strategy,
                                         device_mesh=mesh["replicate", "dp"] if hybrid else None,
                                         mixed_precision=mp1,
-                                        auto_wrap_policy=ModuleWrapPolicy({type(layers[0])}),
+                                        auto_wrap_policy=fsdp1_policy or ModuleWrapPolicy({type(layers[0])}),
                                         device_id=torch.device("cpu"), use_orig_params=True,
                                         backward_prefetch={"pre": BackwardPrefetch.BACKWARD_PRE, "none": None,
                                                            "post": BackwardPrefetch.BACKWARD_POST}[backward_prefetch])
