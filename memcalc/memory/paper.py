@@ -378,3 +378,58 @@ def notes(plan: Plan) -> list[str]:
     if plan.gpus < plan.gpus_per_node:
         out.append(f"{plan.gpus} GPUs use part of one {plan.gpus_per_node}-GPU node")
     return out
+
+
+def uncounted(plan: Plan, stage: int) -> list[tuple[str, int]]:
+    """Buffers a real step holds beyond the paper's rows, where the plan gives their size: (what, bytes) each.
+
+    - Sharded parameters (ZeRO-3, FSDP FULL_SHARD and HYBRID_SHARD, offloaded or not): the gathered copy of the unit
+      being computed and of the next one, prefetched (FSDP2's implicit forward and backward prefetch, FSDP1's
+      BACKWARD_PRE, ZeRO-3's prefetch bucket), in the dtype the forward reads (``param_bytes``); a unit is the
+      largest decoder layer this rank holds (its TP/EP share). A lower bound: a root unit holding the embedding
+      and the head is larger, and ZeRO-3 may keep up to ``stage3_max_live_parameters`` gathered.
+    - torch DDP with more than one rank: its gradient buckets, a second copy of the gradients made at construction
+      and alive for the run (``gradient_as_bucket_view=False``, the default: torch/nn/parallel/distributed.py); under
+      LoRA only the adapters have gradients.
+    """
+    arch, p, out = plan.arch, plan.precision, []
+    if plan.spec.shards_params and arch is not None:
+        from memcalc.model.params import Shard, model_params
+
+        layer = max(x.total for x in model_params(arch, Shard(plan.tp, plan.ep)).layers)
+        out.append(("gathered units: the layer computed and the next, prefetched", 2 * layer * p.param_bytes))
+    if plan.spec.name == "ddp" and plan.dp > 1 and not plan.bucket_view:
+        trainable = param_groups(plan, stage)[0]
+        if plan.lora is not None and arch is not None:
+            from memcalc.model import lora as lr
+
+            trainable = lr.layer_lora(arch, plan.lora).adapters * layer_count(plan, stage)
+        out.append(("DDP gradient buckets", trainable * p.grad_bytes))
+    return out
+
+
+class PaperFit(NamedTuple):
+    """The paper accounting's verdict: the allocator's band (``memcalc.memory.allocator.fit``) widened by what the
+    paper's rows leave out (``uncounted``)."""
+
+    verdict: str
+    margin: int
+    """usable − total."""
+    band: int
+    """The margin under which the step is at risk: the allocator's band plus the uncounted buffers."""
+    uncounted: tuple[tuple[str, int], ...]
+
+
+def fit(plan: Plan, total: int, stage: int) -> PaperFit:
+    """fits, at-risk or oom for a paper total (its rows include the CUDA context and --reserve-gib). oom: the margin
+    is under the least reserved overhead ever measured, as the realistic verdict; at-risk: it is under the allocator's
+    variability for a step of this size plus the buffers the paper's rows leave out (``uncounted``), which a real
+    step holds on top of them; fits: otherwise."""
+    from memcalc.memory.allocator import fit as allocator_fit
+
+    left = tuple(uncounted(plan, stage))
+    over = plan.cuda_context + plan.reserve
+    f = allocator_fit(max(0, total - over), plan.usable_bytes - plan.reserve, context=plan.cuda_context)
+    band = f.reserved_high - f.peak_allocated + sum(n for _, n in left)
+    verdict = "oom" if f.verdict == "oom" else "at-risk" if f.margin < band else "fits"
+    return PaperFit(verdict, f.margin, band, left)

@@ -167,6 +167,21 @@ def step_time(inp: EstimateInput, ev: Evaluation, timing: dict | None = None) ->
     ), None
 
 
+def _verdict_notes(ev: Evaluation) -> list[str]:
+    """How the paper accounting's verdict is drawn (``memcalc.memory.paper.fit``)."""
+    f = ev.paper_fit
+    if f is None:
+        return []
+    from memcalc.units import GiB
+
+    left = "".join(f" + {what} {n / GiB:.2f} GiB" for what, n in f.uncounted)
+    return [f"verdict (paper accounting): at-risk when the margin left ({f.margin / GiB:.2f} GiB) is under "
+            f"{f.band / GiB:.2f} GiB: the allocator's variability for a step of this size "
+            f"{(f.band - sum(n for _, n in f.uncounted)) / GiB:.2f} GiB"
+            + (f"{left}, which a real step holds beyond the paper's rows" if left else "")
+            + "; oom when it is under 0.3 GiB"]
+
+
 def _layout_notes(ev: Evaluation) -> list[str]:
     """How the layout composes: the group that shards under context parallelism, the pipeline split and its peak."""
     plan, out = ev.plan, []
@@ -206,6 +221,9 @@ def estimate(inp: EstimateInput, ev: Evaluation, micro_batch_auto: bool = False,
     if ev.realistic is not None:
         fit = Fit(fits=ev.realistic.verdict == "fits", usable_bytes=usable, headroom_bytes=usable - per_gpu.total,
                   verdict=ev.realistic.verdict)
+    elif ev.paper_fit is not None:
+        fit = Fit(fits=ev.paper_fit.verdict == "fits", usable_bytes=usable, headroom_bytes=usable - per_gpu.total,
+                  verdict=ev.paper_fit.verdict)
     else:
         fits = per_gpu.total <= usable
         fit = Fit(fits=fits, usable_bytes=usable, headroom_bytes=usable - per_gpu.total, verdict="fits" if fits else "oom")
@@ -228,7 +246,7 @@ def estimate(inp: EstimateInput, ev: Evaluation, micro_batch_auto: bool = False,
                       timeline=StepTimeline(peak_phase=ev.realistic.peak_phase, peak_moment=ev.realistic.peak_moment,
                                             phases=dict(ev.realistic.phases)) if ev.realistic else None),
         communication=_communication(ev),
-        notes=notes(plan) + _layout_notes(ev) + ([f"step time: {why}"] if why else []),
+        notes=notes(plan) + _layout_notes(ev) + _verdict_notes(ev) + ([f"step time: {why}"] if why else []),
         input=inp,
         time=time,
     )

@@ -204,9 +204,10 @@ def _comparison_markdown(cmp: Comparison, u: MemoryUnit) -> str:
     rows = []
     for r in cmp.estimates:
         f = comparison_figures(r)
+        fits = "yes" if f["fits"] else "risk" if r.memory.fit.verdict == "at-risk" else "no"
         rows.append([r.strategy.label] + [_mem(f[k], u) for k in ("parameters_bytes", "gradients_bytes",
                     "optimizer_states_bytes", "activations_bytes", "other_bytes", "total_bytes")]
-                    + ["yes" if f["fits"] else "no"] + [_mem(f[k], u) for k in ("host_ram_per_node_bytes",
+                    + [fits] + [_mem(f[k], u) for k in ("host_ram_per_node_bytes",
                     "nvme_per_node_bytes", "sent_bytes_per_gpu", "inter_node_sent_bytes_per_gpu")])  # fmt: skip
     head = ""
     if cmp.estimates:

@@ -266,7 +266,8 @@ def comparison_table(cmp: Comparison, unit: MemoryUnit = "gib") -> Table:
                  ) if timed else []
         g = r.memory.per_gpu
         other = g.total - g.parameters - g.gradients - g.optimizer_states - g.activations
-        fits = Text("yes", style="green") if r.memory.fit.fits else Text("no", style="red")
+        fits = (Text("yes", style="green") if r.memory.fit.fits else Text("risk", style="yellow")
+                if r.memory.fit.verdict == "at-risk" else Text("no", style="red"))
         c = r.communication
         acts = [_mem(g.activations, unit)] if counted else []
         t.add_row(r.strategy.label, _mem(g.parameters, unit), _mem(g.gradients, unit), _mem(g.optimizer_states, unit),

@@ -96,7 +96,8 @@ class Fit(_Result):
     """usable_bytes - total; negative when it does not fit."""
     verdict: str = "fits"
     """fits, at-risk (the margin is within the allocator's measured variability: fragmentation may make the step
-    fail) or oom. The paper's accounting has no band: fits or oom."""
+    fail; under the paper's accounting also within the buffers its rows leave out: ``memcalc.memory.paper.fit``)
+    or oom. The DeepSpeed estimator's and the implementation accounting's have no band: fits or oom."""
 
 
 @record
