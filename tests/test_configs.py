@@ -181,17 +181,22 @@ def test_zero3_knobs_reach_the_default_accounting() -> None:
     assert paper.accounting == "paper" and any("coordinator settings given" in n for n in paper.notes)
 
 
-def test_zero3_parameter_offload_alone_is_answered_not_refused() -> None:
-    # DeepSpeed runs offload_param without offload_optimizer (axolotl's zero3_bf16_cpuoffload_params.json); the
-    # realistic ZeRO-3 timeline does not model it, so the default answer is the paper's, with the reason
-    ds = {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}, "bf16": {"enabled": True},
-          "train_micro_batch_size_per_gpu": 1}  # fmt: skip
-    a = read_deepspeed(ds, world_size=8, seq_len=2048, accounting="auto").arguments
-    r = memcalc.estimate(model="llama-3-8b", gpu="h100", **a)
-    assert r.accounting == "paper" and r.input.strategy.offload_params == "cpu"
+def test_zero3_parameter_offload_alone_is_answered_realistically() -> None:
+    # DeepSpeed runs offload_param without offload_optimizer (axolotl's zero3_bf16_cpuoffload_params.json): the bf16
+    # partitions on the host, the optimizer's states and step on the GPU
+    path = DATA / "deepspeed" / "axolotl_zero3_bf16_cpuoffload_params.json"
+    a = read_deepspeed(str(path), world_size=8, seq_len=2048, micro_batch=1, accounting="auto").arguments
+    assert a["offload_params"] == "cpu" and a.get("offload_optimizer", "none") == "none"
+    kw = {"model": "llama-3-8b", "gpu": "h100"}
+    r = memcalc.estimate(**kw, **a)
+    assert r.accounting == "realistic" and r.input.strategy.offload_params == "cpu"
     assert any("offload_param without offload_optimizer" in n for n in r.notes)
-    with pytest.raises(InputError, match="offload_param without offload_optimizer"):
-        memcalc.estimate(model="llama-3-8b", gpu="h100", **(a | {"accounting": "realistic"}))
+    plain = memcalc.estimate(**kw, **(a | {"offload_params": "none"}))
+    rows = {x.key: x.bytes for x in plain.memory.per_gpu.rows}
+    bf16 = next(v for k, v in rows.items() if k.startswith("parameters"))
+    # the same step less the bf16 partitions (2 bytes per element of rank 0's partitions), which the host keeps
+    assert plain.memory.per_gpu.peak_allocated - r.memory.per_gpu.peak_allocated == bf16
+    assert r.memory.per_node.cpu == 8 * bf16
 
 
 @pytest.mark.parametrize("kind, precision", [("MULTI_GPU", "amp-bf16"), ("NO", "amp-bf16"), ("FSDP", "bf16-mixed")])

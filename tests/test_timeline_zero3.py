@@ -136,7 +136,8 @@ def test_bad_input(tmp_path):
 def test_offload_keeps_the_bf16_partitions_the_bucket_and_the_gathered_parameters_on_the_gpu():
     """offload_optimizer (DeepSpeed 0.19 stage3.py): the fp32 master partitions, the moments and the gradient
     partitions move to the host; each reduced partition passes through the GPU on its way there (a bf16 copy, its
-    fp64 norm, its fp32 copy); the step adds nothing on the GPU. offload_param moves the bf16 partitions too."""
+    fp64 norm, its fp32 copy); the step adds nothing on the GPU. offload_param moves the bf16 partitions, with the
+    optimizer's states or alone."""
     from memcalc.memory.timeline_zero3 import _gradients, _to_host
 
     p3 = sum(-(-n // 2) for _, n in param_tensors(ARCH))
@@ -160,8 +161,12 @@ def test_offload_keeps_the_bf16_partitions_the_bucket_and_the_gathered_parameter
     params = tl(bucket=2000, optimizer_impl="for-loop", offload_optimizer=True, offload_params=True)
     assert params.moments[0].live_bytes == off.moments[0].live_bytes - 2 * p3
     assert params.peak.live_bytes < off.peak.live_bytes < plain.peak.live_bytes
-    with pytest.raises(InputError, match="offload_param without offload_optimizer"):
-        tl(offload_params=True)
+    # offload_param alone: the bf16 partitions on the host, everything else as without offload (the fp32 master
+    # partitions, moments and gradient partitions on the GPU, the step there), moment by moment
+    alone = tl(bucket=2000, optimizer_impl="for-loop", offload_params=True)
+    assert [(m.phase, m.label) for m in alone.moments] == [(m.phase, m.label) for m in plain.moments]
+    assert [m.live_bytes for m in alone.moments] == [m.live_bytes - 2 * p3 for m in plain.moments]
+    assert "parameters (bf16 partitions)" not in dict(alone.moments[0].parts)
 
 
 def test_offload_under_the_default_accounting(tmp_path):

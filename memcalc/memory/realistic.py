@@ -420,6 +420,10 @@ def notes(plan: Plan) -> list[str]:
             from memcalc.memory.timeline_zero3 import OFFLOAD_NOTE
 
             out.append(OFFLOAD_NOTE)
+        elif plan.offload_params != "none":
+            from memcalc.memory.timeline_zero3 import PARAM_OFFLOAD_NOTE
+
+            out.append(PARAM_OFFLOAD_NOTE)
     if plan.spec.name in FSDP_SHARDED and w.recompute not in ("none", "full"):
         out.append(f"{plan.spec.name} with {w.recompute} recompute: the policy's kept tensors (as on one GPU) under the FSDP2 "
                    "timeline, which was traced with recompute none and full")

@@ -64,9 +64,6 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
                 "under torch DDP/FSDP or DeepSpeed, not Megatron-LM's layers, fp32 main_grad buffer and distributed "
                 "optimizer; the paper accounting counts Megatron's states (bf16: 18 bytes per parameter, 6 + 12/d "
                 "with --stage 1)")
-    if strategy == "zero-3" and offload[1] != "none" and offload[0] == "none":
-        return ("zero-3 offload_param without offload_optimizer: the realistic ZeRO-3 timeline was traced with the "
-                "parameters offloaded together with the optimizer; the paper accounting counts this one")
     if offload != ("none", "none") and strategy not in ("zero-1", "zero-2", "zero-3", "FULL_SHARD"):
         return ("offload: the realistic accounting models DeepSpeed ZeRO-1/2/3's CPU/NVMe offload and FULL_SHARD's "
                 "parameter offload (FSDP2 CPUOffloadPolicy, FSDP1 CPUOffload); the paper accounting counts the others")

@@ -129,6 +129,11 @@ def _gradients(arch: Architecture, dp: int, bucket: int, width: int = 2,
             elements += n
     return out, own + flush()
 
+PARAM_OFFLOAD_NOTE = ("DeepSpeed ZeRO-3 offload_param without offload_optimizer: the bf16 partitions in pinned host "
+                      "memory; the fp32 master partitions, moments and gradient partitions, the bucket and the gathered "
+                      "parameters on the GPU, the step there, its updated partitions copied to the host (a blocking "
+                      "copy_, cast on the host side); read from DeepSpeed 0.19's stage3.py, not traced (a CPU run cannot "
+                      "tell the devices apart)")
 OFFLOAD_NOTE = ("DeepSpeed ZeRO-3 offload: on the GPU the bf16 partitions (on the host too with offload_param), the "
                 "1-bucket gradient buffer, the gathered parameters and each reduced gradient partition's copies on its "
                 "way to the host (bf16 copy, fp64 norm chunks of at most 2.5e8 elements, fp32 copy); the fp32 master "
@@ -151,8 +156,13 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
     stage3.py ``self.device`` is the CPU) live on the host; the GPU keeps the bf16 partitions, the bucket (allocated on
     the accelerator whatever offloads), the gathered parameters, and each reduced gradient partition's copies on its
     way to the CPU (``_to_host``); the step runs on the CPU and writes the updated partitions back into the bf16 GPU
-    partitions (``copy_``, no GPU temporary). ``offload_params`` (with it; ``offload_param.device``): the bf16
-    partitions live in pinned host memory too; parameters are gathered onto the GPU as without offload.
+    partitions (``copy_``, no GPU temporary). ``offload_params`` (``offload_param.device``): the bf16 partitions
+    live in pinned host memory (``param_groups_fp16_flat_cpu_memory``); parameters are gathered onto the GPU as
+    without offload. Without ``offload_optimizer`` the rest is as without offload: ``self.device`` is the
+    accelerator, so the fp32 master partitions (``_create_fp32_partitions``: the host partitions converted
+    ``.to(self.device)``), the moments and the gradient partitions stay on the GPU and the step runs there; the
+    updated fp32 partitions are written into the host's bf16 partitions (``_reassign_or_swap_out_partitioned_parameters``:
+    a blocking ``copy_`` to the host, cast on the host side, no GPU temporary).
 
     ``lora``: peft adapters on a frozen base (``memcalc.model.lora.LoraPlan``, the base in the training dtype).
     DeepSpeed partitions every parameter, the frozen base's too, and gathers each module's as it runs (peft's
@@ -184,10 +194,6 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
     # Persistent parameters stay whole beside their partitions; on one rank the partition is the whole parameter,
     # already counted (that case was traced with no persistent parameters only).
     whole = w * sum(persistent(arch, settings, lora).values()) if dp > 1 else 0
-    if offload_params and not offload_optimizer:
-        raise InputError("offload_param without offload_optimizer: the ZeRO-3 timeline models parameter offload "
-                         "together with optimizer offload only (DeepSpeed runs either alone); --accounting paper "
-                         "counts this one")
     mine = w * sum(ceil_div(n, dp) for _, n in every)
     on_gpu = [] if offload_params else [(f"parameters ({dtype} partitions)", mine)]
     if not offload_optimizer:
