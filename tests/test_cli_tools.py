@@ -145,7 +145,9 @@ def test_deepspeed_config_sets_the_strategy_and_typed_flags_win():
     assert r.exit_code == 0, r.output
     e = Estimate.model_validate_json(r.stdout)
     assert e.strategy.name == "zero-3" and e.strategy.offload_optimizer == "cpu" and e.strategy.offload_params == "cpu"
-    assert "not modelled" in r.stderr  # said on stderr, stdout stays JSON
+    # said on stderr, stdout stays JSON; its sub_group_size (1e9) is read, the rest named as ignored
+    assert "do not change memory and are ignored" in r.stderr and "sub_group_size" not in r.stderr
+    assert e.input.framework.sub_group_size == 1_000_000_000
     typed = Estimate.model_validate_json(run("estimate", "--model", "llama-2-7b", "--gpus", "8", "--deepspeed", ds,
                                              "--stage", "2", "--json").stdout)
     assert typed.strategy.name == "zero-2" and typed.strategy.offload_optimizer == "none"

@@ -187,6 +187,7 @@ def test_zero3_parameter_offload_alone_is_answered_realistically() -> None:
     path = DATA / "deepspeed" / "axolotl_zero3_bf16_cpuoffload_params.json"
     a = read_deepspeed(str(path), world_size=8, seq_len=2048, micro_batch=1, accounting="auto").arguments
     assert a["offload_params"] == "cpu" and a.get("offload_optimizer", "none") == "none"
+    assert a["sub_group_size"] == 0  # every parameter a sub-group of its own (read by the realistic accounting)
     kw = {"model": "llama-3-8b", "gpu": "h100"}
     r = memcalc.estimate(**kw, **a)
     assert r.accounting == "realistic" and r.input.strategy.offload_params == "cpu"

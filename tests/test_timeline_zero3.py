@@ -74,6 +74,37 @@ def test_sub_groups_bound_the_step():
     small = tl(bucket=2000, optimizer_impl="for-loop", sub_group_size=30_000)
     assert small.phase_peaks["optimizer.adamw"] - small.moments[0].live_bytes == 12 * 45_216 + 512
     assert small.moments[0].live_bytes == tl(bucket=2000).moments[0].live_bytes + 4  # a step scalar per sub-group
+    # 0 (axolotl's configs): every parameter a sub-group of its own, the largest (the embedding's partition) bounds
+    # the step
+    each = sub_groups(ARCH, 2, 0)
+    assert len(each) == len(param_tensors(ARCH)) and max(each) == 16_384
+    one = tl(bucket=2000, optimizer_impl="for-loop", sub_group_size=0)
+    assert one.phase_peaks["optimizer.adamw"] - one.moments[0].live_bytes == 12 * 16_384 + 512
+
+
+def test_sub_group_size_reaches_the_step_and_is_refused_where_unused():
+    """Llama 3 8B on 8 GPUs, full recompute, 2,048 tokens: with DeepSpeed's 1e9 the rank's 1e9-element partition is
+    one sub-group, flattened and upcast at once (6 bytes per element) and the step is the peak; with 0 the largest
+    sub-group is the embedding's partition and the peak moves to the backward."""
+    kw = {"model": "llama-3-8b", "gpu": "h100-sxm", "stage": 3, "gpus": 8, "seq_len": 2048, "micro_batch": 1,
+          "precision": "bf16-mixed", "recompute": "full"}
+    one, each = memcalc.estimate(**kw), memcalc.estimate(**kw, sub_group_size=0)
+    assert one.memory.timeline.peak_phase == "optimizer.adamw" and each.memory.timeline.peak_phase == "backward"
+    p3 = sum(-(-n // 8) for _, n in param_tensors(one.input.model.architecture))
+    emb = -(-128_256 * 4096 // 8)
+    # the step's peak, foreach AdamW on a sub-group: its fp32 gradients and a temporary as large (8 bytes per
+    # element), the whole partition against the embedding's; a step scalar per sub-group
+    n = len(param_tensors(one.input.model.architecture))
+    assert one.input.framework.sub_group_size is None and one.input.workload.optimizer_impl == "foreach"
+    assert one.memory.timeline.phases["optimizer"] - each.memory.timeline.phases["optimizer"] == \
+        8 * p3 - 8 * emb + 4 * (1 - n)
+    assert any("sub_group_size 0" in n for n in each.notes)
+    with pytest.raises(InputError, match="--sub-group-size"):
+        memcalc.estimate(**kw, sub_group_size=0, accounting="implementation")
+    with pytest.raises(InputError, match="--sub-group-size"):
+        memcalc.estimate(**kw, sub_group_size=0, accounting="paper")
+    with pytest.raises(InputError, match="--sub-group-size"):
+        memcalc.estimate(**(kw | {"stage": 2}), sub_group_size=0)
 
 
 def test_gathered_as_the_coordinator_holds_them():
@@ -121,7 +152,7 @@ def test_bad_input(tmp_path):
     with pytest.raises(InputError, match="recompute"):
         tl(recompute="selective")
     with pytest.raises(InputError, match="sub_group_size"):
-        tl(sub_group_size=0)
+        tl(sub_group_size=-1)
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(LLAMA))
     kw = dict(hf_config=str(cfg), gpus=2, stage=3, seq_len=32)

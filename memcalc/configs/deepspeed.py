@@ -305,6 +305,9 @@ def _zero_knobs(c: Collector, values: dict[str, Any], spelled: dict[str, str], s
             resolved[key] = as_int(c, path, value, digit_strings=True)
         if key in K.ZERO3_KNOBS:
             c.used(path)
+        elif key == "sub_group_size" and key in resolved and stage == 3 and accounting in ("realistic", "auto"):
+            c.used(path)  # the optimizer's sub-groups: the step's flattened and upcast gradients (realistic)
+            c.arguments["sub_group_size"] = resolved[key]
         elif key == "reduce_bucket_size" and key in resolved and stage in (1, 2, 3):
             c.used(path)  # the gradient bucket the realistic accounting holds during backward
             c.arguments["reduce_bucket_size"] = resolved[key]

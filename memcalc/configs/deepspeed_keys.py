@@ -90,7 +90,7 @@ ZERO_UNMODELLED: dict[str, str] = {
     "reduce_bucket_size": "gradient reduce bucket (elements), held during backward",
     "allgather_bucket_size": "parameter all-gather bucket (elements) after the step (stages 1-2)",
     "contiguous_gradients": "contiguous gradient buffer (stages 2-3)",
-    "sub_group_size": "optimizer sub-group flat buffers (ZeRO-3)",
+    "sub_group_size": "optimizer sub-group flat buffers (ZeRO-3; read by the realistic accounting)",
     "model_persistence_threshold": "cap on persistent (unpartitioned) parameters",
     "module_granularity_threshold": "fetch granularity of small modules (ZeRO-3)",
     "allgather_sequential": "per-parameter gathers without flattening buffers (ZeRO-3)",
@@ -105,6 +105,9 @@ ZERO3_KNOBS = {  # zero_optimization field -> memcalc.estimate argument
     "max_reuse_distance": "max_reuse_distance", "max_live_parameters": "max_live_parameters",
     "prefetch_bucket_size": "prefetch_bucket_size", "param_persistence_threshold": "persistence_threshold",
 }  # fmt: skip
+ZERO3_ONLY = (*ZERO3_KNOBS.values(), "sub_group_size")
+"""The memcalc.estimate arguments a ZeRO-3 config sets that apply to stage 3 alone (the coordinator's settings and
+the optimizer's sub-groups)."""
 
 OFFLOAD_OPTIMIZER_KEYS = ("device", "nvme_path", "buffer_count", "pin_memory", "pipeline_read", "pipeline_write",
                           "fast_init", "ratio", "super_offload", "cpuadam_cores_perc")  # fmt: skip

@@ -118,6 +118,7 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "prefetch_bucket_size": _kind(int, float, str, text="a count of elements, 0 or more, or None", none=True),
     "reduce_bucket_size": _kind(int, float, str, text="a count of elements, 1 or more, or None", none=True),
     "persistence_threshold": _kind(int, float, str, text="a count of elements, 0 or more, or None", none=True),
+    "sub_group_size": _kind(int, float, str, text="a count of elements, 0 or more, or None", none=True),
     "zero3_step": _one_of("steady", "first"),
     "cluster": _kind(*_PATH, text="a cluster preset such as 'dgx-h100', the path of a .toml file, or None", none=True),
     "tokens": _kind(int, float, str, text="a count of tokens such as 2e12 or 15T, or None", none=True),

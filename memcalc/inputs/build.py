@@ -246,6 +246,7 @@ def build_input(
     reduce_bucket_size: int | float | str | None = None,
     overlap_comm: bool | None = None,
     persistence_threshold: int | float | str | None = None,
+    sub_group_size: float | str | None = None,
     zero3_step: str = "steady",
     cluster: str | None = None,
     tokens: int | float | str | None = None,
@@ -313,7 +314,8 @@ def build_input(
     knobs = [flag for flag, v in (("--max-reuse-distance", max_reuse_distance),
                                   ("--max-live-parameters", max_live_parameters),
                                   ("--prefetch-bucket-size", prefetch_bucket_size),
-                                  ("--persistence-threshold", persistence_threshold)) if v is not None]
+                                  ("--persistence-threshold", persistence_threshold),
+                                  ("--sub-group-size", sub_group_size)) if v is not None]
     if knobs and accounting == "paper":  # asked for by name; under auto the paper's answer notes them as unused
         raise InputError(f"{', '.join(knobs)}: DeepSpeed ZeRO-3 coordinator settings, used only with --stage 3 and "
                          "--accounting realistic or implementation (got --accounting paper)")
@@ -371,6 +373,7 @@ def build_input(
             reduce_bucket_size=None if reduce_bucket_size is None else parse_count(reduce_bucket_size,
                                                                                   "--reduce-bucket-size"),
             persistence_threshold=_elements("--persistence-threshold", persistence_threshold),
+            sub_group_size=_elements("--sub-group-size", sub_group_size),
             overlap_comm=overlap_comm,
             zero3_step=zero3_step,  # type: ignore[arg-type]
         ),

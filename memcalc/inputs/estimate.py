@@ -207,6 +207,10 @@ class EstimateInput(Record):
         if fw.reduce_bucket_size is not None and spec.framework != "deepspeed":
             raise InputError(f"--reduce-bucket-size: DeepSpeed's gradient bucket; it needs --stage (got {spec.label})")
         z3 = self.framework.zero3_flags
+        if fw.sub_group_size is not None and self.accounting == "implementation":
+            raise InputError("--sub-group-size: the optimizer's sub-groups, which the realistic accounting's step "
+                             "holds; the implementation accounting counts the states alone (give --accounting "
+                             "realistic)")  # fmt: skip
         # under the paper's accounting they are kept and a note says they are not used (a config file's settings,
         # read for --accounting auto, stay with a step that auto answers with the paper's accounting)
         if z3 and (spec.name != "zero-3" or self.accounting == "deepspeed-estimator"):

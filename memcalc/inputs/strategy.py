@@ -149,6 +149,9 @@ class FrameworkOptions(Record):
     """DeepSpeed ZeRO-3: stage3_prefetch_bucket_size in elements (None: DeepSpeed's default, 5e7)."""
     persistence_threshold: int | None = bounded(default=None, ge=0, le=MAX_COUNT)
     """DeepSpeed ZeRO-3: stage3_param_persistence_threshold in elements (None: DeepSpeed's default, 1e5)."""
+    sub_group_size: int | None = bounded(default=None, ge=0, le=MAX_COUNT)
+    """DeepSpeed ZeRO-3: sub_group_size in elements, the optimizer's sub-groups (None: DeepSpeed's default, 1e9;
+    0: one parameter each). Realistic accounting."""
     reduce_bucket_size: int | None = bounded(default=None, gt=0, le=MAX_COUNT)
     """DeepSpeed ZeRO-1/2/3: reduce_bucket_size in elements (None: DeepSpeed's default, 5e8), the gradient bucket the
     realistic accounting holds during backward (ZeRO-3: all step)."""
@@ -166,6 +169,7 @@ class FrameworkOptions(Record):
                                      ("--max-live-parameters", self.max_live_parameters),
                                      ("--prefetch-bucket-size", self.prefetch_bucket_size),
                                      ("--persistence-threshold", self.persistence_threshold),
+                                     ("--sub-group-size", self.sub_group_size),
                                      ("--zero3-step", None if self.zero3_step == "steady" else self.zero3_step))
                 if v is not None]  # fmt: skip
 
@@ -173,7 +177,8 @@ class FrameworkOptions(Record):
         """The settings DeepSpeed's ZeRO-3 coordinator runs with: these, DeepSpeed's defaults where unset."""
         given = {"max_reuse_distance": self.max_reuse_distance, "max_live_parameters": self.max_live_parameters,
                  "prefetch_bucket_size": self.prefetch_bucket_size,
-                 "param_persistence_threshold": self.persistence_threshold}  # fmt: skip
+                 "param_persistence_threshold": self.persistence_threshold,
+                 "sub_group_size": self.sub_group_size}  # fmt: skip
         return Zero3Settings(**{k: v for k, v in given.items() if v is not None})
 
     def __post_init__(self) -> None:

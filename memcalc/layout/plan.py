@@ -42,6 +42,9 @@ class Zero3Settings:
     """stage3_prefetch_bucket_size: elements prefetched at most after each fetch (0: no prefetching)."""
     param_persistence_threshold: int = 100_000
     """stage3_param_persistence_threshold: parameters of at most this many elements stay whole on every rank."""
+    sub_group_size: int = 1_000_000_000
+    """sub_group_size: the optimizer steps the rank's partitions in sub-groups closed once they reach this many
+    elements (0: one parameter each); each sub-group's gradients are flattened and upcast at its step."""
 
 
 @frozen

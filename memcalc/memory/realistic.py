@@ -236,6 +236,7 @@ def evaluate(plan: Plan, stage: int = 0) -> Realistic:
                             device=w.device, bucket=plan.reduce_bucket_size, settings=plan.zero3, use_cache=False,
                             offload_optimizer=plan.offload_optimizer != "none",
                             offload_params=plan.offload_params != "none", lora=plan.lora,
+                            sub_group_size=plan.zero3.sub_group_size,
                             precision="fp32" if p.name == "fp32" else "bf16")
         return _finish(plan, tl, tl.peak.live_bytes, 0, comm_groups=int(plan.dp > 1))
     sharded = plan.spec.name in FSDP_SHARDED

@@ -55,7 +55,8 @@ NOTE = ("DeepSpeed ZeRO-3: the module in {dtype} saves what a pure {dtype} model
         "gradient partitions and bucket (reduce_bucket_size {bucket:,} elements), the parameters its coordinator holds "
         "gathered module by module (stage3_prefetch_bucket_size {z.prefetch_bucket_size:,}, stage3_max_reuse_distance "
         "{z.max_reuse_distance:,}, stage3_max_live_parameters {z.max_live_parameters:,}, persistence threshold "
-        "{z.param_persistence_threshold:,}), the bucket's reductions and the step's fp32 gradients per sub-group as "
+        "{z.param_persistence_threshold:,}), the bucket's reductions and the step's fp32 gradients per sub-group "
+        "(sub_group_size {z.sub_group_size:,}) as "
         "DeepSpeed 0.19 holds them (memory/timeline_zero3.py, against traced DeepSpeed steps on CPU ranks)")
 
 
@@ -174,8 +175,9 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
                          "(--quantize none)")
     if lora is not None:  # DeepSpeed's linear saves every projection's input, a frozen one's too (below)
         lora = replace(lora, inputs_saved=True)
-    if dp < 1 or bucket < 1 or sub_group_size < 1:
-        raise InputError(f"dp {dp}, reduce_bucket_size {bucket} and sub_group_size {sub_group_size} must be positive")
+    if dp < 1 or bucket < 1 or sub_group_size < 0:
+        raise InputError(f"dp {dp} and reduce_bucket_size {bucket} must be positive, sub_group_size {sub_group_size} "
+                         "0 or more")
     if optimizer_impl not in ("foreach", "fused", "for-loop"):
         raise InputError(f"optimizer implementation {optimizer_impl!r} under DeepSpeed: accepted foreach, fused, "
                          "for-loop")  # fmt: skip
@@ -267,11 +269,17 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
         moments += [_moment("optimizer", "DeepSpeedCPUAdam on the host, the bf16 partitions written back", base),
                     _moment("zero_grad", "after the step", base)]
         return with_loss(tl, moments)
+    # Sub-group by sub-group (stage3.py step): its gradients flattened and upcast (the flat copy freed once upcast),
+    # AdamW on it, its fp32 gradients released; the sub-groups after the first are flattened while the step runs.
+    def flattened(n: int) -> list[tuple[str, int]]:
+        return [(f"flattened gradients ({dtype})", w * n), ("fp32 gradients", 4 * n if w == 2 else 0)]
+
     moments += [
         _moment("optimizer", "fp64 copy of a gradient partition for the norm", base
                 + [("fp64 gradient partition", 8 * largest)]),
-        _moment("optimizer", "a sub-group's gradients flattened and upcast", base
-                + [(f"flattened gradients ({dtype})", w * big), ("fp32 gradients", 4 * big if w == 2 else 0)]),
+        _moment("optimizer", "the first sub-group's gradients flattened and upcast", base + flattened(groups[0])),
+        *([_moment("optimizer.adamw", "a later sub-group's gradients flattened and upcast",
+                   base + flattened(max(groups[1:])))] if len(groups) > 1 else []),
         _moment("optimizer.adamw", "AdamW on a sub-group's fp32 partition", base
                 + [("fp32 gradients", 4 * big), ("step temporaries", temp)]),
         _moment("zero_grad", "after the step", base),

@@ -137,6 +137,21 @@ def test_zero3_timeline_equals_trace(layers, world, recompute, reuse, prefetch, 
     assert r.facts["partition"] == sum(-(-n // world) for _, n in param_tensors(architecture_from_config(cfg)))
 
 
+@pytest.mark.parametrize("sub_group_size", [0, 30_000])
+def test_zero3_sub_groups_as_traced(sub_group_size):
+    """zero_optimization.sub_group_size: the step flattens and upcasts one sub-group's gradients at a time (0: each
+    parameter alone, as axolotl's configs set it); the step's phases within 256 bytes of the trace."""
+    from memcalc.layout.plan import Zero3Settings
+    from memcalc.memory.timeline_zero3 import zero3_timeline
+
+    r = trace_deepspeed(LLAMA, stage=3, world=2, seq_len=S, micro_batch=B, reduce_bucket_size=2000, timeout=240,
+                        zero_config={"sub_group_size": sub_group_size})
+    settings = Zero3Settings(param_persistence_threshold=0)
+    tl = zero3_timeline(architecture_from_config(LLAMA), family="llama", dp=2, attention="sdpa", s=S, b=B,
+                        optimizer_impl="for-loop", bucket=2000, settings=settings, sub_group_size=sub_group_size)
+    assert_zero3_as_traced(tl, r.trace, LLAMA, 2)
+
+
 @pytest.mark.parametrize("layers,recompute,reuse,prefetch", [(2, "none", 1_000_000_000, 50_000_000),
                                                              (4, "full", 100_000, 0)])
 def test_fp32_zero3_timeline_equals_trace(layers, recompute, reuse, prefetch):
