@@ -45,12 +45,16 @@ class Evaluation(NamedTuple):
     transfers: tuple[HostTransfer, ...]
     realistic: Any = None
     """The realistic accounting's peak, allocator figures, verdict and phase peaks (``memcalc.memory.realistic``)."""
-    paper_fit: Any = None
-    """The paper accounting's verdict (``memcalc.memory.paper.fit``): its band and the buffers its rows leave out."""
 
     @property
     def total(self) -> int:
         return self.stages[self.top].total
+
+    @property
+    def paper_fit(self) -> paper.PaperFit | None:
+        """The paper accounting's verdict (``memcalc.memory.paper.fit``: its band and the buffers its rows leave
+        out); None under the other accountings. Drawn when asked for: the plan sweeps never read it."""
+        return paper.fit(self.plan, self.total, self.top) if self.plan.accounting == "paper" else None
 
 
 def _realistic(plan: Plan, stage: int = 0) -> tuple[StageLoad, Any]:
@@ -199,9 +203,8 @@ def evaluate(plan: Plan) -> Evaluation:
         transfers = traffic.host_transfers(psi_top, plan.spec, plan.shard_group_size, plan.precision.param_bytes,
                                            plan.precision.grad_bytes, opt_state_bytes, opt_device,
                                            plan.offload_params, plan.grad_accum, trainable=adapters)
-    verdict = paper.fit(plan, stages[top].total, top) if plan.accounting == "paper" else None
     return Evaluation(plan, tuple(stages), top, tuple(gpu_rows), tuple(node_rows), tuple(collectives),
-                      tuple(transfers), real, verdict)
+                      tuple(transfers), real)
 
 
 def _collectives(plan: Plan, issued: list, psi: int, stage: int, st: object) -> list[Collective]:

@@ -524,3 +524,22 @@ def test_an_error_over_a_flag_the_file_gave_names_the_file(tmp_path) -> None:
                                    "--fsdp", "FULL_SHARD"])  # fmt: skip
     assert res.exit_code == 2 and f"(--reduce-bucket-size 67108864 is read from {zero3})" in res.stderr, res.output
     assert "--stage None" not in res.stderr
+
+
+def test_a_strategy_given_over_a_zero3_file_keeps_its_settings_only_for_zero3() -> None:
+    """merge_arguments (the CLI's and the API's): a typed strategy other than ZeRO-3 drops the file's ZeRO-3
+    settings, which would otherwise be refused as set for another stage; ZeRO-3 named again keeps them."""
+    path = DATA / "deepspeed" / "axolotl_zero3_bf16_cpuoffload_params.json"
+    a = read_deepspeed(str(path), world_size=8, hidden=4096, seq_len=2048, micro_batch=1, accounting="auto").arguments
+    assert a["sub_group_size"] == 0 and a["prefetch_bucket_size"] == int(0.9 * 4096 * 4096)
+    kw = {"model": "llama-3-8b", "gpu": "h100"}
+    for given in ({"stage": 2}, {"fsdp": "FULL_SHARD"}, {"strategy": "zero-2+opt-cpu"}):
+        merged = merge_arguments(a, given)
+        assert "sub_group_size" not in merged and "prefetch_bucket_size" not in merged
+        if "fsdp" not in given:  # (FSDP refuses the file's DeepSpeed bucket, naming it: test above)
+            memcalc.estimate(**kw, **merged)  # no ZeRO-3 setting left to refuse
+    for given in ({"stage": 3}, {"stage": "3"}, {"strategy": "zero-3+opt-cpu"}):
+        merged = merge_arguments(a, given)
+        assert merged["sub_group_size"] == 0 and merged["max_reuse_distance"] == 0
+    with pytest.raises(InputError, match="--sub-group-size"):  # typed with another stage: refused, not dropped
+        memcalc.estimate(**kw, **merge_arguments(a, {"stage": 2, "sub_group_size": 0}))

@@ -6,9 +6,10 @@ import memcalc
 from memcalc.memory.allocator import GAP_FRACTION, GAP_HIGH, GAP_LOW
 from memcalc.units import GiB
 
-DDP_7B = dict(model="llama-2-7b", ddp=True, gpus=2, precision="bf16", seq_len=2048, micro_batch=1, gpu="a100-80g")
-MIXTRAL_Z3 = dict(model="mixtral", stage=3, gpus=32, seq_len=4096, micro_batch=1, precision="bf16-mixed",
-                  attention="flash", gpu="h100-sxm")  # fmt: skip
+DDP_7B = {"model": "llama-2-7b", "ddp": True, "gpus": 2, "precision": "bf16", "seq_len": 2048, "micro_batch": 1,
+          "gpu": "a100-80g"}
+MIXTRAL_Z3 = {"model": "mixtral", "stage": 3, "gpus": 32, "seq_len": 4096, "micro_batch": 1, "precision": "bf16-mixed",
+              "attention": "flash", "gpu": "h100-sxm"}
 
 
 def _band(r, uncounted: int) -> int:
@@ -78,8 +79,8 @@ def test_a_bare_count_has_only_the_allocator_band():
 
 def test_auto_micro_batch_under_the_paper_accounting_stops_before_the_band():
     """--micro-batch auto takes the largest micro-batch whose verdict is fits: the next one is at risk or worse."""
-    kw = dict(model="llama-2-7b", stage=3, gpus=8, seq_len=2048, precision="bf16-mixed", gpu="a100-80g",
-              accounting="paper")  # fmt: skip
+    kw = {"model": "llama-2-7b", "stage": 3, "gpus": 8, "seq_len": 2048, "precision": "bf16-mixed", "gpu": "a100-80g",
+          "accounting": "paper"}
     best = memcalc.estimate(**kw, micro_batch="auto")
     b = best.training.micro_batch
     assert best.memory.fit.verdict == "fits"
@@ -111,3 +112,23 @@ def test_compare_marks_a_paper_row_at_risk(fmt):
         if parts and parts[0] in ("DDP", "ZeRO-3", "ZeRO-3 + opt→cpu"):
             cells[parts[0]] = parts[7]
     assert cells == {"DDP": "no", "ZeRO-3": "risk", "ZeRO-3 + opt→cpu": "yes"}
+
+
+def test_lora_gathers_the_frozen_base_as_stored_with_its_adapters():
+    """Under LoRA the gathered layer is the frozen base in its stored form and the adapters beside it: bf16 base plus
+    bf16 adapters, or under QLoRA the NF4-packed linears (half a byte per weight, plus their absmax) with the rest of
+    the layer (norms) in bf16: a little over a quarter of the bf16 unit."""
+    from memcalc.model import lora as lr
+
+    kw = {"model": "llama-3-70b", "fsdp": "FULL_SHARD", "gpus": 8, "seq_len": 2048, "micro_batch": 1, "lora_rank": 16,
+          "precision": "bf16-mixed", "accounting": "paper"}
+
+    def gathered(r) -> float:
+        note = next(n for n in r.notes if n.startswith("verdict (paper accounting)"))
+        return float(note.split("prefetched ")[1].split(" GiB")[0])
+
+    plain, nf4 = memcalc.estimate(**kw), memcalc.estimate(**kw, quantize="nf4")
+    arch = plain.input.model.architecture
+    adapters = lr.layer_lora(arch, plain.input.lora_plan).adapters
+    assert gathered(plain) == round(2 * 2 * (plain.model.breakdown.largest_layer + adapters) / GiB, 2)
+    assert 0.25 < gathered(nf4) / gathered(plain) < 0.3

@@ -42,7 +42,6 @@ def with_config(ctx: Any, kwargs: dict[str, Any], deepspeed: str | None, acceler
         read_deepspeed,
         read_torchtitan,
     )
-    from memcalc.configs.deepspeed_keys import ZERO3_ONLY
 
     given = typed(ctx) & set(kwargs)
     mb = kwargs.get("micro_batch") if "micro_batch" in given and kwargs.get("micro_batch") != "auto" else None
@@ -79,10 +78,6 @@ def with_config(ctx: Any, kwargs: dict[str, Any], deepspeed: str | None, acceler
     merged = merge_arguments(reading.arguments, {k: kwargs[k] for k in given})
     if origin is not None:
         origin.update({k: (reading.source, v) for k, v in reading.arguments.items() if k not in given})
-    if merged.get("stage") != 3:  # a typed --stage over the file's ZeRO-3: its stage3_* settings no longer apply
-        for key in ZERO3_ONLY:
-            if key not in given:
-                merged.pop(key, None)
     return {**kept, **merged}
 
 

@@ -361,14 +361,30 @@ def merge_arguments(config: Mapping[str, Any], given: Mapping[str, Any]) -> dict
     """The config's arguments, overridden by those the user gave explicitly (command-line flags).
 
     A strategy given (stage, fsdp, ddp, strategy) replaces the config's strategy with its offload and shard
-    settings; a model given (params, model, hf_config) replaces the config's model preset.
+    settings, and one other than ZeRO-3 drops the config's ZeRO-3 settings (the coordinator's and the optimizer's
+    sub-groups); a model given (params, model, hf_config) replaces the config's model preset. The config's other
+    settings stay, and one the strategy given cannot use is refused by the estimate naming the file.
     """
     out = dict(config)
     if any(k in given for k in STRATEGY_ARGUMENTS):
         for k in (*STRATEGY_ARGUMENTS, "offload_optimizer", "offload_params", "shard_group"):
+            out.pop(k, None)
+        for k in _dropped_zero3_settings(given):
             out.pop(k, None)
     if any(k in given for k in MODEL_ARGUMENTS):
         for k in MODEL_ARGUMENTS:
             out.pop(k, None)
     out.update(given)
     return out
+
+
+def _dropped_zero3_settings(given: Mapping[str, Any]) -> tuple[str, ...]:
+    """The ZeRO-3 arguments a config may set, unless the strategy given is ZeRO-3 (``stage`` 3 or a ``zero-3``
+    strategy)."""
+    from memcalc.configs.deepspeed_keys import ZERO3_ONLY
+
+    strategy = given.get("strategy")
+    name = strategy if isinstance(strategy, str) else getattr(getattr(strategy, "spec", None), "name", "") or ""
+    if given.get("stage") is not None:
+        name = f"zero-{str(given['stage']).strip()}"
+    return () if name.strip().lower().partition("+")[0] == "zero-3" else ZERO3_ONLY

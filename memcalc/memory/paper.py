@@ -385,9 +385,10 @@ def uncounted(plan: Plan, stage: int) -> list[tuple[str, int]]:
 
     - Sharded parameters (ZeRO-3, FSDP FULL_SHARD and HYBRID_SHARD, offloaded or not): the gathered copy of the unit
       being computed and of the next one, prefetched (FSDP2's implicit forward and backward prefetch, FSDP1's
-      BACKWARD_PRE, ZeRO-3's prefetch bucket), in the dtype the forward reads (``param_bytes``); a unit is the
-      largest decoder layer this rank holds (its TP/EP share). A lower bound: a root unit holding the embedding
-      and the head is larger, and ZeRO-3 may keep up to ``stage3_max_live_parameters`` gathered.
+      BACKWARD_PRE, ZeRO-3's prefetch bucket), in the dtype the forward reads (``param_bytes``; under LoRA the
+      frozen base as stored, NF4-packed under QLoRA, with the adapters); a unit is the largest decoder layer this
+      rank holds (its TP/EP share). A lower bound: a root unit holding the embedding and the head is larger, and
+      ZeRO-3 may keep up to ``stage3_max_live_parameters`` gathered.
     - torch DDP with more than one rank: its gradient buckets, a second copy of the gradients made at construction
       and alive for the run (``gradient_as_bucket_view=False``, the default: torch/nn/parallel/distributed.py); under
       LoRA only the adapters have gradients.
@@ -397,7 +398,13 @@ def uncounted(plan: Plan, stage: int) -> list[tuple[str, int]]:
         from memcalc.model.params import Shard, model_params
 
         layer = max(x.total for x in model_params(arch, Shard(plan.tp, plan.ep)).layers)
-        out.append(("gathered units: the layer computed and the next, prefetched", 2 * layer * p.param_bytes))
+        unit = layer * p.param_bytes
+        if plan.lora is not None:  # the frozen base (NF4-packed under QLoRA) and the adapters gathered with it
+            from memcalc.model import lora as lr
+
+            sp = lr.split(layer, 1, lr.layer_lora(arch, plan.lora), plan.lora.quantize, p.param_bytes)
+            unit = sp.frozen_bytes + sp.adapters * p.param_bytes
+        out.append(("gathered units: the layer computed and the next, prefetched", 2 * unit))
     if plan.spec.name == "ddp" and plan.dp > 1 and not plan.bucket_view:
         trainable = param_groups(plan, stage)[0]
         if plan.lora is not None and arch is not None:

@@ -221,9 +221,9 @@ def estimate(inp: EstimateInput, ev: Evaluation, micro_batch_auto: bool = False,
     if ev.realistic is not None:
         fit = Fit(fits=ev.realistic.verdict == "fits", usable_bytes=usable, headroom_bytes=usable - per_gpu.total,
                   verdict=ev.realistic.verdict)
-    elif ev.paper_fit is not None:
-        fit = Fit(fits=ev.paper_fit.verdict == "fits", usable_bytes=usable, headroom_bytes=usable - per_gpu.total,
-                  verdict=ev.paper_fit.verdict)
+    elif (paper_fit := ev.paper_fit) is not None:
+        fit = Fit(fits=paper_fit.verdict == "fits", usable_bytes=usable, headroom_bytes=usable - per_gpu.total,
+                  verdict=paper_fit.verdict)
     else:
         fits = per_gpu.total <= usable
         fit = Fit(fits=fits, usable_bytes=usable, headroom_bytes=usable - per_gpu.total, verdict="fits" if fits else "oom")
