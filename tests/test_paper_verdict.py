@@ -132,3 +132,18 @@ def test_lora_gathers_the_frozen_base_as_stored_with_its_adapters():
     adapters = lr.layer_lora(arch, plain.input.lora_plan).adapters
     assert gathered(plain) == round(2 * 2 * (plain.model.breakdown.largest_layer + adapters) / GiB, 2)
     assert 0.25 < gathered(nf4) / gathered(plain) < 0.3
+
+
+def test_the_at_risk_line_names_what_the_paper_rows_leave_out():
+    from typer.testing import CliRunner
+
+    from memcalc.cli import app
+
+    args = ["estimate", "--model", "llama-2-7b", "--ddp", "--gpus", "2", "--precision", "bf16", "--seq-len", "2048",
+            "--micro-batch", "1", "--gpu", "a100-80g", "--accounting", "paper"]  # fmt: skip
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 0, out.output
+    text = " ".join(out.stdout.split())
+    assert "! at risk: 68.48 GiB of 79.15 GiB usable" in text
+    assert "within the allocator's variability and the buffers the paper's rows leave out" in text
+    assert "verdict (paper accounting): at-risk, margin 10.67 GiB; at-risk under 20.35 GiB" in text

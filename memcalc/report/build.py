@@ -175,11 +175,11 @@ def _verdict_notes(ev: Evaluation) -> list[str]:
     from memcalc.units import GiB
 
     left = "".join(f" + {what} {n / GiB:.2f} GiB" for what, n in f.uncounted)
-    return [f"verdict (paper accounting): at-risk when the margin left ({f.margin / GiB:.2f} GiB) is under "
+    return [f"verdict (paper accounting): {f.verdict}, margin {f.margin / GiB:.2f} GiB; at-risk under "
             f"{f.band / GiB:.2f} GiB: the allocator's variability for a step of this size "
             f"{(f.band - sum(n for _, n in f.uncounted)) / GiB:.2f} GiB"
             + (f"{left}, which a real step holds beyond the paper's rows" if left else "")
-            + "; oom when it is under 0.3 GiB"]
+            + "; oom under 0.3 GiB"]
 
 
 def _layout_notes(ev: Evaluation) -> list[str]:

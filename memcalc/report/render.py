@@ -62,7 +62,8 @@ def verdict(r: Estimate, unit: MemoryUnit = "gib") -> Text:
             f"{format_memory(g.peak_reserved, unit)} reserved") if tl is not None else ""
     if fit.verdict == "at-risk":
         return Text(f"! at risk: {format_memory(total, unit)} of {usable} usable on {gpu.name}, margin "
-                    f"{format_memory(fit.headroom_bytes, unit)} is within the allocator's variability{peak}",
+                    f"{format_memory(fit.headroom_bytes, unit)} is within the allocator's variability"
+                    + (" and the buffers the paper's rows leave out" if r.accounting == "paper" else "") + peak,
                     style="bold yellow")
     if fit.fits:
         pct = 100 * total / fit.usable_bytes
