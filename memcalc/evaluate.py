@@ -265,8 +265,9 @@ def notes(plan: Plan) -> list[str]:
         return realistic.notes(plan)
     out = paper.notes(plan)
     if plan.spec.name == "zero-3" and plan.zero3 != Zero3Settings():
-        out.append("the ZeRO-3 coordinator settings given (stage3_max_live_parameters, ...) are not used: the paper "
-                   "accounting has no coordinator (the realistic and implementation accountings replay it)")
+        out.append("the ZeRO-3 coordinator settings given (stage3_max_live_parameters, ...) or sub_group_size are not "
+                   "used: the paper accounting has no coordinator and no optimizer step (the realistic accounting "
+                   "replays both, the implementation accounting the coordinator)")
     if plan.fsdp_wrap != "root":
         out.append(f"--fsdp-wrap {plan.fsdp_wrap} (where FSDP2's units put the embedding and the head) is read by the "
                    "realistic accounting only; the paper accounting counts every unit alike")

@@ -94,7 +94,7 @@ def test_estimate_accepts(args):
         (["--model", "gpt2", "--stage", "3", "--accounting", "implementation", "--max-reuse-distance", "far"],
          "--max-reuse-distance 'far' is not accepted; give a count of elements, 0 or more"),
         (["--model", "gpt2", "--stage", "2", "--accounting", "implementation", "--prefetch-bucket-size", "0"],
-         "--prefetch-bucket-size: DeepSpeed ZeRO-3 coordinator settings, used only with --stage 3"),
+         "--prefetch-bucket-size: DeepSpeed ZeRO-3 settings, used only with --stage 3"),
         (["--model", "gpt2", "--stage", "3", "--accounting", "implementation", "--zero3-step", "2"],
          "--zero3-step '2' is not accepted; accepted: steady, first"),
         (["--model", "gpt2", "--fsdp", "1", "--min-num-params", "1e6"], "--min-num-params is FSDP1's"),

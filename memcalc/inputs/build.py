@@ -317,8 +317,9 @@ def build_input(
                                   ("--persistence-threshold", persistence_threshold),
                                   ("--sub-group-size", sub_group_size)) if v is not None]
     if knobs and accounting == "paper":  # asked for by name; under auto the paper's answer notes them as unused
-        raise InputError(f"{', '.join(knobs)}: DeepSpeed ZeRO-3 coordinator settings, used only with --stage 3 and "
-                         "--accounting realistic or implementation (got --accounting paper)")
+        raise InputError(f"{', '.join(knobs)}: DeepSpeed ZeRO-3 settings, used only with --stage 3 and "
+                         "--accounting realistic or implementation (--sub-group-size: realistic) (got --accounting "
+                         "paper)")
     if accounting == "auto":
         # The realistic answer wherever memcalc models the step's timeline; the paper's elsewhere (a note says why).
         from memcalc.memory.scope import why_not

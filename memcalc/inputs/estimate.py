@@ -214,9 +214,9 @@ class EstimateInput(Record):
         # under the paper's accounting they are kept and a note says they are not used (a config file's settings,
         # read for --accounting auto, stay with a step that auto answers with the paper's accounting)
         if z3 and (spec.name != "zero-3" or self.accounting == "deepspeed-estimator"):
-            raise InputError(f"{', '.join(z3)}: DeepSpeed ZeRO-3 coordinator settings, used only with --stage 3 and "
-                             f"--accounting realistic or implementation (got {spec.label}, --accounting "
-                             f"{self.accounting})")  # fmt: skip
+            raise InputError(f"{', '.join(z3)}: DeepSpeed ZeRO-3 settings, used only with --stage 3 and "
+                             f"--accounting realistic or implementation (--sub-group-size: realistic) (got "
+                             f"{spec.label}, --accounting {self.accounting})")  # fmt: skip
         if self.framework.zero3_step != "steady" and self.accounting != "implementation":
             raise InputError(f"--zero3-step {self.framework.zero3_step}: the first step's gathers are replayed by "
                              f"--accounting implementation only (got --accounting {self.accounting}); the realistic "

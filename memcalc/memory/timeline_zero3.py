@@ -130,6 +130,7 @@ def _gradients(arch: Architecture, dp: int, bucket: int, width: int = 2,
             elements += n
     return out, own + flush()
 
+
 PARAM_OFFLOAD_NOTE = ("DeepSpeed ZeRO-3 offload_param without offload_optimizer: the bf16 partitions in pinned host "
                       "memory; the fp32 master partitions, moments and gradient partitions, the bucket and the gathered "
                       "parameters on the GPU, the step there, its updated partitions copied to the host (a blocking "
