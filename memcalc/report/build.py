@@ -167,11 +167,11 @@ def step_time(inp: EstimateInput, ev: Evaluation, timing: dict | None = None) ->
     ), None
 
 
-def _verdict_notes(ev: Evaluation) -> list[str]:
+def _verdict_notes(f: paper.PaperFit | None) -> list[str]:
     """How the paper accounting's verdict is drawn (``memcalc.memory.paper.fit``)."""
-    f = ev.paper_fit
     if f is None:
         return []
+    from memcalc.memory.allocator import GAP_LOW
     from memcalc.units import GiB
 
     left = "".join(f" + {what} {n / GiB:.2f} GiB" for what, n in f.uncounted)
@@ -179,7 +179,7 @@ def _verdict_notes(ev: Evaluation) -> list[str]:
             f"{f.band / GiB:.2f} GiB: the allocator's variability for a step of this size "
             f"{(f.band - sum(n for _, n in f.uncounted)) / GiB:.2f} GiB"
             + (f"{left}, which a real step holds beyond the paper's rows" if left else "")
-            + "; oom under 0.3 GiB"]
+            + f"; oom under {GAP_LOW / GiB:.1f} GiB (the least reserved overhead measured)"]
 
 
 def _layout_notes(ev: Evaluation) -> list[str]:
@@ -218,10 +218,11 @@ def estimate(inp: EstimateInput, ev: Evaluation, micro_batch_auto: bool = False,
     per_node = PerNode(ranks=plan.ranks_per_node, cpu=sum(r.bytes for r in node_rows if r.location == "cpu"),
                        nvme=sum(r.bytes for r in node_rows if r.location == "nvme"), rows=node_rows)
     usable = plan.usable_bytes
+    paper_fit = ev.paper_fit
     if ev.realistic is not None:
         fit = Fit(fits=ev.realistic.verdict == "fits", usable_bytes=usable, headroom_bytes=usable - per_gpu.total,
                   verdict=ev.realistic.verdict)
-    elif (paper_fit := ev.paper_fit) is not None:
+    elif paper_fit is not None:
         fit = Fit(fits=paper_fit.verdict == "fits", usable_bytes=usable, headroom_bytes=usable - per_gpu.total,
                   verdict=paper_fit.verdict)
     else:
@@ -246,7 +247,7 @@ def estimate(inp: EstimateInput, ev: Evaluation, micro_batch_auto: bool = False,
                       timeline=StepTimeline(peak_phase=ev.realistic.peak_phase, peak_moment=ev.realistic.peak_moment,
                                             phases=dict(ev.realistic.phases)) if ev.realistic else None),
         communication=_communication(ev),
-        notes=notes(plan) + _layout_notes(ev) + _verdict_notes(ev) + ([f"step time: {why}"] if why else []),
+        notes=notes(plan) + _layout_notes(ev) + _verdict_notes(paper_fit) + ([f"step time: {why}"] if why else []),
         input=inp,
         time=time,
     )
