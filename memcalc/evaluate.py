@@ -234,6 +234,7 @@ def _collectives(plan: Plan, issued: list, psi: int, stage: int, st: object) -> 
                                                  p.low_dtype, plan.grad_accum, plan.intra_link,
                                                  stride=plan.domain_stride, trainable=trainable, gathered_bytes=gathered,
                                                  kept_gathered=plan.pp > 1 and paper.fsdp_under_pipeline(plan),
+                                                 whole=plan.fsdp_auto_wrap == "none",
                                                  grad_dtype="fp32" if fp32_reduce else None)
         if arch is None or st is None or (plan.model_parallel == 1 and plan.ep == 1):
             return rows  # already in step order, and no model-parallel traffic to merge
@@ -268,16 +269,21 @@ def notes(plan: Plan) -> list[str]:
         out.append("the ZeRO-3 coordinator settings given (stage3_max_live_parameters, ...) or sub_group_size are not "
                    "used: the paper accounting has no coordinator and no optimizer step (the realistic accounting "
                    "replays both, the implementation accounting the coordinator)")
-    if plan.fsdp_wrap != "root":
+    if plan.fsdp_wrap != "root" and plan.fsdp_auto_wrap != "none":
         out.append(f"--fsdp-wrap {plan.fsdp_wrap} (where FSDP2's units put the embedding and the head) is read by the "
                    "realistic accounting only; the paper accounting counts every unit alike")
+    if plan.fsdp_auto_wrap == "none" and plan.spec.shards_params:
+        out.append("--fsdp-auto-wrap none: the paper's rows are the sharded states; the whole model gathered from "
+                   "the forward's start to the backward's end and its unsharded gradients are not among them (the "
+                   "verdict's at-risk band counts the gathered model: memory/paper.py uncounted)")
     if plan.arch is not None and plan.work is not None:
         from memcalc.memory.scope import why_not
 
         why = why_not(plan.arch, plan.precision.name, plan.optimizer.name, plan.spec.name, plan.work, plan.tp,
                       plan.pp, plan.cp, plan.ep, plan.fsdp_version, lora=plan.lora, framework=plan.framework,
                       sequence_parallel=plan.sequence_parallel,
-                      offload=plan.offload, overlap_comm=plan.overlap_comm, fsdp_wrap=plan.fsdp_wrap)
+                      offload=plan.offload, overlap_comm=plan.overlap_comm, fsdp_wrap=plan.fsdp_wrap,
+                      fsdp_auto_wrap=plan.fsdp_auto_wrap)
         if why is not None:
             out.append(f"realistic accounting (the peak of a real step) not used: {why}")
     return out

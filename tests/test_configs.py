@@ -227,25 +227,52 @@ def test_accelerate_sequence_parallel_under_deepspeed_is_named_not_ignored(tmp_p
 
 @pytest.mark.parametrize("version", [1, 2])
 def test_accelerate_wrap_policy_other_than_per_layer_is_named(tmp_path, version) -> None:
-    # memcalc's FSDP units are one per decoder layer (TRANSFORMER_BASED_WRAP, read); NO_WRAP makes none, and it is
-    # accelerate's default when the key is absent (FullyShardedDataParallelPlugin); SIZE_BASED_WRAP makes units by
-    # parameter count: both named as not modelled; another value is refused as accelerate refuses it
+    # TRANSFORMER_BASED_WRAP is one unit per decoder layer (read); NO_WRAP makes none, and it is accelerate's default
+    # when the key is absent (FullyShardedDataParallelPlugin): --fsdp-auto-wrap none, read, but named as not modelled
+    # under the implementation accounting; SIZE_BASED_WRAP makes units by parameter count: named as not modelled;
+    # another value is refused as accelerate refuses it
     path = tmp_path / "config.yaml"
     head = f"distributed_type: FSDP\nnum_processes: 8\nfsdp_config:\n  fsdp_version: {version}\n"
     path.write_text(head + "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n")
     r = read_accelerate(path)
     assert "fsdp_config.fsdp_auto_wrap_policy" in r.read and not r.unmodelled
+    assert "fsdp_auto_wrap" not in r.arguments
     for line, named in (("  fsdp_auto_wrap_policy: no_wrap\n", "fsdp_config.fsdp_auto_wrap_policy"),
-                        ("  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n", "fsdp_config.fsdp_auto_wrap_policy"),
                         ("", "fsdp_config.fsdp_auto_wrap_policy (not set")):
         path.write_text(head + line)
         r = read_accelerate(path)
-        assert len(r.unmodelled) == 1 and r.unmodelled[0].startswith(named), line
-        assert ("NO_WRAP" if "SIZE" not in line else "SIZE_BASED_WRAP") in r.unmodelled[0]
+        assert any(x.startswith(named) for x in r.read) and not r.unmodelled, line
+        assert r.arguments["fsdp_auto_wrap"] == "none"
+        r = read_accelerate(path, accounting="implementation")
+        assert len(r.unmodelled) == 1 and r.unmodelled[0].startswith(named) and "NO_WRAP" in r.unmodelled[0]
+        assert "fsdp_auto_wrap" not in r.arguments
+    path.write_text(head + "  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n")
+    r = read_accelerate(path)
+    assert len(r.unmodelled) == 1 and r.unmodelled[0].startswith("fsdp_config.fsdp_auto_wrap_policy")
+    assert "SIZE_BASED_WRAP" in r.unmodelled[0]
     path.write_text(head + "  fsdp_auto_wrap_policy: LAYER_WRAP\n")
     with pytest.raises(InputError, match=r"fsdp_auto_wrap_policy: 'LAYER_WRAP' is not accepted; accepted: "
                                          r"TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP, NO_WRAP$"):
         read_accelerate(path)
+
+
+def test_accelerate_no_wrap_config_answers_realistically(tmp_path) -> None:
+    """An accelerate FSDP file without fsdp_auto_wrap_policy (NO_WRAP, accelerate's default) through the estimate:
+    the realistic accounting follows it. Both steps peak at the loss (Llama 3 8B, 8 ranks, 2,048 tokens, no
+    recompute), where NO_WRAP holds every decoder layer gathered in bf16 (32 x 218,112,000 elements x 2 bytes) and
+    one unit per layer holds none of them."""
+    path = tmp_path / "config.yaml"
+    body = ("distributed_type: FSDP\nnum_processes: 8\nmixed_precision: bf16\nfsdp_config:\n  fsdp_version: 2\n"
+            "  fsdp_reshard_after_forward: true\n")
+    path.write_text(body)
+    kw = {"model": "llama-3-8b", "seq_len": 2048, "gpu": "h100"}
+    none = memcalc.estimate(**read_accelerate(path, accounting="auto").arguments, **kw)
+    path.write_text(body + "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n")
+    layer = memcalc.estimate(**read_accelerate(path, accounting="auto").arguments, **kw)
+    assert none.accounting == layer.accounting == "realistic"
+    assert any("as accelerate 1.15 wraps a model under NO_WRAP" in n for n in none.notes)
+    assert none.memory.timeline.peak_phase == layer.memory.timeline.peak_phase == "loss"
+    assert none.memory.per_gpu.peak_allocated - layer.memory.per_gpu.peak_allocated == 32 * 218_112_000 * 2
 
 
 def test_accelerate_deepspeed_file_relative_to_launch_directory() -> None:

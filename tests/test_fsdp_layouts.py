@@ -15,6 +15,7 @@ layers gathered in bf16 are at layer grain, as under FULL_SHARD).
 """
 
 import json
+import re
 
 import pytest
 
@@ -623,3 +624,123 @@ def test_hugging_face_lora_under_fsdp1_takes_peft_units():
     gap = one.memory.per_gpu.peak_allocated - two.memory.per_gpu.peak_allocated
     assert gap == recast + 2 * 128256 * 4096  # + the embedding gathered in bf16
     assert one.memory.timeline.peak_phase == two.memory.timeline.peak_phase == "backward"
+
+
+def no_wrap(name, version, precision, mp=None, recompute="none", opt="fused", world=4):
+    """accelerate's NO_WRAP traced and in the timeline (``FsdpOverlay.whole``): FSDP1 one FlatParameter over the
+    model; FSDP2 the layers in the root, the embedding and [final norm, head] carved as accelerate 1.15 does
+    (one [final norm, embedding, head] unit kept gathered when tied)."""
+    cfg = CONFIGS[name]
+    wrap = "root" if version == 1 or cfg.get("tie_word_embeddings") else "separate"
+    tr = trace_step(cfg, seq_len=S, micro_batch=B, precision=precision, world=world, fsdp=True, fsdp_version=version,
+                    fsdp_param_dtype=mp, optimizer_impl=opt, recompute=recompute, fsdp_wrap=wrap, layer_units=False)
+    tl = timeline(architecture_from_config(cfg), family=cfg["model_type"], regime=precision, attention="sdpa", s=S,
+                  b=B, recompute=recompute, optimizer_impl=opt, world=world, fsdp=True, fsdp_param_dtype=mp,
+                  fsdp_wrap=wrap, fsdp_flat=version == 1, fsdp_whole=True,
+                  cache_promotes_values=cache_promotes_values())  # fmt: skip
+    return tr, tl
+
+
+CONFIGS["tied"] = dict(CONFIGS["l4"], tie_word_embeddings=True)
+CONFIGS["tiedbig"] = dict(CONFIGS["bigvocab"], tie_word_embeddings=True)
+NO_WRAP = [  # (config, FSDP version, precision, param dtype, recompute, optimizer, ranks)
+    ("l4", 2, "fp32", None, "none", "fused", 4),
+    ("l4", 2, "bf16", None, "full", "fused", 4),
+    ("bigvocab", 2, "amp-bf16", "bf16", "none", "fused", 4),
+    ("llama3", 2, "amp-bf16", "bf16", "none", "foreach", 8),
+    ("qwen3", 2, "fp32", None, "none", "foreach", 8),
+    ("phi3", 2, "amp-bf16", "bf16", "none", "fused", 4),
+    ("tied", 2, "fp32", None, "none", "fused", 4),
+    ("tied", 2, "bf16", None, "full", "foreach", 8),
+    ("tiedbig", 2, "amp-bf16", "bf16", "none", "fused", 4),
+    ("l4", 1, "fp32", None, "none", "fused", 4),
+    ("l4", 1, "bf16", None, "full", "fused", 4),
+    ("llama3", 1, "fp32", None, "none", "foreach", 8),
+    ("bigvocab", 1, "amp-bf16", "bf16", "none", "fused", 4),
+    ("llama", 1, "amp-bf16", "bf16", "full", "fused", 4),
+    ("tiedbig", 1, "fp32", None, "none", "fused", 4),
+    ("tiedbig", 1, "amp-bf16", "bf16", "none", "fused", 4),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,version,precision,mp,recompute,opt,world", NO_WRAP)
+def test_no_wrap_equals_trace(name, version, precision, mp, recompute, opt, world):
+    """Exact: the peak, its phase and every phase from the loss on, and the forward's layers where the units are
+    gathered at their storage's width without recompute (elsewhere those are at layer grain, as under FULL_SHARD)."""
+    tr, tl = no_wrap(name, version, precision, mp, recompute, opt, world)
+    exact(tr, tl)
+    if precision == "fp32" and recompute == "none":
+        layers = [k for k in tr.phase_peaks if k.startswith("forward.")]
+        assert {k: tl.phase_peaks[k] for k in layers} == {k: tr.phase_peaks[k] for k in layers}
+    if version == 2:  # the forward's start: the root's all-gather output and its copy-out, the embedding's unit's too
+        assert tl.phase_peaks["forward"] == tr.phase_peaks["forward"]
+
+
+def test_no_wrap_tied_embedding_gradient_added_to_the_heads():
+    """Tied embeddings under FSDP2's NO_WRAP (vocab 2000): the embedding's backward adds its weight's gradient to
+    the head's out of place, three vocabulary-sized fp32 tensors at once (2000 x 64 x 4 = 512,000 bytes each);
+    the residual stream's gradient is freed by then. Hidden 64."""
+    tr, tl = no_wrap("tiedbig", 2, "fp32")
+    exact(tr, tl)
+    moment = next(m for m in tl.moments if m.label.startswith("the embedding's backward, its gradient added"))
+    assert dict(moment.parts)["embedding gradient and its sum with the head's (tied)"] == 2 * 4 * 2000 * 64
+
+
+def test_no_wrap_holds_the_model_gathered_and_its_gradients():
+    """What NO_WRAP adds over a unit per decoder layer, at scale: Llama 3 8B, bf16-mixed, 8 H100s, full recompute,
+    2,048 tokens. FSDP2 (accelerate 1.15's units) peaks at the embedding's backward with every layer gathered in
+    bf16 and every layer's bf16 gradient unsharded (32 layers of 218,112,000 elements: 13.0 GiB each), where one
+    unit per layer peaks at the optimizer's step with 20.1 GiB; FSDP1 peaks at the root's copy-in with the whole
+    model (8,030,261,248 elements, divisible by 8: no padding) gathered, its gradients and its flat gradient, three
+    copies. The communication loses the backward all-gather and is exposed whole in the step time."""
+    kw = {"model": "llama-3-8b", "fsdp": "FULL_SHARD", "gpus": 8, "precision": "bf16-mixed", "seq_len": 2048,
+          "micro_batch": 1, "recompute": "full", "framework": "hf", "gpu": "h100"}
+    per_layer, two = memcalc.estimate(fsdp_version=2, **kw), memcalc.estimate(fsdp_version=2, fsdp_auto_wrap="none", **kw)
+    one = memcalc.estimate(fsdp_version=1, fsdp_auto_wrap="none", **kw)
+    assert {e.accounting for e in (per_layer, two, one)} == {"realistic"}
+    rows = {r.key: r.bytes for r in two.memory.per_gpu.rows}
+    layers = 32 * 2 * 218_112_000
+    assert rows["activations_root_parameters_(gathered)"] == rows["activations_root_gradients_(unsharded)"] == layers
+    assert two.memory.timeline.peak_moment == "the embedding's backward"
+    assert one.memory.timeline.peak_moment == "the root's reduce-scatter copy-in (FSDP1)"
+    assert per_layer.memory.timeline.peak_phase == "optimizer" and two.memory.timeline.peak_phase == "backward.layer.0"
+    assert two.memory.per_gpu.peak_allocated > per_layer.memory.per_gpu.peak_allocated + 2 * layers * 0.8
+    flat = {r.key: r.bytes for r in one.memory.per_gpu.rows}
+    whole = 2 * 8_030_261_248
+    assert [flat[k] for k in ("activations_root_parameters_(gathered)", "activations_root_gradients_(unsharded)",
+                              "activations_root_flat_gradient")] == [whole] * 3
+    assert any("NO_WRAP" in n for n in two.notes) and any("one FlatParameter" in n for n in one.notes)
+    phases = {e: [(c.phase, c.op) for c in x.communication.collectives] for e, x in (("layer", per_layer), ("no", two))}
+    assert ("backward", "all-gather") in phases["layer"] and ("backward", "all-gather") not in phases["no"]
+    dp = {e: dict(x.time.breakdown.communication_s)["data-parallel"] for e, x in (("layer", per_layer), ("no", two))}
+    assert dp["no"] > 10 * dp["layer"]
+
+
+def test_no_wrap_widens_the_paper_verdict():
+    """Where the realistic accounting does not answer NO_WRAP (HYBRID_SHARD here), the paper's at-risk band counts
+    the whole model gathered and its gradients unsharded: Llama 3 8B in bf16-mixed, 8,030,261,248 parameters at 2
+    bytes each."""
+    kw = {"model": "llama-3-8b", "fsdp": "HYBRID_SHARD", "shard_group": 4, "gpus": 8, "precision": "bf16-mixed",
+          "seq_len": 2048, "fsdp_version": 2, "gpu": "h100"}
+    e = memcalc.estimate(fsdp_auto_wrap="none", **kw)
+    assert e.accounting == "paper"
+    assert any("--fsdp-auto-wrap none: the realistic accounting models FULL_SHARD" in n for n in e.notes)
+    note = next(n for n in e.notes if n.startswith("verdict (paper accounting)"))
+    assert "the whole model gathered from the forward's start to the backward's end" in note
+    assert f"{8_030_261_248 * 2 / GiB:.2f} GiB" in note
+    paper, base = (memcalc.estimate(accounting="paper", **kw, **x) for x in ({"fsdp_auto_wrap": "none"}, {}))
+    assert paper.memory.per_gpu.total == base.memory.per_gpu.total  # the paper's rows do not change
+
+
+@pytest.mark.parametrize("extra,message", [
+    ({"ddp": True, "fsdp": None}, "--fsdp-auto-wrap chooses FSDP's units over the decoder layers; it needs --fsdp"),
+    ({"framework": "torchtitan", "fsdp_version": 2}, "--fsdp-auto-wrap none with --framework torchtitan: it wraps"),
+    ({"accounting": "implementation"}, "--fsdp-auto-wrap none with --accounting implementation"),
+    ({"fsdp_auto_wrap": "nowrap"}, "--fsdp-auto-wrap 'nowrap' is not accepted; accepted: transformer, none"),
+    ({"accounting": "realistic", "offload_params": "cpu"}, "--accounting realistic: --fsdp-auto-wrap none: the realistic"),
+])  # fmt: skip
+def test_no_wrap_bad_input_is_one_line(extra, message):
+    kw = {"model": "llama-3-8b", "fsdp": "FULL_SHARD", "gpus": 8, "seq_len": 2048, "fsdp_auto_wrap": "none",
+          "precision": "bf16-mixed"}
+    with pytest.raises(InputError, match=re.escape(message)):
+        memcalc.estimate(**{k: v for k, v in {**kw, **extra}.items() if v is not None})

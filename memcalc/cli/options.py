@@ -37,6 +37,7 @@ StageLayers = Annotated[str | None, typer.Option("--stage-layers", help="Decoder
 AccountingOpt = Annotated[str, typer.Option("--accounting", help="auto (default: realistic where it applies, else paper), realistic (the peak of a real step over its timeline, with the allocator), paper (ZeRO §5, Korthikanti), implementation (what DDP/FSDP/DeepSpeed really allocate and send) or deepspeed-estimator (DeepSpeed's own functions).")]
 FsdpVersion = Annotated[int, typer.Option("--fsdp-version", help="realistic and implementation accounting: 1 (FullyShardedDataParallel, the default) or 2 (fully_shard).")]
 FsdpWrap = Annotated[str | None, typer.Option("--fsdp-wrap", help="realistic accounting, FSDP2: where its units put the embedding and the head: root (with the final norm, gathered all step: accelerate), separate (each its own unit, the head kept gathered after forward: torchtitan since v0.2) or separate-reshard (each its own unit, resharded after forward: torchtune's custom_sharded_layers). Default: the framework's, else root; root for tied embeddings.")]
+FsdpAutoWrap = Annotated[str | None, typer.Option("--fsdp-auto-wrap", help="FSDP: its units over the decoder layers, as accelerate's fsdp_auto_wrap_policy: transformer (TRANSFORMER_BASED_WRAP: one unit per decoder layer, as torchtitan and torchtune wrap) or none (NO_WRAP: the layers in the root unit, gathered all step, their gradients unsharded until the root's post-backward). Default: transformer.")]
 BackwardPrefetch = Annotated[str | None, typer.Option("--backward-prefetch", help="realistic accounting, FSDP1 (--fsdp-version 1): its BackwardPrefetch, pre (BACKWARD_PRE: the next layer gathered at each pre-backward), post or none (the same peaks). Default: none under --framework hf (accelerate's and the Trainer's default), else pre (torch's).")]
 MinNumParams = Annotated[str | None, typer.Option("--min-num-params", help="implementation accounting, FSDP: size_based_auto_wrap_policy threshold (default: one unit per decoder layer).")]
 ReuseDistance = Annotated[str | None, typer.Option("--max-reuse-distance", help="realistic and implementation accounting, ZeRO-3: stage3_max_reuse_distance in elements (default 1e9).")]
@@ -94,7 +95,7 @@ PANELS: dict[str, tuple[str, ...]] = {
     "Precision and optimizer": ("precision", "optimizer", "optimizer_impl", "float8", "float8_all_gather"),
     "Fine-tuning": ("lora_rank", "lora_targets", "quantize"),
     "Hardware": ("gpu", "cluster", "cuda_context_gib", "reserve_gib"),
-    "Accounting": ("accounting", "fsdp_version", "fsdp_wrap", "backward_prefetch", "bucket_view", "min_num_params",
+    "Accounting": ("accounting", "fsdp_version", "fsdp_wrap", "fsdp_auto_wrap", "backward_prefetch", "bucket_view", "min_num_params",
                    "max_reuse_distance",
                    "max_live_parameters", "prefetch_bucket_size", "reduce_bucket_size", "overlap_comm", "persistence_threshold", "sub_group_size", "zero3_step", "zero_init",
                    "buffer_factor", "largest_layer_params"),

@@ -89,6 +89,14 @@ def collectives(
     run_or_fail(go)
 
 
+def _auto_wrap(given: str) -> bool:
+    """--fsdp-auto-wrap transformer (True: a unit per decoder layer) or none (False), or one line."""
+    name = given.strip().lower()
+    if name not in ("transformer", "none"):
+        raise InputError(f"--fsdp-auto-wrap {given!r} is not accepted; accepted: transformer, none")
+    return name == "transformer"
+
+
 @app.command(cls=Command, epilog="Example: memcalc trace --hf-config config.json --seq-len 2048 --precision amp-bf16")
 def trace(
     hf_config: Annotated[str, typer.Option("--hf-config", help="A Hugging Face config.json (the model is built from it, no weights).")],
@@ -107,6 +115,7 @@ def trace(
     reshard_after_forward: Annotated[bool, typer.Option("--reshard-after-forward/--no-reshard-after-forward", help="With --fsdp: --no-reshard-after-forward keeps each layer gathered from its forward to its backward (SHARD_GRAD_OP).")] = True,
     fsdp_reduce_fp32: Annotated[bool, typer.Option("--fsdp-reduce-fp32", help="With --fsdp-param-dtype bf16: reduce gradients in fp32 (torchtitan).")] = False,
     fsdp_version: Annotated[int, typer.Option("--fsdp-version", help="With --fsdp: 2 (fully_shard) or 1 (FullyShardedDataParallel, as accelerate wraps a transformer).")] = 2,
+    fsdp_auto_wrap: Annotated[str, typer.Option("--fsdp-auto-wrap", help="With --fsdp: transformer (a unit per decoder layer) or none (accelerate's NO_WRAP: FSDP1 one unit over the model; FSDP2 the layers in the root, the embedding and the head carved as accelerate 1.15 does, which needs --fsdp-wrap separate or, tied, root).")] = "transformer",
     gpu: Annotated[str | None, typer.Option("--gpu", help="A GPU preset or .toml: replay the steps' allocations into its memory (less the CUDA context) and say whether a request fails.")] = None,
 ) -> None:
     """Run one real training step of the model's code on fake tensors (CPU, no GPU, no weights) and print its
@@ -141,7 +150,7 @@ def trace(
                        fsdp=fsdp, tp=tp, fsdp_param_dtype=fsdp_param_dtype, capacity=capacity,
                        fsdp_wrap=fsdp_wrap.strip().lower(), replicate=replicate,
                        reshard_after_forward=reshard_after_forward, fsdp_reduce_fp32=fsdp_reduce_fp32,
-                       fsdp_version=fsdp_version)
+                       fsdp_version=fsdp_version, layer_units=_auto_wrap(fsdp_auto_wrap))
         summary = trace_summary(t)
         sys.stdout.write(js.dumps(summary, indent=2) + "\n")
 

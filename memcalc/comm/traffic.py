@@ -91,6 +91,7 @@ def data_parallel_collectives(
     gathered_bytes: int | None = None,
     kept_gathered: bool = False,
     grad_dtype: str | None = None,
+    whole: bool = False,
 ) -> list[Collective]:
     """Collectives one GPU takes part in per optimizer step.
 
@@ -101,6 +102,10 @@ def data_parallel_collectives(
     apart from the base, which this follows.) ``kept_gathered``: FSDP2 inside pipeline stages (``memcalc.memory.paper
     .fsdp_under_pipeline``) gathers each unit once per step and reduce-scatters once, after the last micro-batch.
     ``grad_dtype``: the dtype gradients are reduced in when it is not ``dtype`` (``grad_bytes`` per element).
+    ``whole``: FSDP without an auto-wrap policy (accelerate's NO_WRAP): the root holds the layers and is never
+    resharded after forward (FSDP1 ``_post_forward_reshard``, FSDP2's root ``reshard_after_forward=False``), so the
+    parameters are gathered once per micro-batch, in forward, and not again in backward (2Ψ, not FULL_SHARD's 3Ψ;
+    the embedding's unit FSDP2 regathers in backward is left out).
 
     ``n`` is the shard group (ZeRO's N; 1 when nothing is sharded), ``replicas`` the copies across
     which hybrid strategies all-reduce. Gathered/scattered tensors are padded to ⌈Ψ/n⌉·n elements,
@@ -117,6 +122,8 @@ def data_parallel_collectives(
     gather = spec.param_gather
     if kept_gathered:
         gather, grad_accum, micro = "forward", 1, 1
+    elif whole and gather == "forward_and_backward":
+        gather = "forward"
 
     if not sharded:
         # DDP / ZeRO-0 / NO_SHARD: one all-reduce of all gradients per step (accumulated under no_sync).

@@ -361,16 +361,21 @@ WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
 
 
 def _wrap_policy(c: Collector, path: str, value: Any, version: int, accounting: str) -> None:
-    """``fsdp_auto_wrap_policy``: memcalc's units are one per decoder layer (TRANSFORMER_BASED_WRAP); with NO_WRAP
-    accelerate makes none (FSDP1: the model is one unit; FSDP2: ``fsdp2_prepare_auto_wrap_policy`` returns None, so
-    the root holds the layers, gathered from forward to backward), and SIZE_BASED_WRAP makes units by parameter
-    count (the implementation accounting follows it under FSDP1, through fsdp_min_num_params)."""
+    """``fsdp_auto_wrap_policy``: TRANSFORMER_BASED_WRAP is one unit per decoder layer; with NO_WRAP accelerate makes
+    none (FSDP1: the model is one unit; FSDP2: ``fsdp2_prepare_auto_wrap_policy`` returns None, so the root holds the
+    layers, gathered from forward to backward): ``--fsdp-auto-wrap none``, which the realistic and the paper
+    accountings read. SIZE_BASED_WRAP makes units by parameter count (the implementation accounting follows it
+    under FSDP1, through fsdp_min_num_params)."""
     name = as_str(c, path, value).upper()
     if name not in WRAP_POLICIES:
         raise c.fail(path, f"{value!r} is not accepted; accepted: {', '.join(WRAP_POLICIES)}")
-    if name == "NO_WRAP":
-        c.unmodelled(path, "NO_WRAP: no unit per decoder layer, so every layer stays gathered from forward to "
-                           "backward; memcalc counts one unit per decoder layer")
+    if name == "NO_WRAP" and accounting == "implementation":
+        c.unmodelled(path, "NO_WRAP: no unit per decoder layer, so the whole model stays gathered from forward to "
+                           "backward with its gradients unsharded; the implementation accounting counts one unit per "
+                           "decoder layer (the realistic accounting follows NO_WRAP)")
+    elif name == "NO_WRAP":
+        c.arguments["fsdp_auto_wrap"] = "none"
+        c.used(path)
     elif name == "SIZE_BASED_WRAP" and not (version == 1 and accounting == "implementation"):
         c.unmodelled(path, "SIZE_BASED_WRAP: units by parameter count; memcalc counts one unit per decoder layer "
                            "(the implementation accounting follows it under FSDP1)")

@@ -111,6 +111,7 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "largest_layer_params": _kind(int, float, str, text=_COUNT_TEXT + ", or None", none=True),
     "fsdp_version": ((lambda v: type(v) is int and v in (1, 2)), "1, 2"),
     "fsdp_wrap": ((lambda v: v is None or type(v) is str), "root, separate, separate-reshard, or None"),
+    "fsdp_auto_wrap": ((lambda v: v is None or type(v) is str), "transformer, none, or None"),
     "backward_prefetch": ((lambda v: v is None or type(v) is str), "pre, post, none, or None"),
     "min_num_params": _kind(int, float, str, text=_COUNT_TEXT + ", or None", none=True),
     "max_reuse_distance": _kind(int, float, str, text="a count of elements, 0 or more, or None", none=True),

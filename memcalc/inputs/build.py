@@ -237,6 +237,7 @@ def build_input(
     largest_layer_params: int | float | str | None = None,
     fsdp_version: int = 1,
     fsdp_wrap: str | None = None,
+    fsdp_auto_wrap: str | None = None,
     backward_prefetch: str | None = None,
     bucket_view: bool = False,
     min_num_params: int | float | str | None = None,
@@ -330,7 +331,9 @@ def build_input(
                             sequence_parallel=parallelism.sequence_parallel,
                             offload=the_strategy.offload,
                             overlap_comm=bool(overlap_comm),
-                            fsdp_wrap=fsdp_wrap.strip().lower() if isinstance(fsdp_wrap, str) else None) is None
+                            fsdp_wrap=fsdp_wrap.strip().lower() if isinstance(fsdp_wrap, str) else None,
+                            fsdp_auto_wrap=(fsdp_auto_wrap.strip().lower() if isinstance(fsdp_auto_wrap, str)
+                                            else None)) is None
         accounting = "realistic" if realistic else "paper"
     if overheads is None:
         # CUDA context: the paper's round 0.5 GiB; the realistic accounting's measured 0.75 GiB (H100, torch 2.11).
@@ -350,6 +353,9 @@ def build_input(
         from memcalc.layout.compose import check_wrap
 
         fsdp_wrap = check_wrap(fsdp_wrap.strip().lower())
+    if fsdp_auto_wrap is not None:
+        fsdp_auto_wrap = fsdp_auto_wrap.strip().lower()
+        _choice("--fsdp-auto-wrap", fsdp_auto_wrap, ("transformer", "none"))
     if backward_prefetch is not None:
         backward_prefetch = backward_prefetch.strip().lower()
         _choice("--backward-prefetch", backward_prefetch, ("pre", "post", "none"))
@@ -365,6 +371,7 @@ def build_input(
         framework=FrameworkOptions(
             fsdp_version=fsdp_version,  # type: ignore[arg-type]
             fsdp_wrap=fsdp_wrap,  # type: ignore[arg-type]
+            fsdp_auto_wrap=fsdp_auto_wrap,  # type: ignore[arg-type]
             backward_prefetch=backward_prefetch,  # type: ignore[arg-type]
             bucket_view=bucket_view,
             min_num_params=None if min_num_params is None else parse_count(min_num_params, "--min-num-params"),

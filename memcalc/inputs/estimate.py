@@ -195,6 +195,16 @@ class EstimateInput(Record):
         if fw.fsdp_wrap is not None and (spec.framework != "fsdp" or fw.fsdp_version != 2):
             raise InputError(f"--fsdp-wrap places the embedding and the head among FSDP2's units; it needs --fsdp with "
                              f"--fsdp-version 2 (got {spec.label}{', --fsdp-version 1' if spec.framework == 'fsdp' else ''})")
+        if fw.fsdp_auto_wrap is not None and spec.framework != "fsdp":
+            raise InputError(f"--fsdp-auto-wrap chooses FSDP's units over the decoder layers; it needs --fsdp (got "
+                             f"{spec.label})")
+        if fw.fsdp_auto_wrap == "none" and self.accounting == "implementation":
+            raise InputError("--fsdp-auto-wrap none with --accounting implementation: it counts FSDP's states and "
+                             "gathered units, not the whole model's unsharded gradients NO_WRAP holds to the end of "
+                             "the backward; use --accounting realistic (or paper)")
+        if fw.fsdp_auto_wrap == "none" and self.parallelism.framework in ("torchtitan", "torchtune", "megatron"):
+            raise InputError(f"--fsdp-auto-wrap none with --framework {self.parallelism.framework}: it wraps every "
+                             "decoder layer itself; NO_WRAP is accelerate's (--framework hf, or none)")
         if fw.bucket_view and spec.framework != "ddp":
             raise InputError(f"--bucket-view is DDP's gradient_as_bucket_view; it needs --ddp (got {spec.label})")
         if (est.buffer_factor != 1.5 or not est.zero_init or est.largest_layer_params is not None) \
@@ -290,7 +300,8 @@ class EstimateInput(Record):
                           framework=par.framework,
                           sequence_parallel=par.sequence_parallel,
                           offload=self.strategy.offload,
-                          overlap_comm=bool(self.framework.overlap_comm), fsdp_wrap=self.framework.fsdp_wrap)
+                          overlap_comm=bool(self.framework.overlap_comm), fsdp_wrap=self.framework.fsdp_wrap,
+                          fsdp_auto_wrap=self.framework.fsdp_auto_wrap)
             if why is not None:
                 raise InputError(f"--accounting realistic: {why}; use --accounting paper")
             from memcalc.layout.compose import composition
@@ -321,7 +332,8 @@ class EstimateInput(Record):
                               sequence_parallel=par.sequence_parallel,
                               offload=self.strategy.offload,
                               overlap_comm=bool(self.framework.overlap_comm),
-                              fsdp_wrap=self.framework.fsdp_wrap)  # fmt: skip
+                              fsdp_wrap=self.framework.fsdp_wrap,
+                              fsdp_auto_wrap=self.framework.fsdp_auto_wrap)  # fmt: skip
                 raise InputError(f"{', '.join(extra)}: what the step holds moment by moment, modelled by the realistic "
                                  f"accounting, which does not apply here ({why or 'not chosen'}); --accounting "
                                  f"{self.accounting} does not use it")
@@ -353,6 +365,9 @@ class EstimateInput(Record):
             return "root"
         arch = self.model.architecture
         tied = arch is not None and arch.tied_embeddings
+        if self.framework.fsdp_auto_wrap == "none" and self.framework.fsdp_wrap is None:
+            # NO_WRAP is accelerate's: 1.15 carves the embedding and [final norm, head] all the same
+            return "root" if tied else "separate"
         return fsdp_wrap(self.framework.fsdp_wrap, framework(self.parallelism.framework), tied)
 
     @property

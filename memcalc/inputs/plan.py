@@ -28,6 +28,6 @@ def to_plan(inp: EstimateInput) -> Plan:
         zero_init=e.zero_init, buffer_factor=e.buffer_factor, largest_layer_params=e.largest_layer_params,
         lora=inp.lora_plan,  # type: ignore[arg-type]
         shard_over=inp.shard_over, stage_layers=inp.stage_layers, framework=par.framework, fsdp_wrap=inp.fsdp_wrap,
-        fsdp_prefetch=inp.fsdp_prefetch,
+        fsdp_prefetch=inp.fsdp_prefetch, fsdp_auto_wrap=f.fsdp_auto_wrap or "transformer",
         float8=inp.float8, float8_all_gather=inp.float8_all_gather,
     )

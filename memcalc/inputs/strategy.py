@@ -137,6 +137,10 @@ class FrameworkOptions(Record):
     fsdp_wrap: Literal["root", "separate", "separate-reshard"] | None = None
     """FSDP2: where its units put the embedding and the head (memcalc.layout.compose.FSDP_WRAPS); None: the
     framework's (torchtitan separate, torchtune separate-reshard), else root."""
+    fsdp_auto_wrap: Literal["transformer", "none"] | None = None
+    """FSDP: its units over the decoder layers: transformer (one per decoder layer: accelerate's
+    TRANSFORMER_BASED_WRAP, torchtitan, torchtune) or none (accelerate's NO_WRAP: the layers in the root unit,
+    gathered all step, their gradients unsharded until the root's post-backward); None: transformer."""
     bucket_view: bool = False
     """DDP: gradient_as_bucket_view (buckets are the gradients, no second copy)."""
     min_num_params: int | None = bounded(default=None, gt=0, le=MAX_COUNT)

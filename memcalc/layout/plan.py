@@ -123,6 +123,8 @@ class Plan:
     largest_layer_params: int | None = None
     fsdp_wrap: str = "root"
     """FSDP2: where its units put the embedding and the head (memcalc.layout.compose.FSDP_WRAPS)."""
+    fsdp_auto_wrap: str = "transformer"
+    """FSDP: transformer (a unit per decoder layer) or none (NO_WRAP: the decoder layers in the root unit)."""
     fsdp_prefetch: bool = True
     """FSDP1: BACKWARD_PRE, the next unit gathered at each pre-backward (False: BACKWARD_POST or none)."""
     shard_over: str = "dp-cp"

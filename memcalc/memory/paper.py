@@ -388,7 +388,10 @@ def uncounted(plan: Plan, stage: int) -> list[tuple[str, int]]:
       BACKWARD_PRE, ZeRO-3's prefetch bucket), in the dtype the forward reads (``param_bytes``; under LoRA the
       frozen base as stored, NF4-packed under QLoRA, with the adapters); a unit is the largest decoder layer this
       rank holds (its TP/EP share). A lower bound: a root unit holding the embedding and the head is larger, and
-      ZeRO-3 may keep up to ``stage3_max_live_parameters`` gathered.
+      ZeRO-3 may keep up to ``stage3_max_live_parameters`` gathered. Without a unit per decoder layer
+      (``--fsdp-auto-wrap none``) the whole model instead, gathered all step, and its gradients unsharded until the
+      root's post-backward (``grad_bytes``; a lower bound again: the reduce-scatter input or FSDP1's flat gradient
+      is a third copy).
     - torch DDP with more than one rank: its gradient buckets, a second copy of the gradients made at construction
       and alive for the run (``gradient_as_bucket_view=False``, the default: torch/nn/parallel/distributed.py); under
       LoRA only the adapters have gradients.
@@ -397,14 +400,23 @@ def uncounted(plan: Plan, stage: int) -> list[tuple[str, int]]:
     if plan.spec.shards_params and arch is not None:
         from memcalc.model.params import Shard, model_params
 
-        layer = max(x.total for x in model_params(arch, Shard(plan.tp, plan.ep)).layers)
-        unit = layer * p.param_bytes
+        mp = model_params(arch, Shard(plan.tp, plan.ep))
+        layer = max(x.total for x in mp.layers)
+        unit, trainable = layer * p.param_bytes, layer
         if plan.lora is not None:  # the frozen base (NF4-packed under QLoRA) and the adapters gathered with it
             from memcalc.model import lora as lr
 
             sp = lr.split(layer, 1, lr.layer_lora(arch, plan.lora), plan.lora.quantize, p.param_bytes)
-            unit = sp.frozen_bytes + sp.adapters * p.param_bytes
-        out.append(("gathered units: the layer computed and the next, prefetched", 2 * unit))
+            unit, trainable = sp.frozen_bytes + sp.adapters * p.param_bytes, sp.adapters
+        if plan.fsdp_auto_wrap == "none":  # NO_WRAP: the layers are the root's, gathered all step
+            rest = mp.total - sum(x.total for x in mp.layers)
+            whole = ("the whole model gathered from the forward's start to the backward's end (no unit per "
+                     "decoder layer)")
+            out.append((whole, len(mp.layers) * unit + rest * p.param_bytes))
+            out.append(("its gradients unsharded until the root's post-backward", (
+                len(mp.layers) * trainable + (rest if plan.lora is None else 0)) * p.grad_bytes))
+        else:
+            out.append(("gathered units: the layer computed and the next, prefetched", 2 * unit))
     if plan.spec.name == "ddp" and plan.dp > 1 and not plan.bucket_view:
         trainable = param_groups(plan, stage)[0]
         if plan.lora is not None and arch is not None:

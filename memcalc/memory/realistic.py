@@ -255,7 +255,8 @@ def evaluate(plan: Plan, stage: int = 0) -> Realistic:
                   float8=plan.float8, float8_all_gather=sharded and plan.float8_all_gather,
                   fsdp_wrap=plan.fsdp_wrap if sharded else "root", fsdp_keep=plan.spec.param_gather == "forward",
                   fsdp_hsdp=plan.spec.name in HSDP, fsdp_reduce_fp32=_reduce_fp32(plan),
-                  fsdp_flat=sharded and plan.fsdp_version == 1, fsdp_prefetch=plan.fsdp_prefetch)
+                  fsdp_flat=sharded and plan.fsdp_version == 1, fsdp_prefetch=plan.fsdp_prefetch,
+                  fsdp_whole=sharded and plan.fsdp_auto_wrap == "none")
     if sharded and plan.offload_params != "none":
         from memcalc.memory.timeline import _moment, with_loss
         from memcalc.memory.timeline_states import offload_fsdp, offload_fsdp1
@@ -366,6 +367,20 @@ def _finish(plan: Plan, tl: Any, allocated: int, ddp_buckets: int, comm_groups: 
                      f.margin - plan.reserve, peak.phase, peak.label, phases)
 
 
+WHOLE_NOTE = {
+    1: ("{name}: FSDP1 FullyShardedDataParallel without an auto-wrap policy (accelerate's NO_WRAP): the whole model "
+        "one FlatParameter over {n} ranks, gathered at the forward's start and kept gathered to its post-backward "
+        "(the root is never resharded after forward), every gradient unsharded until then and copied into one "
+        "padded flat gradient for the reduce-scatter: about three copies of the model at the end of the backward; "
+        "{policy} (traced: tests/test_fsdp_layouts.py)"),
+    2: ("{name}: FSDP2 as accelerate 1.15 wraps a model under NO_WRAP: the decoder layers in the root over {n} ranks, "
+        "gathered at the forward's start and kept gathered to its post-backward in the backward's final callback, "
+        "every layer's gradient unsharded until then and its reduce-scatter input beside them; the embedding and "
+        "[final norm, head] units of their own{tied}; {policy} (traced: tests/test_fsdp_layouts.py)"),
+}
+"""The realistic note under ``--fsdp-auto-wrap none`` (``memcalc.memory.timeline_states.FsdpOverlay.whole``)."""
+
+
 def notes(plan: Plan) -> list[str]:
     """What the realistic accounting shows and assumes."""
     from memcalc.memory.allocator import GAP_FRACTION, GAP_HIGH
@@ -450,7 +465,11 @@ def notes(plan: Plan) -> list[str]:
                              "accelerate 1.15's fsdp2_prepare_model)",
                  "separate-reshard": "the embedding and the head each a unit resharded after its forward, the final "
                                      "norm in the root (torchtune's custom_sharded_layers)"}[plan.fsdp_wrap]
-        if plan.fsdp_version == 1:
+        if plan.fsdp_auto_wrap == "none":
+            out.append(WHOLE_NOTE[plan.fsdp_version].format(name=plan.spec.name, n=plan.shard_group_size,
+                                                            policy=policy, tied=" (tied: one [final norm, embedding, "
+                                                            "head] unit)" if plan.fsdp_wrap == "root" else ""))
+        elif plan.fsdp_version == 1:
             out.append(f"{plan.spec.name}: FSDP1 FullyShardedDataParallel, one FlatParameter per decoder layer and one "
                        f"for the root over {plan.shard_group_size} ranks (use_orig_params=True, "
                        f"backward prefetch {'BACKWARD_PRE' if plan.fsdp_prefetch else 'BACKWARD_POST or none'}: rank "

@@ -53,10 +53,11 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
             cp: int = 1, ep: int = 1, fsdp_version: int = 2, lora: Any = None, framework: str | None = None,
             sequence_parallel: bool = False,
             offload: tuple[str, str] = ("none", "none"), overlap_comm: bool = False,
-            fsdp_wrap: str | None = None) -> str | None:  # fmt: skip
+            fsdp_wrap: str | None = None, fsdp_auto_wrap: str | None = None) -> str | None:  # fmt: skip
     """Why the realistic accounting does not apply to this set-up (one line), or None when it does.
 
-    offload: (optimizer, parameters) devices. fsdp_wrap: the --fsdp-wrap given (None: the framework's)."""
+    offload: (optimizer, parameters) devices. fsdp_wrap: the --fsdp-wrap given (None: the framework's).
+    fsdp_auto_wrap: the --fsdp-auto-wrap given (None: transformer)."""
     if framework == "megatron":
         # the timelines replay Hugging Face's, torchtitan's and torchtune's code under torch's DDP/FSDP and DeepSpeed's
         # engine; Megatron-LM runs its own layers, its fp32 main_grad buffer and its distributed optimizer
@@ -143,6 +144,22 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
             return f"{strategy}: the realistic accounting models torch AdamW, foreach or fused"
         if getattr(work, "recompute", "none") == "selective":
             return f"{strategy}: the realistic accounting models recompute none, full, every:K or op-sac"
+    if fsdp_auto_wrap == "none" and strategy in FSDP_SHARDED:
+        return _why_not_whole(arch, strategy, max(tp, cp, pp), offload, lora, fsdp_version, fsdp_wrap)
+    return None
+
+
+def _why_not_whole(arch: Any, strategy: str, parallel: int, offload: tuple[str, str], lora: Any, fsdp_version: int,
+                   fsdp_wrap: str | None) -> str | None:  # fmt: skip
+    """FSDP without a unit per decoder layer (accelerate's NO_WRAP, ``FsdpOverlay.whole``): traced for FULL_SHARD,
+    FSDP1's one FlatParameter and FSDP2 as accelerate 1.15 carves the embedding and the head."""
+    if strategy != "FULL_SHARD" or parallel > 1 or offload != ("none", "none") or lora is not None:
+        return ("--fsdp-auto-wrap none: the realistic accounting models FULL_SHARD without offload, LoRA, tensor, "
+                "context or pipeline parallelism (traced); the paper accounting counts the rest")
+    if fsdp_version == 2 and fsdp_wrap not in (None, "separate" if not arch.tied_embeddings else "root"):
+        return (f"--fsdp-auto-wrap none with --fsdp-wrap {fsdp_wrap}: the realistic accounting models FSDP2 as "
+                "accelerate 1.15 wraps it (the embedding and [final norm, head] units of their own; one [norm, "
+                "embedding, head] unit when tied), not one unit over the whole model")
     return None
 
 

@@ -82,7 +82,8 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
              sequence_parallel: bool = False, float8: str = "none",
              float8_all_gather: bool = False, fsdp_wrap: str = "root", fsdp_keep: bool = False,
              fsdp_hsdp: bool = False, fsdp_reduce_fp32: bool = False, fsdp_flat: bool = False,
-             fsdp_prefetch: bool = True, cache_promotes_values: bool = False) -> Timeline:  # fmt: skip
+             fsdp_prefetch: bool = True, fsdp_whole: bool = False,
+             cache_promotes_values: bool = False) -> Timeline:  # fmt: skip
     """Moments of one training step of a Hugging Face ``family`` model on one GPU.
 
     regime: fp32 | bf16 (pure: weights, gradients, AdamW moments bf16) | amp-bf16 (fp32 weights, autocast).
@@ -104,8 +105,8 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     (``MixedPrecisionPolicy(param_dtype=)``); fsdp_wrap: the embedding and the head in the root or in units of
     their own (``memcalc.layout.compose.FSDP_WRAPS``); fsdp_keep: no reshard after forward (SHARD_GRAD_OP);
     fsdp_hsdp: the shards replicated over groups of ``world`` ranks (HSDP); fsdp_reduce_fp32: gradients reduced in fp32
-    under the bf16 policy; fsdp_flat: FSDP1's FlatParameter units, fsdp_prefetch its BACKWARD_PRE
-    (``FsdpOverlay.make``). lora: a ``memcalc.model.lora.LoraPlan`` (peft adapters on a frozen
+    under the bf16 policy; fsdp_flat: FSDP1's FlatParameter units, fsdp_prefetch its BACKWARD_PRE; fsdp_whole: no
+    unit per decoder layer, accelerate's NO_WRAP (``FsdpOverlay.make``). lora: a ``memcalc.model.lora.LoraPlan`` (peft adapters on a frozen
     base, one GPU or DDP): adapter states only, the layers' LoRA saved tensors, a frozen head and final norm that
     keep no input; the layer backward transients stay the full model's (an upper bound).
     code: whose model code runs the layers, ``hf`` or ``torchtitan`` (its Llama 3: ``memcalc.memory.saved``'s
@@ -161,7 +162,8 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
                          "or fsdp=True")
     fs = (FsdpOverlay.make(arch, family, regime, world, fsdp_param_dtype, optimizer_impl, optimizer_states,
                            fp8_gather=float8_all_gather, wrap=fsdp_wrap, keep=fsdp_keep, hsdp=fsdp_hsdp,
-                           reduce_fp32=fsdp_reduce_fp32, flat=fsdp_flat, prefetch=fsdp_prefetch, lora=lora)
+                           reduce_fp32=fsdp_reduce_fp32, flat=fsdp_flat, prefetch=fsdp_prefetch, lora=lora,
+                           whole=fsdp_whole)
           if sharded else None)  # fmt: skip
     if fs is not None:
         st = fs.states
@@ -185,6 +187,9 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     inputs = [("input ids (int64)", 8 * t), ("position ids (int64)", 8 * s)]
     base = model_states + inputs
     moments.append(_moment("input", "the batch", base))
+    if fs is not None and fs.whole:
+        moments.append(_moment("forward", "the root gathered at the forward's start",
+                               base + FsdpOverlay.whole_gather(fs)))
 
     # ---- forward ---------------------------------------------------------------------------------------------
     prologue = [("embedding output", r * t * h // sp)]
@@ -232,7 +237,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
                                                         ("autocast cast cache", cache),
                                                         ("attention forward: the layer so far", ly.attention_forward)]
                                    + FsdpOverlay.forward(fs, i)))  # fmt: skip
-        if fs is not None:
+        if fs is not None and not fs.whole:
             moments.append(_moment(f"forward.layer.{i}", f"layer {i}: parameters gathered",
                                    base + fwd_shared + [(f"activations kept (layers 0..{i - 1})", kept),
                                    ("layer input", ly.residual), ("autocast cast cache", cache)]
@@ -400,7 +405,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
                  and ((norm2 is not None and act != "bf16") or family in LAYER_NORM_FAMILIES) else 0)
         entry = base + bwd_shared + [("loss and its gradient", 8), (f"layer activations (layers 0..{i})", remaining),
                                        ("gradient of the residual stream", resid)]  # fmt: skip
-        if fs is not None:
+        if fs is not None and not fs.whole:
             moments.append(_moment(f"backward.layer.{i}", f"backward of layer {i}: parameters gathered",
                                    entry + FsdpOverlay.backward(fs, i, held_grads, before_layers, gather=True)))
         parts = base + bwd_shared + [("loss and its gradient", 8),
@@ -428,7 +433,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
             attn = parts[:-1] + [("eager attention backward (score-sized gradients)", ly.attention_extra)]
             moments.append(_moment(f"backward.layer.{i}", f"backward of layer {i}: softmax backward", attn))
         remaining -= ly.kept + ly.kept_casts
-        if fs is not None and optimizer_impl != "in-backward":
+        if fs is not None and optimizer_impl != "in-backward" and not fs.whole:
             moments.append(_moment(f"backward.layer.{i}", f"backward of layer {i}: reduce-scatter copy-in",
                                    base + bwd_shared + [("loss and its gradient", 8),
                                                         (f"layer activations (layers 0..{i - 1})", remaining),
@@ -438,13 +443,31 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
                                    # inside that norm's backward: its input-side gradient is alive too
                                    + [("input norm's backward, in flight (FSDP1)", resid if fs.flat else 0)]))
         held_grads += 0 if optimizer_impl == "in-backward" else per_layer
+    if fs is not None and fs.whole and arch.tied_embeddings:
+        # the embedding's backward makes its weight's gradient while the head's is held: the autograd engine adds
+        # them out of place (InputBuffer::accumulate), three vocabulary-sized tensors at once, the residual stream's
+        # gradient freed by then (traced)
+        moments.append(_moment("backward.layer.0", "the embedding's backward, its gradient added to the head's",
+                               base + [("loss and its gradient", 8)]
+                               + FsdpOverlay.backward(fs, 0, held_grads, before_layers)
+                               + [("embedding gradient and its sum with the head's (tied)",
+                                   2 * fs.gathered_width * arch.padded_vocab * h)]))
     if fs is not None and fs.flat and not fs.frozen_layers:
         moments.append(_moment("backward.layer.0", "the root's reduce-scatter copy-in (FSDP1)",
                                base + [("loss and its gradient", 8)] + FsdpOverlay.root_copy_in(fs, arch.layers)))
     if fs is not None and fs.wrap != "root":
         moments.append(_moment("backward.layer.0", "the embedding's backward",
                                base + [("loss and its gradient", 8), ("gradient of the residual stream", resid)]
-                               + FsdpOverlay.embedding_backward(fs, arch.layers)))
+                               + FsdpOverlay.embedding_backward(fs, 0 if fs.whole else arch.layers)))
+    if fs is not None and fs.whole and not fs.flat:  # FSDP2's root post-backward (the final callback)
+        moments.append(_moment("backward.layer.0", "the root's reduce-scatter copy-in",
+                               base + [("loss and its gradient", 8)] + FsdpOverlay.whole_copy_in(
+                                   fs, held_grads + (late * w if fs.wrap == "root" else 0), before_layers)))
+    if fs is not None and fs.whole and not fs.flat and fs.wrap == "root":  # then the tied [norm, embedding, head]
+        moments.append(_moment("backward.layer.0", "the [norm, embedding, head] unit's reduce-scatter copy-in",
+                               base + [("loss and its gradient", 8)] + FsdpOverlay.tail_copy_in(
+                                   fs, before_layers + late * w)))
+    if fs is not None and fs.wrap != "root":
         moments.append(_moment("backward.layer.0", "the embedding's reduce-scatter copy-in",
                                base + [("loss and its gradient", 8)] + FsdpOverlay.embedding_copy_in(fs, arch.layers)))
 

@@ -12,6 +12,7 @@ The tensor lists are those of the Hugging Face modules and sum to ``memcalc.mode
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from memcalc.errors import InputError
@@ -376,12 +377,32 @@ class FsdpOverlay:
     (the first projection's ``lora_A``), late in the layer's backward, and is gathered beside this one when it is
     resharded; the timeline counts it from the layer's backward entry (``backward``), an upper bound by at most one
     gathered layer. The root's units are frozen too (no gradients)."""
+    whole: bool = False
+    """No unit per decoder layer (accelerate's ``fsdp_auto_wrap_policy: NO_WRAP``): the layers are the root's, so
+    ``root`` holds them and ``layer`` is 0. The root is gathered at the forward's start (FSDP2: its all-gather output
+    alive until the embedding's copy-out) and stays gathered to its post-backward, every layer's gradients unsharded
+    until then. FSDP1: the whole model one FlatParameter, its post-backward copying every gradient into one padded
+    flat gradient while the unit is still gathered (``root_copy_in``). FSDP2 (accelerate 1.15 still carves the
+    embedding and [final norm, head] into units of their own: ``wrap`` separate): the root's post-backward runs in
+    the backward's final callback, before the embedding's, and reshards the layers before its copy-in
+    (``whole_copy_in``)."""
+    root_reduce: int = 0
+    """FSDP2 ``whole``: bytes of the root's reduce-scatter input (every layer's padded shards × world, the reduce
+    dtype)."""
+    layer_count: int = 0
+    """``whole``: the decoder layers the root holds."""
+    tail: int = 0
+    """FSDP2 ``whole`` under the root wrap (tied embeddings): bytes of accelerate's [final norm, embedding, head]
+    unit, kept gathered from the forward's start (its all-gather output alive until the root's post-forward) and
+    reduce-scattered after the root, in the final callback (``tail_copy_in``); ``root`` counts it with the layers."""
+    tail_shard: int = 0
+    """Rank 0's elements of that unit (its padded shards)."""
 
     @staticmethod
     def make(arch: Architecture, family: str, regime: str, world: int, param_dtype: str | None, impl: str,
              kind: str, fp8_gather: bool = False, wrap: str = "root", keep: bool = False, hsdp: bool = False,
              reduce_fp32: bool = False, flat: bool = False, prefetch: bool = True,
-             lora: Any = None) -> FsdpOverlay | None:  # fmt: skip
+             lora: Any = None, whole: bool = False) -> FsdpOverlay | None:  # fmt: skip
         """``fp8_gather``: torchao's ``enable_fsdp_float8_all_gather`` (``WeightWithDynamicFloat8CastTensor
         .fsdp_pre_all_gather``): the decoder layers' projection weights (``memcalc.model.float8``) are cast to fp8
         before the all-gather, so their all-gather output and the unsharded weight kept until the reshard are 1 byte
@@ -392,7 +413,7 @@ class FsdpOverlay:
         under a bf16 ``param_dtype`` (torchtitan's ``mixed_precision_reduce``). ``flat``: FSDP1 (``flat_units``),
         units per decoder layer and the root only (HYBRID_SHARD: the shard group's step, its all-reduce holding no
         buffer, traced). ``lora``: peft adapters on a frozen base (``lora_overlay``), FSDP2 with the root or the
-        separate wrap."""
+        separate wrap. ``whole``: no unit per decoder layer (``FsdpOverlay.whole``)."""
         if world < 1:
             raise InputError(f"world {world} must be at least 1 (FSDP2 ranks)")
         if param_dtype not in (None, "bf16"):
@@ -405,6 +426,11 @@ class FsdpOverlay:
                              "put in two units; accepted for tied embeddings: root")
         width = 2 if regime == "bf16" else 4
         g = 2 if param_dtype == "bf16" else width
+        if whole and (lora is not None or fp8_gather or hsdp or keep or reduce_fp32 or (flat and wrap != "root")):
+            raise InputError("FSDP without a unit per decoder layer (NO_WRAP) is modelled for FULL_SHARD without "
+                             "HSDP, LoRA, fp8 all-gathers or fp32 reduction; FSDP1 with the root wrap")
+        if whole:
+            return _whole_overlay(arch, family, width, g, world, impl, wrap, flat)
         if lora is not None:
             if (flat and wrap != "root") or wrap == "separate-reshard" or fp8_gather or hsdp or keep or reduce_fp32:
                 raise InputError("LoRA under FSDP is modelled for FULL_SHARD: FSDP2 with the root or the separate "
@@ -445,6 +471,13 @@ class FsdpOverlay:
         return self.layer_flat if self.layer_reduce < 0 else self.layer_reduce
 
     @property
+    def prefetched(self) -> int:
+        """Bytes of the all-gather output the head's pre-backward prefetches: the last layer's, or under ``whole``
+        the embedding's unit (the unit before the head's in the forward's order; FSDP2's ``_backward_prefetch``),
+        alive until the embedding's pre-backward copies it out."""
+        return self.embed if self.whole else self.layer_flat
+
+    @property
     def unsharded_grads(self) -> int:
         """Bytes of one layer's unsharded gradients in the gathered parameters' dtype (unpadded)."""
         return self.layer_grads // self.width * self.gathered_width
@@ -455,6 +488,9 @@ class FsdpOverlay:
         under ``keep``), and its flat all-gather output."""
         if fs is None:
             return []
+        if fs.whole:  # the embedding's all-gather output, until the head's gather copies out (tied: the root's
+            # post-forward frees the [norm, embedding, head] unit's)
+            return [("root parameters (gathered)", fs.root), ("all-gather output (embedding's unit)", fs.embed + fs.tail)]
         return [("root parameters (gathered)", fs.root)] + fs._kept(0) + [
                 ("this layer's parameters (gathered)" if not fs.keep else f"layers 0..{i} parameters (gathered)",
                  fs.layer * (i + 1 if fs.keep else 1)),
@@ -493,13 +529,15 @@ class FsdpOverlay:
         if fs.flat:  # FSDP1: nothing of a layer until the root's pre-backward prefetches the last one, unsharded
             return root + [("last layer's parameters (prefetched)",
                             fs.layer if at == "loss-backward" and fs.prefetch and not fs.keep else 0)]
+        if fs.wrap == "root" and fs.whole:  # tied: the [norm, embedding, head] unit's, until the root's post-forward
+            return root + [("all-gather output (embedding's unit)", 0 if at == "loss-backward" else fs.tail)]
         if fs.wrap == "root":
             flat = 0 if fs.keep and at == "loss-backward" else fs.layer_flat
             return root + [("all-gather output (last layer)", flat)]
         gathered = ("head parameters (gathered)", fs.head)
         flat = ("all-gather output (head)", fs.head)
-        if at == "gather":
-            return root + [gathered, flat, ("all-gather output (previous unit)", fs.layer_flat)]
+        if at == "gather":  # the last layer's all-gather output, or (whole) the embedding's
+            return root + [gathered, flat, ("all-gather output (previous unit)", fs.embed if fs.whole else fs.layer_flat)]
         if fs.wrap == "separate":
             return root + [gathered] + ([] if at == "loss-backward" else [flat])
         if at == "norm":
@@ -518,10 +556,10 @@ class FsdpOverlay:
             return [("head and final norm gradients", grads)]
         if fs.wrap == "root":
             return FsdpOverlay.after_layers(fs, "loss-backward", layers) + [("head and final norm gradients", grads)]
-        prefetched = ("all-gather output (next layer, prefetched)", 0 if fs.keep else fs.layer_flat)
-        if fs.wrap == "separate":
-            return [("head parameters (gathered)", fs.head), ("head and final norm gradients", grads),
-                    prefetched] + fs._kept(layers)
+        prefetched = ("all-gather output (next unit, prefetched)", 0 if fs.keep else fs.prefetched)
+        if fs.wrap == "separate":  # (the root: nothing but the layers under ``whole``)
+            return [("root parameters (gathered)", fs.root), ("head parameters (gathered)", fs.head),
+                    ("head and final norm gradients", grads), prefetched] + fs._kept(layers)
         return [("root parameters (gathered)", fs.root), ("final norm gradients", fs.norm_grads),
                 ("gradient shards of the layers above", fs.head_grad_shard),
                 ("reduce-scatter input (head)", fs.head_reduce), ("all-reduce buffers (HSDP)", fs.head_held_reduce),
@@ -533,7 +571,7 @@ class FsdpOverlay:
         pre-backward), the root's parameters, and the last layer's all-gather prefetched by that pre-backward
         (under ``keep`` the ``layers`` still gathered instead)."""
         return [("root parameters (gathered)", fs.root), ("head parameters (gathered)", fs.head),
-                ("all-gather output (next layer, prefetched)", 0 if fs.keep else fs.layer_flat)] + fs._kept(layers)
+                ("all-gather output (next unit, prefetched)", 0 if fs.keep else fs.prefetched)] + fs._kept(layers)
 
     @staticmethod
     def backward(fs: FsdpOverlay | None, i: int, held: int, root_grads: int, gather: bool = False
@@ -545,6 +583,12 @@ class FsdpOverlay:
         Under ``keep`` layers 0..i are still gathered and nothing is gathered."""
         if fs is None:
             return [("parameter gradients so far", held)]
+        if fs.whole:  # every gradient so far unsharded but the [head, norm] unit's; its reduce-scatter input kept
+            return [("root parameters (gathered)", fs.root),
+                    ("root gradients (unsharded)", fs._whole_grads(held, root_grads)),
+                    ("gradient shards of the layers above", fs.head_grad_shard),
+                    ("reduce-scatter input (layer above)", fs.head_reduce),
+                    ("all-gather output (next unit, prefetched)", fs.prefetched)]
         done = (held - root_grads) // fs.layer_grads  # layers above i, already reduce-scattered
         reduce = fs.reduce_input
         if fs.wrap == "root":
@@ -563,6 +607,47 @@ class FsdpOverlay:
                 ("gradient shards of the layers above", done * fs.layer_grad_shard + shards),
                 ("reduce-scatter input (layer above)", reduce if done else last_reduce),
                 ("all-reduce buffers (HSDP)", done * fs.held_reduce + ar)]
+
+    def _whole_grads(self, held: int, root_grads: int) -> int:
+        """``whole``: the unsharded gradients in the gathered dtype of ``held`` single-GPU gradient bytes, of which
+        ``root_grads`` are the head's and the final norm's (the root's under the root wrap, the final norm's under
+        separate-reshard, reduce-scattered by their unit under separate)."""
+        ends = {"root": root_grads // self.width * self.gathered_width, "separate-reshard": self.norm_grads}
+        return (held - root_grads) // self.width * self.gathered_width + ends.get(self.wrap, 0)
+
+    @staticmethod
+    def whole_gather(fs: FsdpOverlay) -> list[tuple[str, int]]:
+        """``whole``, the forward's start: the root's all-gather copied out (FSDP2: its output still alive; FSDP1:
+        gathered straight into the unsharded FlatParameter, the low-precision shard it sent not yet freed), and
+        under a separate wrap the embedding's all-gather copied out before the root's output is freed."""
+        if fs.flat:
+            return [("root parameters (gathered)", fs.root), ("low-precision shard for the all-gather", fs.mp_shard)]
+        return [("root parameters (gathered)", fs.root), ("all-gather output (root)", fs.root_flat),
+                ("embedding parameters (gathered)", fs.embed),
+                ("all-gather output (embedding's unit)", fs.embed + fs.tail)]
+
+    @staticmethod
+    def whole_copy_in(fs: FsdpOverlay, held: int, root_grads: int) -> list[tuple[str, int]]:
+        """FSDP2 ``whole``: the root's post-backward, in the backward's final callback before the embedding's: the
+        layers resharded, then its reduce-scatter input allocated beside every unsharded gradient (the head unit's
+        input dropped first); the embedding's unit still gathered with its unsharded gradient. ``held``: the
+        single-GPU gradients of the root's parameters, ``root_grads`` of them the head's and the final norm's."""
+        return [("root gradients (unsharded)", fs._whole_grads(held, root_grads)),
+                ("reduce-scatter input (root)", fs.root_reduce),
+                ("embedding parameters (gathered)", fs.embed + fs.tail), ("embedding gradients (unsharded)", fs.embed),
+                ("gradient shards of the layers above", fs.head_grad_shard)]
+
+    @staticmethod
+    def tail_copy_in(fs: FsdpOverlay, grads: int) -> list[tuple[str, int]]:
+        """FSDP2 ``whole`` under the root wrap: the [norm, embedding, head] unit's post-backward after the root's:
+        resharded, its reduce-scatter input and output (and the output's cast to the shard's dtype when they differ)
+        beside its unsharded gradients (``grads`` bytes in the single-GPU width), as ``embedding_copy_in``."""
+        shard = fs.tail_shard
+        return [("embedding gradients (unsharded)", grads // fs.width * fs.gathered_width),
+                ("gradient shards of the layers above", fs.layer_count * fs.layer_grad_shard),
+                ("reduce-scatter input (embedding)", fs.tail),
+                ("reduce-scatter output (embedding)", fs.gathered_width * shard),
+                ("embedding gradient shard (cast)", fs.width * shard if fs.width != fs.gathered_width else 0)]
 
     @staticmethod
     def copy_in(fs: FsdpOverlay, i: int, held: int, root_grads: int) -> list[tuple[str, int]]:
@@ -590,6 +675,12 @@ class FsdpOverlay:
         embedding is gathered through the whole step, its gradient counted with the root's)."""
         if fs is None or fs.wrap == "root":
             return []
+        if fs.whole:  # before the root's post-backward (done 0) every layer gathered with its gradients unsharded
+            root, grads = (fs.root, fs._whole_grads(fs.layer_count * fs.layer_grads, 0)) if not done else (0, 0)
+            return [("root parameters (gathered)", root), ("root gradients (unsharded)", grads),
+                    ("embedding parameters (gathered)", fs.embed), ("embedding gradients (unsharded)", fs.embed),
+                    ("gradient shards of the layers above", fs.head_grad_shard + done * fs.layer_grad_shard),
+                    ("reduce-scatter input (layer above)", fs.head_reduce if not done else fs.root_reduce)]
         return [("root parameters (gathered)", fs.root), ("root gradients (unsharded)", fs.norm_grads
                                                           if fs.wrap == "separate-reshard" else 0),
                 ("embedding parameters (gathered)", fs.embed),
@@ -621,6 +712,45 @@ class FsdpOverlay:
         return parts + [("reduce-scatter input (embedding)", fs.embed // fs.gathered_width * fs.reduce_width),
                         ("reduce-scatter output (embedding)", fs.embed_reduce_out),
                         ("embedding gradient shard (cast)", cast)]
+
+
+def _whole_overlay(arch: Architecture, family: str, width: int, g: int, world: int, impl: str, wrap: str,
+                   flat: bool) -> FsdpOverlay:
+    """``FsdpOverlay.whole``: FSDP1's one FlatParameter over the model (``whole_flat_units``), or FSDP2's root over
+    the layers (and, under the root wrap, the embedding, final norm and head), each parameter padded as per layer."""
+    if flat:
+        u = whole_flat_units(arch, world)
+        root = g * world * u.root_shard
+        return FsdpOverlay(sharded_states(arch, family, width, u, impl), g, root, 0, 0, 0, width,
+                           width * u.layer, 0, flat=True, mp_shard=g * u.root_shard if g != width else 0,
+                           root_grads=g * u.root, whole=True, layer_count=arch.layers)
+    u = shard_units(arch, world)
+    st = sharded_states(arch, family, width, u, impl)
+    root = g * world * (u.root_shard + arch.layers * u.layer_shard)
+    extra: dict = {"tail": g * world * u.root_shard, "tail_shard": u.root_shard} if wrap == "root" else {}
+    if wrap != "root":
+        head = u.head_shard + (u.norm_shard if wrap == "separate" else 0)
+        extra.update(wrap=wrap, embed=g * world * u.embed_shard, head=g * world * head, head_grad_shard=width * head,
+                     norm_grads=g * arch.hidden * (1 + arch.norm_bias), head_reduce=g * world * head,
+                     embed_reduce_out=g * u.embed_shard)
+        root -= extra["embed"] + extra["head"]
+    layers = root - extra.get("tail", 0)  # the root's own: its all-gather output and reduce-scatter input
+    return FsdpOverlay(st, g, root, 0, 0, width * u.layer_shard, width, width * u.layer, layers, reduce_width=g,
+                       whole=True, root_reduce=layers, layer_count=arch.layers, **extra)
+
+
+def whole_flat_units(arch: Architecture, world: int) -> ShardUnits:
+    """FSDP1 without an auto-wrap policy: the model one ``FlatParameter``, its parameters in registration order
+    (``param_tensors``) flattened, padded to a multiple of ``world`` and chunked (``_flat_param.py`` ``_get_shard``);
+    rank 0 holds the first chunk, and the optimizer keeps state for the parameters reaching into it. As
+    ``flat_units``, with the root the whole model and no layer unit (``layer``: one decoder layer's elements)."""
+    if world < 1:
+        raise InputError(f"world {world} must be at least 1")
+    sizes = [n for _, n in param_tensors(arch)]
+    shard = -(-sum(sizes) // world)
+    reach = sum(1 for start in list(itertools.accumulate(sizes, initial=0))[:-1] if start < shard)
+    layer = sum(n for name, n in param_tensors(arch) if name.startswith("layer 0 "))
+    return ShardUnits(world, sum(sizes), layer, shard, 0, reach)
 
 
 def lora_overlay(arch: Architecture, family: str, width: int, gathered: int, world: int, impl: str,

@@ -192,6 +192,7 @@ def step_plan(plan: LayoutPlan, optimizer_impl: str = "foreach", flops_attention
         flops_attention=flops_attention, stage_layers=plan.stage_layers,
         float8=plan.float8, elementwise=_elementwise(plan), residual_bytes=4 if plan.precision.autocast else 0,
         sliding="masked" if w.attention == "sdpa" else "window", **_lora_fields(plan),
+        gather_units=1 if plan.fsdp_auto_wrap == "none" and plan.spec.shards_params else 0,
     )  # fmt: skip
 
 

@@ -102,6 +102,10 @@ class Plan:
     lora_flops_per_token: int = 0
     """Forward FLOPs per token of one layer's adapters: 2·r·(in + out) per target (x·A, then ·B); their backward is
     2x (input and weight gradients), like any trainable matmul."""
+    gather_units: int = 0
+    """The units sharded parameters are gathered and reduced in; 0: one per decoder layer, each gathered while the
+    one before it computes. 1: the whole model (FSDP without an auto-wrap policy): its all-gather before the
+    forward and its reduce-scatter after the backward have nothing to hide behind."""
 
     @property
     def dp(self) -> int:
@@ -361,6 +365,7 @@ def step_time(arch: Architecture, plan: Plan, machine: Machine, collectives: Ite
     m = p.micro_batches
     profile, model_fl, hardware_fl, n_opt, peak = _plan_profile(arch, cal, p)
     comp, mem, rec, fwd, bwd, attn, units = profile
+    units = p.gather_units or units
     per_mb = comp + mem + rec
 
     exposed: dict[str, float] = {}

@@ -45,7 +45,7 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
                loss_parallel: bool | None = None, capacity: int | None = None, float8: str = "none",
                float8_all_gather: bool = False, fsdp_wrap: str = "root", replicate: int = 1,
                reshard_after_forward: bool = True, fsdp_reduce_fp32: bool = False, fsdp_version: int = 2,
-               backward_prefetch: str = "pre") -> Trace:
+               backward_prefetch: str = "pre", layer_units: bool = True) -> Trace:
     """Trace the last of ``steps`` training steps of rank 0; ``fake=False`` runs the same step on real tensors.
 
     ``world`` ranks are ``world // tp`` data-parallel (FSDP2-sharded when ``fsdp``) × ``tp`` tensor-parallel.
@@ -60,7 +60,10 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
     to their backward (SHARD_GRAD_OP). ``fsdp_reduce_fp32``: gradients reduced in fp32 under
     ``fsdp_param_dtype="bf16"`` (torchtitan's ``mixed_precision_reduce``). ``fsdp_version`` 1: FSDP1's
     ``FullyShardedDataParallel`` as accelerate wraps a transformer (``trace_parallel.apply_layout``), its
-    ``backward_prefetch`` pre (torch's default), post or none (accelerate's).
+    ``backward_prefetch`` pre (torch's default), post or none (accelerate's). ``layer_units`` False: accelerate's
+    NO_WRAP, no unit per decoder layer (FSDP1: the model one FlatParameter; FSDP2: the layers in the root, the
+    embedding and [final norm, head] carved as accelerate 1.15 does: ``fsdp_wrap`` separate, or root with tied
+    embeddings for its [final norm, embedding, head] unit).
     ``capacity``: the bytes the caching allocator may reserve (the GPU's memory less the CUDA context); the replayed
     allocator then reports the first request the GPU could not serve (``Trace.oom_request``).
     """
@@ -103,6 +106,12 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
     if fsdp_version == 1 and not reshard_after_forward and fake:
         raise InputError("FSDP1 without resharding after forward (SHARD_GRAD_OP) checks its parameters' storages, "
                          "which fake tensors do not have: trace it with fake=False")
+    if not layer_units and (not fsdp or tp > 1 or replicate > 1 or not reshard_after_forward or float8 != "none"
+                            or fsdp_wrap not in ("root", "separate")
+                            or (fsdp_version == 2 and (fsdp_wrap == "root") != bool(hf_config.get("tie_word_embeddings")))):
+        raise InputError("NO_WRAP (--fsdp-auto-wrap none) is traced with --fsdp, FULL_SHARD, without tensor "
+                         "parallelism, HSDP or float8, as accelerate 1.15 wraps it: FSDP2 with --fsdp-wrap separate "
+                         "(root with tied embeddings), FSDP1 with root")
     if not reshard_after_forward and not fsdp:
         raise InputError("reshard_after_forward is FSDP2's: set fsdp")
     if dp > 1 and not fsdp:
@@ -123,7 +132,8 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
                                      sequence_parallel=sequence_parallel, loss_parallel=loss_parallel,
                                      fsdp_wrap=fsdp_wrap, replicate=replicate,
                                      reshard_after_forward=reshard_after_forward, reduce_fp32=fsdp_reduce_fp32,
-                                     fsdp_version=fsdp_version, backward_prefetch=backward_prefetch)
+                                     fsdp_version=fsdp_version, backward_prefetch=backward_prefetch,
+                                     layer_units=layer_units)
             optimizer = build_optimizer(model, optimizer_impl)
             ids, pos = batch(hf_config, spec)
             tracker = traced_steps(model, optimizer, ids, pos, spec, steps, loss_parallel, capacity)
@@ -132,7 +142,8 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
         label += "".join(part for part, on in ((f" hsdp={replicate}x{dp // replicate}", replicate > 1),
                                                (" no-reshard-after-forward", not reshard_after_forward),
                                                (" reduce=fp32", fsdp_reduce_fp32),
-                                               (f" wrap={fsdp_wrap}", fsdp_wrap != "root")) if on)
+                                               (f" wrap={fsdp_wrap}", fsdp_wrap != "root"),
+                                               (" no-wrap", not layer_units)) if on)
         if fsdp and fsdp_version == 1:
             label = label.replace(" fsdp2", " fsdp1", 1)
         result = tracker.result(label, tracker.seconds)

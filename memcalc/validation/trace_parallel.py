@@ -151,7 +151,8 @@ def check_tp_heads(hf_config: dict, tp: int) -> None:
 def apply_layout(model: torch.nn.Module, mesh, *, dp: int, tp: int, fsdp: bool, mp_bf16: bool,
                  sequence_parallel: bool = False, loss_parallel: bool = False, fsdp_wrap: str = "root",
                  replicate: int = 1, reshard_after_forward: bool = True, reduce_fp32: bool = False,
-                 fsdp_version: int = 2, backward_prefetch: str = "pre", fsdp1_policy=None) -> torch.nn.Module:
+                 fsdp_version: int = 2, backward_prefetch: str = "pre", fsdp1_policy=None,
+                 layer_units: bool = True) -> torch.nn.Module:
     """The model laid out (FSDP1 wraps it; the other layouts change it in place): tensor-parallelise each decoder
     layer over ``mesh["tp"]`` (with ``sequence_parallel`` the whole model: ``_sp_plan``), then FSDP2-shard over ``mesh["dp"]`` (HSDP: over ``mesh["replicate", "dp"]``): every decoder
     layer (``reshard_after_forward`` False: kept gathered from its forward to its backward, SHARD_GRAD_OP), and as
@@ -189,7 +190,8 @@ def apply_layout(model: torch.nn.Module, mesh, *, dp: int, tp: int, fsdp: bool, 
                                         sharding_strategy=strategy,
                                         device_mesh=mesh["replicate", "dp"] if hybrid else None,
                                         mixed_precision=mp1,
-                                        auto_wrap_policy=fsdp1_policy or ModuleWrapPolicy({type(layers[0])}),
+                                        auto_wrap_policy=(fsdp1_policy or ModuleWrapPolicy({type(layers[0])})
+                                                          if layer_units else None),
                                         device_id=torch.device("cpu"), use_orig_params=True,
                                         backward_prefetch={"pre": BackwardPrefetch.BACKWARD_PRE, "none": None,
                                                            "post": BackwardPrefetch.BACKWARD_POST}[backward_prefetch])
@@ -204,9 +206,12 @@ def apply_layout(model: torch.nn.Module, mesh, *, dp: int, tp: int, fsdp: bool, 
         with _real_mesh_concatenate():
             if fsdp_wrap != "root":  # torchtitan apply_fsdp (since v0.2), torchtune shard_model(custom_sharded_layers)
                 fully_shard(base.embed_tokens, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=again)
-            for layer in layers:
+            for layer in layers if layer_units else ():
                 fully_shard(layer, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=again)
-            if fsdp_wrap == "separate":  # [norm, output], kept gathered after forward
+            if not layer_units and fsdp_wrap == "root":  # accelerate's NO_WRAP, tied: [norm, embedding, head]
+                fully_shard([base.norm, base.embed_tokens, model.lm_head], mesh=dp_mesh, mp_policy=mp,
+                            reshard_after_forward=False)
+            elif fsdp_wrap == "separate":  # [norm, output], kept gathered after forward
                 fully_shard([base.norm, model.lm_head], mesh=dp_mesh, mp_policy=mp, reshard_after_forward=False)
             elif fsdp_wrap == "separate-reshard":  # output alone, resharded after forward; the norm stays in the root
                 fully_shard(model.lm_head, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=again)
