@@ -117,11 +117,9 @@ def compare(
     strategies_ = [s if isinstance(s, Strategy) else parse_strategy(s, shard_group) for s in chosen]
     inputs = None
     if kwargs.get("accounting", "auto") == "auto":
-        # One accounting for every row: the realistic one where it covers every strategy compared (each row's input
-        # says whether it does: memcalc.memory.scope.why_not), else the paper's for all of them.
+        # Each row in the accounting its own estimate takes: the realistic one where it applies (each row's input
+        # says: memcalc.memory.scope.why_not), else the paper's; the renderers mark the rows of a second accounting.
         inputs = [build_input(params, strategy=s, **kwargs) for s in strategies_]  # type: ignore[arg-type]
-        if any(inp.accounting != "realistic" for inp in inputs):
-            kwargs["accounting"], inputs = "paper", None
     if inputs is None:  # one accounting: the rows differ in the strategy alone (the input's checks run again for each)
         first = build_input(params, strategy=strategies_[0], **kwargs)  # type: ignore[arg-type]
         inputs = [first, *(dataclasses.replace(first, strategy=s) for s in strategies_[1:])]

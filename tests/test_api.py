@@ -56,10 +56,10 @@ def test_compare_defaults_to_every_strategy():
     assert {e.strategy.name for e in c.estimates} == set(memcalc.STRATEGIES) - {"zero-0"}
 
 
-def test_compare_rows_share_the_realistic_accounting_where_it_covers_them_all():
+def test_compare_answers_each_row_as_its_own_estimate():
     """ZeRO-2, ZeRO-3 and FSDP on a shaped bf16-mixed model are all answered realistically, each row equal to its own
-    estimate; adding DDP (bf16-mixed: a master-weight regime the realistic accounting leaves to the paper) turns every
-    row to the paper's accounting."""
+    estimate; adding DDP (bf16-mixed: a master-weight regime the realistic accounting leaves to the paper) takes the
+    paper's accounting for that row alone, marked in the table, the Markdown and the CSV with the reason."""
     kw = dict(hf_config="tests/data/h100/llama-3.2-1b/config.json", seq_len=2048, micro_batch=4, precision="bf16-mixed",
               gpus=8, gpu="h100")
     c = memcalc.compare(strategies=["zero-2", "zero-3", "FULL_SHARD"], **kw)
@@ -69,7 +69,18 @@ def test_compare_rows_share_the_realistic_accounting_where_it_covers_them_all():
         alone = memcalc.estimate(**one[name], **kw)
         assert (e.accounting, e.memory.per_gpu.total) == (alone.accounting, alone.memory.per_gpu.total)
     mixed = memcalc.compare(strategies=["ddp", "zero-2", "FULL_SHARD"], **kw)
-    assert {e.accounting for e in mixed.estimates} == {"paper"}
+    assert [e.accounting for e in mixed.estimates] == ["paper", "realistic", "realistic"]
+    assert [e.memory.per_gpu.total for e in mixed.estimates[1:]] == [e.memory.per_gpu.total for e in c.estimates[::2]]
+    ddp = memcalc.estimate(ddp=True, **kw)
+    assert (ddp.accounting, ddp.memory.per_gpu.total) == ("paper", mixed.estimates[0].memory.per_gpu.total)
+    from memcalc.report.formats import to_csv, to_markdown
+
+    md = to_markdown(mixed)
+    assert "| DDP (paper) |" in md and "| ZeRO-2 |" in md
+    assert "Not realistic: DDP: --precision bf16-mixed is a master-weight regime" in md
+    assert to_csv(mixed).splitlines()[0].startswith("strategy,label,accounting,")
+    assert [line.split(",")[2] for line in to_csv(mixed).splitlines()[1:]] == ["paper", "realistic", "realistic"]
+    assert "(paper)" not in to_markdown(c) and "Not realistic" not in to_markdown(c)
 
 
 def test_compare_rejects_a_single_strategy_argument():

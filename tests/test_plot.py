@@ -41,7 +41,10 @@ def test_bar_heights_equal_the_estimates(comparison):
             top += height
         assert top == pytest.approx(r.memory.per_gpu.total / GiB, rel=1e-12)
     ax = fig.axes[0]
-    assert [t.get_text() for t in ax.get_xticklabels()] == [r.strategy.label for r in comparison.estimates]
+    # each bar its strategy, marked with its accounting where the rows take two (DDP in bf16-mixed: the paper's)
+    assert [t.get_text() for t in ax.get_xticklabels()] == [
+        r.strategy.label + (" (paper)" if r.accounting == "paper" else "") for r in comparison.estimates]
+    assert {r.accounting for r in comparison.estimates} == {"paper", "realistic"}
     (capacity,) = [line for line in ax.get_lines() if line.get_label().startswith("usable on")]
     assert capacity.get_ydata()[0] == pytest.approx(comparison.estimates[0].memory.fit.usable_bytes / GiB)
     assert ax.get_ylabel() == "memory per GPU (GiB)"

@@ -76,7 +76,8 @@ def estimate_rows(r: Estimate, unit: MemoryUnit = "gib") -> list[list[Any]]:
 def comparison_figures(r: Estimate) -> dict[str, Any]:
     """Every figure of one strategy, flat: names end in ``_bytes`` for sizes (integers)."""
     g, fit, node, com = r.memory.per_gpu, r.memory.fit, r.memory.per_node, r.communication
-    out: dict[str, Any] = {"strategy": r.strategy.name, "label": r.strategy.label, "framework": r.strategy.framework,
+    out: dict[str, Any] = {"strategy": r.strategy.name, "label": r.strategy.label, "accounting": r.accounting,
+                           "framework": r.strategy.framework,
                            "shard_group_size": r.strategy.shard_group_size, "replicas": r.strategy.replicas,
                            "offload_optimizer": r.strategy.offload_optimizer,
                            "offload_params": r.strategy.offload_params, "fits": fit.fits}  # fmt: skip
@@ -196,6 +197,33 @@ def _estimate_markdown(r: Estimate, u: MemoryUnit) -> str:
     return "\n".join(parts)
 
 
+def row_label(rows: Sequence[Estimate], r: Estimate) -> str:
+    """A compared row's strategy, with its accounting when the rows take more than one (``memcalc.compare``
+    answers each row as its own estimate would)."""
+    return r.strategy.label + (f" ({r.accounting})" if r.accounting != "realistic" and mixed(rows) else "")
+
+
+def mixed(rows: Sequence[Estimate]) -> bool:
+    """Whether the compared rows take more than one accounting."""
+    return len({r.accounting for r in rows}) > 1
+
+
+def accounting_line(cmp: Comparison) -> str | None:
+    """Under a comparison whose rows take more than one accounting: which rows are not the realistic accounting's,
+    and why (each estimate's own note)."""
+    if not mixed(cmp.estimates):
+        return None
+    prefix = "realistic accounting (the peak of a real step) not used: "
+    rows: dict[str, list[str]] = {}  # why -> the rows it keeps from the realistic accounting
+    for r in cmp.estimates:
+        if r.accounting != "realistic":
+            why = next((n[len(prefix):] for n in r.notes if n.startswith(prefix)), f"--accounting {r.accounting}")
+            rows.setdefault(why, []).append(r.strategy.label)
+    return ("rows marked (paper) are the ZeRO paper's states and Korthikanti's activations, not a step's peak; the "
+            "others are the realistic accounting's peak. Not realistic: "
+            + "; ".join(f"{', '.join(labels)}: {why}" for why, labels in rows.items()))
+
+
 def _comparison_markdown(cmp: Comparison, u: MemoryUnit) -> str:
     label = memory_label(u)
     header = ["strategy", f"params {label}", f"grads {label}", f"optimizer {label}", f"activations {label}",
@@ -205,7 +233,7 @@ def _comparison_markdown(cmp: Comparison, u: MemoryUnit) -> str:
     for r in cmp.estimates:
         f = comparison_figures(r)
         fits = "yes" if f["fits"] else "risk" if r.memory.fit.verdict == "at-risk" else "no"
-        rows.append([r.strategy.label] + [_mem(f[k], u) for k in ("parameters_bytes", "gradients_bytes",
+        rows.append([row_label(cmp.estimates, r)] + [_mem(f[k], u) for k in ("parameters_bytes", "gradients_bytes",
                     "optimizer_states_bytes", "activations_bytes", "other_bytes", "total_bytes")]
                     + [fits] + [_mem(f[k], u) for k in ("host_ram_per_node_bytes",
                     "nvme_per_node_bytes", "sent_bytes_per_gpu", "inter_node_sent_bytes_per_gpu")])  # fmt: skip
@@ -214,7 +242,9 @@ def _comparison_markdown(cmp: Comparison, u: MemoryUnit) -> str:
         first = cmp.estimates[0]
         head = (f"**{first.model.name or 'model'} ({first.model.parameters:,} parameters) on {first.input.cluster.gpus} x "
                 f"{first.input.gpu.name}, per GPU unless marked per node; sent per optimizer step**\n\n")  # fmt: skip
-    return head + markdown_table(header, rows, [i for i in range(1, len(header)) if header[i] != "fits"])
+    line = accounting_line(cmp)
+    return (head + markdown_table(header, rows, [i for i in range(1, len(header)) if header[i] != "fits"])
+            + (f"\n- note: {line}\n" if line else ""))
 
 
 def to_markdown(obj: Estimate | Comparison | Rows, unit: str = "gib") -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memcalc.errors import InputError
+from memcalc.report.formats import row_label
 from memcalc.report.results import Comparison, Estimate
 from memcalc.units import MEMORY_UNITS, MemoryUnit, memory_label, to_memory_unit
 
@@ -100,7 +101,7 @@ def plot_memory(comparison_or_estimates: Comparison | Estimate | Iterable[Estima
         level = to_memory_unit(usable, u)
         ax.axhline(level, color="black", linestyle="--", linewidth=1,
                    label=f"usable on {gpu}: {level:,.1f} {memory_label(u)}")
-    ax.set_xticks(x, [r.strategy.label for r in estimates], rotation=30 if len(estimates) > 4 else 0, ha="right"
+    ax.set_xticks(x, [row_label(estimates, r) for r in estimates], rotation=30 if len(estimates) > 4 else 0, ha="right"
                   if len(estimates) > 4 else "center")  # fmt: skip
     ax.set_ylabel(f"memory per GPU ({memory_label(u)})")
     first = estimates[0]
@@ -138,7 +139,7 @@ def plot_time(comparison_or_estimates: Comparison | Estimate | Iterable[Estimate
     for i, r in enumerate(estimates):
         ax.annotate(f"{r.time.tokens_per_s_per_gpu:,.0f} tok/s/GPU", (i, bottom[i]), ha="center", va="bottom",  # type: ignore[union-attr]
                     fontsize="x-small")
-    ax.set_xticks(x, [r.strategy.label for r in estimates], rotation=30 if len(estimates) > 4 else 0, ha="right"
+    ax.set_xticks(x, [row_label(estimates, r) for r in estimates], rotation=30 if len(estimates) > 4 else 0, ha="right"
                   if len(estimates) > 4 else "center")  # fmt: skip
     ax.set_ylabel("seconds per optimizer step")
     first = estimates[0]

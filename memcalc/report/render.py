@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from memcalc.report.fitted import Fitted
+from memcalc.report.formats import accounting_line, row_label
 from memcalc.report.plain import text_lines
 from memcalc.units import MemoryUnit, format_memory, format_rate, memory_label, to_memory_unit
 
@@ -271,7 +272,7 @@ def comparison_table(cmp: Comparison, unit: MemoryUnit = "gib") -> Table:
                 if r.memory.fit.verdict == "at-risk" else Text("no", style="red"))
         c = r.communication
         acts = [_mem(g.activations, unit)] if counted else []
-        t.add_row(r.strategy.label, _mem(g.parameters, unit), _mem(g.gradients, unit), _mem(g.optimizer_states, unit),
+        t.add_row(row_label(cmp.estimates, r), _mem(g.parameters, unit), _mem(g.gradients, unit), _mem(g.optimizer_states, unit),
                   *acts, _mem(other, unit), Text(_mem(g.total, unit), style="bold"), fits,
                   _mem(r.memory.per_node.cpu, unit), _mem(r.memory.per_node.nvme, unit),
                   _mem(c.sent_bytes_per_gpu, unit), _mem(c.inter_node_sent_bytes_per_gpu, unit), *times)  # fmt: skip
@@ -293,7 +294,9 @@ def renderables(obj: Estimate | Comparison, unit: MemoryUnit = "gib") -> list[Te
     """What ``render`` groups: the lines and tables, in order."""
     kind = type(obj).__name__
     if kind == "Comparison":
-        return [Fitted(comparison_table(obj, unit), breaks=("host RAM/node", "step s")), ranking_line(obj)]  # type: ignore[arg-type]
+        line = accounting_line(obj)  # type: ignore[arg-type]
+        return ([Fitted(comparison_table(obj, unit), breaks=("host RAM/node", "step s")), ranking_line(obj)]  # type: ignore[arg-type]
+                + ([Text("note: " + line, style="dim")] if line else []))
     if kind == "Estimate":
         return estimate_parts(obj, unit)  # type: ignore[arg-type]
     raise TypeError(f"cannot render {type(obj).__name__}")
