@@ -676,6 +676,33 @@ def test_no_wrap_equals_trace(name, version, precision, mp, recompute, opt, worl
         assert tl.phase_peaks["forward"] == tr.phase_peaks["forward"]
 
 
+@pytest.mark.parametrize("precision,mp", [("fp32", None), ("amp-bf16", "bf16")])
+def test_fsdp1_no_wrap_holds_the_same_step_under_every_sharding_strategy(precision, mp):
+    """FSDP1 without an auto-wrap policy: the one unit is the root, which FSDP1 never reshards after forward, and
+    HYBRID_SHARD's all-reduce across replicas holds no buffer, so SHARD_GRAD_OP (traced on real tensors: FSDP1's
+    storage checks), HYBRID_SHARD and _HYBRID_SHARD_ZERO2 over 2 x 4 ranks hold FULL_SHARD's step over 4, byte for
+    byte, which the timeline gives; the estimate answers all four realistically."""
+    tr, tl = no_wrap("l4", 1, precision, mp)
+    kw = {"seq_len": S, "micro_batch": B, "precision": precision, "fsdp_param_dtype": mp, "fsdp": True,
+          "fsdp_version": 1, "optimizer_impl": "fused", "layer_units": False}
+    others = [trace_step(CONFIGS["l4"], world=4, reshard_after_forward=False, fake=False, **kw),
+              trace_step(CONFIGS["l4"], world=8, replicate=2, **kw),
+              trace_step(CONFIGS["l4"], world=8, replicate=2, reshard_after_forward=False, fake=False, **kw)]
+    for other in others:
+        assert (other.peak, other.phase_peaks) == (tr.peak, tr.phase_peaks)
+    exact(tr, tl)
+    est = {name: memcalc.estimate(model="llama-3-8b", fsdp=name, fsdp_version=1, fsdp_auto_wrap="none", gpus=8,
+                                  shard_group=4 if "HYBRID" in name else None, seq_len=1024, gpu="h100",
+                                  precision="bf16-mixed", recompute="full")
+           for name in ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")}  # fmt: skip
+    assert {e.accounting for e in est.values()} == {"realistic"}
+    assert est["FULL_SHARD"].memory.per_gpu.peak_allocated == est["SHARD_GRAD_OP"].memory.per_gpu.peak_allocated
+    assert est["HYBRID_SHARD"].memory.per_gpu.peak_allocated == est["_HYBRID_SHARD_ZERO2"].memory.per_gpu.peak_allocated
+    four = memcalc.estimate(model="llama-3-8b", fsdp="FULL_SHARD", fsdp_version=1, fsdp_auto_wrap="none", gpus=4,
+                            seq_len=1024, gpu="h100", precision="bf16-mixed", recompute="full")
+    assert est["HYBRID_SHARD"].memory.per_gpu.peak_allocated == four.memory.per_gpu.peak_allocated
+
+
 def test_no_wrap_tied_embedding_gradient_added_to_the_heads():
     """Tied embeddings under FSDP2's NO_WRAP (vocab 2000): the embedding's backward adds its weight's gradient to
     the head's out of place, three vocabulary-sized fp32 tensors at once (2000 x 64 x 4 = 512,000 bytes each);
@@ -717,14 +744,15 @@ def test_no_wrap_holds_the_model_gathered_and_its_gradients():
 
 
 def test_no_wrap_widens_the_paper_verdict():
-    """Where the realistic accounting does not answer NO_WRAP (HYBRID_SHARD here), the paper's at-risk band counts
-    the whole model gathered and its gradients unsharded: Llama 3 8B in bf16-mixed, 8,030,261,248 parameters at 2
-    bytes each."""
+    """Where the realistic accounting does not answer NO_WRAP (FSDP2's HYBRID_SHARD here), the paper's at-risk band
+    counts the whole model gathered and its gradients unsharded: Llama 3 8B in bf16-mixed, 8,030,261,248 parameters
+    at 2 bytes each."""
     kw = {"model": "llama-3-8b", "fsdp": "HYBRID_SHARD", "shard_group": 4, "gpus": 8, "precision": "bf16-mixed",
           "seq_len": 2048, "fsdp_version": 2, "gpu": "h100"}
     e = memcalc.estimate(fsdp_auto_wrap="none", **kw)
     assert e.accounting == "paper"
-    assert any("--fsdp-auto-wrap none: the realistic accounting models FULL_SHARD" in n for n in e.notes)
+    assert any("--fsdp-auto-wrap none: the realistic accounting models FSDP1 (every sharding strategy) and FSDP2's "
+               "FULL_SHARD" in n for n in e.notes)
     note = next(n for n in e.notes if n.startswith("verdict (paper accounting)"))
     assert "the whole model gathered from the forward's start to the backward's end" in note
     assert f"{8_030_261_248 * 2 / GiB:.2f} GiB" in note
@@ -738,6 +766,8 @@ def test_no_wrap_widens_the_paper_verdict():
     ({"accounting": "implementation"}, "--fsdp-auto-wrap none with --accounting implementation"),
     ({"fsdp_auto_wrap": "nowrap"}, "--fsdp-auto-wrap 'nowrap' is not accepted; accepted: transformer, none"),
     ({"accounting": "realistic", "offload_params": "cpu"}, "--accounting realistic: --fsdp-auto-wrap none: the realistic"),
+    ({"accounting": "realistic", "fsdp": "SHARD_GRAD_OP", "fsdp_version": 2},
+     "models FSDP1 (every sharding strategy) and FSDP2's FULL_SHARD"),
 ])  # fmt: skip
 def test_no_wrap_bad_input_is_one_line(extra, message):
     kw = {"model": "llama-3-8b", "fsdp": "FULL_SHARD", "gpus": 8, "seq_len": 2048, "fsdp_auto_wrap": "none",

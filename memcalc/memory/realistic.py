@@ -240,6 +240,7 @@ def evaluate(plan: Plan, stage: int = 0) -> Realistic:
                             precision="fp32" if p.name == "fp32" else "bf16")
         return _finish(plan, tl, tl.peak.live_bytes, 0, comm_groups=int(plan.dp > 1))
     sharded = plan.spec.name in FSDP_SHARDED
+    whole = sharded and plan.fsdp_auto_wrap == "none"
     # FSDP's mixed precision (bf16-mixed: fp32 sharded parameters, the master copy, gathered and computed in bf16)
     # is MixedPrecisionPolicy(param_dtype=bf16): activations as pure bf16, states fp32 (the traces of fp32 and of
     # autocast under that policy are identical).
@@ -253,10 +254,13 @@ def evaluate(plan: Plan, stage: int = 0) -> Realistic:
                   code=_code(plan), tp=plan.tp, compiled=w.compile,
                   loss_compiled=_loss_compiled(plan), sequence_parallel=plan.sequence_parallel,
                   float8=plan.float8, float8_all_gather=sharded and plan.float8_all_gather,
-                  fsdp_wrap=plan.fsdp_wrap if sharded else "root", fsdp_keep=plan.spec.param_gather == "forward",
-                  fsdp_hsdp=plan.spec.name in HSDP, fsdp_reduce_fp32=_reduce_fp32(plan),
+                  fsdp_wrap=plan.fsdp_wrap if sharded else "root",
+                  # NO_WRAP under FSDP1: the one unit is the root, never resharded after forward, and HYBRID_SHARD's
+                  # all-reduce holds no buffer: every strategy is FULL_SHARD's step over the shard group (traced)
+                  fsdp_keep=plan.spec.param_gather == "forward" and not whole,
+                  fsdp_hsdp=plan.spec.name in HSDP and not whole, fsdp_reduce_fp32=_reduce_fp32(plan),
                   fsdp_flat=sharded and plan.fsdp_version == 1, fsdp_prefetch=plan.fsdp_prefetch,
-                  fsdp_whole=sharded and plan.fsdp_auto_wrap == "none")
+                  fsdp_whole=whole)
     if sharded and plan.offload_params != "none":
         from memcalc.memory.timeline import _moment, with_loss
         from memcalc.memory.timeline_states import offload_fsdp, offload_fsdp1
@@ -371,8 +375,9 @@ WHOLE_NOTE = {
     1: ("{name}: FSDP1 FullyShardedDataParallel without an auto-wrap policy (accelerate's NO_WRAP): the whole model "
         "one FlatParameter over {n} ranks, gathered at the forward's start and kept gathered to its post-backward "
         "(the root is never resharded after forward), every gradient unsharded until then and copied into one "
-        "padded flat gradient for the reduce-scatter: about three copies of the model at the end of the backward; "
-        "{policy} (traced: tests/test_fsdp_layouts.py)"),
+        "padded flat gradient for the reduce-scatter: about three copies of the model at the end of the backward "
+        "(SHARD_GRAD_OP and the hybrid strategies hold the same step over the shard group); {policy} (traced: "
+        "tests/test_fsdp_layouts.py)"),
     2: ("{name}: FSDP2 as accelerate 1.15 wraps a model under NO_WRAP: the decoder layers in the root over {n} ranks, "
         "gathered at the forward's start and kept gathered to its post-backward in the backward's final callback, "
         "every layer's gradient unsharded until then and its reduce-scatter input beside them; the embedding and "

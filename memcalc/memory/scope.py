@@ -151,11 +151,14 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
 
 def _why_not_whole(arch: Any, strategy: str, parallel: int, offload: tuple[str, str], lora: Any, fsdp_version: int,
                    fsdp_wrap: str | None) -> str | None:  # fmt: skip
-    """FSDP without a unit per decoder layer (accelerate's NO_WRAP, ``FsdpOverlay.whole``): traced for FULL_SHARD,
-    FSDP1's one FlatParameter and FSDP2 as accelerate 1.15 carves the embedding and the head."""
-    if strategy != "FULL_SHARD" or parallel > 1 or offload != ("none", "none") or lora is not None:
-        return ("--fsdp-auto-wrap none: the realistic accounting models FULL_SHARD without offload, LoRA, tensor, "
-                "context or pipeline parallelism (traced); the paper accounting counts the rest")
+    """FSDP without a unit per decoder layer (accelerate's NO_WRAP, ``FsdpOverlay.whole``): traced for FSDP1's one
+    FlatParameter (its four sharding strategies: the same step over the shard group) and FSDP2's FULL_SHARD as
+    accelerate 1.15 carves the embedding and the head."""
+    if (strategy != "FULL_SHARD" and fsdp_version == 2) or parallel > 1 or offload != ("none", "none") \
+            or lora is not None:
+        return ("--fsdp-auto-wrap none: the realistic accounting models FSDP1 (every sharding strategy) and FSDP2's "
+                "FULL_SHARD, without offload, LoRA, tensor, context or pipeline parallelism (traced); the paper "
+                "accounting counts the rest")
     if fsdp_version == 2 and fsdp_wrap not in (None, "separate" if not arch.tied_embeddings else "root"):
         return (f"--fsdp-auto-wrap none with --fsdp-wrap {fsdp_wrap}: the realistic accounting models FSDP2 as "
                 "accelerate 1.15 wraps it (the embedding and [final norm, head] units of their own; one [norm, "

@@ -11,7 +11,6 @@ from rich.table import Table
 from rich.text import Text
 
 from memcalc.report.fitted import Fitted
-from memcalc.report.formats import accounting_line, row_label
 from memcalc.report.plain import text_lines
 from memcalc.units import MemoryUnit, format_memory, format_rate, memory_label, to_memory_unit
 
@@ -247,6 +246,8 @@ def render_estimate(r: Estimate, unit: MemoryUnit = "gib") -> Group:
 
 
 def comparison_table(cmp: Comparison, unit: MemoryUnit = "gib") -> Table:
+    from memcalc.report.formats import row_label  # not on an estimate's path
+
     label = memory_label(unit)
     first = cmp.estimates[0]
     inp = first.input
@@ -294,6 +295,8 @@ def renderables(obj: Estimate | Comparison, unit: MemoryUnit = "gib") -> list[Te
     """What ``render`` groups: the lines and tables, in order."""
     kind = type(obj).__name__
     if kind == "Comparison":
+        from memcalc.report.formats import accounting_line
+
         line = accounting_line(obj)  # type: ignore[arg-type]
         return ([Fitted(comparison_table(obj, unit), breaks=("host RAM/node", "step s")), ranking_line(obj)]  # type: ignore[arg-type]
                 + ([Text("note: " + line, style="dim")] if line else []))

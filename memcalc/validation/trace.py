@@ -106,12 +106,12 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
     if fsdp_version == 1 and not reshard_after_forward and fake:
         raise InputError("FSDP1 without resharding after forward (SHARD_GRAD_OP) checks its parameters' storages, "
                          "which fake tensors do not have: trace it with fake=False")
-    if not layer_units and (not fsdp or tp > 1 or replicate > 1 or not reshard_after_forward or float8 != "none"
-                            or fsdp_wrap not in ("root", "separate")
-                            or (fsdp_version == 2 and (fsdp_wrap == "root") != bool(hf_config.get("tie_word_embeddings")))):
-        raise InputError("NO_WRAP (--fsdp-auto-wrap none) is traced with --fsdp, FULL_SHARD, without tensor "
-                         "parallelism, HSDP or float8, as accelerate 1.15 wraps it: FSDP2 with --fsdp-wrap separate "
-                         "(root with tied embeddings), FSDP1 with root")
+    if not layer_units and (not fsdp or tp > 1 or float8 != "none" or fsdp_wrap not in ("root", "separate") or (
+            fsdp_version == 2 and (replicate > 1 or not reshard_after_forward
+                                   or (fsdp_wrap == "root") != bool(hf_config.get("tie_word_embeddings"))))):
+        raise InputError("NO_WRAP (--fsdp-auto-wrap none) is traced with --fsdp, without tensor parallelism or "
+                         "float8, as accelerate 1.15 wraps it: FSDP2 FULL_SHARD with --fsdp-wrap separate (root with "
+                         "tied embeddings), FSDP1 with root")
     if not reshard_after_forward and not fsdp:
         raise InputError("reshard_after_forward is FSDP2's: set fsdp")
     if dp > 1 and not fsdp:
