@@ -443,15 +443,17 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
                                    # inside that norm's backward: its input-side gradient is alive too
                                    + [("input norm's backward, in flight (FSDP1)", resid if fs.flat else 0)]))
         held_grads += 0 if optimizer_impl == "in-backward" else per_layer
-    if fs is not None and fs.whole and arch.tied_embeddings:
+    if arch.tied_embeddings and lora is None and optimizer_impl != "in-backward" and (
+            fs is None or (fs.wrap == "root" and not fs.keep and not fs.held_reduce)):
         # the embedding's backward makes its weight's gradient while the head's is held: the autograd engine adds
         # them out of place (InputBuffer::accumulate), three vocabulary-sized tensors at once, the residual stream's
         # gradient freed by then (traced)
+        gw = w if fs is None else fs.gathered_width
         moments.append(_moment("backward.layer.0", "the embedding's backward, its gradient added to the head's",
                                base + [("loss and its gradient", 8)]
-                               + FsdpOverlay.backward(fs, 0, held_grads, before_layers)
+                               + FsdpOverlay.tied_embedding_backward(fs, held_grads, before_layers, arch.layers)
                                + [("embedding gradient and its sum with the head's (tied)",
-                                   2 * fs.gathered_width * arch.padded_vocab * h)]))
+                                   2 * gw * arch.padded_vocab * h)]))
     if fs is not None and fs.flat and not fs.frozen_layers:
         moments.append(_moment("backward.layer.0", "the root's reduce-scatter copy-in (FSDP1)",
                                base + [("loss and its gradient", 8)] + FsdpOverlay.root_copy_in(fs, arch.layers)))

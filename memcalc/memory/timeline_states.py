@@ -690,6 +690,21 @@ class FsdpOverlay:
                 ("all-reduce buffers (HSDP)", done * fs.held_reduce + fs.head_held_reduce)]
 
     @staticmethod
+    def tied_embedding_backward(fs: FsdpOverlay | None, held: int, root_grads: int, layers: int) -> list[tuple[str, int]]:
+        """The embedding's backward under tied embeddings, before its gradient is added to the head's (``held``: the
+        single-GPU gradients so far, ``root_grads`` of them the root's): one GPU's gradients; under FSDP the layers
+        reduce-scattered (FSDP2: layer 0's reduce-scatter input alive until the next), the root gathered with its
+        gradients unsharded; ``whole``: as in a layer's backward."""
+        if fs is None:
+            return [("parameter gradients so far", held)]
+        if fs.whole:
+            return FsdpOverlay.backward(fs, 0, held, root_grads)
+        return [("root parameters (gathered)", fs.root),
+                ("root gradients (unsharded)", root_grads // fs.width * fs.gathered_width),
+                ("gradient shards of the layers above", layers * fs.layer_grad_shard),
+                ("reduce-scatter input (layer above)", 0 if fs.flat else fs.reduce_input)]
+
+    @staticmethod
     def root_copy_in(fs: FsdpOverlay, layers: int) -> list[tuple[str, int]]:
         """FSDP1's root post-backward, after layer 0's: the root still gathered, its parameters' unsharded gradients
         copied into its padded flat gradient, every layer's gradient shard."""
