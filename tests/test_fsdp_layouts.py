@@ -42,6 +42,10 @@ CONFIGS = {
     "qwen3": dict(LLAMA, model_type="qwen3", head_dim=16),
     "phi3": dict(LLAMA, model_type="phi3", pad_token_id=0, bos_token_id=1, eos_token_id=2),
 }
+CONFIGS |= {  # tied embeddings (accelerate's FSDP2: one [norm, embedding, head] unit); tiedbig: a large sum
+    "tied": dict(CONFIGS["l4"], tie_word_embeddings=True),
+    "tiedbig": dict(CONFIGS["bigvocab"], tie_word_embeddings=True),
+}
 S, B = 32, 2
 
 
@@ -641,8 +645,6 @@ def no_wrap(name, version, precision, mp=None, recompute="none", opt="fused", wo
     return tr, tl
 
 
-CONFIGS["tied"] = dict(CONFIGS["l4"], tie_word_embeddings=True)
-CONFIGS["tiedbig"] = dict(CONFIGS["bigvocab"], tie_word_embeddings=True)
 NO_WRAP = [  # (config, FSDP version, precision, param dtype, recompute, optimizer, ranks)
     ("l4", 2, "fp32", None, "none", "fused", 4),
     ("l4", 2, "bf16", None, "full", "fused", 4),

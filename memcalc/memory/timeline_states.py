@@ -263,10 +263,15 @@ def flat_units(arch: Architecture, world: int) -> ShardUnits:
     layer = [n for name, n in tensors if name.startswith("layer 0 ")]
     root = [n for name, n in tensors if not name.startswith("layer ")]
     shard = (-(-sum(root) // world), -(-sum(layer) // world))
-    # torch.optim keeps state only for the parameters with a gradient: under use_orig_params, those whose view
-    # reaches into rank 0's chunk (the flat tensor's first elements, in the order the modules register them)
-    reach = [sum(1 for k in range(len(u)) if sum(u[:k]) < c) for u, c in zip((root, layer), shard)]
-    return ShardUnits(world, sum(root), sum(layer), shard[0], shard[1], reach[0] + arch.layers * reach[1])
+    return ShardUnits(world, sum(root), sum(layer), shard[0], shard[1],
+                      _reach(root, shard[0]) + arch.layers * _reach(layer, shard[1]))
+
+
+def _reach(sizes: list[int], chunk: int) -> int:
+    """Parameters of a FlatParameter (``sizes`` in elements, in the order the modules register them) with state in
+    rank 0's optimizer: torch.optim keeps state only for the parameters with a gradient, under use_orig_params those
+    whose view reaches into rank 0's ``chunk`` (the flat tensor's first elements)."""
+    return sum(1 for start in list(itertools.accumulate(sizes, initial=0))[:-1] if start < chunk)
 
 
 def sharded_states(arch: Architecture, family: str, width: int, units: ShardUnits, impl: str = "foreach") -> States:
@@ -761,11 +766,11 @@ def whole_flat_units(arch: Architecture, world: int) -> ShardUnits:
     ``flat_units``, with the root the whole model and no layer unit (``layer``: one decoder layer's elements)."""
     if world < 1:
         raise InputError(f"world {world} must be at least 1")
-    sizes = [n for _, n in param_tensors(arch)]
+    tensors = param_tensors(arch)
+    sizes = [n for _, n in tensors]
     shard = -(-sum(sizes) // world)
-    reach = sum(1 for start in list(itertools.accumulate(sizes, initial=0))[:-1] if start < shard)
-    layer = sum(n for name, n in param_tensors(arch) if name.startswith("layer 0 "))
-    return ShardUnits(world, sum(sizes), layer, shard, 0, reach)
+    layer = sum(n for name, n in tensors if name.startswith("layer 0 "))
+    return ShardUnits(world, sum(sizes), layer, shard, 0, _reach(sizes, shard))
 
 
 def lora_overlay(arch: Architecture, family: str, width: int, gathered: int, world: int, impl: str,
