@@ -27,6 +27,12 @@ def to_hf(a: Architecture) -> dict:
         return {"model_type": "qwen3", "hidden_size": a.hidden, "intermediate_size": a.ffn_size,
                 "num_hidden_layers": a.layers, "num_attention_heads": a.heads, "num_key_value_heads": a.n_kv,
                 "head_dim": a.d_head, "vocab_size": v, "tie_word_embeddings": a.tied_embeddings}  # fmt: skip
+    if a.family == "qwen3_moe":
+        return {"model_type": "qwen3_moe", "hidden_size": a.hidden, "intermediate_size": a.ffn_size,
+                "num_hidden_layers": a.layers, "num_attention_heads": a.heads, "num_key_value_heads": a.n_kv,
+                "head_dim": a.d_head, "vocab_size": v, "tie_word_embeddings": a.tied_embeddings,
+                "moe_intermediate_size": a.expert_ffn_size, "num_experts": a.experts, "num_experts_per_tok": a.top_k,
+                "decoder_sparse_step": a.moe_every, "norm_topk_prob": a.router_norm}  # fmt: skip
     if a.family == "gpt2":
         return {"model_type": "gpt2", "n_embd": a.hidden, "n_layer": a.layers, "n_head": a.heads, "vocab_size": v,
                 "n_positions": a.max_positions, "n_inner": a.ffn_size}  # fmt: skip
@@ -73,6 +79,11 @@ REAL_CONFIGS = {
     "qwen3-8b": ({"model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
                   "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
                   "tie_word_embeddings": False}, 8_190_735_360),
+    "qwen3-30b-a3b": ({"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
+                       "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
+                       "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936, "num_experts": 128,
+                       "num_experts_per_tok": 8, "norm_topk_prob": True, "decoder_sparse_step": 1,
+                       "mlp_only_layers": [], "tie_word_embeddings": False}, 30_532_122_624),
     "phi-3-mini-4k": ({"model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
                        "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32064}, 3_821_079_552),
     "smollm3-3b": ({"model_type": "smollm3", "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
@@ -404,7 +415,8 @@ USED_KEYS = sorted({"model_type", "num_hidden_layers", "hidden_size", "num_atten
                     "num_kv_heads", "multi_query", "bias", "parallel_attn", "ffn_hidden_size", "alibi",
                     "no_rope_layers", "no_rope_layer_interval", "sliding_window", "layer_types",
                     "sliding_window_pattern", "attn_logit_softcapping", "final_logit_softcapping", "rotary_pct",
-                    "rope_parameters", "num_ln_in_parallel_attn"})  # fmt: skip
+                    "rope_parameters", "num_ln_in_parallel_attn", "num_experts", "moe_intermediate_size",
+                    "decoder_sparse_step", "norm_topk_prob", "mlp_only_layers"})  # fmt: skip
 
 
 def test_the_fuzzed_keys_are_every_key_the_readers_use():
@@ -458,6 +470,9 @@ def test_random_values_give_an_architecture_or_one_input_error(base, over, drop,
         if key == "rope_parameters" and isinstance(value, dict):  # read for its partial_rotary_factor
             factor = value.get("partial_rotary_factor")
             assert factor is None or (type(factor) in (int, float) and 0 < factor <= 1), value
+            continue
+        if key == "mlp_only_layers":  # Qwen3-MoE's dense layers by index: only none is accepted
+            assert value in (None, []), value
             continue
         if key.endswith("softcapping") and isinstance(value, float):  # a cap is a positive number or null
             assert value > 0 and math.isfinite(value), value

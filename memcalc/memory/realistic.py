@@ -92,6 +92,8 @@ _DETAIL = (
                                     "forward to its post-backward (separate-reshard: regathered for its backward)")),
     ("embedding parameters (gathered)", ("FSDP2: the embedding's unit of its own, gathered for its forward and "
                                          "again for its backward")),
+    # before "layers 0..": a backward moment's "layer activations (layers 0..i)" are the saved activations
+    ("layer activations", "what the decoder layers save for backward (memory/saved.py: exact on CPU)"),
     ("layers 0..", ("FSDP2 with reshard_after_forward=False (SHARD_GRAD_OP): each layer kept gathered from its "
                     "forward to its post-backward")),
     ("parameters (gathered)", "pipelining with FSDP2: every unit of the stage kept gathered from its first forward to "
@@ -137,7 +139,6 @@ _DETAIL = (
     ("loss gradients", "log-softmax backward: its fp32 output and input gradients, 8 bytes per logit element"),
     ("gradients", "accumulated during backward, freed by zero_grad(set_to_none=True)"),
     ("cuBLAS", "one 32 MiB workspace per thread that runs matmuls (CublasHandlePool.cpp)"),
-    ("layer activations", "what the decoder layers save for backward (memory/saved.py: exact on CPU)"),
     ("log-softmax", "cross_entropy's saved fp32 log-softmax: 4 bytes per logit element"),
     ("cast", "autocast's bf16 copy, cached until the autocast block exits"),
 )
@@ -386,6 +387,25 @@ WHOLE_NOTE = {
 """The realistic note under ``--fsdp-auto-wrap none`` (``memcalc.memory.timeline_states.FsdpOverlay.whole``)."""
 
 
+def _moe_note(plan: Plan) -> str:
+    """How the realistic accounting counts a mixture of experts (``memcalc.memory.saved_moe``), and where FSDP2's
+    dim-0 sharding of the expert tensors leaves rank 0 more than its share."""
+    arch = plan.arch
+    assert arch is not None
+    out = (f"MoE: each layer's {arch.experts} experts run as Hugging Face's grouped_mm experts (transformers 5's "
+           f"default): every shape is T·k = {arch.top_k} x the tokens whatever the routing, so the saved pairs, "
+           "their weighted copies and every expert's weight gradients are counted as they are made "
+           "(memory/saved_moe.py, traced)")
+    n = plan.shard_group_size
+    if plan.spec.name in FSDP_SHARDED and plan.fsdp_version == 2 and arch.experts % n:
+        rows = -(-arch.experts // n)
+        out += (f"; FSDP2 shards each expert tensor on dim 0, the experts: {arch.experts} over {n} ranks leaves "
+                f"{rows} expert{'s' if rows > 1 else ''} ({rows * n - arch.experts} of them padding across the group) "
+                f"on every rank, {rows * n / arch.experts:.2f}x the even share, in the shards, the gathered units "
+                "and the reduce-scatter inputs (FSDP1's flat parameters split evenly: --fsdp-version 1)")
+    return out
+
+
 def notes(plan: Plan) -> list[str]:
     """What the realistic accounting shows and assumes."""
     from memcalc.memory.allocator import GAP_FRACTION, GAP_HIGH
@@ -406,6 +426,8 @@ def notes(plan: Plan) -> list[str]:
            "GiB) or the largest single request at the peak, oom when it is under 0.3 GiB"]
     if w.compile and w.loss != "fused":
         out.append(_loss_note(plan))
+    if arch.moe:
+        out.append(_moe_note(plan))
     if w.compile and w.recompute != "none":
         out.append(f"--compile with {w.recompute} recompute: what the policy keeps is kept, compiled or not"
                    + (" (but the down projection's output, which eager SAC caches and the compiled block's backward "

@@ -34,6 +34,7 @@ from memcalc.errors import InputError
 from memcalc.frozen import frozen
 from memcalc.model.architecture import Architecture
 from memcalc.memory.saved_gemma import GEMMAS
+from memcalc.memory.saved_moe import MOE_FAMILIES, moe_saved
 from memcalc.memory.saved_parts import (LLAMA_LIKE, LLAMA_STYLE, Kind, Regime, SavedTensor, Shape,  # noqa: F401
                                       _attention, _dtypes, _inputs, _weight_casts, loss_saved, shape, total)
 
@@ -139,6 +140,9 @@ def layer_saved(arch: Architecture, *, family: str, regime: Regime, attention: s
         # the new decoder's ln_mlp (its input is ln_attn's, saved once) or a sequential block's post_attention_layernorm
         out += _norm(x, family, r, amp, "norm 2", with_input=not arch.parallel_block, cuda=cuda)
         out += _inputs(x, d, amp, ("fc1",))
+    elif arch.moe:  # a sparse MoE block (Mixtral's, Qwen3-MoE's): the router and the grouped experts' own set
+        check_moe(arch, regime)
+        return out + _norm(x, family, r, amp, "norm 2", cuda=cuda) + moe_saved(arch, x, d)
     else:
         out += _norm(x, family, r, amp, "norm 2", with_input=family != "gpt_neox", cuda=cuda)
         mlp_in = ("gate_up",) if arch.fused_gate_up else ("gate", "up") if family in LLAMA_STYLE else ("fc1",)
@@ -149,6 +153,17 @@ def layer_saved(arch: Architecture, *, family: str, regime: Regime, attention: s
     if amp:
         out += _weight_casts(x, family)
     return out
+
+
+def check_moe(arch: Architecture, regime: str) -> None:
+    """The MoE block is profiled as Mixtral's and Qwen3-MoE's in bf16 (``memcalc.memory.saved_moe``): every layer
+    sparse, no shared expert, no router bias, gated experts."""
+    if (arch.family not in MOE_FAMILIES or arch.moe_every != 1 or arch.shared_experts or arch.router_bias
+            or not arch.gated_mlp):
+        raise InputError(f"the MoE block is profiled for {', '.join(MOE_FAMILIES)} (every layer sparse, no shared "
+                         f"expert); got {arch.family}")
+    if regime != "bf16":
+        raise InputError(f"the MoE block is profiled in bf16 (grouped_mm takes bf16 only); got {regime}")
 
 
 def dropout_mask(x: Shape, width: int, cuda: bool, name: str, count: int = 1) -> SavedTensor:

@@ -16,9 +16,10 @@ Kind = Literal["activation", "weight_cast"]
 LLAMA_LIKE = ("llama", "mistral", "qwen2")
 """Llama's modules as they are (the set the sharded, tensor-parallel, LoRA, compiled and torchtitan paths were
 traced with)."""
-LLAMA_STYLE = (*LLAMA_LIKE, "qwen3", "phi3", "granite", "smollm3")
+LLAMA_STYLE = (*LLAMA_LIKE, "qwen3", "phi3", "granite", "smollm3", "mixtral", "qwen3_moe")
 """Hugging Face's Llama-style layers (LlamaRMSNorm, rotary, SwiGLU); Qwen3 adds q_norm/k_norm, Phi-3 fuses qkv and
-gate/up, Granite scales by Python floats, SmolLM3 skips the rotary embedding in some layers: same saved set."""
+gate/up, Granite scales by Python floats, SmolLM3 skips the rotary embedding in some layers: same saved set. Mixtral
+and Qwen3-MoE are Mistral's and Qwen3's layers with a mixture of experts for the MLP (``memcalc.memory.saved_moe``)."""
 
 @frozen
 class SavedTensor:

@@ -20,12 +20,13 @@ STRATEGIES = ("ddp", *FSDP_SHARDED)
 """Replicated model states (one GPU, DDP) and FSDP's sharded layouts; the other sharded and model-parallel layouts
 take the paper's."""
 SHARDED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "smollm3", "gemma", "gemma2", "gemma3_text",
-                    "olmo2", "gpt2", "bloom", "gpt_neox", "falcon", "opt")
+                    "olmo2", "gpt2", "bloom", "gpt_neox", "falcon", "opt", "mixtral", "qwen3_moe")
 """Families whose FSDP2 step was checked against the tracer (tests/test_timeline_fsdp.py): exact for the Llama-style
 decoder layers, Gemma, BLOOM, GPT-NeoX and Falcon (Falcon-7B's block and the new decoder's; FSDP1 too, within its
 padding); OPT within 0.05 %; Gemma 2, Gemma 3 and OLMo 2 (post-norms) exact in fp32 and 1.9-3.2 % below the trace in
 2-byte regimes; GPT-2 (FSDP2 and FSDP1) from 0.01 % below to 2.9 % above once its dropout masks are counted (traced
-with attn_pdrop 0: on CPU SDPA's dropout takes the math kernel, which CUDA's fused kernels do not)."""
+with attn_pdrop 0: on CPU SDPA's dropout takes the math kernel, which CUDA's fused kernels do not); Mixtral's and
+Qwen3-MoE's MoE layers exact under FSDP2 and FSDP1 (tests/test_moe.py)."""
 POST_NORM_FSDP = ("gemma2", "gemma3_text", "olmo2")
 SDPA_ONLY = ("gpt_neox", "falcon")
 """Families whose step is ordered op by op under SDPA, their default (tests/test_timeline.py), and not under eager
@@ -65,6 +66,11 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
                 "under torch DDP/FSDP or DeepSpeed, not Megatron-LM's layers, fp32 main_grad buffer and distributed "
                 "optimizer; the paper accounting counts Megatron's states (bf16: 18 bytes per parameter, 6 + 12/d "
                 "with --stage 1)")
+    if arch is not None and arch.moe:
+        why = _why_not_moe(arch, precision, optimizer, strategy, work, max(tp, pp, cp, ep), lora, framework, offload,
+                           fsdp_auto_wrap)
+        if why is not None:
+            return why
     if offload != ("none", "none") and strategy not in ("zero-1", "zero-2", "zero-3", "FULL_SHARD"):
         return ("offload: the realistic accounting models DeepSpeed ZeRO-1/2/3's CPU/NVMe offload and FULL_SHARD's "
                 "parameter offload (FSDP2 CPUOffloadPolicy, FSDP1 CPUOffload); the paper accounting counts the others")
@@ -105,9 +111,8 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
                 "profiled eager); give --attention eager")
     if arch.family in SDPA_ONLY and work.attention == "eager":
         return SDPA_ONLY_WHY.format(family=arch.family)
-    if arch.family not in FAMILIES or arch.moe:
-        return (f"no saved-tensor profile for family {arch.family or 'unset'}{' (MoE)' if arch.moe else ''}; "
-                f"profiles: {', '.join(FAMILIES)}")
+    if arch.family not in FAMILIES:
+        return f"no saved-tensor profile for family {arch.family or 'unset'}; profiles: {', '.join(FAMILIES)}"
     if precision not in REGIME and not (strategy in FSDP_SHARDED and precision == "bf16-mixed"):
         return (f"--precision {precision} is a master-weight regime (DeepSpeed, Megatron); the realistic accounting "
                 "models what Hugging Face runs: amp-bf16 (Trainer(bf16=True)), amp-fp16, bf16, fp32")
@@ -163,6 +168,37 @@ def _why_not_whole(arch: Any, strategy: str, parallel: int, offload: tuple[str, 
         return (f"--fsdp-auto-wrap none with --fsdp-wrap {fsdp_wrap}: the realistic accounting models FSDP2 as "
                 "accelerate 1.15 wraps it (the embedding and [final norm, head] units of their own; one [norm, "
                 "embedding, head] unit when tied), not one unit over the whole model")
+    return None
+
+
+def _why_not_moe(arch: Any, precision: str, optimizer: str, strategy: str, work: Any, parallel: int, lora: Any,
+                 framework: str | None, offload: tuple[str, str], fsdp_auto_wrap: str | None) -> str | None:  # fmt: skip
+    """Mixture-of-experts layers as Hugging Face's Mixtral and Qwen3-MoE run them (``memcalc.memory.saved_moe``: the
+    router and the experts' grouped matmuls, bf16 only), traced on one GPU and under FSDP2 and FSDP1
+    (tests/test_moe.py)."""
+    from memcalc.memory.saved_moe import MOE_FAMILIES
+
+    if arch.family not in MOE_FAMILIES or arch.moe_every != 1 or arch.shared_experts or arch.router_bias:
+        return (f"MoE family {arch.family or 'unset'}: the realistic accounting models Mixtral's and Qwen3-MoE's MoE "
+                "layers (every layer sparse, no shared expert)")
+    if strategy not in ("ddp", *FSDP_SHARDED) or parallel > 1 or offload != ("none", "none") or lora is not None:
+        extra = [x for x, on in (("model parallelism", parallel > 1), ("offload", offload != ("none", "none")),
+                                 ("LoRA", lora is not None)) if on]
+        return (f"MoE with {', '.join([strategy, *extra])}: the realistic accounting models MoE layers on one GPU, "
+                "DDP and FSDP, without offload, model parallelism or LoRA")
+    if not (precision == "bf16" or (precision == "bf16-mixed" and strategy in FSDP_SHARDED)):
+        return (f"MoE with --precision {precision}: the experts' grouped_mm takes bf16 only; the realistic accounting "
+                "models --precision bf16 (or bf16-mixed under FSDP)")
+    if framework not in (None, "hf") or fsdp_auto_wrap == "none":
+        what = f"--framework {framework}" if framework not in (None, "hf") else "--fsdp-auto-wrap none"
+        return (f"MoE with {what}: the realistic accounting models Hugging Face's MoE layers, a unit per decoder "
+                "layer under FSDP")
+    if work is not None and (work.recompute not in ("none", "full") or work.attention not in ("sdpa", "flash")
+                             or getattr(work, "compile", False) or getattr(work, "loss", "standard") != "standard"
+                             or optimizer != "adamw"
+                             or getattr(work, "optimizer_impl", "foreach") not in ("foreach", "fused", "for-loop")):
+        return ("MoE: the realistic accounting models recompute none or full, sdpa attention, the standard loss, no "
+                "--compile, torch AdamW")
     return None
 
 

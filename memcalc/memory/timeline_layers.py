@@ -15,6 +15,7 @@ from memcalc.errors import InputError
 from memcalc.frozen import frozen
 from memcalc.memory.saved import (LLAMA_LIKE, LLAMA_STYLE, OTHER_NORMS, SavedTensor, dropout_mask, layer_saved, shape,
                                   total)
+from memcalc.memory.saved_moe import moe_backward_extra, moe_forward_extra, moe_params
 
 RECOMPUTE_HELP = "none, full, every:K, selective, op-sac"
 
@@ -188,7 +189,8 @@ def layer_sizes(arch, *, family: str, regime: str, attention: str, s: int, b: in
     d, r = {"fp32": (4, 4), "bf16": (2, 2), "amp-bf16": (2, 4)}[regime]
     w = 2 if regime == "bf16" else 4
     residual = r * x.t * x.h // sp
-    extra = _mlp_backward_extra(arch, family, d, w, x.t)
+    extra = (moe_backward_extra(arch, x, d, w, recomputed=checkpointed(policy, index)) if arch.moe
+             else _mlp_backward_extra(arch, family, d, w, x.t))
     if regime == "amp-bf16" and casts and family in (*LLAMA_STYLE, *OTHER_NORMS, "gpt_neox", "falcon", "opt"):
         # down's bf16 weight copy, saved by its matmul, is released once down's backward ran (autograd frees a
         # node's saved tensors after it runs; autocast's cache was cleared when the forward's block exited)
@@ -233,7 +235,16 @@ def layer_sizes(arch, *, family: str, regime: str, attention: str, s: int, b: in
             # block returns; probabilities that no checkpointed block saved
             forward_extra += d * x.scores
             attention_forward += d * x.scores
-    mlp_params = (3 if arch.gated_mlp else 2) * x.h * x.ffn
+    mlp_params = moe_params(arch) if arch.moe else (3 if arch.gated_mlp else 2) * x.h * x.ffn
+    if arch.moe and checkpointed(policy, index):
+        # the block's locals above the layer's checkpoint and the residual stream, which the moment's list leaves out
+        forward_extra = moe_forward_extra(arch, x, d, checkpointed=True) + residual
+    elif arch.moe:
+        # the block reordering its weighted pairs, above the layer's saved tensors: the moment's list leaves the
+        # residual stream out, so it is added here with the tensors bf16 saves nowhere that are alive all the same
+        # (traced): the layer's input (the model's loop variable holds it until the layer returns) and, past layer
+        # 0, the embedding output (``inputs_embeds`` in the model's forward)
+        forward_extra = moe_forward_extra(arch, x, d) + residual + residual + (residual if index > 0 else 0)
     # (Falcon-7B's multi-query SDPA runs the math kernel, whose backward is eager attention's in fp32)
     math = family == "falcon" and attention == "sdpa" and x.kv < x.heads and not arch.kv_expanded
     attn = _attention_backward(saved, x, d, w, mlp_params) if attention == "eager" or math else 0

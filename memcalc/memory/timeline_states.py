@@ -58,9 +58,15 @@ def param_tensors(arch: Architecture) -> tuple[tuple[str, int], ...]:
         mlp.append((n, h * f))
         if arch.mlp_bias:
             mlp.append((f"{n} bias", h if n in ("down", "fc2") else f))
-    # Llama-style decoder layers register self_attn, mlp, then their two norms; the others are listed norms first
-    layer = attn + mlp + norms if arch.norm == "rmsnorm" and arch.gated_mlp else norms + attn + mlp
+    # MixtralSparseMoeBlock registers the router (its gate), then the experts' 3-D gate_up_proj and down_proj;
+    # Qwen3MoeSparseMoeBlock the experts first
+    fe, e = arch.expert_ffn_size, arch.experts
+    experts = [("experts_gate_up", e * 2 * fe * h), ("experts_down", e * h * fe)]
+    moe = [("router", e * h), *experts] if arch.family != "qwen3_moe" else [*experts, ("router", e * h)]
     for i in range(arch.layers):
+        block = moe if arch.is_moe_layer(i) else mlp
+        # Llama-style decoder layers register self_attn, mlp, then their two norms; the others list norms first
+        layer = attn + block + norms if arch.norm == "rmsnorm" and arch.gated_mlp else norms + attn + block
         out += [(f"layer {i} {n}", x) for n, x in layer]
     if arch.final_norm:
         out += [(f"final norm {n}", x) for n, x in norm]
@@ -181,13 +187,14 @@ def lora_states(arch: Architecture, family: str, width: int, impl: str, kind: st
 
 def _dim0(arch: Architecture, name: str, elements: int) -> int:
     """Rows (dim 0) of a parameter tensor as torch stores it: ``nn.Linear.weight`` is (out, in), ``nn.Embedding``
-    (vocab, width); norms and biases are 1-D."""
+    (vocab, width); norms and biases are 1-D; an MoE block's router (E, h) and experts (E, 2f, h), (E, h, f)."""
     last = name.split()[-1]
     if last in ("weight", "bias", "norm") or name.endswith(" bias"):  # "q norm", "k norm": 1-D (Qwen3)
         return elements
     rows = {"embedding": arch.padded_vocab, "head": arch.padded_vocab, "q": arch.q_width, "k": arch.kv_width,
             "v": arch.kv_width, "qkv": arch.q_width + 2 * arch.kv_width, "o": arch.hidden, "gate": arch.ffn_size,
-            "up": arch.ffn_size, "gate_up": 2 * arch.ffn_size, "fc1": arch.ffn_size, "down": arch.hidden, "fc2": arch.hidden}  # fmt: skip
+            "up": arch.ffn_size, "gate_up": 2 * arch.ffn_size, "fc1": arch.ffn_size, "down": arch.hidden, "fc2": arch.hidden,
+            "router": arch.experts, "experts_gate_up": arch.experts, "experts_down": arch.experts}  # fmt: skip
     if name == "position embedding":
         return arch.max_positions + arch.position_offset
     return rows[last]

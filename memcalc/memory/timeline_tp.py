@@ -41,6 +41,7 @@ import dataclasses
 
 from memcalc.errors import InputError
 from memcalc.memory.saved import LLAMA_LIKE, layer_saved
+from memcalc.memory.saved_moe import moe_params
 from memcalc.memory.timeline_states import param_tensors
 from memcalc.model.architecture import Architecture
 
@@ -97,9 +98,10 @@ def row_parallel_reduce(d: int, r: int, t: int, h: int, amp: bool) -> list[tuple
     return out
 
 
-NORM2_FREED = ("gate", "up", "MLP weights", "norm 2 normalized")
+NORM2_FREED = ("gate", "up", "MLP weights", "norm 2 normalized", "MoE")
 """Saved tensors of a Llama-style layer gone by its second RMSNorm's backward: the MLP's (its inputs or their bf16
-casts, the intermediates, autocast's weight casts) and the normalized tensor the norm's weight product kept."""
+casts, the intermediates, autocast's weight casts; an MoE block's, ``memcalc.memory.saved_moe``) and the normalized
+tensor the norm's weight product kept."""
 
 
 def norm_backward(arch: Architecture, *, family: str, regime: str, attention: str, s: int, b: int, device: str,
@@ -118,7 +120,8 @@ def norm_backward(arch: Architecture, *, family: str, regime: str, attention: st
     saved = sp_split(saved, sp) if sp > 1 else saved
     t, h = s * b // sp, arch.hidden
     freed = sum(x.bytes for x in saved if x.name.startswith(NORM2_FREED))
-    return rmsnorm_backward(t, h) + grad_width * h - freed + grad_width * 3 * h * arch.ffn_size
+    mlp = moe_params(arch) if arch.moe else 3 * h * arch.ffn_size  # the MLP's (or the MoE block's) weight gradients
+    return rmsnorm_backward(t, h) + grad_width * h - freed + grad_width * mlp
 
 
 def rmsnorm_backward(t: int, h: int) -> int:

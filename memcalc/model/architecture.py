@@ -136,6 +136,8 @@ class Architecture(Record):
     moe_every: int = bounded(default=1, ge=1, le=MAX_LAYERS)
     """Every k-th layer is MoE (1 = all)."""
     router_bias: bool = False
+    router_norm: bool = True
+    """The top-k routing weights divided by their sum (Mixtral always; Qwen3-MoE's ``norm_topk_prob``)."""
     dropout: float = bounded(default=0.0, ge=0, lt=1)
     """Dropout probability on attention probabilities and residual branches (0 = none)."""
     source: str | None = None

@@ -139,6 +139,24 @@ def _llama_like(k: _Keys, **over: Any) -> dict[str, Any]:
     return fields | over
 
 
+def _qwen3_moe(k: _Keys) -> dict[str, Any]:
+    """configuration_qwen3_moe.py, modeling_qwen3_moe.py: Qwen3's attention (q_norm/k_norm, no bias by default; the
+    attention reads ``head_dim`` where the config has it, else hidden_size // heads) and a sparse MoE block of
+    ``num_experts`` experts ``moe_intermediate_size`` wide, ``num_experts_per_tok`` each, on every
+    ``decoder_sparse_step``-th layer; ``norm_topk_prob`` (default false) divides the top-k weights by their sum.
+    ``mlp_only_layers`` (dense layers named one by one) is refused unless empty."""
+    only = k.cfg.get("mlp_only_layers")
+    if only not in (None, []):
+        raise k._refuse("mlp_only_layers", only, "names dense layers among the sparse ones, which memcalc does not "
+                        "model", "an empty list (every decoder_sparse_step-th layer sparse)")
+    return _llama_like(k, mlp_bias=False, qk_norm=True,
+                       experts=k.count("experts", "num_experts", bound=EXPERTS, default=128),
+                       top_k=k.count("top_k", "num_experts_per_tok", bound=EXPERTS, default=8),
+                       expert_ffn=k.count("expert_ffn", "moe_intermediate_size", bound=FFN, default=768),
+                       moe_every=k.count("moe_every", "decoder_sparse_step", bound=LAYERS, default=1),
+                       router_norm=k.flag("norm_topk_prob", False))
+
+
 def _gpt2(k: _Keys) -> dict[str, Any]:
     hidden = k.count("hidden", "n_embd", bound=HIDDEN)
     return {
@@ -341,6 +359,7 @@ READERS: dict[str, Callable[[_Keys], dict[str, Any]]] = {
     # and k_norm; Qwen3Config's head_dim defaults to 128 when the key is absent (null: hidden_size // heads).
     "qwen3": lambda k: _llama_like(k, mlp_bias=False, qk_norm=True,
                                    **({} if "head_dim" in k.cfg else {"head_dim": 128})),
+    "qwen3_moe": _qwen3_moe,
     # modeling_phi3.py: qkv_proj and gate_up_proj fused, no biases; Phi3Config has no attention_bias.
     "phi3": lambda k: _llama_like(k, qkv_bias=False, out_bias=False, mlp_bias=False, fused_qkv=True,
                                   fused_gate_up=True),

@@ -89,6 +89,13 @@ TINY: dict[str, dict] = {
     "bloom": dict(hidden_size=_H, n_head=_HEADS, hidden_dropout=0.0, attention_dropout=0.0),
     "falcon": dict(hidden_size=_H, num_attention_heads=_HEADS, new_decoder_architecture=False, multi_query=True,
                    parallel_attn=True, alibi=False, bias=False, hidden_dropout=0.0, attention_dropout=0.0),
+    # Mixtral, Qwen3-MoE: 4 experts, top 2, each expert ffn wide; grouped_mm runs bf16 only, and on the CPU wants
+    # rows of a multiple of 16 bytes (h and ffn multiples of 8): censused in bf16 (tests/test_moe.py), not in FAMILIES
+    "mixtral": dict(hidden_size=_H, num_attention_heads=_HEADS, num_key_value_heads=_KV, intermediate_size=_FFN,
+                    num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
+    "qwen3_moe": dict(hidden_size=_H, num_attention_heads=_HEADS, num_key_value_heads=_KV, head_dim=_H // _HEADS,
+                      intermediate_size=_FFN, moe_intermediate_size=_FFN, num_experts=4, num_experts_per_tok=2,
+                      norm_topk_prob=True),
 }  # fmt: skip
 _LAYER_KEYS = {"gpt2": "n_layer", "bloom": "n_layer"}
 

@@ -38,6 +38,17 @@ def _label(hf_config: dict, spec: StepSpec, world: int, fsdp: bool, tp: int, mp_
     return " ".join(parts)
 
 
+def _moe(hf_config: dict) -> bool:
+    """The config's model has a mixture of experts (its shape as memcalc reads it; a config memcalc cannot read is
+    left to transformers)."""
+    from memcalc.model.hf_config import architecture_from_config
+
+    try:
+        return architecture_from_config(hf_config).moe
+    except InputError:
+        return False
+
+
 def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision: str = "fp32",
                optimizer_impl: str = "foreach", recompute: str = "none", attention: str = "sdpa", steps: int = 2,
                world: int = 1, fsdp: bool = False, tp: int = 1, fsdp_param_dtype: str | None = None,
@@ -112,6 +123,9 @@ def trace_step(hf_config: dict, *, seq_len: int, micro_batch: int = 1, precision
         raise InputError("NO_WRAP (--fsdp-auto-wrap none) is traced with --fsdp, without tensor parallelism or "
                          "float8, as accelerate 1.15 wraps it: FSDP2 FULL_SHARD with --fsdp-wrap separate (root with "
                          "tied embeddings), FSDP1 with root")
+    if _moe(hf_config) and precision != "bf16" and fsdp_param_dtype != "bf16":
+        raise InputError(f"precision {precision!r} with a mixture of experts: transformers' grouped_mm experts take "
+                         "bf16 only; accepted: --precision bf16, or --fsdp with --fsdp-param-dtype bf16")
     if not reshard_after_forward and not fsdp:
         raise InputError("reshard_after_forward is FSDP2's: set fsdp")
     if dp > 1 and not fsdp:
