@@ -143,9 +143,13 @@ def test_size_policy_matches_torch_on_a_real_module_tree():
 def _hf_config(family: str) -> dict:
     from memcalc.validation.measure import Config
 
-    base = "llama" if family in ("mistral", "qwen2") else family
+    base = "llama" if family in ("mistral", "qwen2", "mixtral", "qwen3_moe") else family
     cfg = Config("fsdp1", "FULL_SHARD", model=f"hf-{base}", layers=3, vocab=101).hf_config()
     cfg["model_type"] = family
+    if family == "mixtral":  # 4 experts, top 2
+        cfg |= {"num_local_experts": 4, "num_experts_per_tok": 2}
+    if family == "qwen3_moe":  # its q_norm and k_norm, 4 experts 96 wide, top 2
+        cfg |= {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 96, "head_dim": 16}
     return cfg
 
 
@@ -204,8 +208,10 @@ def test_module_tree_follows_hugging_faces_call_order(family, extra):
 
     cfg = {**_hf_config(family), **extra}
     model_type = cfg.pop("model_type")
+    # transformers 5's grouped experts take bf16 only (grouped_mm)
+    dtype = torch.bfloat16 if model_type in ("mixtral", "qwen3_moe") else torch.float32
     model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(model_type, **cfg),
-                                                          attn_implementation="eager")  # fmt: skip
+                                                          attn_implementation="eager", dtype=dtype)  # fmt: skip
     modules = dict(model.named_modules())
     called: list[tuple[str, int]] = []
     for name, m in modules.items():

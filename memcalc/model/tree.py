@@ -100,6 +100,10 @@ class Layout:
     """Both norms run before attention (Falcon's new decoder architecture: ln_attn, ln_mlp)."""
     project_out_last: bool = False
     """OPT-350M: project_out runs after the final norm, project_in after the embeddings."""
+    grouped_experts: bool = False
+    """An MoE layer's MLP is transformers 5's sparse block: a parameter-less module that calls its router (``gate``,
+    E × h) and then one experts module holding every expert's gate_up (E × 2f × h) and down (E × h × f), which calls
+    its activation module (``experts.act_fn``)."""
 
 
 LAYOUTS: dict[str, Layout] = {
@@ -111,14 +115,16 @@ LAYOUTS: dict[str, Layout] = {
     "bloom": Layout(inner="transformer", attention_dropout=True, act=True),
     "falcon": Layout(inner="transformer", rotary=True, act=True),
     "opt": Layout(inner="decoder", act=True, mlp_module=False, project_out_last=True),
+    "mixtral": Layout(inner="model", rotary=True, act=True, grouped_experts=True),
+    "qwen3_moe": Layout(inner="model", rotary=True, act=True, grouped_experts=True),
 }
-"""Families whose Hugging Face call layout the module tree follows; others (MoE models, no family) keep the
-parameter-holding modules and their parents only."""
+"""Families whose Hugging Face call layout the module tree follows; others (no family, an MoE model of another
+family) keep the parameter-holding modules and their parents only."""
 
 
 def layout(arch: Architecture) -> Layout | None:
     """The family's Hugging Face call layout, or None for memcalc's generic one."""
-    if arch.moe or arch.family not in LAYOUTS:
+    if arch.family not in LAYOUTS or (arch.moe and not LAYOUTS[arch.family].grouped_experts):
         return None
     lay = LAYOUTS[arch.family]
     if arch.family == "falcon" and arch.position == "alibi":  # the ALiBi path calls attention_dropout as a module
@@ -169,7 +175,14 @@ def _layer_node(arch: Architecture, i: int, experts: int | None = None, shared: 
             parts.append(Node(f"{name}.dropout"))
         return [Node(name, children=tuple(parts))] if lay.mlp_module else parts
 
-    if arch.is_moe_layer(i):
+    if arch.is_moe_layer(i) and lay.grouped_experts:
+        f, router = arch.expert_ffn_size, _leaf(f"{p}.router", _linear(arch.experts, h, arch.router_bias))
+        act = (Node(f"{p}.experts.act"),) if lay.act else ()
+        grouped = Node(f"{p}.experts", ((f"{p}.experts.0", (experts, 2 * f, h)), (f"{p}.experts.1", (experts, h, f))),
+                       children=act)  # fmt: skip
+        always = [x for e in range(shared) for x in mlp(f"{p}.shared{e}", arch.ffn_size)]
+        ffn = [Node(f"{p}.mlp", children=(router, grouped, *always))]
+    elif arch.is_moe_layer(i):
         routed = Node(f"{p}.experts", children=tuple(x for e in range(experts) for x in mlp(f"{p}.expert{e}", arch.expert_ffn_size)),
                       container=True)  # fmt: skip
         always = [x for e in range(shared) for x in mlp(f"{p}.shared{e}", arch.ffn_size)]
