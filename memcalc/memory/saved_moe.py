@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from memcalc.memory.saved_parts import SavedTensor, Shape
 from memcalc.model.architecture import Architecture
+from memcalc.model.params import layer_params
 
 MOE_FAMILIES = ("mixtral", "qwen3_moe")
 """Families whose MoE block is profiled and traced: a router and grouped_mm experts, no shared expert."""
@@ -93,8 +94,10 @@ def moe_forward_extra(arch: Architecture, x: Shape, d: int, checkpointed: bool =
 
 
 def moe_params(arch: Architecture) -> int:
-    """Parameters of one MoE block: the router (E × h) and every expert's gate_up and down."""
-    return arch.experts * arch.hidden * (1 + 3 * arch.expert_ffn_size)
+    """Parameters of one MoE block: the router (E × h) and every expert's gate_up and down
+    (``memcalc.model.params.layer_params``)."""
+    lp = layer_params(arch, moe=True)
+    return lp.router + lp.mlp
 
 
 def moe_backward_extra(arch: Architecture, x: Shape, d: int, w: int, recomputed: bool = False) -> int:
