@@ -66,14 +66,54 @@ def test_deepspeed_itself_accepts_what_the_reader_accepts(path: Path) -> None:
 
 @pytest.mark.parametrize("path", REJECTED, ids=lambda p: p.name)
 def test_published_configs_deepspeed_refuses_are_refused(path: Path) -> None:
+    DeepSpeedConfig = _ds_config()  # the bf16 file is refused where the installed DeepSpeed refuses it
     with pytest.raises(InputError, match=r"zero_optimization\.cpu_offload_params|bf16\.loss_scale|reduce_bucket_size|"
                                          r"compile\.disable|sequence_parallel: unknown key"):
         read_deepspeed(path, world_size=8)
-    DeepSpeedConfig = _ds_config()
     from pydantic import ValidationError
 
     with pytest.raises(ValidationError):  # DeepSpeed's own pydantic section models refuse the same key
         DeepSpeedConfig(json.loads(path.read_text()))
+
+
+@pytest.mark.parametrize("release", [None, (0, 14), (0, 16)])
+def test_bf16_with_fp16_loss_scaling_keys_reads_where_deepspeed_passes_over_them(monkeypatch, release) -> None:
+    """DeepSpeedExamples' cifar config copies fp16's loss-scaling keys into its bf16 section. DeepSpeed before 0.17
+    read only bf16.enabled; without DeepSpeed installed, or with such a release, the file reads as bf16, the keys
+    ignored and named in a note."""
+    import memcalc.configs.deepspeed as ds
+
+    monkeypatch.setattr(ds, "installed_release", lambda name: release)
+    r = read_deepspeed(DATA / "rejected" / "dse_cifar_ds_config.json", world_size=8)
+    assert r.arguments["precision"] == "bf16-mixed"
+    legacy = [x for x in r.ignored if x.startswith("bf16.") and "before 0.17" in x]
+    assert sorted(x.split(":")[0] for x in legacy) == ["bf16.hysteresis", "bf16.initial_scale_power",
+                                                       "bf16.loss_scale", "bf16.loss_scale_window",
+                                                       "bf16.min_loss_scale"]  # fmt: skip
+    assert any(n.startswith("bf16.loss_scale, ") and "0.17 and later refuse" in n for n in r.notes)
+
+
+@pytest.mark.parametrize("release", [(0, 17), (0, 19), (1, 0)])
+def test_bf16_with_fp16_loss_scaling_keys_refused_where_the_installed_deepspeed_refuses_them(monkeypatch,
+                                                                                            release) -> None:
+    import memcalc.configs.deepspeed as ds
+
+    monkeypatch.setattr(ds, "installed_release", lambda name: release)
+    with pytest.raises(InputError, match=rf"bf16\.loss_scale: .*installed DeepSpeed {release[0]}\.{release[1]} "
+                                         r"refuses"):  # fmt: skip
+        read_deepspeed(DATA / "rejected" / "dse_cifar_ds_config.json", world_size=8)
+    # a misspelt bf16 key is refused whatever the release
+    monkeypatch.setattr(ds, "installed_release", lambda name: None)
+    with pytest.raises(InputError, match=r"bf16\.enabeld: unknown key \(did you mean 'enabled'\?\)"):
+        read_deepspeed({"bf16": {"enabeld": True}}, world_size=8)
+
+
+def test_installed_release_reads_the_metadata() -> None:
+    from memcalc.configs.reading import installed_release
+
+    assert installed_release("no-such-distribution-memcalc") is None
+    major, minor = installed_release("pydantic")
+    assert major == 2 and minor >= 0
 
 
 @pytest.mark.parametrize("path", ACC_FILES, ids=lambda p: p.name)
@@ -84,6 +124,36 @@ def test_accelerate_samples_read_and_estimate(path: Path) -> None:
     assert r.framework == "accelerate" and r.arguments["gpus"] == world
     est = memcalc.estimate(**r.arguments, **_model_args(r.arguments))
     assert est.memory.per_gpu.total > 0
+
+
+def _yaml(folder: Path, data: dict) -> Path:
+    path = folder / "config.yaml"
+    path.write_text(json.dumps(data))  # JSON is YAML
+    return path
+
+
+def test_accelerate_older_prefetch_key_is_read_as_current_accelerate_runs_it(tmp_path: Path) -> None:
+    """transformers' Trainer docs give an FSDP config with fsdp_backward_prefetch_policy, which accelerate read up to
+    0.26 and 0.27 stopped reading: FSDP1 then runs without backward prefetch, counted so, and a note says how to
+    keep the prefetch. The numeric sharding strategy (1) is FULL_SHARD."""
+    path = DATA / "accelerate" / "hf_trainer_docs_fsdp.yaml"
+    r = read_accelerate(path, micro_batch=1, seq_len=512)
+    assert r.arguments["fsdp"] == "FULL_SHARD" and r.arguments["gpus"] == 2
+    assert r.arguments["backward_prefetch"] == "none"
+    assert any(x.startswith("fsdp_config.fsdp_backward_prefetch_policy: ") and "0.27" in x for x in r.ignored)
+    assert any("rename it fsdp_backward_prefetch" in n for n in r.notes)
+    # with the current name as well, the current name decides
+    data = {"distributed_type": "FSDP", "num_processes": 2, "mixed_precision": "bf16",
+            "fsdp_config": {"fsdp_backward_prefetch_policy": "BACKWARD_PRE", "fsdp_backward_prefetch": "BACKWARD_POST"}}
+    both = read_accelerate(_yaml(tmp_path, data), micro_batch=1, seq_len=512)
+    assert both.arguments["backward_prefetch"] == "post"
+    bad = {"distributed_type": "FSDP", "num_processes": 2, "fsdp_config": {"fsdp_backward_prefetch_policy": "EARLY"}}
+    with pytest.raises(InputError, match=r"fsdp_config\.fsdp_backward_prefetch_policy: 'EARLY' is not accepted; "
+                                         r"accepted: BACKWARD_PRE, BACKWARD_POST, NO_PREFETCH"):  # fmt: skip
+        read_accelerate(_yaml(tmp_path, bad), micro_batch=1, seq_len=512)
+    # the older top-level dynamo_backend key is read, not reported as dynamo_config
+    old = read_accelerate(_yaml(tmp_path, {"distributed_type": "NO", "dynamo_backend": "NO"}), micro_batch=1, seq_len=512)
+    assert any(x.startswith("dynamo_backend: torch.compile off") for x in old.ignored)
 
 
 def test_accelerate_no_with_several_processes_is_multi_gpu() -> None:

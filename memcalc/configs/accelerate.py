@@ -210,10 +210,13 @@ def _dynamo(c: Collector, data: Mapping[str, Any]) -> None:
     cfg = data.get("dynamo_config") or {}
     if isinstance(cfg, dict):
         backend = cfg.get("dynamo_backend", backend)
-    if backend not in (None, "NO", "no", False):
-        c.unmodelled("dynamo_config", f"torch.compile (backend {backend}) changes activation memory")
-    elif "dynamo_config" in data or "dynamo_backend" in data:
-        c.ignore("dynamo_config", "torch.compile off")
+    for where in ("dynamo_config", "dynamo_backend"):  # dynamo_backend: the top-level key of older releases
+        if where not in data:
+            continue
+        if backend not in (None, "NO", "no", False):
+            c.unmodelled(where, f"torch.compile (backend {backend}) changes activation memory")
+        else:
+            c.ignore(where, "torch.compile off")
 
 
 def _deepspeed(c: Collector, ds: Mapping[str, Any], world: int | None, precision: str | None, cwd: Path,
@@ -276,6 +279,9 @@ def _fsdp(c: Collector, data: Mapping[str, Any], world: int | None, accounting: 
     fsdp: dict[str, Any] = {}
     for key, value in raw.items():  # launch.py: a key without the prefix gets "fsdp_"
         full = key if key.startswith("fsdp") else f"fsdp_{key}"
+        if full == "fsdp_backward_prefetch_policy":
+            _legacy_prefetch(c, f"fsdp_config.{key}", value)
+            continue
         if full not in FSDP_KEYS:
             close = near_miss(full, FSDP_KEYS)
             if close is not None:
@@ -340,11 +346,7 @@ def _fsdp(c: Collector, data: Mapping[str, Any], world: int | None, accounting: 
             c.ignore(path, "FSDP2 prefetches the next unit in backward by itself (counted); accelerate passes no "
                            "backward_prefetch to fully_shard")
         elif full == "fsdp_backward_prefetch":
-            names = {"BACKWARD_PRE": "pre", "BACKWARD_POST": "post", "NO_PREFETCH": "none", "1": "pre", "2": "post"}
-            mode = names.get(str(value).upper())
-            if mode is None:
-                raise c.fail(path, f"{value!r} is not accepted; accepted: BACKWARD_PRE, BACKWARD_POST, NO_PREFETCH")
-            c.arguments["backward_prefetch"] = mode
+            c.arguments["backward_prefetch"] = _prefetch_mode(c, path, value)
             c.used(path)
         elif full == "fsdp_forward_prefetch" and value not in (False, None):
             c.unmodelled(path, "forward prefetching keeps the next unit gathered during each forward")
@@ -354,6 +356,31 @@ def _fsdp(c: Collector, data: Mapping[str, Any], world: int | None, accounting: 
             _wrap_policy(c, path, value, version, accounting)
         else:
             c.ignore(path, "loading, saving or bookkeeping")
+
+
+BACKWARD_PREFETCH = {"BACKWARD_PRE": "pre", "BACKWARD_POST": "post", "NO_PREFETCH": "none", "1": "pre", "2": "post"}
+"""accelerate's ``FSDP_BACKWARD_PREFETCH`` names (and the 1-based numbers older configs wrote) -> memcalc's
+``backward_prefetch``."""
+
+
+def _prefetch_mode(c: Collector, path: str, value: Any) -> str:
+    mode = BACKWARD_PREFETCH.get(str(value).upper())
+    if mode is None:
+        raise c.fail(path, f"{value!r} is not accepted; accepted: BACKWARD_PRE, BACKWARD_POST, NO_PREFETCH")
+    return mode
+
+
+def _legacy_prefetch(c: Collector, path: str, value: Any) -> None:
+    """``fsdp_backward_prefetch_policy``, the older name ``accelerate config`` wrote: accelerate up to 0.26 read it
+    as ``fsdp_backward_prefetch`` (with a FutureWarning); 0.27 removed that, and the launcher now sets it on its
+    arguments without reading it (commands/launch.py, utils/launch.py), so FSDP1 runs with no backward prefetch
+    unless ``fsdp_backward_prefetch`` is set too. Counted as accelerate 0.27 and later run it, and said."""
+    mode = _prefetch_mode(c, path, value)
+    c.ignore(path, "the name accelerate before 0.27 read as fsdp_backward_prefetch; 0.27 and later pass it to nothing")
+    if mode != "none":
+        c.note(f"{path} {value}: accelerate 0.27 and later ignore this older name, so FSDP runs without backward "
+               f"prefetch (counted; accelerate up to 0.26 prefetched {value}); rename it fsdp_backward_prefetch to "
+               f"keep the prefetch")  # fmt: skip
 
 
 WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")

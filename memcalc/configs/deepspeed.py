@@ -35,6 +35,7 @@ from memcalc.configs.reading import (
     as_mapping,
     as_str,
     check_depth,
+    installed_release,
     load_json,
     near_miss,
     refuse_unknown,
@@ -134,6 +135,9 @@ def _model_parallel(c: Collector, data: Mapping[str, Any], tp: int | None, pp: i
 
 def _enabled(c: Collector, data: Mapping[str, Any], section: str, keys: tuple[str, ...], flag: bool | None) -> bool:
     body = as_mapping(c, section, data[section])
+    if section != "fp16":
+        _bf16_legacy(c, section, body)
+        keys = (*keys, *K.BF16_LEGACY_KEYS)
     refuse_unknown(c, section, body, keys)
     value = body.get("enabled", False)
     c.used(f"{section}.enabled")
@@ -145,6 +149,21 @@ def _enabled(c: Collector, data: Mapping[str, Any], section: str, keys: tuple[st
         raise c.fail(f"{section}.enabled", f"{enabled} disagrees with --{name} {flag}; the Trainer refuses a mismatch "
                                            "(use \"auto\")")  # fmt: skip
     return enabled
+
+
+def _bf16_legacy(c: Collector, section: str, body: Mapping[str, Any]) -> None:
+    """fp16's loss-scaling keys in the bf16 section: refused where the installed DeepSpeed refuses them (0.17 and
+    later), else passed over with a note, as the DeepSpeed of the file's time did."""
+    legacy = [key for key in body if key in K.BF16_LEGACY_KEYS]
+    if not legacy:
+        return
+    release = installed_release("deepspeed")
+    if release is not None and release >= K.BF16_STRICT_FROM:
+        raise c.fail(f"{section}.{legacy[0]}", f"fp16's loss-scaling key in the bf16 section, which the installed "
+                                                f"DeepSpeed {release[0]}.{release[1]} refuses (0.17 and later; earlier "
+                                                f"releases passed over it); remove it: bf16 needs no loss scaling")  # fmt: skip
+    c.note(f"{section}.{', '.join(legacy)}: fp16's loss-scaling keys, which DeepSpeed before 0.17 passes over in the "
+           f"bf16 section and 0.17 and later refuse; remove them before running this file with a newer DeepSpeed")  # fmt: skip
 
 
 def _precision(c: Collector, data: Mapping[str, Any], fp16: bool | None, bf16: bool | None) -> None:
@@ -171,6 +190,8 @@ def _precision(c: Collector, data: Mapping[str, Any], fp16: bool | None, bf16: b
                     c.unmodelled(path, "16-bit master weights / optimizer states instead of fp32")
                 else:
                     c.ignore(path, "off")
+            elif section != "fp16" and key in K.BF16_LEGACY_KEYS:
+                c.ignore(path, "fp16's loss-scaling key, which DeepSpeed before 0.17 passes over under bf16")
             elif key != "enabled":
                 c.ignore(path, "loss scaling and overflow checks hold no tensors")
 

@@ -118,6 +118,14 @@ FP16_KEYS = ("enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_
              "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads")  # fmt: skip
 BF16_KEYS = ("enabled", "immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
              "bf16_optimizer_states")  # fmt: skip
+BF16_LEGACY_KEYS = ("auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
+                    "consecutive_hysteresis", "min_loss_scale")  # fmt: skip
+"""fp16's loss-scaling keys in a bf16 section: DeepSpeed before 0.17 read bf16's ``enabled`` alone and passed
+over them (runtime/config.py ``get_bfloat16_enabled``); 0.17 made the section a pydantic model with
+``extra="forbid"`` (runtime/precision_config.py ``DeepSpeedBF16Config``), which refuses them. Many published
+bf16 configs carry them, copied from an fp16 block."""
+BF16_STRICT_FROM = (0, 17)
+"""The first DeepSpeed release whose bf16 section refuses ``BF16_LEGACY_KEYS``."""
 ACTIVATION_CHECKPOINTING_KEYS = ("partition_activations", "number_checkpoints", "contiguous_memory_optimization",
                                  "synchronize_checkpoint_boundary", "profile", "cpu_checkpointing")  # fmt: skip
 TENSOR_PARALLEL_KEYS = ("autotp_size", "tp_overlap_comm", "vocab_parallel_lm_head", "vocab_parallel_ce_backend",

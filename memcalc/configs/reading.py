@@ -337,6 +337,21 @@ def near_miss(key: str, known: Iterable[str]) -> str | None:
     return {k.lower(): k for k in known}[close[0]]
 
 
+def installed_release(distribution: str) -> tuple[int, int] | None:
+    """The (major, minor) release of an installed distribution (``deepspeed``), or None where it is not installed
+    or its version does not start with two numbers. Read from the package metadata: nothing is imported."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+    parts = version.split(".")
+    if len(parts) < 2 or not (parts[0].isdigit() and parts[1].isdigit()):
+        return None
+    return int(parts[0]), int(parts[1])
+
+
 def refuse_unknown(c: Collector, section: str, data: Mapping[str, Any], known: Iterable[str]) -> None:
     """Refuse keys a framework's own section model would refuse (``extra="forbid"``), naming the nearest."""
     names = list(known)
