@@ -108,6 +108,21 @@ def test_bf16_with_fp16_loss_scaling_keys_refused_where_the_installed_deepspeed_
         read_deepspeed({"bf16": {"enabeld": True}}, world_size=8)
 
 
+def test_auto_train_batch_without_the_other_batch_keys_reads_as_the_trainer_fills_it() -> None:
+    """``train_batch_size: auto`` with the micro-batch or the accumulation left out (axolotl's ds_config.json, a bare
+    ZeRO-2 file): the Trainer's world x per-device batch x accumulation, its defaults where nothing is given; this
+    used to end in a traceback."""
+    r = read_deepspeed({"train_batch_size": "auto", "zero_optimization": {"stage": 2}}, world_size=8, seq_len=512)
+    assert (r.arguments["micro_batch"], r.arguments["grad_accum"], r.arguments["gpus"]) == (8, 1, 8)
+    assert any("Trainer's default per-device batch 8" in n for n in r.notes)
+    r = read_deepspeed({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto"}, world_size=8,
+                       micro_batch=2, grad_accum=4, seq_len=512)  # fmt: skip
+    assert (r.arguments["micro_batch"], r.arguments["grad_accum"]) == (2, 4)
+    with pytest.raises(InputError, match=r"train_batch_size: 2 is below the data-parallel size 8 .*accepted: a "
+                                         r"multiple of 8 or \"auto\""):  # fmt: skip
+        read_deepspeed({"train_batch_size": 2, "zero_optimization": {"stage": 2}}, world_size=8, seq_len=512)
+
+
 def test_installed_release_reads_the_metadata() -> None:
     from memcalc.configs.reading import installed_release
 

@@ -188,9 +188,12 @@ def test_mixtral_under_fsdp2_counts_the_padded_expert_shards():
 
 def test_moe_outside_the_modelled_set_takes_the_paper_accounting_and_says_why():
     base = dict(model="mixtral-8x7b", gpus=16, gpu="h100", seq_len=4096)
-    r = memcalc.estimate(stage=3, **base)
+    r = memcalc.estimate(stage=3, offload_optimizer="cpu", **base)
     assert r.accounting == "paper"
-    assert any("MoE with zero-3" in x for x in r.notes)
+    assert any("MoE with zero-3, offload" in x for x in r.notes)
+    r = memcalc.estimate(stage=2, precision="fp16-mixed", **base)
+    assert r.accounting == "paper"
+    assert any("MoE under DeepSpeed with --precision fp16-mixed" in x for x in r.notes)
     r = memcalc.estimate(fsdp="FULL_SHARD", precision="amp-bf16", **base)
     assert r.accounting == "paper"
     assert any("MoE with --precision amp-bf16: the experts' grouped_mm takes bf16 only" in x for x in r.notes)
@@ -221,3 +224,32 @@ def test_tracing_an_moe_model_outside_bf16_is_one_line(tmp_path):
     r = CliRunner().invoke(app, ["trace", "--hf-config", str(path), "--seq-len", "8", "--precision", "fp32"])
     assert r.exit_code == 2
     assert "precision 'fp32' with a mixture of experts" in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_moe_under_deepspeed_is_realistic_and_counts_the_experts_backward_at_its_hooks():
+    """Mixtral-8x7B under ZeRO-3 on 32 GPUs (bf16-mixed, seq 4096, full recompute): the realistic accounting, its
+    peak at the top layer's second RMSNorm backward. By then DeepSpeed's hooks have reduced the experts' gradients:
+    gate_up's (E·2f·h elements, larger than the 5e8-element bucket) stays outside the bucket's buffer until the
+    router's hook reduces it, so nothing of the experts' gradients is alive beside the norm's backward. The paper
+    accounting's 16Ψ/N view is lower by the step's transients. The tiny model's every backward phase is held to
+    DeepSpeed's own step in tests/validation/test_deepspeed_timeline.py."""
+    from memcalc.inputs.presets import load_model
+    from memcalc.memory.timeline_zero3 import _gradients
+
+    base = dict(model="mixtral-8x7b", gpus=32, seq_len=4096, micro_batch=1, recompute="full", stage=3)
+    r = memcalc.estimate(**base)
+    paper = memcalc.estimate(accounting="paper", **base)
+    assert r.accounting == "realistic" and paper.accounting == "paper"
+    labels = {x.label: x.bytes for x in r.memory.per_gpu.rows}
+    assert "RMSNorm backward (fp32), net of the MLP's freed tensors" in labels
+    assert labels.get("gradients and the bucket's reduction", 0) == 0
+    assert 1.2 < r.memory.per_gpu.total / paper.memory.per_gpu.total < 1.5
+    # the hooks, in autograd's order: down's gradient (E·h·f) fits the empty bucket's buffer; gate_up's does not and
+    # waits beside it; the router's hook reduces the bucket first, leaving nothing outside the buffer
+    arch = load_model("mixtral-8x7b")
+    hooks: dict[str, tuple[int, int]] = {}
+    _gradients(arch, 32, 500_000_000, 2, hooks=hooks)
+    e, f, h = 8, 14336, 4096
+    assert hooks["layer31.experts.1"][0] >= 2 * e * h * f
+    assert hooks["layer31.experts.0"][1] == 2 * e * 2 * f * h
+    assert hooks["layer31.router.0"][1] == 0

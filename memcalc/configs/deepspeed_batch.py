@@ -56,8 +56,12 @@ def resolve_batch(c: Collector, data: Mapping[str, Any], world: int | None, micr
         if dp is None:
             c.note("train_batch_size 'auto' = world x micro-batch x accumulation: pass world_size= to fix the world")
             tbs = None
-        else:
-            tbs = dp * mbs * gas  # type: ignore[operator]
+        else:  # the Trainer's world x per-device batch x accumulation, whichever of the two the file leaves out
+            if mbs is None:
+                c.note(f"train_batch_size 'auto' without train_micro_batch_size_per_gpu: the Trainer's default "
+                       f"per-device batch {HF_DEFAULT_MICRO_BATCH} (pass micro_batch= for yours)")
+            tbs = (dp * (mbs if mbs is not None else HF_DEFAULT_MICRO_BATCH)
+                   * (gas if gas is not None else HF_DEFAULT_GRAD_ACCUM))  # fmt: skip
     # Plain DeepSpeed: derive the missing one of the three (DeepSpeedConfig._set_batch_related_parameters).
     if dp is None:
         if tbs is not None and mbs is not None and gas is not None:
@@ -70,6 +74,10 @@ def resolve_batch(c: Collector, data: Mapping[str, Any], world: int | None, micr
             raise c.fail("train_batch_size", f"{tbs} needs the world size to derive the micro-batch or accumulation; "
                                              "pass world_size=")  # fmt: skip
     else:
+        if isinstance(tbs, int) and tbs < dp:
+            raise c.fail("train_batch_size", f"{tbs} is below the data-parallel size {dp} (world {world} / (tp x pp) "
+                                             f"{mp}): every rank needs a micro-batch of at least 1; accepted: a multiple "
+                                             f"of {dp} or \"auto\"")  # fmt: skip
         if tbs is not None and mbs is not None and gas is None:
             gas = tbs // mbs // dp
         elif tbs is not None and gas is not None and mbs is None:

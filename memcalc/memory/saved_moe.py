@@ -101,8 +101,14 @@ def moe_params(arch: Architecture) -> int:
 
 
 def moe_backward_extra(arch: Architecture, x: Shape, d: int, w: int, recomputed: bool = False) -> int:
-    """The block's backward peak above the layer's entry (its saved tensors alive, the output's gradient given), the
-    highest of five moments traced op by op (w: the weight gradients' bytes per element, w_p a weighted pair's):
+    """The highest of ``moe_backward_moments``."""
+    return max(moe_backward_moments(arch, x, d, w, recomputed).values())
+
+
+def moe_backward_moments(arch: Architecture, x: Shape, d: int, w: int, recomputed: bool = False) -> dict[str, int]:
+    """The block's backward moments above the layer's entry (its saved tensors alive, the output's gradient given),
+    five traced op by op, in the order they come (w: the weight gradients' bytes per element, 0 where the caller
+    counts them at their hooks; w_p a weighted pair's):
 
     - the gradient put back in pair order: the sum's expanded gradient copied to pair layout (``view`` of an expanded
       tensor, w_p·S·h), then ``index``'s backward, zeros and ``index_put``: 3·w_p·S·h;
@@ -123,4 +129,4 @@ def moe_backward_extra(arch: Architecture, x: Shape, d: int, w: int, recomputed:
     down = w * e * h * f + d * s * f - 8 * s
     gated = w * e * h * f + 2 * d * s * f - d * s * h - 8 * s
     gate_up = w * e * 3 * h * f - 2 * d * s * f - 8 * s
-    return max(reorder, weights, down, gated, gate_up)
+    return {"reorder": reorder, "weights": weights, "down": down, "gated": gated, "gate_up": gate_up}

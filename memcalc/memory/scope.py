@@ -175,20 +175,27 @@ def _why_not_moe(arch: Any, precision: str, optimizer: str, strategy: str, work:
                  framework: str | None, offload: tuple[str, str], fsdp_auto_wrap: str | None) -> str | None:  # fmt: skip
     """Mixture-of-experts layers as Hugging Face's Mixtral and Qwen3-MoE run them (``memcalc.memory.saved_moe``: the
     router and the experts' grouped matmuls, bf16 only), traced on one GPU and under FSDP2 and FSDP1
-    (tests/test_moe.py)."""
+    (tests/test_moe.py) and under DeepSpeed ZeRO-0 to 3 with a bf16 module (tests/validation/
+    test_deepspeed_timeline.py)."""
     from memcalc.memory.saved_moe import MOE_FAMILIES
 
     if arch.family not in MOE_FAMILIES or arch.moe_every != 1 or arch.shared_experts or arch.router_bias:
         return (f"MoE family {arch.family or 'unset'}: the realistic accounting models Mixtral's and Qwen3-MoE's MoE "
                 "layers (every layer sparse, no shared expert)")
-    if strategy not in ("ddp", *FSDP_SHARDED) or parallel > 1 or offload != ("none", "none") or lora is not None:
+    deepspeed = (*ZERO_STAGES, "zero-3")
+    if (strategy not in ("ddp", *FSDP_SHARDED, *deepspeed) or parallel > 1 or offload != ("none", "none")
+            or lora is not None):
         extra = [x for x, on in (("model parallelism", parallel > 1), ("offload", offload != ("none", "none")),
                                  ("LoRA", lora is not None)) if on]
         return (f"MoE with {', '.join([strategy, *extra])}: the realistic accounting models MoE layers on one GPU, "
-                "DDP and FSDP, without offload, model parallelism or LoRA")
-    if not (precision == "bf16" or (precision == "bf16-mixed" and strategy in FSDP_SHARDED)):
+                "DDP, FSDP and DeepSpeed ZeRO-0 to 3, without offload, model parallelism or LoRA")
+    if strategy in deepspeed and precision != "bf16-mixed":
+        return (f"MoE under DeepSpeed with --precision {precision}: the realistic accounting models DeepSpeed's bf16 "
+                "training (bf16-mixed: a bf16 module, whose experts' grouped_mm runs, and fp32 master partitions)")
+    if strategy not in deepspeed and not (precision == "bf16" or (precision == "bf16-mixed"
+                                                                  and strategy in FSDP_SHARDED)):
         return (f"MoE with --precision {precision}: the experts' grouped_mm takes bf16 only; the realistic accounting "
-                "models --precision bf16 (or bf16-mixed under FSDP)")
+                "models --precision bf16 (or bf16-mixed under FSDP and DeepSpeed)")
     if framework not in (None, "hf") or fsdp_auto_wrap == "none":
         what = f"--framework {framework}" if framework not in (None, "hf") else "--fsdp-auto-wrap none"
         return (f"MoE with {what}: the realistic accounting models Hugging Face's MoE layers, a unit per decoder "
@@ -235,7 +242,7 @@ def _why_not_zero(arch: Any, precision: str, optimizer: str, strategy: str, work
 
     if arch is None or work is None:
         return "the realistic accounting needs the model's shape and --seq-len"
-    if arch.family not in FAMILIES or arch.moe:
+    if arch.family not in FAMILIES:  # (MoE families: checked by _why_not_moe before)
         return f"{strategy}: no saved-tensor profile for family {arch.family or 'unset'}; profiles: {', '.join(FAMILIES)}"
     if arch.family in EAGER_ONLY and work.attention != "eager":
         return f"--attention {work.attention}: Hugging Face's {arch.family} is profiled eager; give --attention eager"

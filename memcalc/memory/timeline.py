@@ -83,7 +83,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
              float8_all_gather: bool = False, fsdp_wrap: str = "root", fsdp_keep: bool = False,
              fsdp_hsdp: bool = False, fsdp_reduce_fp32: bool = False, fsdp_flat: bool = False,
              fsdp_prefetch: bool = True, fsdp_whole: bool = False,
-             cache_promotes_values: bool = False) -> Timeline:  # fmt: skip
+             cache_promotes_values: bool = False, hooked_grads: bool = False) -> Timeline:  # fmt: skip
     """Moments of one training step of a Hugging Face ``family`` model on one GPU.
 
     regime: fp32 | bf16 (pure: weights, gradients, AdamW moments bf16) | amp-bf16 (fp32 weights, autocast).
@@ -226,7 +226,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     layers = [layer_sizes(arch, family=family, regime=act, attention=attention, s=s, b=b, policy=policy,
                           index=i, device=device, rotary_dims=rotary_dims, lora=lora, code=code,
                           compiled=compiled, sp=sp, float8=float8, float8_weight_cast=not float8_all_gather,
-                          use_cache=use_cache and not checkpointed(policy, i))
+                          use_cache=use_cache and not checkpointed(policy, i), hooked_grads=hooked_grads)
               for i in range(arch.layers)]  # fmt: skip
     kept = 0
     cache = 0  # autocast's cast cache beyond what the matmuls save: bf16 copies of recomputed layers' weights

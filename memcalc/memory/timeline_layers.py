@@ -162,12 +162,16 @@ def _bloom_attention_forward(x, d: int, r: int, amp: bool, cuda: bool, ckpt: boo
 def layer_sizes(arch, *, family: str, regime: str, attention: str, s: int, b: int, policy: Policy, index: int,
                 device: str = "cpu", rotary_dims: int | None = None, lora=None, code: str = "hf",
                 compiled: bool = False, sp: int = 1, float8: str = "none",
-                float8_weight_cast: bool = True, use_cache: bool = True) -> LayerSizes:  # fmt: skip
+                float8_weight_cast: bool = True, use_cache: bool = True,
+                hooked_grads: bool = False) -> LayerSizes:  # fmt: skip
     """``sp``: sequence parallelism over ``sp`` ranks (``memcalc.memory.timeline_tp.sp_split``): the norms' tensors,
     the layer input and output are the rank's ``1/sp`` of the sequence; ``arch`` is rank 0's (``rank_arch``).
     ``float8``: torchao's eager ``Float8Linear`` projections (``memcalc.model.float8.eager_backward``): the down
     projection's backward casts above the layer's entry; compiled layers fuse the casts (not counted).
-    ``float8_weight_cast``: False when FSDP gathered the weights in fp8 (the weight is already fp8)."""
+    ``float8_weight_cast``: False when FSDP gathered the weights in fp8 (the weight is already fp8).
+    ``hooked_grads``: the caller counts each weight gradient at its own hook (DeepSpeed's gradient hooks move it to
+    the bucket as autograd makes it: ``memcalc.memory.timeline_zero``, ``timeline_zero3``), so an MoE block's backward
+    moments leave the experts' weight gradients out."""
     kw = dict(family=family, regime=regime, attention=attention, s=s, b=b, device=device, rotary_dims=rotary_dims,
               code=code)
     if compiled and policy.kind == "none" and lora is None:
@@ -189,7 +193,8 @@ def layer_sizes(arch, *, family: str, regime: str, attention: str, s: int, b: in
     d, r = {"fp32": (4, 4), "bf16": (2, 2), "amp-bf16": (2, 4)}[regime]
     w = 2 if regime == "bf16" else 4
     residual = r * x.t * x.h // sp
-    extra = (moe_backward_extra(arch, x, d, w, recomputed=checkpointed(policy, index)) if arch.moe
+    extra = (moe_backward_extra(arch, x, d, 0 if hooked_grads else w, recomputed=checkpointed(policy, index))
+             if arch.moe
              else _mlp_backward_extra(arch, family, d, w, x.t))
     if regime == "amp-bf16" and casts and family in (*LLAMA_STYLE, *OTHER_NORMS, "gpt_neox", "falcon", "opt"):
         # down's bf16 weight copy, saved by its matmul, is released once down's backward ran (autograd frees a

@@ -175,7 +175,7 @@ def zero_timeline(arch: Architecture, *, family: str, stage: int, dp: int, atten
                          "for-loop")  # fmt: skip
     tl = timeline(arch, family=family, regime=dtype, attention=attention, s=s, b=b, recompute=recompute,
                   optimizer_impl="fused", loss=loss, device=device, position_ids=position_ids, use_cache=use_cache,
-                  compiled=compiled, loss_compiled=loss_compiled, lora=lora)  # fmt: skip
+                  compiled=compiled, loss_compiled=loss_compiled, lora=lora, hooked_grads=stage == 2)  # fmt: skip
     tensors = trainable(arch, lora)
     psi = sum(n for _, n in tensors)
     steps = 4  # torch AdamW's ``step`` tensor: one per parameter tensor it is handed (one flat group under ZeRO)
@@ -338,7 +338,7 @@ def _offload_timeline(arch: Architecture, *, family: str, stage: int, dp: int, a
     not traced itself)."""
     tl = timeline(arch, family=family, regime="bf16", attention=attention, s=s, b=b, recompute=recompute,
                   optimizer_impl="fused", loss=loss, device=device, position_ids=position_ids, use_cache=use_cache,
-                  compiled=compiled, loss_compiled=loss_compiled, lora=lora)  # fmt: skip
+                  compiled=compiled, loss_compiled=loss_compiled, lora=lora, hooked_grads=stage == 2)  # fmt: skip
     tensors = trainable(arch, lora)
     psi = sum(n for _, n in tensors)
     p = partition(arch, dp, lora=lora)[0]

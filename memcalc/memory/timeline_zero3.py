@@ -92,12 +92,15 @@ def _to_host(n: int, width: int = 2) -> int:
     return width * n + max(8 * min(n, NORM_BUFFER), 4 * n)
 
 
-def _gradients(arch: Architecture, dp: int, bucket: int, width: int = 2,
-               offload: bool = False, lora=None) -> tuple[dict[str, int], int]:  # fmt: skip
+def _gradients(arch: Architecture, dp: int, bucket: int, width: int = 2, offload: bool = False, lora=None,
+               hooks: dict[str, tuple[int, int]] | None = None) -> tuple[dict[str, int], int]:  # fmt: skip
     """Per phase key (``layer.i``, ``head``...), the most bytes of gradients and reduction buffers alive at one of
     its gradient hooks; and at the end of backward (the last bucket reduced). ``offload``: the optimizer is on the
     CPU, and each reduced partition leaves the GPU one parameter at a time (``_to_host``) while the bucket's
-    reduction buffer holds it. ``lora``: only the adapters get gradients (peft freezes the base)."""
+    reduction buffer holds it. ``lora``: only the adapters get gradients (peft freezes the base). ``hooks``, where
+    given, gets each MoE block parameter's (bytes at its hook, bytes still outside the buffer once it returned), and
+    ``<layer>.before`` the bytes outside the buffer before the block's first hook: the experts' grouped backward
+    makes down's gradient before gate_up's, so their hooks run in that order."""
     events, mods, numel = _called(arch, False, lora)
     order = [m for kind, m in events[events.index(("backward", "")) + 1:] if kind == "fetch" and mods[m].params]
     held: list[tuple[str, int]] = []  # (parameter, elements) in the bucket
@@ -115,7 +118,10 @@ def _gradients(arch: Architecture, dp: int, bucket: int, width: int = 2,
 
     for m in order:
         key = _layer_of(m)
-        for p in mods[m].params:
+        moe = m.endswith((".experts", ".router"))
+        if hooks is not None and m.endswith(".experts"):
+            hooks[f"{key}.before"] = (own, own)
+        for p in reversed(mods[m].params) if m.endswith(".experts") else mods[m].params:
             if lora is not None and ".lora_" not in p:
                 continue
             n = numel[p]
@@ -128,7 +134,33 @@ def _gradients(arch: Architecture, dp: int, bucket: int, width: int = 2,
                 own += width * n
             held.append((p, n))
             elements += n
+            if hooks is not None and moe:
+                hooks[p] = (at, own)
     return out, own + flush()
+
+
+TRANSIENT = "layer backward transient (MLP gradients)"
+
+
+def _moe_backward(arch: Architecture, s: int, b: int, w: int, recomputed: bool, parts: list[tuple[str, int]],
+                  hooks: dict[str, tuple[int, int]], key: str, label: str) -> tuple[list[tuple[str, int]], int]:
+    """An MoE block's backward under ZeRO-3, moment by moment with the gradients alive at each: the pairs reordered
+    and the routing weights' product with what the hooks before the block left outside the bucket's buffer; down's
+    grouped backward at down's hook; SiLU·up's after it; gate_up's at gate_up's hook. The second norm's backward
+    comes after the router's hook. Returns the moment's parts (the block's transient, net of weight gradients, in
+    place of the layer's) and the gradient bytes alive beside them."""
+    from memcalc.memory.saved_moe import moe_backward_moments
+    from memcalc.memory.saved_parts import shape
+
+    layer = "layer" + key.split(".", 1)[1]
+    if label.endswith("second RMSNorm's backward"):
+        return parts, hooks[f"{layer}.router.0"][1]
+    steps = moe_backward_moments(arch, shape(arch, s, b), w, 0, recomputed)
+    before = hooks[f"{key}.before"][0]
+    down, gate_up = hooks[f"{layer}.experts.1"], hooks[f"{layer}.experts.0"]
+    held = {"reorder": before, "weights": before, "down": down[0], "gated": down[1], "gate_up": gate_up[0]}
+    top = max(steps, key=lambda k: steps[k] + held[k])
+    return [(n, steps[top] if n == TRANSIENT else x) for n, x in parts], held[top]
 
 
 PARAM_OFFLOAD_NOTE = ("DeepSpeed ZeRO-3 offload_param without offload_optimizer: the bf16 partitions in pinned host "
@@ -189,7 +221,7 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
     dtype, w = module_dtype(precision, offload_optimizer or offload_params, lora)
     tl = timeline(arch, family=family, regime=dtype, attention=attention, s=s, b=b, recompute=recompute,
                   optimizer_impl="fused", loss=loss, device=device, position_ids=position_ids, use_cache=use_cache,
-                  compiled=compiled, loss_compiled=loss_compiled, lora=lora)  # fmt: skip
+                  compiled=compiled, loss_compiled=loss_compiled, lora=lora, hooked_grads=True)  # fmt: skip
     tensors = trainable(arch, lora)
     p3 = sum(ceil_div(n, dp) for _, n in tensors)  # the partitions that train
     every = param_tensors(arch) + (adapter_tensors(arch, lora) if lora is not None else ())
@@ -217,7 +249,8 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
             gathered[key] = max(gathered.get(key, 0), x)
             if at > x:
                 fetching[key] = max(fetching.get(key, 0), at)
-    grads, epilogue = _gradients(arch, dp, bucket, w, offload=offload_optimizer, lora=lora)
+    hooks: dict[str, tuple[int, int]] = {}
+    grads, epilogue = _gradients(arch, dp, bucket, w, offload=offload_optimizer, lora=lora, hooks=hooks)
     moments: list[Moment] = []
     last: list[tuple[str, int]] = []  # the previous moment's parts, less the gathered parameters
     seen: set[tuple[str, str]] = set()
@@ -238,6 +271,10 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
                 here = gathered.get((phase, "final_norm"), gathered.get((phase, "head"), 0)) if made else after_forward
                 extra.append(("gradients and the bucket's reduction", max(grads.get("head", 0),
                                                                           grads.get("final_norm", 0)) if made else 0))
+            elif phase == "backward" and arch.moe and made and m.label.endswith(("MLP gradients",
+                                                                                "second RMSNorm's backward")):
+                parts, held = _moe_backward(arch, s, b, w, recompute == "full", parts, hooks, key, m.label)
+                extra.append(("gradients and the bucket's reduction", held))
             elif phase == "backward":
                 extra.append(("gradients and the bucket's reduction", grads.get(key, 0) if made else 0))
             extra.insert(0, ("gathered parameters", here))
