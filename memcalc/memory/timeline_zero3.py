@@ -99,7 +99,7 @@ def _gradients(arch: Architecture, dp: int, bucket: int, width: int = 2, offload
     CPU, and each reduced partition leaves the GPU one parameter at a time (``_to_host``) while the bucket's
     reduction buffer holds it. ``lora``: only the adapters get gradients (peft freezes the base). ``hooks``, where
     given, gets each MoE block parameter's (bytes at its hook, bytes still outside the buffer once it returned), and
-    ``<layer>.before`` the bytes outside the buffer before the block's first hook: the experts' grouped backward
+    ``layer.<i>.before`` the bytes outside the buffer before the block's first hook: the experts' grouped backward
     makes down's gradient before gate_up's, so their hooks run in that order."""
     events, mods, numel = _called(arch, False, lora)
     order = [m for kind, m in events[events.index(("backward", "")) + 1:] if kind == "fetch" and mods[m].params]
