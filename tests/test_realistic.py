@@ -300,3 +300,31 @@ def test_torchtitan_2d_with_sequence_parallelism_is_realistic():
     assert any(n.startswith("torchtitan's own layers under tensor parallelism") for n in r.notes)
     assert any(n.startswith("tp 8 with sequence parallelism as torchtitan's plan") for n in r.notes)
     assert memcalc.estimate(**{**kw, "recompute": "op-sac"}).accounting == "paper"  # op-sac under TP: not modelled
+
+
+def test_each_row_explains_itself_in_its_own_framework_words():
+    """A row's detail names the code that holds it: FSDP1's FlatParameter rows are not explained with FSDP2's
+    all-gather outputs, DeepSpeed's rows never mention FSDP, and a backward transient is not a zero_grad gradient."""
+    base = dict(model="llama-3-8b", seq_len=4096, micro_batch=1, recompute="full")
+
+    def details(**kw):
+        r = memcalc.estimate(**(base | kw))
+        assert r.accounting == "realistic"
+        return {row.label: row.detail for row in r.memory.per_gpu.rows}
+
+    fsdp1 = details(gpus=8, fsdp="FULL_SHARD", fsdp_version=1)
+    assert fsdp1["root parameters (gathered)"].startswith("FSDP1: the root's FlatParameter")
+    assert fsdp1["last layer's parameters (prefetched)"].startswith("FSDP1 BACKWARD_PRE")
+    assert not [label for label, d in fsdp1.items() if "FSDP2" in d]
+    sgo = details(gpus=8, fsdp="SHARD_GRAD_OP", fsdp_version=1)
+    assert sgo["layers 0..31 parameters (gathered)"].startswith("FSDP1 SHARD_GRAD_OP")
+    assert details(gpus=8, fsdp="FULL_SHARD", fsdp_version=2)["root parameters (gathered)"].startswith("FSDP2")
+    moe = details(model="mixtral-8x7b", gpus=32, fsdp="FULL_SHARD", fsdp_version=1)
+    assert moe["flat gradient (reduce-scatter input)"].startswith("FSDP1: the unit's padded flat gradient")
+    assert moe["layer activations (layers 0..0)"].startswith("what the decoder layers save")
+    for stage in (0, 1, 2, 3):
+        zero = details(gpus=8, stage=stage)
+        assert not [label for label, d in zero.items() if "FSDP" in d], stage
+    offload = details(gpus=8, stage=2, offload_optimizer="cpu")
+    assert "zero_grad" not in offload["layer backward transient (MLP gradients)"]
+    assert not [label for label, d in offload.items() if d.startswith("alive at the step's peak")]

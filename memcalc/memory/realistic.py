@@ -71,6 +71,8 @@ _KEYS = {"parameters": ("parameters", "model_state"),
          ("cublas_workspace", "overhead")}
 
 
+_SAVED = ("layer activations", "what the decoder layers save for backward (memory/saved.py: exact on CPU)")
+
 _DETAIL = (
     ("master", "DeepSpeed's fp32 copy the optimizer updates (this rank's partition)"),
     ("bf16 partitions", "ZeRO-3: this rank's slice of every parameter, ceil(n / dp) elements each (partition_parameters.py)"),
@@ -93,7 +95,7 @@ _DETAIL = (
     ("embedding parameters (gathered)", ("FSDP2: the embedding's unit of its own, gathered for its forward and "
                                          "again for its backward")),
     # before "layers 0..": a backward moment's "layer activations (layers 0..i)" are the saved activations
-    ("layer activations", "what the decoder layers save for backward (memory/saved.py: exact on CPU)"),
+    _SAVED,
     ("layers 0..", ("FSDP2 with reshard_after_forward=False (SHARD_GRAD_OP): each layer kept gathered from its "
                     "forward to its post-backward")),
     ("parameters (gathered)", "pipelining with FSDP2: every unit of the stage kept gathered from its first forward to "
@@ -131,6 +133,42 @@ _DETAIL = (
                         "norm, then an fp32 one, one slice at a time (stage_1_and_2.py)"),
     ("bucket's reduction", "ZeRO-3: gradients not yet in the bucket and its padded copy for the reduce-scatter"),
     ("gradient partition", "this rank's reduced gradients: every parameter overlapping its partition (stage_1_and_2.py)"),
+    ("gradients (unsharded)", "FSDP: a unit's gradients as autograd made them, unsharded until its post-backward "
+                              "reduce-scatters them"),
+    ("unsharded gradients", "FSDP: the unit's gradients as autograd made them, until its post-backward has copied "
+                            "them into the reduce-scatter input"),
+    ("gradient shards", "FSDP: the reduce-scattered gradient shards of the units whose backward is done (the "
+                        "sharded parameters' dtype)"),
+    ("gradients (shards)", "FSDP: this rank's reduce-scattered gradient shards, freed by zero_grad(set_to_none=True)"),
+    ("all-reduce buffers", "HSDP: the reduced shards' all-reduce across replicas, in the reduce dtype until it is done"),
+    ("parameters (fp32 shards)", "FSDP2: this rank's shard of every parameter, the optimizer's copy (fp32; "
+                                 "MixedPrecisionPolicy casts for the all-gather)"),
+    ("backward transient", "the layer's backward at its highest moment: the MLP's input gradients and the tensors "
+                           "not yet freed (memory/saved.py backward_extra)"),
+    ("RMSNorm backward", "the second RMSNorm's backward: its fp32 upcast and input gradient, net of what the MLP's "
+                         "backward has freed (memory/saved.py)"),
+    ("recomputed activations", "full recompute: the layer's forward run again at its backward, its saved tensors "
+                               "alive until used (Korthikanti et al. 2022 §5)"),
+    ("residual stream", "the gradient flowing down the residual stream, s·b·h in the compute dtype"),
+    ("step temporaries", "optimizer.step()'s own temporaries (foreach AdamW: sqrt(v) for the group; for-loop: one "
+                         "tensor's; fused: none; memory/timeline_states.py)"),
+    ("flattened partition", "DeepSpeed ZeRO-1/2 step: the rank's flattened gradient partition before its fp32 upcast "
+                            "(stage_1_and_2.py)"),
+    ("input ids", "the batch's token ids, 8 bytes per token"),
+    ("position ids", "the batch's position ids, 8 bytes per position"),
+    ("labels", "the batch's labels (and their shifted copy), 8 bytes per token"),
+    ("rotary cos, sin", "the rotary embedding's cos and sin for the batch, made once per forward and read by every "
+                        "layer"),
+    ("final norm saved", "what the final norm saves for backward (its rstd, and its fp32 normalized input where the "
+                         "norm keeps one: memory/timeline.py)"),
+    ("head input", "the output head's saved input (the final norm's output)"),
+    ("last hidden state", "the model's output hidden state, referenced by the output object until the step ends"),
+    ("fp32 logits copy", "the loss's fp32 upcast of the logits (Hugging Face's loss_function: logits.float())"),
+    ("logits", "the output head's logits, s·b·v in the compute dtype"),
+    ("loss, total weight", "the loss and its reduction's total weight (scalars)"),
+    ("loss and its gradient", "the scalar loss and its gradient"),
+    ("micro-batch's saved tensors", "pipelining: what this micro-batch's layers save for backward, at its forward"),
+    ("buffers", "the model's registered buffers (the rotary inv_freq and the like)"),
     ("frozen base, nf4", "bitsandbytes NF4, double quantization (model/lora.py nf4_bytes); the rest in the weight dtype"),
     ("frozen base", "the frozen weights: no gradients, no optimizer states"),
     ("LoRA adapters", "A (r x in) and B (out x r) of each target; their gradients and AdamW states are the only ones"),
@@ -144,9 +182,34 @@ _DETAIL = (
 )
 
 
+_FSDP1_DETAIL = (
+    _SAVED,  # before "layers 0..", as in _DETAIL
+    ("root parameters (gathered)", "FSDP1: the root's FlatParameter (embedding, final norm, head) unsharded and "
+                                   "padded, from the forward's start to the root's post-backward (the root is not "
+                                   "resharded after forward: _runtime_utils.py _post_forward_reshard)"),
+    ("layer's parameters (gathered)", "FSDP1: the unit's padded FlatParameter, all-gathered in place "
+                                      "(_flat_param.py _full_param_padded) until its reshard"),
+    ("prefetched", "FSDP1 BACKWARD_PRE: the next unit's padded FlatParameter, all-gathered ahead at a pre-backward "
+                   "(_runtime_utils.py _prefetch_handle) until its own reshard"),
+    ("all-gather output", "FSDP1: a unit's padded FlatParameter, all-gathered in place (_flat_param.py "
+                          "_full_param_padded; no separate output buffer)"),
+    ("layers 0..", "FSDP1 SHARD_GRAD_OP: each unit's FlatParameter kept unsharded from its forward to its "
+                   "post-backward (not resharded after forward)"),
+    ("flat gradient", "FSDP1: the unit's padded flat gradient, the reduce-scatter's input (_runtime_utils.py "
+                      "_reduce_grad), freed once the reduce-scatter is done"),
+    ("low-precision shard", "FSDP1 MixedPrecision: the shard cast to param_dtype for the all-gather "
+                            "(_flat_param.py _use_low_precision_shard), freed once the all-gather is done"),
+    ("input norm's backward", "FSDP1: the post-backward hook fires on the FlatParameter's last gradient (the input "
+                              "norm's weight), inside that norm's backward, with its input-side gradient alive"),
+)
+"""FSDP1's own wording for rows whose names FSDP2's timeline shares (checked before ``_DETAIL``)."""
+
+
 def _row(name: str, n_bytes: int, plan: Plan) -> Row:
     key, category = _KEYS.get(name, ("activations_" + "_".join(name.split()[:3]).lower(), "activation"))
-    detail = next((d for k, d in _DETAIL if k in name), "alive at the step's peak (memory/timeline.py)")
+    fsdp1 = plan.spec.framework == "fsdp" and plan.fsdp_version == 1
+    details = (_FSDP1_DETAIL + _DETAIL) if fsdp1 else _DETAIL
+    detail = next((d for k, d in details if k in name), "alive at the step's peak (memory/timeline.py)")
     return Row(key, name, n_bytes, "gpu", category, detail)
 
 
