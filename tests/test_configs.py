@@ -171,6 +171,53 @@ def test_accelerate_older_prefetch_key_is_read_as_current_accelerate_runs_it(tmp
     assert any(x.startswith("dynamo_backend: torch.compile off") for x in old.ignored)
 
 
+# What ``accelerate config`` wrote from 0.19 to 1.12 for a multi-GPU machine (its IPEX question answered no).
+IPEX_FILE = {"compute_environment": "LOCAL_MACHINE", "debug": False, "distributed_type": "MULTI_GPU",
+             "downcast_bf16": "no", "gpu_ids": "all", "ipex_config": {"ipex": False}, "machine_rank": 0,
+             "main_training_function": "main", "mixed_precision": "bf16", "num_machines": 1, "num_processes": 4,
+             "rdzv_backend": "static", "same_network": True, "tpu_env": [], "tpu_use_cluster": False,
+             "tpu_use_sudo": False, "use_cpu": False}  # fmt: skip
+
+
+@pytest.mark.parametrize("release", [None, (0, 19), (1, 12)])
+def test_accelerate_ipex_config_reads_where_accelerate_accepts_it(monkeypatch, tmp_path: Path, release) -> None:
+    import memcalc.configs.accelerate as acc
+
+    monkeypatch.setattr(acc, "installed_release", lambda name: release)
+    r = read_accelerate(_yaml(tmp_path, IPEX_FILE), micro_batch=1, seq_len=512)
+    assert r.arguments["gpus"] == 4 and r.arguments["precision"] == "amp-bf16"
+    assert any(x.startswith("ipex_config: Intel's extension") for x in r.ignored)
+    on = read_accelerate(_yaml(tmp_path, IPEX_FILE | {"ipex_config": {"ipex": True}}), micro_batch=1, seq_len=512)
+    assert any(n.startswith("ipex_config.ipex: true optimises CPU training") for n in on.notes)
+
+
+@pytest.mark.parametrize("release", [(1, 13), (1, 15), (2, 0)])
+def test_accelerate_ipex_config_refused_where_the_installed_accelerate_refuses_it(monkeypatch, tmp_path: Path,
+                                                                                  release) -> None:  # fmt: skip
+    import memcalc.configs.accelerate as acc
+
+    monkeypatch.setattr(acc, "installed_release", lambda name: release)
+    with pytest.raises(InputError, match=rf"ipex_config: the installed accelerate {release[0]}\.{release[1]} refuses "
+                                         r"this key \(removed in 1\.13"):  # fmt: skip
+        read_accelerate(_yaml(tmp_path, IPEX_FILE), micro_batch=1, seq_len=512)
+
+
+def test_accelerate_ipex_config_as_the_installed_accelerate_reads_it(tmp_path: Path) -> None:
+    """Whatever accelerate is installed, memcalc accepts the file exactly when accelerate's own config class does."""
+    config_args = pytest.importorskip("accelerate.commands.config.config_args")
+    path = _yaml(tmp_path, IPEX_FILE)
+    try:
+        config_args.ClusterConfig.from_yaml_file(path)
+        accepted = True
+    except ValueError:
+        accepted = False
+    if accepted:
+        read_accelerate(path, micro_batch=1, seq_len=512)
+    else:
+        with pytest.raises(InputError, match=r"ipex_config: the installed accelerate"):
+            read_accelerate(path, micro_batch=1, seq_len=512)
+
+
 def test_accelerate_no_with_several_processes_is_multi_gpu() -> None:
     """trl's single_gpu.yaml says distributed_type NO with num_processes 8: accelerate launch turns multi-GPU
     training on when the machine has more than one GPU (commands/launch.py), so it runs DDP over 8 processes."""

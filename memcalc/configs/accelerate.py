@@ -24,6 +24,7 @@ from memcalc.configs.reading import (
     as_int,
     as_mapping,
     as_str,
+    installed_release,
     load_yaml,
     near,
     near_miss,
@@ -38,8 +39,12 @@ TOP_KEYS = (
     # SageMakerConfig, and the legacy keys process_config converts (fp16, dynamo_backend)
     "additional_args", "base_job_name", "ec2_instance_type", "iam_role_name", "image_uri", "profile", "py_version",
     "pytorch_version", "region", "sagemaker_inputs_file", "sagemaker_metrics_file", "transformers_version",
-    "fp16", "dynamo_backend",
+    "fp16", "dynamo_backend", "ipex_config",
 )  # fmt: skip
+IPEX_REMOVED_IN = (1, 13)
+"""accelerate 0.19 to 1.12 accepted a top-level ``ipex_config`` (Intel's extension for PyTorch on the CPU; ``accelerate
+config`` wrote ``ipex_config: {ipex: false}`` into GPU configs too); 1.13 removed the field, so its config class
+refuses the key (commands/config/config_args.py ``from_yaml_file``: unknown keys)."""
 DEEPSPEED_KEYS = (
     "deepspeed_config_file", "zero_stage", "offload_optimizer_device", "offload_param_device",
     "offload_optimizer_nvme_path", "offload_param_nvme_path", "gradient_accumulation_steps", "gradient_clipping",
@@ -99,9 +104,11 @@ def read_accelerate(
     for key in data:
         if key not in ("distributed_type", "num_processes", "num_machines", "mixed_precision", "fp16",
                        "deepspeed_config", "fsdp_config", "parallelism_config", "dynamo_config", "dynamo_backend",
-                       "fp8_config", "use_cpu"):  # fmt: skip
+                       "fp8_config", "use_cpu", "ipex_config"):  # fmt: skip
             c.ignore(key, LAUNCH_ONLY)
     _dynamo(c, data)
+    if "ipex_config" in data:
+        _ipex(c, data["ipex_config"])
     if data.get("use_cpu") is True:
         c.note("use_cpu: true trains on the CPU; memcalc estimates GPU memory")
     elif "use_cpu" in data:
@@ -356,6 +363,20 @@ def _fsdp(c: Collector, data: Mapping[str, Any], world: int | None, accounting: 
             _wrap_policy(c, path, value, version, accounting)
         else:
             c.ignore(path, "loading, saving or bookkeeping")
+
+
+def _ipex(c: Collector, value: Any) -> None:
+    """``ipex_config``: refused where the installed accelerate refuses it (1.13 and later), else passed over with a
+    note (IPEX optimises CPU training; it holds nothing on a GPU)."""
+    release = installed_release("accelerate")
+    if release is not None and release >= IPEX_REMOVED_IN:
+        raise c.fail("ipex_config", f"the installed accelerate {release[0]}.{release[1]} refuses this key (removed in "
+                                    f"1.13; 0.19 to 1.12 read it); remove it: IPEX applies to CPU training only")
+    body = as_mapping(c, "ipex_config", value) if value is not None else {}
+    c.ignore("ipex_config", "Intel's extension for PyTorch on the CPU; nothing on the GPU")
+    if body.get("ipex") is True:
+        c.note("ipex_config.ipex: true optimises CPU training (accelerate 0.19 to 1.12; 1.13 removed the key); "
+               "memcalc estimates GPU memory")
 
 
 BACKWARD_PREFETCH = {"BACKWARD_PRE": "pre", "BACKWARD_POST": "post", "NO_PREFETCH": "none", "1": "pre", "2": "post"}
