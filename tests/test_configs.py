@@ -573,17 +573,54 @@ def test_deepspeed_key_sets_match_the_installed_deepspeed() -> None:
     assert set(K.COMPILE_KEYS) == set(CompileConfig.model_fields)
 
 
-def test_compile_section_keys_deepspeed_refuses_are_refused() -> None:
-    # DeepSpeed builds CompileConfig(**section) (extra="forbid"): "backend" is torch.compile's argument, not a key
+def test_compile_section_keys_deepspeed_refuses_are_refused(monkeypatch) -> None:
+    import memcalc.configs.deepspeed as ds
+
+    # DeepSpeed 0.16.6 on builds CompileConfig(**section) (extra="forbid"): "backend" is torch.compile's argument.
+    # A file that uses a current key is for those releases, whatever is installed.
+    monkeypatch.setattr(ds, "installed_release", lambda name, patch=False: None)
     with pytest.raises(InputError, match=r"compile\.backend: unknown key"):
         read_deepspeed({"train_micro_batch_size_per_gpu": 1, "compile": {"deepcompile": True, "backend": "inductor"}})
-    with pytest.raises(InputError, match=r"compile\.disable: unknown key"):
+    with pytest.raises(InputError, match=r"compile\.deepcompil: unknown key \(did you mean 'deepcompile'\?\)"):
+        read_deepspeed({"train_micro_batch_size_per_gpu": 1, "compile": {"deepcompil": True}})
+    monkeypatch.setattr(ds, "installed_release", lambda name, patch=False: (0, 19, 8))
+    with pytest.raises(InputError, match=r"compile\.disable: unknown key, which the installed DeepSpeed 0\.19\.8 "
+                                         r"refuses \(accepted: deepcompile, "):  # fmt: skip
         read_deepspeed({"train_micro_batch_size_per_gpu": 1, "compile": {"disable": False}})
     reading = read_deepspeed({"train_micro_batch_size_per_gpu": 1, "compile": {"deepcompile": True}})
     assert any(entry.startswith("compile:") for entry in reading.unmodelled)
     if importlib.util.find_spec("deepspeed") is not None:  # and DeepSpeed itself refuses the file
         with pytest.raises(Exception, match="backend"):
             _deepspeed_accepts({"compile": {"deepcompile": True, "backend": "inductor"}})
+
+
+@pytest.mark.parametrize("release", [None, (0, 12, 6), (0, 14, 4), (0, 15, 1), (0, 16, 5)])
+def test_older_compile_keys_pass_where_deepspeed_passed_over_the_section(monkeypatch, release) -> None:
+    """axolotl's zero*_torch_compile.json files carry compile.disable and compile.backend: DeepSpeed 0.14.4 to 0.16.5
+    passed over the whole compile section (and releases before 0.13.2 had none), so those files ran; read with a
+    note where no DeepSpeed or such a release is installed."""
+    import memcalc.configs.deepspeed as ds
+
+    monkeypatch.setattr(ds, "installed_release", lambda name, patch=False: release)
+    r = read_deepspeed(DATA / "rejected" / "axolotl_zero1_torch_compile.json", world_size=8, micro_batch=2,
+                       seq_len=512)  # fmt: skip
+    assert r.arguments["stage"] == 1 and r.arguments["micro_batch"] == 2
+    assert any(n.startswith("compile.disable, backend: passed over, as DeepSpeed 0.14.4 to 0.16.5") for n in r.notes)
+
+
+@pytest.mark.parametrize("release", [(0, 13, 2), (0, 14, 3), (0, 16, 6), (0, 19, 8)])
+def test_older_compile_keys_refused_where_the_installed_deepspeed_refuses_them(monkeypatch, release) -> None:
+    """0.13.2 to 0.14.3 parsed enabled, backend and kwargs (so "disable" failed the file); 0.16.6 on parse
+    DeepCompile's keys."""
+    import memcalc.configs.deepspeed as ds
+
+    monkeypatch.setattr(ds, "installed_release", lambda name, patch=False: release)
+    name = r"\.".join(map(str, release))
+    with pytest.raises(InputError, match=rf"compile\.disable: unknown key, which the installed DeepSpeed {name} "
+                                         r"refuses"):  # fmt: skip
+        read_deepspeed(DATA / "rejected" / "axolotl_zero1_torch_compile.json", world_size=8)
+    if release < (0, 14, 4):  # that release's own keys read
+        read_deepspeed({"train_micro_batch_size_per_gpu": 1, "compile": {"enabled": True, "backend": "inductor"}})
 
 
 @pytest.mark.parametrize("config", [

@@ -97,8 +97,8 @@ def _check_top(c: Collector, data: Mapping[str, Any]) -> None:
         if key in K.TOP_IGNORED:
             c.ignore(key, K.TOP_IGNORED[key])
         elif key in K.TOP_UNMODELLED:
-            if key == "compile":  # DeepSpeed builds CompileConfig(**section): an unknown key fails the file
-                refuse_unknown(c, key, as_mapping(c, key, value), K.COMPILE_KEYS)
+            if key == "compile":
+                _compile_keys(c, as_mapping(c, key, value))
             if key == "torch_autocast" and isinstance(value, dict) and value.get("enabled") is not True:
                 c.ignore(key, "not enabled")
             else:
@@ -109,6 +109,35 @@ def _check_top(c: Collector, data: Mapping[str, Any]) -> None:
                 raise c.fail(key, f"unknown key (did you mean {close!r}?); DeepSpeed ignores unknown top-level keys "
                                   "silently, so this setting would not apply")  # fmt: skip
             c.ignore(key, "not a DeepSpeed key (DeepSpeed ignores unknown top-level keys)")
+
+
+def _compile_keys(c: Collector, section: Mapping[str, Any]) -> None:
+    """The compile section as the DeepSpeed of its time read it (``K.COMPILE_RELEASES``). A key no release accepted
+    that is near a current one is a misspelling; a file that uses a current key is for 0.16.6 and later, which refuse
+    any other. Otherwise the installed DeepSpeed decides: keys it refuses fail in one line naming it, and where none
+    is installed or it passed over the section, they are passed over with a note."""
+    stray = [key for key in section if key not in K.COMPILE_KEYS]
+    if not stray:
+        return
+    older = {key for _, keys in K.COMPILE_RELEASES[:-1] if keys for key in keys}
+    if any(key in K.COMPILE_KEYS for key in section) or any(
+            key not in older and near_miss(str(key), K.COMPILE_KEYS) is not None for key in stray):
+        refuse_unknown(c, "compile", section, K.COMPILE_KEYS)
+    release = installed_release("deepspeed", patch=True)
+    accepted = None  # the keys the installed release parses (None: it passes over the section)
+    for since, keys in K.COMPILE_RELEASES:
+        if release is not None and release >= since:
+            accepted = keys
+    refused = [key for key in section if accepted is not None and key not in accepted]
+    if release is not None and refused:
+        name = ".".join(map(str, release))
+        raise c.fail(f"compile.{refused[0]}", f"unknown key, which the installed DeepSpeed {name} refuses (accepted: "
+                                              f"{', '.join(accepted)}; DeepSpeed 0.14.4 to 0.16.5 passed over the "
+                                              f"compile section)")  # fmt: skip
+    if accepted is None:
+        c.note(f"compile.{', '.join(map(str, stray))}: passed over, as DeepSpeed 0.14.4 to 0.16.5 passed over the "
+               f"compile section; 0.16.6 and later refuse these keys (the script's engine.compile() decides "
+               f"compilation)")  # fmt: skip
 
 
 def _model_parallel(c: Collector, data: Mapping[str, Any], tp: int | None, pp: int) -> int:

@@ -139,6 +139,12 @@ COMPILE_KEYS = ("deepcompile", "autoep_non_moe", "free_activation", "free_activa
                 "debug_log", "offload_parameters", "sync_before_reduce", "sync_after_reduce", "sync_before_allgather",
                 "sync_after_allgather", "keep_int_input_tensors", "keep_all_input_tensors", "passes")  # fmt: skip
 
+COMPILE_RELEASES = (((0, 13, 2), ("enabled", "backend", "kwargs")), ((0, 14, 4), None), ((0, 16, 6), COMPILE_KEYS))
+"""How DeepSpeed read the compile section from each release on (None: passed over). 0.13.2 built its first
+``CompileConfig(enabled, backend, kwargs)`` (extra="forbid"); 0.14.4 removed it, and DeepSpeed ignores unknown
+top-level keys, so files of that time ran (axolotl's ``disable``, ``backend``); 0.16.6 (DeepCompile) parses
+``COMPILE_KEYS``. Before 0.13.2 the section was passed over too."""
+
 # optimizer.type (case-insensitive) -> memcalc optimizer, and what the mapping leaves out.
 # DeepSpeed's own optimizers (runtime/config.py DEEPSPEED_OPTIMIZERS); other names are torch.optim classes.
 OPTIMIZERS: dict[str, tuple[str | None, str | None]] = {

@@ -337,19 +337,21 @@ def near_miss(key: str, known: Iterable[str]) -> str | None:
     return {k.lower(): k for k in known}[close[0]]
 
 
-def installed_release(distribution: str) -> tuple[int, int] | None:
-    """The (major, minor) release of an installed distribution (``deepspeed``), or None where it is not installed
-    or its version does not start with two numbers. Read from the package metadata: nothing is imported."""
+def installed_release(distribution: str, patch: bool = False) -> tuple[int, ...] | None:
+    """The (major, minor) release of an installed distribution (``deepspeed``), (major, minor, patch) with ``patch``
+    (the patch's leading digits: 0.16.6rc1 is (0, 16, 6)), or None where it is not installed or its version does not
+    start with as many numbers. Read from the package metadata: nothing is imported."""
+    import re
     from importlib import metadata
 
     try:
         version = metadata.version(distribution)
     except metadata.PackageNotFoundError:
         return None
-    parts = version.split(".")
-    if len(parts) < 2 or not (parts[0].isdigit() and parts[1].isdigit()):
+    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
+    if match is None or (patch and match.group(3) is None):
         return None
-    return int(parts[0]), int(parts[1])
+    return tuple(int(x) for x in match.groups()[: 3 if patch else 2])
 
 
 def refuse_unknown(c: Collector, section: str, data: Mapping[str, Any], known: Iterable[str]) -> None:
