@@ -1,6 +1,12 @@
+import os
+
 import pytest
 
 import memcalc
+
+# No test reaches the network: a Hub id given to --hf-config (tests/test_hf_hub.py serves its own Hub locally, and
+# the fuzz tests' random text can read as one) is answered from the cache or refused, never fetched.
+os.environ["HF_HUB_OFFLINE"] = "1"
 
 
 @pytest.fixture

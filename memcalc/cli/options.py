@@ -8,7 +8,7 @@ import typer
 
 Params = Annotated[str | None, typer.Option("--params", "-p", help="Parameter count: 175e9, 175B, 7b, 1.3e9, 350M (or give --model).")]
 ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="Model preset (llama-2-7b, gpt3-175b; see `memcalc models`) or a .toml path.")]
-HfConfig = Annotated[str | None, typer.Option("--hf-config", help="A Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, phi3, granite, smollm3, gemma, gemma2, gemma3_text, olmo2, gpt2, gpt_neox, bloom, opt, falcon).")]
+HfConfig = Annotated[str | None, typer.Option("--hf-config", help="A Hugging Face config.json, or a Hub id (org/name[@revision]: the local Hugging Face cache, else one download of config.json alone) (llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, phi3, granite, smollm3, gemma, gemma2, gemma3_text, olmo2, gpt2, gpt_neox, bloom, opt, falcon).")]
 Layers = Annotated[int | None, typer.Option("--layers", help="Decoder layers (overrides the preset).")]
 Hidden = Annotated[int | None, typer.Option("--hidden", help="Hidden size.")]
 Heads = Annotated[int | None, typer.Option("--heads", help="Attention heads.")]

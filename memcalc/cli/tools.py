@@ -99,7 +99,7 @@ def _auto_wrap(given: str) -> bool:
 
 @app.command(cls=Command, epilog="Example: memcalc trace --hf-config config.json --seq-len 2048 --precision amp-bf16")
 def trace(
-    hf_config: Annotated[str, typer.Option("--hf-config", help="A Hugging Face config.json (the model is built from it, no weights).")],
+    hf_config: Annotated[str, typer.Option("--hf-config", help="A Hugging Face config.json, or a Hub id (org/name[@revision]) (the model is built from it, no weights).")],
     seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")],
     micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per micro-batch.")] = 1,
     precision: Annotated[str, typer.Option("--precision", help="fp32, bf16 (pure) or amp-bf16 (fp32 weights under autocast).")] = "amp-bf16",
@@ -131,7 +131,7 @@ def trace(
                              "'.[validate,hf]' (from this checkout)") from None
         import json as js
 
-        from memcalc.model.hf_config import read_bounded
+        from memcalc.model.hf_config import read_config
         from memcalc.validation.trace import trace_step, trace_summary
 
         capacity = None
@@ -143,8 +143,7 @@ def trace(
         from memcalc.api import resolve_architecture
 
         resolve_architecture(hf_config=hf_config)  # the checks estimate runs: a bad value is one line, not a traceback
-        path, data = read_bounded(hf_config)
-        cfg = js.loads(data.decode("utf-8-sig"))
+        cfg = js.loads(read_config(hf_config).decode("utf-8-sig"))
         t = trace_step(cfg, seq_len=seq_len, micro_batch=micro_batch, precision=precision,
                        optimizer_impl=optimizer_impl, recompute=recompute, attention=attention, world=world,
                        fsdp=fsdp, tp=tp, fsdp_param_dtype=fsdp_param_dtype, capacity=capacity,

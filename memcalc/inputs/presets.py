@@ -250,7 +250,13 @@ def _load(kind: str, name: str, cls: type[T], key_field: str, flag: str) -> T:
         except (OSError, ValueError, RuntimeError):
             exists = False
         if not exists:
-            raise InputError(f"{KINDS[kind]} preset file {text!r} does not exist")
+            hint = ""
+            if kind == "models" and not text.endswith(".toml"):
+                from memcalc.model.hf_hub import HUB_ID
+
+                if HUB_ID.match(text):  # a Hugging Face Hub id typed where a preset goes
+                    hint = f"; for a Hugging Face model give --hf-config {text} (a Hub id or a config.json path)"
+            raise InputError(f"{KINDS[kind]} preset file {text!r} does not exist{hint}")
         return _from_file(path, cls, kind, key_field)
     direct = presets_dir() / kind / f"{_norm(text)}.toml"
     if direct.is_file():

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
 
 from memcalc.errors import InputError
 from memcalc.files import MAX_FILE_BYTES, read_bounded  # noqa: F401 - read_bounded is used here and re-exported
+from memcalc.model.hf_hub import hub_config, hub_id
 from memcalc.model import architecture as shape
 from memcalc.model.architecture import Architecture
 from memcalc.model.hf_json import MAX_DEPTH, Config, _kind, _show, parse_config  # noqa: F401 - re-exported
@@ -415,12 +417,24 @@ def architecture_from_config(cfg: Config, name: str | None = None, where: str = 
         raise InputError(f"{where}: {e}") from None
 
 
+def read_config(path: str | os.PathLike[str]) -> bytes:
+    """The bytes (at most ``MAX_FILE_BYTES + 1``) of a config.json path, or of a Hub id's config.json."""
+    if isinstance(path, str) and hub_id(path) is not None:
+        return hub_config(path, MAX_FILE_BYTES)[1]
+    return read_bounded(path)[1]
+
+
 def load_hf_config(path: str | os.PathLike[str]) -> Architecture:
-    """An ``Architecture`` from a config.json file: at most 1 MiB, UTF-8, nested at most 32 levels."""
-    p, data = read_bounded(path)
+    """An ``Architecture`` from a config.json file (at most 1 MiB, UTF-8, nested at most 32 levels), or from the
+    config.json of a Hugging Face Hub id (``org/name[@revision]``: the local cache, else one request;
+    ``memcalc.model.hf_hub``)."""
     where = f"--hf-config {str(path)!r}"
+    hub = hub_id(path) if isinstance(path, str) else None
+    data = read_config(path)
+    fallback = "" if hub is not None else Path(path).expanduser().parent.name or Path(path).stem
     cfg = parse_config(data, where)
     name = cfg.get("_name_or_path")
     if name is not None and not isinstance(name, str):
         raise InputError(f"{where}: _name_or_path {_show(name)} is {_kind(name)}; accepted: a JSON string")
-    return architecture_from_config(cfg, name=name or p.parent.name or p.stem, where=where)
+    # a Hub id names the model better than a config's _name_or_path, which is often a training run's local folder
+    return architecture_from_config(cfg, name=hub[0] if hub is not None else name or fallback, where=where)
