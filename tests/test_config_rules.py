@@ -159,6 +159,40 @@ def test_torchtitan_async_tp_is_said_to_be_unmodelled(tmp_path: Path) -> None:
     assert not [x for x in alone.unmodelled if "async" in x]
 
 
+def test_torchtitan_keys_that_change_memory_are_read_or_said(tmp_path: Path) -> None:
+    """Keys that change what a rank holds are read (v0.1.0's pipeline split points) or listed as not modelled (a step
+    other than fused, optimizer-in-backward, loss parallel off under TP, a schedule from a CSV, a compile backend
+    other than inductor); none is passed over as a key without effect."""
+    base = '[model]\nname = "llama3"\nflavor = "8B"\n[training]\nseq_len = 2048\nlocal_batch_size = 8\n'
+    # the step's implementation and optimizer-in-backward: said (a file cannot tell whether the realistic accounting,
+    # whose --optimizer-impl it is, will answer), with the flag that counts them
+    for key, value in (("implementation", '"foreach"'), ("early_step_in_backward", "true")):
+        r = read_torchtitan(_toml(tmp_path, base + f"[optimizer]\n{key} = {value}\n"), world_size=8)
+        assert "optimizer_impl" not in r.arguments
+        assert [x for x in r.unmodelled if x.startswith(f"optimizer.{key}: ") and "--optimizer-impl" in x]
+    r = read_torchtitan(_toml(tmp_path, base + '[optimizer]\nimplementation = "fused"\n'), world_size=8)
+    assert "optimizer.implementation" in r.read and not r.unmodelled
+    with pytest.raises(InputError, match=r"optimizer\.early_step_in_backward: torchtitan refuses optimizers in "
+                                         r"backward with pipeline parallelism; accepted: false"):  # fmt: skip
+        read_torchtitan(_toml(tmp_path, base + "[optimizer]\nearly_step_in_backward = true\n[parallelism]\n"
+                                                "pipeline_parallel_degree = 2\n"), world_size=8)  # fmt: skip
+    with pytest.raises(InputError, match=r"optimizer\.implementation: 'apex' is not accepted; accepted: for-loop, "
+                                         r"foreach, fused"):  # fmt: skip
+        read_torchtitan(_toml(tmp_path, base + '[optimizer]\nimplementation = "apex"\n'), world_size=8)
+    # v0.1.0's split points: the first layer of each later stage
+    split = base + '[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_split_points = ["layers.14"]\n'
+    r = read_torchtitan(_toml(tmp_path, split), world_size=8)
+    assert r.arguments["stage_layers"] == "14,18" and "parallelism.pipeline_parallel_split_points" in r.read
+    bad = base + '[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_split_points = ["layers.40"]\n'
+    with pytest.raises(InputError, match=r"pipeline_parallel_split_points: .* accepted: non-decreasing layer names "
+                                         r"from layers\.0 to layers\.31"):  # fmt: skip
+        read_torchtitan(_toml(tmp_path, bad), world_size=8)
+    said = base + ('[parallelism]\ntensor_parallel_degree = 2\ndisable_loss_parallel = true\n[compile]\nenable = true\n'
+                   'backend = "aot_eager"\n')
+    r = read_torchtitan(_toml(tmp_path, said), world_size=8)
+    assert sorted(x.split(":")[0] for x in r.unmodelled) == ["compile.backend", "parallelism.disable_loss_parallel"]
+
+
 def test_torchtitan_refusals(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"compile\.enable: is a torchtitan v0\.2\.0/v0\.2\.1/v0\.2\.2 key but "
                                          r"float8\.emulate is v0\.1\.0's"):  # fmt: skip

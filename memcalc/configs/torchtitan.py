@@ -91,6 +91,7 @@ def read_torchtitan(path: str | os.PathLike[str], *, world_size: int | None = No
     if ep > 1:
         c.arguments["ep"] = ep
         c.used("parallelism.expert_parallel_degree")
+    _parallel_extras(c, flat, tp, pp, cp)
     _precision(c, flat, fsdp_on, tp > 1 or pp > 1)
     _batch(c, flat, replicate * shard, pp)
     _recompute(c, flat)
@@ -112,6 +113,11 @@ def read_torchtitan(path: str | os.PathLike[str], *, world_size: int | None = No
             c.used("compile.enable")
         else:
             c.unmodelled("compile.components", "torch.compile of the loss alone is not modelled")
+        backend = get("compile.backend", "inductor")
+        if backend != "inductor":  # aot_eager and the like: no inductor fusion, AOTAutograd's default partition
+            c.unmodelled("compile.backend", f"{backend!r}: what it saves is not inductor's (counted as inductor's)")
+        elif "compile.backend" in flat:
+            c.used("compile.backend")
     opt = str(get("optimizer.name", "AdamW"))
     if "optimizer.name" in flat:
         c.used("optimizer.name")
@@ -119,8 +125,7 @@ def read_torchtitan(path: str | os.PathLike[str], *, world_size: int | None = No
         c.arguments["optimizer"] = "adamw"
     else:
         c.unmodelled("optimizer.name", f"optimizer {opt!r} is not one memcalc models")
-    if get("optimizer.implementation", "fused") != "fused":
-        c.unmodelled("optimizer.implementation", "the foreach/for-loop step allocates temporaries (fused allocates none)")
+    _optimizer_impl(c, flat, pp, ep)
     c.arguments["attention"] = "sdpa"
     c.note("attention: torchtitan's llama calls scaled_dot_product_attention (flash kernel on GPU)")
     _leftovers(c, flat)
@@ -316,6 +321,66 @@ def _async_tp(c: Collector, flat: Mapping[str, Any], tp: int) -> None:
                            "measured 71.9 GiB with plain TP and 67.6 with async TP on a Llama 3.1 70B 2D run)")
 
 
+OPTIMIZER_IMPLS = ("for-loop", "foreach", "fused")
+"""``optimizer.implementation`` (torchtitan's OptimizerConfig; memcalc's ``optimizer_impl`` of the same names)."""
+
+
+def _optimizer_impl(c: Collector, flat: Mapping[str, Any], pp: int, ep: int) -> None:
+    """``optimizer.implementation`` (default fused, torchtitan's and memcalc's torchtitan default) and
+    ``early_step_in_backward`` (torchtitan's OptimizersInBackwardContainer: each parameter stepped in its gradient
+    hook; refused by torchtitan with pipeline or expert parallelism: components/optimizer.py build_optimizers).
+    Neither is passed on: ``optimizer_impl`` is the realistic accounting's, and a file cannot tell whether that
+    accounting will answer (it refuses a value it cannot use), so a step other than fused is said, not counted."""
+    impl = flat.get("optimizer.implementation", "fused")
+    if impl not in OPTIMIZER_IMPLS:
+        raise c.fail("optimizer.implementation", f"{impl!r} is not accepted; accepted: {', '.join(OPTIMIZER_IMPLS)}")
+    in_backward = flat.get("optimizer.early_step_in_backward", False)
+    if in_backward is True:
+        if pp > 1 or ep > 1:
+            raise c.fail("optimizer.early_step_in_backward", f"torchtitan refuses optimizers in backward with "
+                                                             f"{'pipeline' if pp > 1 else 'expert'} parallelism; "
+                                                             f"accepted: false")  # fmt: skip
+        c.unmodelled("optimizer.early_step_in_backward", "each parameter stepped in its gradient hook, so gradients "
+                                                         "do not accumulate (counted as the fused step after "
+                                                         "backward; --optimizer-impl in-backward where the realistic "
+                                                         "accounting applies)")  # fmt: skip
+    elif "optimizer.early_step_in_backward" in flat:
+        c.ignore("optimizer.early_step_in_backward", "off")
+    if impl != "fused":
+        c.unmodelled("optimizer.implementation", f"{impl}: its step temporaries (counted as fused, which allocates "
+                                                 f"none; --optimizer-impl {impl} where the realistic accounting "
+                                                 f"applies)")  # fmt: skip
+    elif "optimizer.implementation" in flat:
+        c.used("optimizer.implementation")
+
+
+def _parallel_extras(c: Collector, flat: Mapping[str, Any], tp: int, pp: int, cp: int) -> None:
+    """Parallelism keys that change what a rank holds but have no memcalc argument: said, not passed over."""
+    def given(key: str) -> Any:
+        return flat.get(f"parallelism.{key}")
+
+    if given("disable_loss_parallel") is True:
+        if tp > 1:
+            c.unmodelled("parallelism.disable_loss_parallel", "the head's output gathered whole on every tensor-"
+                                                              "parallel rank (counted vocabulary-sharded, as under "
+                                                              "loss_parallel)")  # fmt: skip
+        else:
+            c.ignore("parallelism.disable_loss_parallel", "no tensor parallelism")
+    elif given("disable_loss_parallel") is not None:
+        c.ignore("parallelism.disable_loss_parallel", "false: loss_parallel, as counted")
+    if given("pipeline_parallel_schedule_csv") and pp > 1:
+        c.unmodelled("parallelism.pipeline_parallel_schedule_csv", "a schedule read from a file (counted as "
+                                                                   "pipeline_parallel_schedule's)")  # fmt: skip
+    if given("context_parallel_rotate_method") is not None:
+        c.ignore("parallelism.context_parallel_rotate_method", "the ring attention's K, V chunks in flight are not "
+                                                               "counted, whichever the method" if cp > 1 else
+                                                               "no context parallelism")  # fmt: skip
+    etp = given("expert_tensor_parallel_degree")
+    if etp is not None and etp != 1 and tp > 1:
+        c.unmodelled("parallelism.expert_tensor_parallel_degree", "experts sharded over tensor-parallel ranks "
+                                                                  "(counted as expert parallelism alone)")  # fmt: skip
+
+
 def _precision(c: Collector, flat: Mapping[str, Any], fsdp_on: bool, tp_or_pp: bool) -> None:
     dtype = flat.get("training.dtype", "float32")
     param = flat.get("training.mixed_precision_param", "bfloat16")
@@ -331,10 +396,11 @@ def _precision(c: Collector, flat: Mapping[str, Any], fsdp_on: bool, tp_or_pp: b
         c.arguments["precision"] = "fp32"
         if param != "float32":
             c.note("no mixed precision: torchtitan applies it through FSDP, or autocast for DDP/one GPU, not TP/PP alone")
-    else:
+    elif fsdp_on:
         c.arguments["precision"] = "bf16-mixed"
-        if not fsdp_on:
-            c.note("mixed precision through torch.autocast (DDP or one GPU): fp32 weights, bf16 compute")
+    else:  # distributed/utils.py maybe_enable_amp: torch.autocast over fp32 weights when FSDP is off (DDP, one GPU)
+        c.arguments["precision"] = "amp-bf16"
+        c.note("mixed precision through torch.autocast (DDP or one GPU): fp32 weights, bf16 compute (amp-bf16)")
     if flat.get("training.mixed_precision_reduce", "float32") != "float32":
         c.unmodelled("training.mixed_precision_reduce", "gradient reduction dtype")
 
@@ -392,6 +458,29 @@ def _recompute(c: Collector, flat: Mapping[str, Any]) -> None:
             c.unmodelled("activation_checkpoint.mode", "memory-budget AC picks what to save at compile time")
 
 
+def _split_points(c: Collector, points: Any, preset: str | None) -> tuple[int, ...] | None:
+    """v0.1.0's ``pipeline_parallel_split_points``: the first layer of each stage after the first ("layers.4"); stage
+    i keeps the layers from its start to the next stage's (models/llama3/infra/pipeline.py ``_build_stage``)."""
+    from memcalc.inputs.presets import load_model
+
+    path = "parallelism.pipeline_parallel_split_points"
+    starts = []
+    for point in points if isinstance(points, list) else [points]:
+        name = str(point).strip()
+        if not (name.startswith("layers.") and name[7:].isdigit()):
+            raise c.fail(path, f"{point!r} is not accepted; accepted: decoder-layer names such as \"layers.16\", "
+                               "in increasing order")  # fmt: skip
+        starts.append(int(name[7:]))
+    if preset is None:
+        c.note("pipeline split points: the model has no memcalc preset, so the split is left to --stage-layers")
+        return None
+    layers = load_model(preset).layers
+    if any(b < a for a, b in zip(starts, starts[1:])) or any(n >= layers for n in starts):
+        raise c.fail(path, f"{points!r} does not split layers 0..{layers - 1} in order; accepted: non-decreasing layer "
+                           f"names from layers.0 to layers.{layers - 1}")  # fmt: skip
+    return tuple(b - a for a, b in zip([0] + starts, starts + [layers]))
+
+
 # torchtitan/distributed/pipeline_parallel.py: schedules that run one stage per rank (the rest run two by default).
 _SINGLE_STAGE_SCHEDULES = ("1f1b", "gpipe")
 
@@ -414,8 +503,15 @@ def _pipeline(c: Collector, flat: Mapping[str, Any], pp: int) -> None:
     if "zbv" in schedule.lower() or "dualpipe" in schedule.lower():
         c.unmodelled(keys[0], f"{schedule} places stages in a V (rank k runs stages k and 2pp-1-k); memcalc "
                               "places them in a loop")  # fmt: skip
+    points = flat.get("parallelism.pipeline_parallel_split_points")
+    if points:
+        c.used("parallelism.pipeline_parallel_split_points")
     if parts:
         split = tuple(sum(1 for m in part if str(m).startswith("layers.")) for part in parts)
+    elif points:
+        split = _split_points(c, points, c.arguments.get("model"))
+        if split is None:
+            return
     else:
         from memcalc.inputs.presets import load_model
         from memcalc.layout.compose import torchtitan_split
