@@ -529,14 +529,42 @@ def test_unknown_keys() -> None:
     with pytest.raises(InputError, match=r"zero_optimization\.offload_optimizer\.devise: unknown key "
                                          r"\(did you mean 'device'\?\)"):  # fmt: skip
         read_deepspeed({"zero_optimization": {"stage": 2, "offload_optimizer": {"devise": "cpu"}}})
-    with pytest.raises(InputError, match=r"amp: was removed from DeepSpeed"):
-        read_deepspeed({"amp": {"enabled": True}})
     with pytest.raises(InputError, match=r"zero_optimization\.cpu_offload: and zero_optimization\.offload_optimizer both given"):
         read_deepspeed({"zero_optimization": {"stage": 3, "cpu_offload": True, "offload_optimizer": {"device": "cpu"}}})
     with pytest.raises(InputError, match=r"offload_optimizer\.ratio: 0\.5 \(partial offload\) needs ZeRO stage 3"):
         read_deepspeed({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}})
     with pytest.raises(InputError, match=r"fp16\.enabled: fp16 and bf16 are both enabled"):
         read_deepspeed({"fp16": {"enabled": True}, "bf16": {"enabled": True}})
+
+
+@pytest.mark.parametrize("release", [(0, 19, 7), (0, 19, 8), (0, 20, 0)])
+def test_removed_blocks_refused_where_the_installed_deepspeed_refuses_them(monkeypatch, release) -> None:
+    import memcalc.configs.deepspeed as ds
+
+    monkeypatch.setattr(ds, "installed_release", lambda name, patch=False: release)
+    name = r"\.".join(map(str, release))
+    with pytest.raises(InputError, match=rf"^<dict>: amp: was removed from DeepSpeed 0\.19\.7 \(the installed "
+                                         rf"{name} refuses the file\); delete it$"):  # fmt: skip
+        read_deepspeed({"amp": {"enabled": True}})
+    with pytest.raises(InputError, match=r"zero_optimization\.mics_shard_size: was removed from DeepSpeed 0\.19\.7"):
+        read_deepspeed({"zero_optimization": {"stage": 3, "mics_shard_size": 8}})
+
+
+@pytest.mark.parametrize("release", [None, (0, 16, 4), (0, 19, 6)])
+def test_removed_blocks_read_as_deepspeed_before_0_19_7_read_them(monkeypatch, release) -> None:
+    """DeepSpeedExamples' files carry "amp", "curriculum_learning" or "elasticity" blocks, most disabled; DeepSpeed up to
+    0.19.6 read them. Disabled ones are passed over, enabled ones that change memory are listed as not modelled."""
+    import memcalc.configs.deepspeed as ds
+
+    monkeypatch.setattr(ds, "installed_release", lambda name, patch=False: release)
+    r = read_deepspeed({"train_micro_batch_size_per_gpu": 2, "amp": {"enabled": False},
+                        "curriculum_learning": {"enabled": True, "curriculum_type": "seqlen"},
+                        "nebula": {"enabled": True},
+                        "zero_optimization": {"stage": 3, "mics_shard_size": 8}}, world_size=8, seq_len=512)  # fmt: skip
+    assert r.arguments["stage"] == 3 and r.arguments["micro_batch"] == 2
+    assert "amp: disabled" in r.ignored and "nebula: no effect on the memory held" in r.ignored
+    assert sorted(x.split(":")[0] for x in r.unmodelled) == ["curriculum_learning", "zero_optimization.mics_shard_size"]
+    assert sum("0.19.7 and later refuse the file" in n for n in r.notes) == 4
 
 
 def test_deepspeed_key_sets_match_the_installed_deepspeed() -> None:

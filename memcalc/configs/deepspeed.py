@@ -91,7 +91,8 @@ def read_deepspeed(
 def _check_top(c: Collector, data: Mapping[str, Any]) -> None:
     for key, value in data.items():
         if key in K.TOP_REMOVED:
-            raise c.fail(key, "was removed from DeepSpeed (0.19 refuses the file); delete this block")
+            _removed(c, key, value)
+            continue
         if key in K.TOP_READ:
             continue
         if key in K.TOP_IGNORED:
@@ -109,6 +110,25 @@ def _check_top(c: Collector, data: Mapping[str, Any]) -> None:
                 raise c.fail(key, f"unknown key (did you mean {close!r}?); DeepSpeed ignores unknown top-level keys "
                                   "silently, so this setting would not apply")  # fmt: skip
             c.ignore(key, "not a DeepSpeed key (DeepSpeed ignores unknown top-level keys)")
+
+
+def _removed(c: Collector, path: str, value: Any) -> None:
+    """A block DeepSpeed 0.19.7 removed (``K.TOP_REMOVED``, ``K.ZERO_REMOVED``): refused in one line where the
+    installed DeepSpeed refuses it; else read as DeepSpeed 0.19.6 and earlier read it, with a note: a disabled block
+    (``enabled: false``) or one with no effect on memory is passed over, an enabled one that changes memory is listed
+    as not modelled."""
+    release = installed_release("deepspeed", patch=True)
+    if release is not None and release >= K.REMOVED_FROM:
+        name = ".".join(map(str, release))
+        raise c.fail(path, f"was removed from DeepSpeed 0.19.7 (the installed {name} refuses the file); delete it")
+    key = path.rsplit(".", 1)[-1]
+    effect = K.REMOVED_EFFECT.get(key, "")
+    disabled = value is False or value is None or (isinstance(value, Mapping) and value.get("enabled") is False)
+    if disabled or not effect:
+        c.ignore(path, "disabled" if disabled else "no effect on the memory held")
+    else:
+        c.unmodelled(path, effect)
+    c.note(f"{path}: read as DeepSpeed 0.19.6 and earlier read it; 0.19.7 and later refuse the file (delete it)")
 
 
 def _compile_keys(c: Collector, section: Mapping[str, Any]) -> None:
@@ -280,7 +300,8 @@ def _zero(c: Collector, data: Mapping[str, Any], hidden: int | None, accounting:
     zero = as_mapping(c, "zero_optimization", raw)
     for key in zero:
         if key in K.ZERO_REMOVED:
-            raise c.fail(f"zero_optimization.{key}", "was removed from DeepSpeed (0.19 refuses the file); delete it")
+            _removed(c, f"zero_optimization.{key}", zero[key])
+    zero = {k: v for k, v in zero.items() if k not in K.ZERO_REMOVED}
     refuse_unknown(c, "zero_optimization", zero, K.ZERO_KNOWN)
     for alias, field_name in K.ZERO_ALIASES.items():
         if alias in zero and field_name in zero:

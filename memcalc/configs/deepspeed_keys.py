@@ -51,6 +51,21 @@ TOP_REMOVED = (
     "sparse_attention", "elasticity", "graph_harvesting", "curriculum_learning", "progressive_layer_drop",
 )  # fmt: skip
 ZERO_REMOVED = ("mics_shard_size", "mics_hierarchical_params_gather", "zeropp_loco_param")
+REMOVED_FROM = (0, 19, 7)
+"""The first DeepSpeed release that refuses ``TOP_REMOVED`` and ``ZERO_REMOVED`` (``_reject_removed_config_keys``);
+0.19.6 and earlier read them, so files of that time (DeepSpeedExamples' ``"amp"``, ``"curriculum_learning"``,
+``"elasticity"`` blocks) ran."""
+REMOVED_EFFECT: dict[str, str] = {
+    "nebula": "", "compression_training": "compressed (quantized, pruned) layers",
+    "amp": "NVIDIA Apex AMP's mixed precision (its opt level decides the weights' and gradients' dtypes)",
+    "quantize_training": "quantized weights (MoQ)", "sparse_gradients": "", "eigenvalue": "",
+    "sparse_attention": "block-sparse attention (what attention saves)",
+    "elasticity": "the batch elasticity picks (the file's batch keys counted)",
+    "graph_harvesting": "", "curriculum_learning": "a shorter sequence early in training (the full one counted)",
+    "progressive_layer_drop": "", "mics_shard_size": "MiCS: ZeRO-3 sharded within groups of this size",
+    "mics_hierarchical_params_gather": "", "zeropp_loco_param": "",
+}
+"""What an enabled removed block did to a GPU's memory ("": nothing memcalc counts)."""
 
 TOP_KNOWN = (*TOP_READ, *TOP_IGNORED, *TOP_UNMODELLED)
 
