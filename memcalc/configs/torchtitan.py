@@ -367,7 +367,8 @@ def _parallel_extras(c: Collector, flat: Mapping[str, Any], tp: int, pp: int, cp
         else:
             c.ignore("parallelism.disable_loss_parallel", "no tensor parallelism")
     elif given("disable_loss_parallel") is not None:
-        c.ignore("parallelism.disable_loss_parallel", "false: loss_parallel, as counted")
+        c.ignore("parallelism.disable_loss_parallel", "false: loss_parallel, as counted" if tp > 1 else
+                 "no tensor parallelism")
     if given("pipeline_parallel_schedule_csv") and pp > 1:
         c.unmodelled("parallelism.pipeline_parallel_schedule_csv", "a schedule read from a file (counted as "
                                                                    "pipeline_parallel_schedule's)")  # fmt: skip

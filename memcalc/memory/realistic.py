@@ -149,7 +149,9 @@ _DETAIL = (
                          "backward has freed (memory/saved.py)"),
     ("recomputed activations", "full recompute: the layer's forward run again at its backward, its saved tensors "
                                "alive until used (Korthikanti et al. 2022 §5)"),
-    ("residual stream", "the gradient flowing down the residual stream, s·b·h in the compute dtype"),
+    ("gradient of the residual stream", "the gradient flowing down the residual stream, s·b·h in the compute dtype"),
+    ("(residual stream)", "a layer's output on the residual stream (the next layer's input), s·b·h in the compute "
+                          "dtype"),
     ("step temporaries", "optimizer.step()'s own temporaries (foreach AdamW: sqrt(v) for the group; for-loop: one "
                          "tensor's; fused: none; memory/timeline_states.py)"),
     ("flattened partition", "DeepSpeed ZeRO-1/2 step: the rank's flattened gradient partition before its fp32 upcast "
@@ -161,9 +163,13 @@ _DETAIL = (
                         "layer"),
     ("final norm saved", "what the final norm saves for backward (its rstd, and its fp32 normalized input where the "
                          "norm keeps one: memory/timeline.py)"),
+    ("(bf16 cast)", "autocast's bf16 copy, cached until the autocast block exits"),
+    ("head input gradient", "the gradient of the head's input, on its way to the final norm's backward"),
     ("head input", "the output head's saved input (the final norm's output)"),
     ("last hidden state", "the model's output hidden state, referenced by the output object until the step ends"),
     ("fp32 logits copy", "the loss's fp32 upcast of the logits (Hugging Face's loss_function: logits.float())"),
+    ("logits gradient", "the loss's gradient with respect to the logits, s·b·v"),
+    ("logits (fp32)", "the loss's fp32 logits, 4 bytes per logit element"),
     ("logits", "the output head's logits, s·b·v in the compute dtype"),
     ("loss, total weight", "the loss and its reduction's total weight (scalars)"),
     ("loss and its gradient", "the scalar loss and its gradient"),
