@@ -30,12 +30,16 @@ def read_bounded(path: str | os.PathLike[str], flag: str = "--hf-config") -> tup
     if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
         raise InputError(f"{flag} {shown(path)} is {kind(path)}, not a path; accepted: the path of a config.json file")
     where = f"{flag} {str(path)!r}"
+    if not str(path).strip():
+        raise InputError(f"{where} is empty; accepted: the path of a config.json file")
     try:
         p = Path(path).expanduser()
         if p.is_dir():
             raise InputError(f"{where} is a folder; accepted: the path of a config.json file (such as {str(p / 'config.json')!r})")
         with p.open("rb") as f:
             return p, f.read(MAX_FILE_BYTES + 1)
+    except InputError:
+        raise
     except FileNotFoundError:
         raise InputError(f"{where} does not exist; accepted: the path of a config.json file") from None
     except (OSError, ValueError, RuntimeError) as e:  # permissions, a NUL in the path, ~user unknown

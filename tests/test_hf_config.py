@@ -309,8 +309,11 @@ def test_wrong_kinds_of_path_and_file(tmp_path):
             load_hf_config(bad)  # type: ignore[arg-type]
     with pytest.raises(InputError, match=r"--hf-config 123 is an integer, not a path"):
         memcalc.estimate(hf_config=123, stage=3, gpus=8)
-    with pytest.raises(InputError, match="is a folder; accepted: the path of a config.json file"):
+    with pytest.raises(InputError, match=r"^--hf-config '.*' is a folder; accepted: the path of a config.json file "
+                                         r"\(such as '.*config.json'\)$"):  # said once, not wrapped in "cannot be read"
         load_hf_config(tmp_path)
+    with pytest.raises(InputError, match=r"^--hf-config '' is empty; accepted: the path of a config.json file$"):
+        load_hf_config("")
     with pytest.raises(InputError, match="does not exist"):
         load_hf_config(tmp_path / "missing.json")
     with pytest.raises(InputError, match="cannot be read"):
