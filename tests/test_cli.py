@@ -98,6 +98,10 @@ def test_estimate_accepts(args):
         (["--model", "gpt2", "--stage", "3", "--accounting", "implementation", "--zero3-step", "2"],
          "--zero3-step '2' is not accepted; accepted: steady, first"),
         (["--model", "gpt2", "--fsdp", "1", "--min-num-params", "1e6"], "--min-num-params is FSDP1's"),
+        # an input model's field is named as the flag that sets it
+        (["--params", "7b", "--price-per-gpu-hour", "-3"], "--price-per-gpu-hour -3.0 is out of bounds; accepted: "
+                                                           "at least 0"),
+        (["--params", "7b", "--network-efficiency", "5"], "--network-efficiency 5.0 is out of bounds"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, expected):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any
 
@@ -25,7 +26,8 @@ def fail(message: str) -> typer.Exit:
 
 
 def one_line(exc: BaseException) -> str:
-    """The user-facing message of an input error, on one line."""
+    """The user-facing message of an input error, on one line, an input model's field (``Timing.price_per_gpu_hour``)
+    named as the flag that sets it (``--price-per-gpu-hour``)."""
     errors = getattr(exc, "errors", None)
     if callable(errors):  # pydantic.ValidationError
         first = errors()[0]
@@ -33,8 +35,24 @@ def one_line(exc: BaseException) -> str:
         loc = ".".join(str(x) for x in first.get("loc", ()))
         if not isinstance(first.get("ctx", {}).get("error"), InputError) and loc:
             msg = f"{loc}: {msg} (got {first.get('input')!r})"
-        return " ".join(msg.split())
-    return " ".join(str(exc).split())
+        return _as_flag(" ".join(msg.split()))
+    return _as_flag(" ".join(str(exc).split()))
+
+
+def _as_flag(text: str) -> str:
+    """``Model.field`` at the start of a message, where ``field`` is an argument of ``memcalc.build_input``, as
+    ``--field`` (``memcalc.record.check_fields`` names the input model's field)."""
+    m = re.match(r"([A-Z][A-Za-z]+)\.([a-z][a-z0-9_]*) ", text)
+    if m is None:
+        return text
+    import inspect
+
+    from memcalc.api import build_input
+    from memcalc.inputs.arguments import flag
+
+    if m[2] not in inspect.signature(build_input).parameters:
+        return text
+    return flag(m[2]) + text[m.end(2):]
 
 
 class Command(TyperCommand):
