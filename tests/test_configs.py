@@ -13,6 +13,7 @@ import pytest
 
 import memcalc
 from memcalc.configs import deepspeed_keys as K
+from memcalc.configs import reading
 from memcalc.configs import merge_arguments, read_accelerate, read_deepspeed, read_torchtitan
 from memcalc.errors import InputError
 
@@ -81,9 +82,7 @@ def test_bf16_with_fp16_loss_scaling_keys_reads_where_deepspeed_passes_over_them
     """DeepSpeedExamples' cifar config copies fp16's loss-scaling keys into its bf16 section. DeepSpeed before 0.17
     read only bf16.enabled; without DeepSpeed installed, or with such a release, the file reads as bf16, the keys
     ignored and named in a note."""
-    import memcalc.configs.deepspeed as ds
-
-    monkeypatch.setattr(ds, "installed_release", lambda name: release)
+    monkeypatch.setattr(reading, "installed_release", lambda name, patch=False: release)
     r = read_deepspeed(DATA / "rejected" / "dse_cifar_ds_config.json", world_size=8)
     assert r.arguments["precision"] == "bf16-mixed"
     legacy = [x for x in r.ignored if x.startswith("bf16.") and "before 0.17" in x]
@@ -96,14 +95,12 @@ def test_bf16_with_fp16_loss_scaling_keys_reads_where_deepspeed_passes_over_them
 @pytest.mark.parametrize("release", [(0, 17), (0, 19), (1, 0)])
 def test_bf16_with_fp16_loss_scaling_keys_refused_where_the_installed_deepspeed_refuses_them(monkeypatch,
                                                                                             release) -> None:
-    import memcalc.configs.deepspeed as ds
-
-    monkeypatch.setattr(ds, "installed_release", lambda name: release)
+    monkeypatch.setattr(reading, "installed_release", lambda name, patch=False: release)
     with pytest.raises(InputError, match=rf"bf16\.loss_scale: .*installed DeepSpeed {release[0]}\.{release[1]} "
                                          r"refuses"):  # fmt: skip
         read_deepspeed(DATA / "rejected" / "dse_cifar_ds_config.json", world_size=8)
     # a misspelt bf16 key is refused whatever the release
-    monkeypatch.setattr(ds, "installed_release", lambda name: None)
+    monkeypatch.setattr(reading, "installed_release", lambda name, patch=False: None)
     with pytest.raises(InputError, match=r"bf16\.enabeld: unknown key \(did you mean 'enabled'\?\)"):
         read_deepspeed({"bf16": {"enabeld": True}}, world_size=8)
 
@@ -129,6 +126,11 @@ def test_installed_release_reads_the_metadata() -> None:
     assert installed_release("no-such-distribution-memcalc") is None
     major, minor = installed_release("pydantic")
     assert major == 2 and minor >= 0
+    from memcalc.configs.reading import installed_refuses
+
+    assert installed_refuses("pydantic", (2, 0)) == f"{major}.{minor}"
+    assert installed_refuses("pydantic", (99, 0)) is None and installed_refuses("no-such-distribution-memcalc", (0, 1)) is None
+    assert installed_refuses("pydantic", (2, 0, 0)).count(".") == 2  # three parts where the boundary has three
 
 
 @pytest.mark.parametrize("path", ACC_FILES, ids=lambda p: p.name)
@@ -181,9 +183,7 @@ IPEX_FILE = {"compute_environment": "LOCAL_MACHINE", "debug": False, "distribute
 
 @pytest.mark.parametrize("release", [None, (0, 19), (1, 12)])
 def test_accelerate_ipex_config_reads_where_accelerate_accepts_it(monkeypatch, tmp_path: Path, release) -> None:
-    import memcalc.configs.accelerate as acc
-
-    monkeypatch.setattr(acc, "installed_release", lambda name: release)
+    monkeypatch.setattr(reading, "installed_release", lambda name, patch=False: release)
     r = read_accelerate(_yaml(tmp_path, IPEX_FILE), micro_batch=1, seq_len=512)
     assert r.arguments["gpus"] == 4 and r.arguments["precision"] == "amp-bf16"
     assert any(x.startswith("ipex_config: Intel's extension") for x in r.ignored)
@@ -194,9 +194,7 @@ def test_accelerate_ipex_config_reads_where_accelerate_accepts_it(monkeypatch, t
 @pytest.mark.parametrize("release", [(1, 13), (1, 15), (2, 0)])
 def test_accelerate_ipex_config_refused_where_the_installed_accelerate_refuses_it(monkeypatch, tmp_path: Path,
                                                                                   release) -> None:  # fmt: skip
-    import memcalc.configs.accelerate as acc
-
-    monkeypatch.setattr(acc, "installed_release", lambda name: release)
+    monkeypatch.setattr(reading, "installed_release", lambda name, patch=False: release)
     with pytest.raises(InputError, match=rf"ipex_config: the installed accelerate {release[0]}\.{release[1]} refuses "
                                          r"this key \(removed in 1\.13"):  # fmt: skip
         read_accelerate(_yaml(tmp_path, IPEX_FILE), micro_batch=1, seq_len=512)
@@ -539,9 +537,7 @@ def test_unknown_keys() -> None:
 
 @pytest.mark.parametrize("release", [(0, 19, 7), (0, 19, 8), (0, 20, 0)])
 def test_removed_blocks_refused_where_the_installed_deepspeed_refuses_them(monkeypatch, release) -> None:
-    import memcalc.configs.deepspeed as ds
-
-    monkeypatch.setattr(ds, "installed_release", lambda name, patch=False: release)
+    monkeypatch.setattr(reading, "installed_release", lambda name, patch=False: release)
     name = r"\.".join(map(str, release))
     with pytest.raises(InputError, match=rf"^<dict>: amp: was removed from DeepSpeed 0\.19\.7 \(the installed "
                                          rf"{name} refuses the file\); delete it$"):  # fmt: skip
@@ -554,9 +550,7 @@ def test_removed_blocks_refused_where_the_installed_deepspeed_refuses_them(monke
 def test_removed_blocks_read_as_deepspeed_before_0_19_7_read_them(monkeypatch, release) -> None:
     """DeepSpeedExamples' files carry "amp", "curriculum_learning" or "elasticity" blocks, most disabled; DeepSpeed up to
     0.19.6 read them. Disabled ones are passed over, enabled ones that change memory are listed as not modelled."""
-    import memcalc.configs.deepspeed as ds
-
-    monkeypatch.setattr(ds, "installed_release", lambda name, patch=False: release)
+    monkeypatch.setattr(reading, "installed_release", lambda name, patch=False: release)
     r = read_deepspeed({"train_micro_batch_size_per_gpu": 2, "amp": {"enabled": False},
                         "curriculum_learning": {"enabled": True, "curriculum_type": "seqlen"},
                         "nebula": {"enabled": True},
@@ -604,21 +598,19 @@ def test_deepspeed_key_sets_match_the_installed_deepspeed() -> None:
 
 
 def test_compile_section_keys_deepspeed_refuses_are_refused(monkeypatch) -> None:
-    import memcalc.configs.deepspeed as ds
-
     # DeepSpeed 0.16.6 on builds CompileConfig(**section) (extra="forbid"): "backend" is torch.compile's argument.
     # A file that uses a current key is for those releases, whatever is installed.
-    monkeypatch.setattr(ds, "installed_release", lambda name, patch=False: None)
+    monkeypatch.setattr(reading, "installed_release", lambda name, patch=False: None)
     with pytest.raises(InputError, match=r"compile\.backend: unknown key"):
         read_deepspeed({"train_micro_batch_size_per_gpu": 1, "compile": {"deepcompile": True, "backend": "inductor"}})
     with pytest.raises(InputError, match=r"compile\.deepcompil: unknown key \(did you mean 'deepcompile'\?\)"):
         read_deepspeed({"train_micro_batch_size_per_gpu": 1, "compile": {"deepcompil": True}})
-    monkeypatch.setattr(ds, "installed_release", lambda name, patch=False: (0, 19, 8))
+    monkeypatch.setattr(reading, "installed_release", lambda name, patch=False: (0, 19, 8))
     with pytest.raises(InputError, match=r"compile\.disable: unknown key, which the installed DeepSpeed 0\.19\.8 "
                                          r"refuses \(accepted: deepcompile, "):  # fmt: skip
         read_deepspeed({"train_micro_batch_size_per_gpu": 1, "compile": {"disable": False}})
-    reading = read_deepspeed({"train_micro_batch_size_per_gpu": 1, "compile": {"deepcompile": True}})
-    assert any(entry.startswith("compile:") for entry in reading.unmodelled)
+    r = read_deepspeed({"train_micro_batch_size_per_gpu": 1, "compile": {"deepcompile": True}})
+    assert any(entry.startswith("compile:") for entry in r.unmodelled)
     if importlib.util.find_spec("deepspeed") is not None:  # and DeepSpeed itself refuses the file
         with pytest.raises(Exception, match="backend"):
             _deepspeed_accepts({"compile": {"deepcompile": True, "backend": "inductor"}})
@@ -629,9 +621,7 @@ def test_older_compile_keys_pass_where_deepspeed_passed_over_the_section(monkeyp
     """axolotl's zero*_torch_compile.json files carry compile.disable and compile.backend: DeepSpeed 0.14.4 to 0.16.5
     passed over the whole compile section (and releases before 0.13.2 had none), so those files ran; read with a
     note where no DeepSpeed or such a release is installed."""
-    import memcalc.configs.deepspeed as ds
-
-    monkeypatch.setattr(ds, "installed_release", lambda name, patch=False: release)
+    monkeypatch.setattr(reading, "installed_release", lambda name, patch=False: release)
     r = read_deepspeed(DATA / "rejected" / "axolotl_zero1_torch_compile.json", world_size=8, micro_batch=2,
                        seq_len=512)  # fmt: skip
     assert r.arguments["stage"] == 1 and r.arguments["micro_batch"] == 2
@@ -642,9 +632,7 @@ def test_older_compile_keys_pass_where_deepspeed_passed_over_the_section(monkeyp
 def test_older_compile_keys_refused_where_the_installed_deepspeed_refuses_them(monkeypatch, release) -> None:
     """0.13.2 to 0.14.3 parsed enabled, backend and kwargs (so "disable" failed the file); 0.16.6 on parse
     DeepCompile's keys."""
-    import memcalc.configs.deepspeed as ds
-
-    monkeypatch.setattr(ds, "installed_release", lambda name, patch=False: release)
+    monkeypatch.setattr(reading, "installed_release", lambda name, patch=False: release)
     name = r"\.".join(map(str, release))
     with pytest.raises(InputError, match=rf"compile\.disable: unknown key, which the installed DeepSpeed {name} "
                                          r"refuses"):  # fmt: skip

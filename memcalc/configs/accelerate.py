@@ -24,7 +24,7 @@ from memcalc.configs.reading import (
     as_int,
     as_mapping,
     as_str,
-    installed_release,
+    installed_refuses,
     load_yaml,
     near,
     near_miss,
@@ -368,10 +368,10 @@ def _fsdp(c: Collector, data: Mapping[str, Any], world: int | None, accounting: 
 def _ipex(c: Collector, value: Any) -> None:
     """``ipex_config``: refused where the installed accelerate refuses it (1.13 and later), else passed over with a
     note (IPEX optimises CPU training; it holds nothing on a GPU)."""
-    release = installed_release("accelerate")
-    if release is not None and release >= IPEX_REMOVED_IN:
-        raise c.fail("ipex_config", f"the installed accelerate {release[0]}.{release[1]} refuses this key (removed in "
-                                    f"1.13; 0.19 to 1.12 read it); remove it: IPEX applies to CPU training only")
+    name = installed_refuses("accelerate", IPEX_REMOVED_IN)
+    if name is not None:
+        raise c.fail("ipex_config", f"the installed accelerate {name} refuses this key (removed in 1.13; 0.19 to 1.12 "
+                                    f"read it); remove it: IPEX applies to CPU training only")
     body = as_mapping(c, "ipex_config", value) if value is not None else {}
     c.ignore("ipex_config", "Intel's extension for PyTorch on the CPU; nothing on the GPU")
     if body.get("ipex") is True:

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from memcalc.configs import deepspeed_keys as K
+from memcalc.configs import reading
 from memcalc.configs.deepspeed_batch import resolve_batch
 from memcalc.configs.reading import (
     Collector,
@@ -35,7 +36,7 @@ from memcalc.configs.reading import (
     as_mapping,
     as_str,
     check_depth,
-    installed_release,
+    installed_refuses,
     load_json,
     near_miss,
     refuse_unknown,
@@ -117,9 +118,8 @@ def _removed(c: Collector, path: str, value: Any) -> None:
     installed DeepSpeed refuses it; else read as DeepSpeed 0.19.6 and earlier read it, with a note: a disabled block
     (``enabled: false``) or one with no effect on memory is passed over, an enabled one that changes memory is listed
     as not modelled."""
-    release = installed_release("deepspeed", patch=True)
-    if release is not None and release >= K.REMOVED_FROM:
-        name = ".".join(map(str, release))
+    name = installed_refuses("deepspeed", K.REMOVED_FROM)
+    if name is not None:
         raise c.fail(path, f"was removed from DeepSpeed 0.19.7 (the installed {name} refuses the file); delete it")
     key = path.rsplit(".", 1)[-1]
     effect = K.REMOVED_EFFECT.get(key, "")
@@ -143,7 +143,7 @@ def _compile_keys(c: Collector, section: Mapping[str, Any]) -> None:
     if any(key in K.COMPILE_KEYS for key in section) or any(
             key not in older and near_miss(str(key), K.COMPILE_KEYS) is not None for key in stray):
         refuse_unknown(c, "compile", section, K.COMPILE_KEYS)
-    release = installed_release("deepspeed", patch=True)
+    release = reading.installed_release("deepspeed", patch=True)
     accepted = None  # the keys the installed release parses (None: it passes over the section)
     for since, keys in K.COMPILE_RELEASES:
         if release is not None and release >= since:
@@ -206,11 +206,11 @@ def _bf16_legacy(c: Collector, section: str, body: Mapping[str, Any]) -> None:
     legacy = [key for key in body if key in K.BF16_LEGACY_KEYS]
     if not legacy:
         return
-    release = installed_release("deepspeed")
-    if release is not None and release >= K.BF16_STRICT_FROM:
+    name = installed_refuses("deepspeed", K.BF16_STRICT_FROM)
+    if name is not None:
         raise c.fail(f"{section}.{legacy[0]}", f"fp16's loss-scaling key in the bf16 section, which the installed "
-                                                f"DeepSpeed {release[0]}.{release[1]} refuses (0.17 and later; earlier "
-                                                f"releases passed over it); remove it: bf16 needs no loss scaling")  # fmt: skip
+                                                f"DeepSpeed {name} refuses (0.17 and later; earlier releases passed "
+                                                f"over it); remove it: bf16 needs no loss scaling")  # fmt: skip
     c.note(f"{section}.{', '.join(legacy)}: fp16's loss-scaling keys, which DeepSpeed before 0.17 passes over in the "
            f"bf16 section and 0.17 and later refuse; remove them before running this file with a newer DeepSpeed")  # fmt: skip
 

@@ -354,6 +354,16 @@ def installed_release(distribution: str, patch: bool = False) -> tuple[int, ...]
     return tuple(int(x) for x in match.groups()[: 3 if patch else 2])
 
 
+def installed_refuses(distribution: str, since: tuple[int, ...]) -> str | None:
+    """The installed release of ``distribution`` as text ("0.19.8") where it is ``since`` or later, the first release
+    that refuses what a reader is reading; None where it is older or not installed (the file is then read as the
+    release of its time read it, and a note says so)."""
+    release = installed_release(distribution, patch=len(since) > 2)
+    if release is None or release < since:
+        return None
+    return ".".join(map(str, release))
+
+
 def refuse_unknown(c: Collector, section: str, data: Mapping[str, Any], known: Iterable[str]) -> None:
     """Refuse keys a framework's own section model would refuse (``extra="forbid"``), naming the nearest."""
     names = list(known)
