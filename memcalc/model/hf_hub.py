@@ -40,16 +40,22 @@ def hub_id(text: str) -> tuple[str, str] | None:
     return match["repo"], match["rev"] or "main"
 
 
+def hf_home() -> Path:
+    """``huggingface_hub``'s home folder (its constants.py: ``$HF_HOME``, else ``$XDG_CACHE_HOME/huggingface``, else
+    ``~/.cache/huggingface``), which holds the cache's ``hub`` folder and the login's ``token``."""
+    home = os.environ.get("HF_HOME")
+    if home:
+        return Path(home).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "huggingface"
+
+
 def cache_dir() -> Path:
-    """The folder ``huggingface_hub`` caches into (its constants.py: HF_HUB_CACHE, HF_HOME, XDG_CACHE_HOME)."""
+    """The folder ``huggingface_hub`` caches into: ``$HF_HUB_CACHE`` (or its older name), else ``hf_home()/hub``."""
     for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
         if os.environ.get(name):
             return Path(os.environ[name]).expanduser()
-    home = os.environ.get("HF_HOME")
-    if home:
-        return Path(home).expanduser() / "hub"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "huggingface" / "hub"
+    return hf_home() / "hub"
 
 
 def cached_config(repo: str, revision: str = "main") -> Path | None:
@@ -72,10 +78,7 @@ def _token() -> str | None:
     """The Hub token as huggingface_hub finds it: ``$HF_TOKEN``, else the file ``hf auth login`` writes."""
     if os.environ.get("HF_TOKEN"):
         return os.environ["HF_TOKEN"].strip()
-    home = os.environ.get("HF_HOME")
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(home).expanduser() if home else (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "huggingface"
-    path = Path(os.environ.get("HF_TOKEN_PATH", base / "token")).expanduser()
+    path = Path(os.environ.get("HF_TOKEN_PATH", hf_home() / "token")).expanduser()
     try:
         return path.read_text(encoding="utf-8").strip() or None
     except (OSError, ValueError):
