@@ -94,8 +94,7 @@ def test_receive_buffers_are_the_ones_torchs_stages_allocate() -> None:
 
 def test_1f1b_stage_rows_follow_the_schedule() -> None:
     # 32 layers over 4 stages, 6 micro-batches of 2 x 4096, tp 2 with sequence parallelism: a stage boundary is the
-    # rank's half of the sequence, 2 x 2048 x 4096 x 2 bytes; stage k holds min(4 - k, 6) micro-batches at its peak,
-    # the last steady backward, when 6 - that many backwards have left their input gradients behind
+    # rank's half of the sequence, 2 x 2048 x 4096 x 2 bytes; stage k holds min(4 - k, 6) micro-batches at its peak
     kw = dict(framework="torchtitan", precision="bf16-mixed", fsdp="FULL_SHARD", model="llama-3-8b", seq_len=4096,
               micro_batch=2, grad_accum=6, gpus=16, tp=2, pp=4, sequence_parallel=True, recompute="full",
               attention="flash", accounting="paper")  # fmt: skip
@@ -117,7 +116,8 @@ def test_1f1b_stage_rows_follow_the_schedule() -> None:
         flight = min(4 - k, 6)
         assert rows["pipeline_receive_buffers"] == receive_buffers(k, 4, 6) * boundary
         assert rows["pipeline_stage_outputs"] == (flight if k < 3 else 0) * boundary
-        assert rows["pipeline_input_gradients"] == (6 - flight if k > 0 else 0) * boundary
+        # torch 2.13: only the previous backward's, held by Schedule1F1B's send ops (traced)
+        assert rows["pipeline_input_gradients"] == (boundary if k > 0 and 6 - flight > 0 else 0)
         assert rows["activations_layer_backward"] == rebuilt + boundary
         # bf16 gradients of the rank's q, o (4096 x 4096 / 2), k, v (4096 x 1024 / 2), three MLP matrices, two norms
         assert rows["pipeline_layer_gradients"] == 2 * (2 * 4096 * 4096 // 2 + 2 * 4096 * 1024 // 2

@@ -21,7 +21,7 @@ pytest.importorskip("transformers")
 
 from memcalc.errors import InputError
 from memcalc.memory.scope import why_not
-from memcalc.memory.timeline import timeline
+from memcalc.memory.timeline import EMB_MINE, EMB_WHOLE, timeline
 from memcalc.memory.timeline_states import param_tensors
 from memcalc.memory.timeline_tp import rank_arch, step_temporary
 from memcalc.model.hf_config import architecture_from_config
@@ -234,6 +234,44 @@ def test_sp_peak_equals_trace(name, precision, tp, world, recompute, opt, peak):
     assert (tl.peak.live_bytes, tl.peak.phase) == (tr.peak, tr.peak_phase)
     for phase in ("baseline", "input", "optimizer", "zero_grad", "backward.layer.0", "backward.layer.1"):
         assert tl.phase_peaks[phase] == tr.phase_peaks[phase], phase
+
+
+@pytest.mark.parametrize("precision,world", [("bf16", 4), ("fp32", 8)])
+def test_sp_down_projection_gradients_peak_where_the_rank_ffn_is_below_hidden(precision, world):
+    # ffn 344 over tp 4 is 86 columns on rank 0, below hidden 128: the down projection's backward, its output gradient
+    # all-gathered over the whole sequence (d·T·h) beside its input and weight gradients, tops the MLP's later moment
+    # (2·d·T·f beside the weight gradient); fp32 with FSDP2 over 2 data-parallel ranks
+    cfg, s = CONFIGS["wide"], 64
+    tr = trace_step(cfg, seq_len=s, micro_batch=B, precision=precision, world=world, tp=4, fsdp=world > 4,
+                    optimizer_impl="fused", recompute="full", sequence_parallel=True)  # fmt: skip
+    tl = timeline(architecture_from_config(cfg), family="llama", regime=precision, attention="sdpa", s=s, b=B,
+                  recompute="full", optimizer_impl="fused", world=world // 4, tp=4, sequence_parallel=True,
+                  cache_promotes_values=cache_promotes_values())  # fmt: skip
+    assert (tl.peak.live_bytes, tl.peak.phase) == (tr.peak, tr.peak_phase)
+    assert tl.peak.label == "backward of layer 0: down projection's gradients"
+    d = 2 if precision == "bf16" else 4
+    moment = dict(tl.peak.parts)["down projection's gradients, its output gradient all-gathered (sequence parallel)"]
+    assert moment == d * (s * B * 128 + s * B * 86 + 128 * 86)
+
+
+@pytest.mark.parametrize("wrap", ["root", "separate"])
+def test_sp_embedding_gradient_is_the_whole_vocabulary_under_fsdp2(wrap):
+    # a 32,000-word vocabulary beside two small layers: the embedding's backward is the step's peak. Its gradient is a
+    # Replicate DTensor of the whole vocabulary (32,000 x 256 in bf16), redistributed to this rank's 16,000 rows by
+    # its unit's post-backward before it is freed
+    cfg = dict(LLAMA, hidden_size=256, num_attention_heads=8, num_key_value_heads=4, intermediate_size=832,
+               vocab_size=32000)
+    tr = trace_step(cfg, seq_len=64, micro_batch=B, precision="bf16", world=4, tp=2, fsdp=True, fsdp_wrap=wrap,
+                    optimizer_impl="fused", recompute="full", sequence_parallel=True)  # fmt: skip
+    tl = timeline(architecture_from_config(cfg), family="llama", regime="bf16", attention="sdpa", s=64, b=B,
+                  recompute="full", optimizer_impl="fused", world=2, tp=2, sequence_parallel=True, fsdp_wrap=wrap,
+                  cache_promotes_values=cache_promotes_values())  # fmt: skip
+    assert tr.peak_phase == "backward.layer.0"
+    assert tl.phase_peaks["backward.layer.0"] == tr.peak  # (the loss above it: loss_parallel's temporaries, unseen)
+    top = max((m for m in tl.moments if m.phase == "backward.layer.0"), key=lambda m: m.live_bytes)
+    assert top.label == "the embedding's backward: the whole vocabulary's gradient"
+    parts = dict(top.parts)
+    assert parts[EMB_WHOLE] == 2 * 32000 * 256 and parts[EMB_MINE] == 2 * 16000 * 256
 
 
 SP_FSDP = [  # FSDP2 over the data-parallel ranks beside sequence-parallel TP: (precision, world, mp, recompute, optimizer,

@@ -89,7 +89,7 @@ PANELS: dict[str, tuple[str, ...]] = {
     "Batch and activations": ("seq_len", "micro_batch", "micro_batches", "grad_accum", "recompute", "attention",
                               "dropout", "device", "loss", "compile", "compile_loss"),
     "Layout": ("gpus", "gpus_per_node", "tp", "pp", "cp", "ep", "sequence_parallel", "virtual_stages", "framework",
-               "shard_over", "stage_layers"),
+               "shard_over", "stage_layers", "pp_rank"),
     "Strategy": ("stage", "fsdp", "ddp", "strategy", "strategies", "offload_optimizer", "offload_params",
                  "shard_group"),
     "Precision and optimizer": ("precision", "optimizer", "optimizer_impl", "float8", "float8_all_gather"),

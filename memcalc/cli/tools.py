@@ -117,6 +117,10 @@ def trace(
     fsdp_version: Annotated[int, typer.Option("--fsdp-version", help="With --fsdp: 2 (fully_shard) or 1 (FullyShardedDataParallel, as accelerate wraps a transformer).")] = 2,
     fsdp_auto_wrap: Annotated[str, typer.Option("--fsdp-auto-wrap", help="With --fsdp: transformer (a unit per decoder layer) or none (accelerate's NO_WRAP: FSDP1 one unit over the model; FSDP2 the layers in the root, the embedding and the head carved as accelerate 1.15 does, which needs --fsdp-wrap separate or, tied, root).")] = "transformer",
     gpu: Annotated[str | None, typer.Option("--gpu", help="A GPU preset or .toml: replay the steps' allocations into its memory (less the CUDA context) and say whether a request fails.")] = None,
+    pp: Annotated[int, typer.Option("--pp", help="Pipeline stages: trace one pipeline rank (--pp-rank) under torch's PipelineStage and schedule, FSDP2 inside the stage over --world / (pp x tp) ranks (torchtitan's composition; with --tp, its sequence-parallel plan). --world defaults to pp x tp.")] = 1,
+    pp_rank: Annotated[int, typer.Option("--pp-rank", help="With --pp: the pipeline rank traced, 0 to pp - 1.")] = 0,
+    grad_accum: Annotated[int | None, typer.Option("--grad-accum", help="With --pp: micro-batches per step (default: pp, torchtitan's default).")] = None,
+    virtual_stages: Annotated[int, typer.Option("--virtual-stages", help="With --pp: model chunks per rank; above 1 runs ScheduleInterleaved1F1B.")] = 1,
 ) -> None:
     """Run one real training step of the model's code on fake tensors (CPU, no GPU, no weights) and print its
     live bytes: the peak, where it happens, each phase's peak, and the caching allocator's reserved peak when the
@@ -144,6 +148,10 @@ def trace(
 
         resolve_architecture(hf_config=hf_config)  # the checks estimate runs: a bad value is one line, not a traceback
         cfg = js.loads(read_config(hf_config).decode("utf-8-sig"))
+        if pp != 1 or pp_rank != 0 or grad_accum is not None or virtual_stages != 1:
+            t = _trace_pipeline(cfg, capacity)
+            sys.stdout.write(js.dumps(trace_summary(t), indent=2) + "\n")
+            return
         t = trace_step(cfg, seq_len=seq_len, micro_batch=micro_batch, precision=precision,
                        optimizer_impl=optimizer_impl, recompute=recompute, attention=attention, world=world,
                        fsdp=fsdp, tp=tp, fsdp_param_dtype=fsdp_param_dtype, capacity=capacity,
@@ -152,6 +160,55 @@ def trace(
                        fsdp_version=fsdp_version, layer_units=_auto_wrap(fsdp_auto_wrap))
         summary = trace_summary(t)
         sys.stdout.write(js.dumps(summary, indent=2) + "\n")
+
+    def _trace_pipeline(cfg: dict, capacity: int | None):
+        from memcalc.validation.trace_pipeline import trace_pipeline_rank
+        from memcalc.validation.trace_step import StepSpec
+
+        if pp < 2:
+            raise InputError(f"--pp {pp} traces no pipeline; give --pp 2 or more (--pp-rank, --grad-accum and "
+                             "--virtual-stages go with it)")
+        if not 0 <= pp_rank < pp:
+            raise InputError(f"--pp-rank {pp_rank} is not a rank of --pp {pp}; give 0 to {pp - 1}")
+        ranks = pp * tp if world == 1 else world  # one rank per stage and tensor-parallel shard unless told more
+        if tp < 1 or ranks % (pp * tp):
+            raise InputError(f"--world {ranks} is not a multiple of --pp {pp} x --tp {tp}; give a multiple of "
+                             f"{pp * max(tp, 1)}")
+        dp = ranks // (pp * tp)
+        n = pp if grad_accum is None else grad_accum
+        if n < 1:
+            raise InputError(f"--grad-accum {n} is below 1; give the micro-batches per step, 1 or more")
+        if virtual_stages < 1:
+            raise InputError(f"--virtual-stages {virtual_stages} is below 1; give 1 (1F1B) or more (interleaved)")
+        if virtual_stages > 1 and n % pp:
+            raise InputError(f"the interleaved schedule (--virtual-stages {virtual_stages}) needs --grad-accum "
+                             f"divisible by --pp {pp}; give a multiple of {pp}")
+        if precision == "amp-bf16":
+            raise InputError("--precision amp-bf16 is not traced under --pp (torchtitan's stages run FSDP2's policy): "
+                             "give bf16, or fp32 with --fsdp-param-dtype bf16")
+        if dp > 1 and not fsdp:
+            raise InputError(f"--pp with {dp} data-parallel ranks (--world / (pp x tp)) traces FSDP2 over them: add "
+                             "--fsdp, or give --world pp x tp")
+        if fsdp and dp == 1:
+            raise InputError(f"--fsdp under --pp shards over the data-parallel ranks and --world {ranks} leaves none "
+                             f"(pp x tp = {pp * tp}): give --world a multiple of {2 * pp * tp}, or leave --fsdp out")
+        unsupported = [(fsdp_version != 2, f"--fsdp-version {fsdp_version}"), (replicate != 1, f"--replicate {replicate}"),
+                       (fsdp_wrap.strip().lower() != "root", f"--fsdp-wrap {fsdp_wrap}"),
+                       (_auto_wrap(fsdp_auto_wrap) is False, "--fsdp-auto-wrap none"),
+                       (capacity is not None, "--gpu")]  # fmt: skip
+        for bad, flag in unsupported:
+            if bad:
+                raise InputError(f"{flag} is not traced under --pp (FSDP2 on each layer and the stage, kept gathered "
+                                 "all step, as torchtitan composes them); leave it out")
+        layers = int(cfg.get("num_hidden_layers") or 0)
+        if layers < pp * virtual_stages:
+            raise InputError(f"--pp {pp} x --virtual-stages {virtual_stages} stages need at least as many decoder "
+                             f"layers; the model has {layers}")
+        spec = StepSpec(seq_len, micro_batch, precision, optimizer_impl, recompute, attention)
+        t = trace_pipeline_rank(cfg, spec, pp=pp, dp=dp, rank=pp_rank, micro_batches=n, virtual=virtual_stages,
+                                fsdp_param_dtype=fsdp_param_dtype, reduce_fp32=fsdp_reduce_fp32, tp=tp)
+        label = f"pipeline rank {pp_rank} of {pp}, {n} micro-batches" + (f", dp {dp}" if dp > 1 else "")
+        return t.result(label + (f", tp {tp} sp" if tp > 1 else ""), t.seconds)
 
     run_or_fail(go)
 

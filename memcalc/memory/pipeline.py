@@ -123,8 +123,11 @@ def torch_stage_rows(plan: Plan, stage: int, st: Any, flight: float, schedule: S
       micro-batch, the rank's ``1/tp`` of the sequence under torchtitan's sequence-parallel plan.
     - Stage outputs: each micro-batch in flight keeps its stage's output for the backward (``fwd_cache``) beside the
       layers' checkpoints, which keep their inputs; on the last stage the output is the logits, counted with the loss.
-    - Input gradients: each backward leaves the received input's gradient on the buffer (``.grad``), cleared by
-      ``clear_runtime_states`` when the next step starts; 1F1B's last steady backward has ``n - flight`` of them.
+    - Input gradients: torch's ``stage_backward`` takes each received input's gradient off its buffer
+      (``val.grad = None``, torch 2.13; pytorch#164329 of October 2025; before, each stayed on its buffer until
+      ``clear_runtime_states`` at the next step), and only its send ops hold it: ``Schedule1F1B`` keeps the previous
+      backward's (``bwd_sends``) through the next backward, the interleaved runtime none. Traced:
+      tests/test_pipeline_realistic.py.
     - One layer's backward: what the layer saves without recompute less what the policy kept (the recomputed forward
       rebuilds it for the layer's backward: Korthikanti et al. 2022 §5), the gradient of its output, and its weights'
       gradients in the compute dtype until FSDP2's post-backward adds them to the accumulated ones
@@ -141,7 +144,7 @@ def torch_stage_rows(plan: Plan, stage: int, st: Any, flight: float, schedule: S
     stages = [stage + c * plan.pp for c in range(v)]  # torch's looped placement (ScheduleInterleaved1F1B)
     buffers = sum(receive_buffers(g, last + 1, n) for g in stages)
     alive, finished = schedule if schedule is not None else ((round(flight),) * v, (max(0, n - round(flight)),) * v)
-    grads_in = sum(k for g, k in zip(stages, finished) if g > 0)
+    sending = boundary if v == 1 and stage > 0 and finished[0] > 0 else 0
     outputs = sum(k for g, k in zip(stages, alive) if g < last)
     dtensor = composition(plan.framework).dtensor_tp
     policy = "full" if w.recompute.startswith("every:") else w.recompute
@@ -159,9 +162,9 @@ def torch_stage_rows(plan: Plan, stage: int, st: Any, flight: float, schedule: S
         Row("pipeline_stage_outputs", f"stage outputs kept for the backward ({outputs})", outputs * boundary, "gpu",
             "activation", "each micro-batch in flight keeps its stage output until its backward (pipelining stage.py "
             "fwd_cache); the layers' checkpoints keep their inputs"),
-        Row("pipeline_input_gradients", f"stage input gradients kept until the next step ({grads_in})",
-            grads_in * boundary, "gpu", "activation", "the received input's .grad from each finished backward, "
-            "cleared when the next step starts (pipelining stage.py clear_runtime_states)"),
+        Row("pipeline_input_gradients", "stage input gradient being sent (the previous backward's)", sending,
+            "gpu", "activation", "Schedule1F1B's send ops of the previous backward hold its input gradient through the "
+            "next backward (pipelining schedules.py bwd_sends; stage_backward took it off the buffer)"),
         Row("activations_layer_backward", "backward of one layer: recomputed activations, output gradient",
             rebuilt + boundary, "gpu", "activation", f"one layer without recompute less what {w.recompute} recompute "
             "keeps (rebuilt for the layer's backward: Korthikanti et al. 2022 §5) + the gradient of its output"),

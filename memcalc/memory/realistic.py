@@ -74,6 +74,15 @@ _KEYS = {"parameters": ("parameters", "model_state"),
 _SAVED = ("layer activations", "what the decoder layers save for backward (memory/saved.py: exact on CPU)")
 
 _DETAIL = (
+    ("the whole vocabulary (Replicate", "sequence parallelism: the row-parallel embedding's backward makes the whole "
+                                        "vocabulary's gradient on every tensor-parallel rank (DTensor's "
+                                        "embedding_dense_backward strategies), until FSDP2 redistributes it"),
+    ("copy of this rank's rows", "sequence parallelism: FSDP2's post-backward redistributes the embedding's whole "
+                                 "gradient to the parameter's Shard(0), a copy of this rank's rows "
+                                 "(FSDPParam._get_grad_inner_tensor); before it, the output gradient all-gathered"),
+    ("down projection's gradients", "sequence parallelism: the down projection's backward, its output gradient "
+                                    "all-gathered over the whole sequence (RowwiseParallel's Shard(1) output), its "
+                                    "input and weight gradients beside it (memory/timeline_layers.py)"),
     ("master", "DeepSpeed's fp32 copy the optimizer updates (this rank's partition)"),
     ("bf16 partitions", "ZeRO-3: this rank's slice of every parameter, ceil(n / dp) elements each (partition_parameters.py)"),
     ("persistent", "ZeRO-3: parameters of at most stage3_param_persistence_threshold elements, whole on every rank"),
@@ -102,12 +111,17 @@ _DETAIL = (
                               "perform_reduce_grad (reshard_after_forward=False, set_reshard_after_backward(False))"),
     ("micro-batches in flight", "pipelining: what the layers of each micro-batch in flight save, and its stage output "
                                 "(stage.py fwd_cache), for the schedule's micro-batches before their backward"),
+    ("input gradient being sent", "pipelining, 1F1B: the previous backward's input gradient, held by its send ops "
+                                  "through the next backward (schedules.py bwd_sends)"),
     ("receive buffers", "pipelining: one input per micro-batch and one output gradient per micro-batch, made by the "
                         "first step and kept (stage.py _setup_forward_recv_info, _create_grad_recv_info)"),
-    ("stage input gradients", "pipelining: each finished backward's received-input .grad, cleared when the next step "
-                              "starts (stage.py clear_runtime_states)"),
     ("kept by fwd_cache", "pipelining's last stage: the micro-batch's logits, referenced by fwd_cache until its "
                           "backward returns"),
+    ("head's new gradients", "pipelining's last stage with fp32 accumulators: the head's and the final norm's "
+                             "gradients in the compute dtype, held by the stage's root unit until its post-backward "
+                             "after the stage's last layer (FSDPParam.to_accumulated_grad_if_needed)"),
+    ("input ids and labels", "pipelining: the step's token ids, every micro-batch's, on the first stage (inputs) and "
+                             "the last (labels); the schedule splits them into views"),
     ("new gradients", "the layer's weight gradients in the compute dtype until its post-backward adds them to the "
                       "accumulators"),
     ("all-gathered", "DTensor tensor parallelism: a tensor all-gathered over the tensor-parallel ranks, whole on "

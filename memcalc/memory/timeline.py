@@ -20,7 +20,7 @@ from memcalc.memory.reserved import loss_cached
 from memcalc.memory.saved import (FAMILIES, LAYER_NORM_FAMILIES, LLAMA_STYLE, OTHER_NORMS, REGIMES, _check,
                                   check_code, embedding_norm, loss_transient, shape)
 from memcalc.memory.saved_gemma import GEMMAS, rope_types, sliding_sdpa_masked
-from memcalc.memory.timeline_layers import checkpointed, layer_sizes, parse_recompute
+from memcalc.memory.timeline_layers import DOWN_GRADS, checkpointed, layer_sizes, parse_recompute
 from memcalc.memory.timeline_states import FsdpOverlay, lora_states, param_tensors, states
 from memcalc.memory.timeline_tp import (norm_backward, rank_arch, reduce_scatter, rmsnorm_backward,
                                        row_parallel_reduce, sp_rank_arch, step_temporary)
@@ -71,6 +71,10 @@ class Timeline:
 def _moment(phase: str, label: str, parts: list[tuple[str, int]]) -> Moment:
     kept = tuple((n, b) for n, b in parts if b)
     return Moment(phase, label, sum(b for _, b in kept), kept)
+
+
+EMB_WHOLE = "embedding gradient, the whole vocabulary (Replicate, sequence parallel)"
+EMB_MINE = "its copy of this rank's rows (Shard(0)), or the all-gathered output gradient before it"
 
 
 def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s: int, b: int,
@@ -422,6 +426,10 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
         if optimizer_impl == "in-backward":
             parts.append(("one gradient and its step temporaries", st.largest_grad + st.step_temporary))
         moments.append(_moment(f"backward.layer.{i}", f"backward of layer {i}: MLP gradients", parts))
+        if ly.down_grad_extra:
+            moments.append(_moment(f"backward.layer.{i}", f"backward of layer {i}: down projection's gradients",
+                                   [p for p in parts if p[0] != "layer backward transient (MLP gradients)"]
+                                   + [(DOWN_GRADS, ly.down_grad_extra)]))
         if norm2 is not None and norm2 > 0:  # Llama-style RMSNorm: its backward can top the MLP's once it is ÷ tp
             moments.append(_moment(f"backward.layer.{i}", f"backward of layer {i}: second RMSNorm's backward",
                                    [p for p in parts if p[0] != "layer backward transient (MLP gradients)"]
@@ -454,6 +462,25 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
                                + FsdpOverlay.tied_embedding_backward(fs, held_grads, before_layers, arch.layers)
                                + [("embedding gradient and its sum with the head's (tied)",
                                    2 * gw * arch.padded_vocab * h)]))
+    if (sp > 1 and fs is not None and fs.wrap in ("root", "separate") and not fs.flat and not fs.whole
+            and lora is None and optimizer_impl != "in-backward"):
+        # Sequence parallelism under FSDP2: the embedding's backward all-gathers its output gradient over the sequence
+        # and makes the whole vocabulary's gradient (a Replicate DTensor), which the post-backward of its unit
+        # redistributes to the parameter's Shard(0), a copy of this rank's rows (``FSDPParam._get_grad_inner_tensor``),
+        # before the whole one is freed; layer 0's reduce-scatter is done, the rotary tables and the residual stream's
+        # gradient gone (traced at Llama 3 8B's widths, 4 layers, tp 8: tests/test_timeline_tp.py; torchtune's
+        # separate-reshard wrap, which it runs without sequence parallelism, keeps the embedding's unit as before)
+        whole, mine, gathered = r * vocab_rows * h, r * arch.padded_vocab * h, r * t * h
+        if fs.wrap == "root":
+            gone = ("this layer's unsharded gradients", "gradient of the residual stream", "rotary cos, sin")
+            held = [p for p in moments[-1].parts if p[0] not in gone]  # layer 0's reduce-scatter copy-in
+            held.append(("gradient shard of layer 0", fs.layer_grad_shard))
+        else:
+            held = base + [("loss and its gradient", 8)] + [
+                p for p in FsdpOverlay.embedding_backward(fs, arch.layers) if p[0] != "embedding gradients (unsharded)"]
+            held = [p for p in held if p[0] != "rotary cos, sin"]
+        moments.append(_moment("backward.layer.0", "the embedding's backward: the whole vocabulary's gradient",
+                               held + [(EMB_WHOLE, whole), (EMB_MINE, max(gathered, mine))]))
     if fs is not None and fs.flat and not fs.frozen_layers:
         moments.append(_moment("backward.layer.0", "the root's reduce-scatter copy-in (FSDP1)",
                                base + [("loss and its gradient", 8)] + FsdpOverlay.root_copy_in(fs, arch.layers)))

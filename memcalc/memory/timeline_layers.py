@@ -79,6 +79,12 @@ class LayerSizes:
     """Above the layer's kept activations, before its output exists: the activation function's forward temporaries
     less the down projection's input not yet made (BLOOM's GELU; 0 where the down projection's output moment tops
     it)."""
+    down_grad_extra: int = 0
+    """Above the entry when the down projection's backward has made its input and weight gradients, under sequence
+    parallelism: its output gradient all-gathered over the whole sequence (``RowwiseParallel(output_layouts=Shard(1))``
+    backward), d·T·h, beside them (d·T·f + w·h·f; f the rank's width). It tops ``backward_extra`` where f < h, and
+    where the weight gradient is added in place (0 without sequence parallelism: the output gradient is the residual
+    stream's)."""
 
 
 def _op_sac(x, d: int, r: int, code: str = "hf", compiled: bool = False) -> list[SavedTensor]:
@@ -116,6 +122,7 @@ def _mlp_backward_extra(arch, family: str, d: int, w: int, t: int) -> int:
     return w * arch.hidden * f + 2 * d * t * f
 
 
+DOWN_GRADS = "down projection's gradients, its output gradient all-gathered (sequence parallel)"
 MLP_SIDE = ("norm 2", "gate", "up", "fc1", "GELU", "gelu", "fc2", "ReLU", "MLP weights")
 
 
@@ -287,5 +294,12 @@ def layer_sizes(arch, *, family: str, regime: str, attention: str, s: int, b: in
         # the down projection's, at the layer's backward entry; gate/up (and o, q, k, v) cast after the MLP's saved
         # tensors began to go and, with ffn above hidden, stay below it (traced: tests/test_float8_timeline.py)
         f8 = eager_backward(x.t, x.ffn, x.h, d, float8_weight_cast)
+    # traced op by op (tests/test_timeline_tp.py, tests/test_pipeline_realistic.py: tp 2 and 4, h 1024, f/tp 1664, 832);
+    # not under autocast: traced at tp 2 (f/tp above h) the layer's backward peaks where backward_extra says; at tp 4
+    # its peak is the recomputed MLP's forward, its fp32 all-gathered input beside the bf16 casts (not modelled: the
+    # layer's backward 0.9 % below the trace at h 1024)
+    down_grad = (d * x.t * x.h + d * x.t * x.ffn + w * x.h * x.ffn
+                 if sp > 1 and regime != "amp-bf16" and not arch.moe and family in LLAMA_STYLE and code == "hf"
+                 and lora is None else 0)  # fmt: skip
     return LayerSizes(full, casts, kept, kept_casts, rec, residual, extra, attn, parts, f8, attention_forward,
-                      recompute_attention, forward_extra)
+                      recompute_attention, forward_extra, down_grad)

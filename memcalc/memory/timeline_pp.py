@@ -32,7 +32,7 @@ from memcalc.errors import InputError
 from memcalc.memory.pipeline import interleaved_ops, receive_buffers
 from memcalc.memory.saved import LLAMA_STYLE, loss_transient, shape
 from memcalc.memory.timeline import CUBLAS_WORKSPACE, Moment, Timeline, _chunk, _head, _moment, loss_rows
-from memcalc.memory.timeline_layers import checkpointed, layer_sizes, parse_recompute
+from memcalc.memory.timeline_layers import DOWN_GRADS, checkpointed, layer_sizes, parse_recompute
 from memcalc.memory.timeline_states import fp8_gathered, param_tensors, shard_elements, shard_states
 from memcalc.memory.timeline_tp import norm_backward, rank_arch, sp_rank_arch
 
@@ -108,6 +108,12 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
     u = _units(ra, world, float8_all_gather)
     le, lsh, lfp8, lten = u["layer"]
     ee, esh, _, eten = u["embed"]
+    # Sequence parallelism: the row-parallel embedding's backward leaves a Replicate gradient, the whole vocabulary on
+    # every tensor-parallel rank (DTensor's ``embedding_dense_backward`` strategies, torch
+    # ``distributed/tensor/_ops/_embedding_ops.py``), which FSDP2 redistributes to the parameter's Shard(0) only in its
+    # reduce (``FSDPParam._get_grad_inner_tensor``): accumulated whole over the step's micro-batches, in the reduce
+    # dtype (traced: tests/test_pipeline_realistic.py)
+    eg = ee + ((arch.padded_vocab - ra.padded_vocab) * arch.hidden if sp > 1 else 0)
     he, hsh, _, hten = u["head"]
 
     def chunk_elems(c: int) -> tuple[int, int, int, int]:  # unsharded, shard, gathered bytes, tensors
@@ -169,13 +175,26 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
     moments: list[Moment] = [_moment("baseline", "before the step (no gradients after zero_grad)", base)]
     reduced = [False] * v
 
+    # the head's and the final norm's new gradients in the compute dtype, where the accumulators keep the reduce dtype:
+    # the stage's root unit holds them from the head's backward to its post-backward, after the stage's last layer
+    # (FSDP2 upcasts them there: ``to_accumulated_grad_if_needed``, ``accumulate_unsharded_grad_if_needed``)
+    root_new = [0]
+    # the step's token ids (int64), every micro-batch's: the first stage's inputs and the last stage's labels, which
+    # the schedule splits into micro-batches as views (torch pipelining ``microbatch.split_args_kwargs_into_chunks``)
+    batch_ids = ("the step's input ids and labels (int64)", 8 * n * b * s * (any(first) + any(last)))
+    returned = [False]  # the schedule's step has returned: its send ops are gone
+
     def common(c_cur: int, exclude_current: bool) -> list[tuple[str, int]]:
         held = sum(full[c] * (alive[c] - (1 if exclude_current and c == c_cur else 0)) for c in range(v))
-        grads_in = sum(done[c] for c in range(v) if not first[c]) * resid
-        return base + [("parameters (gathered)", sum(gb for gb, on in zip(gathered_c, gathered) if on)),
+        # Schedule1F1B's previous backward's input gradient, referenced by its send ops (``bwd_sends``) until the
+        # next backward's replace them (stage_backward has taken it off the buffer: ``val.grad = None``); the
+        # interleaved runtime drops its sends once waited (traced)
+        sending = resid if v == 1 and not first[0] and done[0] > 0 and not returned[0] else 0
+        return base + [batch_ids, ("parameters (gathered)", sum(gb for gb, on in zip(gathered_c, gathered) if on)),
                        ("gradient accumulators (unsharded)", sum(acc)),
                        ("micro-batches in flight (saved tensors, stage outputs)", held),
-                       ("stage input gradients kept until the next step", grads_in)]
+                       ("stage input gradient being sent (the previous backward's)", sending),
+                       ("head's new gradients (until the stage's post-backward)", root_new[0])]
 
     for backward, c in ops:
         ids = list(chunks[c])
@@ -193,8 +212,7 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
             alive[c] += 1
             if last[c]:
                 cur = [("this micro-batch's saved tensors", full[c]), head[0]] + head[1:] + [logits]
-                lab = [("labels (int64)", 8 * t)]
-                fwd_loss = common(c, True) + cur + lab + [(copy_name, _chunk(lp, 1)), (saved_name, _chunk(lp, 2))]
+                fwd_loss = common(c, True) + cur + [(copy_name, _chunk(lp, 1)), (saved_name, _chunk(lp, 2))]
                 fwd_loss += list(lp.names[4:])  # eager loss_parallel's temporaries inside DTensor
                 moments.append(_moment("loss", f"micro-batch {fwd[c] - 1}: log-softmax done", fwd_loss))
             continue
@@ -210,7 +228,9 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
                                                       ("logits gradient", d * n_logits),
                                                       ("head weight gradient (unsharded)", g * x.vocab * h),
                                                       ("head input gradient", d * t * h)]))
-            if m == 0:
+            if rw != g:
+                root_new[0] = g * he
+            elif m == 0:  # the first backward's gradients are the accumulators
                 acc[c] += rw * he
         out = resid if not last[c] else logits[1]  # the stage output, referenced until the backward returns
         # Accumulating in the gradients' own dtype (no reduce dtype of its own), a later micro-batch's gradient of
@@ -230,6 +250,9 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
                                        ("recomputed activations of this layer", ly.recomputed - twice)]
             moments.append(_moment(f"backward.layer.{i}", f"micro-batch {m}, layer {i}: MLP gradients",
                                    parts + [("layer backward transient (MLP gradients)", ly.backward_extra - down)]))
+            if ly.down_grad_extra:  # its weight gradient made, not yet added in place
+                moments.append(_moment(f"backward.layer.{i}", f"micro-batch {m}, layer {i}: down projection's "
+                                       "gradients", parts + [(DOWN_GRADS, ly.down_grad_extra)]))
             if norm2 > 0:
                 moments.append(_moment(f"backward.layer.{i}", f"micro-batch {m}, layer {i}: second RMSNorm's backward",
                                        parts + [("RMSNorm backward (fp32), net of the MLP's freed tensors",
@@ -255,9 +278,12 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
         if first[c]:
             moments.append(_moment("backward.layer.0", f"micro-batch {m}: the embedding's backward",
                                    common(c, True) + [("gradient of the residual stream", resid),
-                                                      ("embedding weight gradient (unsharded)", g * ee)]))
+                                                      ("embedding weight gradient (unsharded)", g * eg)]))
             if m == 0:
-                acc[c] += rw * ee
+                acc[c] += rw * eg
+        if root_new[0]:  # the root unit's post-backward: the head's gradients upcast into (or added to) accumulators
+            acc[c] += rw * he if m == 0 else 0
+            root_new[0] = 0
         alive[c] -= 1
         done[c] += 1
         if done[c] == n and v > 1:  # the interleaved runtime reduces each chunk after its own last backward
@@ -267,6 +293,7 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
         if not reduced[c]:
             moments.append(_reduce(c, common(c, False), rw * world * lsh))
             gathered[c], acc[c] = False, 0
+    returned[0] = True
     grads = [("gradients (shards)", st.grads)]
     step = st.step_temporary
     tail = common(0, False)

@@ -24,6 +24,21 @@ from memcalc.errors import InputError
 from memcalc.validation.trace_step import decoder_layers
 
 
+def fresh_dtensor_caches() -> None:
+    """DTensor's redistribution planners are cached per mesh (``_redistribute._planner_cache``: a weak reference to
+    the mesh, which compares equal to an earlier trace's mesh of the same layout) and its sharding propagation per
+    spec (in Python and in the C++ fast path): an earlier trace's entries would hand back the meshes of its
+    destroyed process group."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import _redistribute
+
+    _redistribute.clear_redistribute_planner_cache()
+    _redistribute._gen_transform_infos.cache_clear()
+    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+    if hasattr(torch._C, "_clear_DTensor_sharding_propagator_cache"):  # the C++ dispatch fast path's own cache
+        torch._C._clear_DTensor_sharding_propagator_cache()
+
+
 @contextlib.contextmanager
 def fake_process_group(world: int, tp: int, fsdp: bool = False, replicate: int = 1) -> Iterator[object | None]:
     """The (dp, tp) ``DeviceMesh`` on "cpu" for rank 0 of ``world`` ranks, or None when ``world`` is 1 (unless
@@ -43,6 +58,7 @@ def fake_process_group(world: int, tp: int, fsdp: bool = False, replicate: int =
 
     if dist.is_initialized():
         raise InputError("a torch.distributed process group is already initialised; trace in a fresh process")
+    fresh_dtensor_caches()
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
     try:
         with unset_fake_temporarily():
@@ -96,7 +112,7 @@ def _tp_plan(layer: torch.nn.Module) -> dict:
     }
 
 
-def _sp_plan(model: torch.nn.Module, loss_parallel: bool) -> dict:
+def _sp_plan(model: torch.nn.Module, loss_parallel: bool, local: bool = False) -> dict:
     """Sequence parallelism as torchtitan's ``apply_tp`` (torchtitan 0.1/0.2 ``models/llama3/infra/parallelize.py``)
     on Hugging Face module names: the embedding ``RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))``,
     every norm ``SequenceParallel``, ``PrepareModuleInput`` Shard(1) -> Replicate before attention and the MLP,
@@ -105,7 +121,8 @@ def _sp_plan(model: torch.nn.Module, loss_parallel: bool) -> dict:
 
     The residual stream stays a ``DTensor`` (``use_local_output=False`` on the embedding, o and down; torchtitan hands
     on the local shard): Hugging Face derives the causal mask's length from the embedding output's global shape,
-    and a DTensor cannot be added to a plain tensor. Same local storages either way."""
+    and a DTensor cannot be added to a plain tensor. Same local storages either way. ``local``: torchtitan's own
+    ``use_local_output=True`` (a pipeline stage hands on and receives the plain local shard)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -116,7 +133,7 @@ def _sp_plan(model: torch.nn.Module, loss_parallel: bool) -> dict:
 
     plan = {
         "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1),
-                                              use_local_output=False),
+                                              use_local_output=local),
         "model.norm": SequenceParallel(),
         "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1) if loss_parallel else Replicate(),
                                    use_local_output=not loss_parallel),
@@ -131,12 +148,12 @@ def _sp_plan(model: torch.nn.Module, loss_parallel: bool) -> dict:
             p + "self_attn.q_proj": ColwiseParallel(),
             p + "self_attn.k_proj": ColwiseParallel(),
             p + "self_attn.v_proj": ColwiseParallel(),
-            p + "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+            p + "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=local),
             p + "post_attention_layernorm": SequenceParallel(),
             p + "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
             p + "mlp.gate_proj": ColwiseParallel(),
             p + "mlp.up_proj": ColwiseParallel(),
-            p + "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+            p + "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=local),
         })  # fmt: skip
     return plan
 

@@ -172,6 +172,12 @@ class LiveBytes(TorchDispatchMode):
         if self.live > self.phase_peaks.get(label, -1):
             self.phase_peaks[label] = self.live
 
+    def stop(self) -> None:
+        """The traced step is over: storages that die later (the model and the optimizer let go after it) no
+        longer change ``live``, which stays what the step ended with."""
+        self._sizes.clear()
+        self._uids.clear()
+
     def result(self, label: str = "", seconds: float = 0.0) -> Trace:
         oom = self.oom
         return Trace(self.baseline, self.peak, self.peak_phase, dict(self.phase_peaks), self.live,
