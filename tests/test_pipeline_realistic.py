@@ -4,7 +4,7 @@
 ``ScheduleInterleaved1F1B`` as one rank of a (pp, dp) fake process group, FSDP2 inside the stage with
 ``reshard_after_forward=False`` (torchtitan's composition), Hugging Face Llama layers on fake tensors. The baseline
 (sharded parameters, AdamW's state, buffers, the receive buffers the first step made) is exact; the peak is 0 to
-1.0 % below at 64 tokens against hidden 128. With torchtitan's sequence-parallel tensor parallelism inside the stages
+1.1 % below at 64 tokens against hidden 128. With torchtitan's sequence-parallel tensor parallelism inside the stages
 (a (pp, dp, tp) mesh) at 256 tokens against hidden 256: the baseline exact, the peak within 0.2 %.
 """
 

@@ -473,7 +473,8 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
         whole, mine, gathered = r * vocab_rows * h, r * arch.padded_vocab * h, r * t * h
         if fs.wrap == "root":
             gone = ("this layer's unsharded gradients", "gradient of the residual stream", "rotary cos, sin")
-            held = [p for p in moments[-1].parts if p[0] not in gone]  # layer 0's reduce-scatter copy-in
+            copy_in = next(m for m in reversed(moments) if m.label == "backward of layer 0: reduce-scatter copy-in")
+            held = [p for p in copy_in.parts if p[0] not in gone]
             held.append(("gradient shard of layer 0", fs.layer_grad_shard))
         else:
             held = base + [("loss and its gradient", 8)] + [

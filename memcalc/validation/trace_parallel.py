@@ -32,11 +32,13 @@ def fresh_dtensor_caches() -> None:
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor import _redistribute
 
-    _redistribute.clear_redistribute_planner_cache()
-    _redistribute._gen_transform_infos.cache_clear()
-    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
-    if hasattr(torch._C, "_clear_DTensor_sharding_propagator_cache"):  # the C++ dispatch fast path's own cache
-        torch._C._clear_DTensor_sharding_propagator_cache()
+    clears = (getattr(_redistribute, "clear_redistribute_planner_cache", None),
+              getattr(getattr(_redistribute, "_gen_transform_infos", None), "cache_clear", None),
+              getattr(DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding, "cache_clear", None),
+              getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None))  # the C++ fast path's own cache
+    for clear in clears:  # (torch 2.13's names; a release without one of them has no such cache to clear)
+        if clear is not None:
+            clear()
 
 
 @contextlib.contextmanager
