@@ -178,23 +178,23 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
     # the head's and the final norm's new gradients in the compute dtype, where the accumulators keep the reduce dtype:
     # the stage's root unit holds them from the head's backward to its post-backward, after the stage's last layer
     # (FSDP2 upcasts them there: ``to_accumulated_grad_if_needed``, ``accumulate_unsharded_grad_if_needed``)
-    root_new = [0]
+    root_new = 0
     # the step's token ids (int64), every micro-batch's: the first stage's inputs and the last stage's labels, which
     # the schedule splits into micro-batches as views (torch pipelining ``microbatch.split_args_kwargs_into_chunks``)
     batch_ids = ("the step's input ids and labels (int64)", 8 * n * b * s * (any(first) + any(last)))
-    returned = [False]  # the schedule's step has returned: its send ops are gone
+    returned = False  # the schedule's step has returned: its send ops are gone
 
     def common(c_cur: int, exclude_current: bool) -> list[tuple[str, int]]:
         held = sum(full[c] * (alive[c] - (1 if exclude_current and c == c_cur else 0)) for c in range(v))
         # Schedule1F1B's previous backward's input gradient, referenced by its send ops (``bwd_sends``) until the
         # next backward's replace them (stage_backward has taken it off the buffer: ``val.grad = None``); the
         # interleaved runtime drops its sends once waited (traced)
-        sending = resid if v == 1 and not first[0] and done[0] > 0 and not returned[0] else 0
+        sending = resid if v == 1 and not first[0] and done[0] > 0 and not returned else 0
         return base + [batch_ids, ("parameters (gathered)", sum(gb for gb, on in zip(gathered_c, gathered) if on)),
                        ("gradient accumulators (unsharded)", sum(acc)),
                        ("micro-batches in flight (saved tensors, stage outputs)", held),
                        ("stage input gradient being sent (the previous backward's)", sending),
-                       ("head's new gradients (until the stage's post-backward)", root_new[0])]
+                       ("head's new gradients (until the stage's post-backward)", root_new)]
 
     for backward, c in ops:
         ids = list(chunks[c])
@@ -229,7 +229,7 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
                                                       ("head weight gradient (unsharded)", g * x.vocab * h),
                                                       ("head input gradient", d * t * h)]))
             if rw != g:
-                root_new[0] = g * he
+                root_new = g * he
             elif m == 0:  # the first backward's gradients are the accumulators
                 acc[c] += rw * he
         out = resid if not last[c] else logits[1]  # the stage output, referenced until the backward returns
@@ -281,9 +281,9 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
                                                       ("embedding weight gradient (unsharded)", g * eg)]))
             if m == 0:
                 acc[c] += rw * eg
-        if root_new[0]:  # the root unit's post-backward: the head's gradients upcast into (or added to) accumulators
+        if root_new:  # the root unit's post-backward: the head's gradients upcast into (or added to) accumulators
             acc[c] += rw * he if m == 0 else 0
-            root_new[0] = 0
+            root_new = 0
         alive[c] -= 1
         done[c] += 1
         if done[c] == n and v > 1:  # the interleaved runtime reduces each chunk after its own last backward
@@ -293,7 +293,7 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
         if not reduced[c]:
             moments.append(_reduce(c, common(c, False), rw * world * lsh))
             gathered[c], acc[c] = False, 0
-    returned[0] = True
+    returned = True
     grads = [("gradients (shards)", st.grads)]
     step = st.step_temporary
     tail = common(0, False)
