@@ -1,4 +1,5 @@
-"""Reserved memory beyond the live bytes (memcalc.memory.reserved): the loss's freed logits and FSDP2's stream pools."""
+"""Reserved memory beyond the live bytes (memcalc.memory.reserved): the loss's freed logits, FSDP2's stream pools and
+the forward's blocks beside the loss's."""
 
 import statistics
 import sys
@@ -8,7 +9,9 @@ import pytest
 
 import memcalc
 from memcalc.memory.allocator import GAP_LOW
+from memcalc.memory.caching import replay
 from memcalc.memory.reserved import (
+    blocks_at_peak,
     cached_at_peak,
     loss_cached,
     loss_events,
@@ -64,11 +67,44 @@ def test_side_stream_pools_are_reserved_for_the_whole_step():
                Moment("backward", "loss", 300, (("activations", 300),)),
                Moment("optimizer", "step", 150, (("parameters", 100), ("gradients (shards)", 50)))]
     # default stream: its own bytes at each moment (60, 300, 100), the loss's cache at moment 1
-    assert reserved_peak(moments, 1, 20, streams=True) == (300 + 20 + 40 + 50, [40, 50], True)
-    assert reserved_peak(moments, 1, 20, streams=False) == (320, [0, 0], True)
+    assert reserved_peak(moments, 1, 20, streams=True) == (300 + 20 + 40 + 50, [40, 50], 0)
+    assert reserved_peak(moments, 1, 20, streams=False) == (320, [0, 0], 0)
     # the loss's cache counts only where its moment is the default stream's peak
-    assert reserved_peak(moments, 0, 20, streams=True) == (300 + 40 + 50, [40, 50], False)
-    assert reserved_peak(moments, 0, 20, streams=False) == (300, [0, 0], False)
+    assert reserved_peak(moments, 0, 20, streams=True) == (300 + 40 + 50, [40, 50], -1)
+    assert reserved_peak(moments, 0, 20, streams=False) == (300, [0, 0], -1)
+
+
+MiB = 1 << 20
+
+
+def test_the_forward_blocks_stay_beside_the_loss():
+    """Replayed through the caching allocator: four checkpointed layers, each keeping a 32 MiB checkpoint and making
+    two 128 MiB transients in its forward, then the head's input and the standard loss over 8,192 tokens of a
+    32,000-word vocabulary (bf16 logits, 500 MiB: larger than any forward tensor). The loss takes fresh segments
+    for all of its blocks; the forward's stay reserved beside them."""
+    fwd = []
+    for i in range(4):
+        fwd += [(f"ckpt {i}", 32 * MiB), (f"a {i}", 128 * MiB), (f"b {i}", 128 * MiB), (f"a {i}", -1), (f"b {i}", -1)]
+    fwd += [("head input", 64 * MiB)]
+    loss = loss_events(8192, 32000, 2)
+    live, cached = blocks_at_peak(loss)
+    assert (live, cached) == (3 * 4 * 8192 * 32000, 2 * 8192 * 32000)  # log-softmax, two gradients; the logits
+    forward, step = replay(fwd), replay(fwd + loss)
+    assert step.peak_reserved == forward.peak_reserved + live + cached
+    # the timeline's view: the most live before the loss (the last layer's transients over four checkpoints), then
+    # the loss's moment (the checkpoints and the head's input beside the loss's blocks)
+    before, kept = 4 * 32 * MiB + 2 * 128 * MiB, 4 * 32 * MiB + 64 * MiB
+    moments = [Moment("forward.layer.3", "transients", before, (("layers", before),)),
+               Moment("backward", "loss", kept + live, (("kept", kept), ("loss", live)))]
+    held, _, forward_cached = reserved_peak(moments, 1, cached, loss_blocks=live)
+    assert forward_cached == before - kept
+    assert held == before + live + cached
+    # without the forward's blocks the estimate was the loss's moment and its freed logits only
+    assert reserved_peak(moments, 1, cached)[0] == kept + live + cached
+    # what the forward reserved beyond its most live bytes (best fit splitting a freed transient for the next
+    # checkpoint) is not counted: the estimate stays at or below the replay
+    assert held <= step.peak_reserved
+    assert step.peak_reserved - held == forward.peak_reserved - before
 
 
 def _titan(**kw):
@@ -85,7 +121,12 @@ def test_fsdp2_reserved_adds_the_logits_block_and_both_stream_pools():
     grads = 4 * (layers * layer // 2 + root // 2) // 8  # fp32 gradient shards of every parameter
     # the copy-in pool holds the root's and one layer's all-gather outputs at once (layer 0's gather); at the peak the
     # last layer's output is alive (counted in the allocated peak), so the root's is what the pool adds
-    assert g.peak_reserved - g.peak_allocated == GAP_LOW + logits + (root + layer) - layer + grads
+    # and the forward's blocks (its most live bytes, the last layer's op-SAC transients, less what the loss's moment
+    # keeps beside its own blocks): less than the last MLP's two intermediates (16,384 tokens x 14,336 in bf16)
+    forward = g.peak_reserved - g.peak_allocated - (GAP_LOW + logits + (root + layer) - layer + grads)
+    assert 0 < forward < 2 * 2 * 2 * 8192 * 14336
+    detail = next(x.detail for x in g.rows if x.key == "allocator_reserve")
+    assert f"the forward's blocks, too small for the loss's, {forward / GiB:.2f} GiB" in detail
     # released before a cudaMalloc fails: the total and the verdict are the allocated peak's
     assert g.total == g.peak_allocated + GAP_LOW + g.cuda_context + 2 ** 27  # NCCL: 16 channels x 2 peers x 4 MiB
     assert "cached blocks the peak cannot use" in next(x.detail for x in g.rows if x.key == "allocator_reserve")

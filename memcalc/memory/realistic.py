@@ -186,6 +186,9 @@ _DETAIL = (
     ("logits (fp32)", "the loss's fp32 logits, 4 bytes per logit element"),
     ("logits", "the output head's logits, s·b·v in the compute dtype"),
     ("loss, total weight", "the loss and its reduction's total weight (scalars)"),
+    ("log-softmax's per-token", "loss_parallel's _log_softmax: the max, the sum of exponentials and their log per "
+                                "token, all-reduced over the tensor-parallel ranks (torch distributed/tensor/parallel/"
+                                "loss.py)"),
     ("loss and its gradient", "the scalar loss and its gradient"),
     ("micro-batch's saved tensors", "pipelining: what this micro-batch's layers save for backward, at its forward"),
     ("buffers", "the model's registered buffers (the rotary inv_freq and the like)"),
@@ -426,10 +429,11 @@ def _finish(plan: Plan, tl: Any, allocated: int, ddp_buckets: int, comm_groups: 
     # side-stream pools. Wholly free segments, released before a cudaMalloc fails: max_memory_reserved shows them
     # up to what the GPU leaves the allocator; the verdict and the total do not count them.
     streams = plan.spec.name in FSDP_SHARDED and plan.fsdp_version == 2  # FSDP1's pools are not modelled
-    held, pools, loss_binds = reserved_peak(tl.moments, tl.loss_moment, tl.loss_cache, streams)
+    held, pools, forward = reserved_peak(tl.moments, tl.loss_moment, tl.loss_cache, streams, tl.loss_blocks)
     cached = max(0, held - peak.live_bytes)
     reserved = max(f.peak_reserved, min(f.peak_reserved + cached, plan.usable_bytes - context - comm))
-    what = ([f"the loss's freed logits {tl.loss_cache / GiB:.2f} GiB"] * loss_binds
+    what = ([f"the loss's freed logits {tl.loss_cache / GiB:.2f} GiB"] * (forward >= 0 and tl.loss_cache > 0)
+            + [f"the forward's blocks, too small for the loss's, {forward / GiB:.2f} GiB"] * (forward > 0)
             + [f"FSDP2's {name} pool of {b / GiB:.2f} GiB" for (name, _), b in zip(POOLS, pools) if b])
     kept = (f"; max_memory_reserved also holds {(reserved - f.peak_reserved) / GiB:.2f} GiB of cached blocks the "
             "peak cannot use (" + ", ".join(what)
@@ -653,7 +657,7 @@ def notes(plan: Plan) -> list[str]:
                    f"tp {plan.tp} with sequence parallelism as torchtitan's plan: SequenceParallel norms, "
                    "reduce-scattered o and down, all-gathered projection inputs saved whole, vocabulary-sharded "
                    "embedding, head and logits under loss_parallel (memory/timeline_tp.py, against a traced step; "
-                   "loss_parallel's temporaries inside DTensor derived from torch's source)")
+                   "loss_parallel's temporaries inside DTensor traced too)")
     if plan.lora is not None:
         lp = plan.lora
         out.append(f"LoRA r = {lp.rank} on {','.join(lp.targets)}{' over an NF4 base (QLoRA)' if lp.quantize == 'nf4' else ''}: "

@@ -1,6 +1,6 @@
 """Reserved memory beyond the live bytes: blocks the caching allocator keeps but cannot hand to the step's peak.
 
-``torch.cuda.max_memory_reserved`` counts every segment the allocator holds, used or not. Two mechanisms leave
+``torch.cuda.max_memory_reserved`` counts every segment the allocator holds, used or not. Three mechanisms leave
 cached blocks that the requests at a step's peak cannot use, each read from the allocator's rules
 (c10/cuda/CUDACachingAllocator.cpp) and from the code that makes the requests:
 
@@ -18,8 +18,14 @@ cached blocks that the requests at a step's peak cannot use, each read from the 
    default stream before the stream switch). Each pool holds the most its own tensors needed at once, for the whole
    run; the default stream's tensors cannot use it. So during the forward and the loss, when no gradient shard is
    alive (``zero_grad(set_to_none=True)``), a gradient-sized pool is reserved beside the step's live bytes.
+3. **The forward's blocks.** The segments the default stream reserved before the loss (at least the most bytes alive
+   there: under recomputation a checkpointed layer's forward transients, the gathered inputs and partial sums of
+   sequence parallelism) are split into blocks no larger than the forward's tensors. Where the logits are larger
+   than any of them, none serves the loss's requests: the loss takes fresh segments for its logit-sized blocks,
+   and what the forward reserved stays beside them, its part not filled by what the loss's moment keeps alive
+   cached and free (``reserved_peak``'s ``loss_blocks``; traced and replayed: tests/test_reserved.py).
 
-Both leave wholly free segments, which ``release_cached_blocks`` gives back before a ``cudaMalloc`` fails: they
+All three leave wholly free segments, which ``release_cached_blocks`` gives back before a ``cudaMalloc`` fails: they
 raise ``max_memory_reserved`` when the GPU has room, never the verdict.
 
 Not modelled: a chunked loss's freed chunks; the first step's optimizer states, created lazily inside
@@ -88,6 +94,12 @@ def loss_cached(tokens: int, vocab: int, width: int, option: str = "standard", c
 def cached_at_peak(events) -> int:
     """Replay ``(key, nbytes)`` events (``-1`` frees) through a fresh ``CachingAllocator``: reserved − allocated at
     the first event with the most allocated bytes."""
+    return blocks_at_peak(events)[1]
+
+
+def blocks_at_peak(events) -> tuple[int, int]:
+    """Replay ``(key, nbytes)`` events (``-1`` frees) through a fresh ``CachingAllocator``: the allocated bytes at
+    the first event with the most of them, and the bytes then cached but free."""
     a = CachingAllocator()
     cached = live = 0
     for key, nbytes in events:
@@ -97,7 +109,7 @@ def cached_at_peak(events) -> int:
         a.malloc(key, nbytes)
         if a.allocated > live:
             live, cached = a.allocated, a.reserved - a.allocated
-    return cached
+    return live, cached
 
 
 _POOL_OF: dict[str, int] = {}
@@ -111,38 +123,46 @@ def _pool_of(name: str) -> int:
     return i
 
 
-def reserved_peak(moments, loss_moment: int = -1, loss_cache: int = 0,
-                  streams: bool = False) -> tuple[int, list[int], bool]:  # fmt: skip
+def reserved_peak(moments, loss_moment: int = -1, loss_cache: int = 0, streams: bool = False,
+                  loss_blocks: int = 0) -> tuple[int, list[int], int]:  # fmt: skip
     """The reserved peak of a timeline (``memcalc.memory.timeline.Moment``s), less the allocator's least gap; the
-    side-stream pools' bytes in it; whether the loss's cached bytes are in it.
+    side-stream pools' bytes in it; the forward's bytes cached at the loss's peak where the loss's moment is the
+    default stream's reserved peak (else -1: ``loss_cache`` is not in it either).
 
     The default stream reserves at least its own live bytes at every moment, and from the loss's peak
     (``loss_moment``) on at least that moment's bytes plus ``loss_cache`` (segments are kept: reserved never falls).
-    With ``streams`` (FSDP2), each side-stream pool reserves the most its parts are ever alive at once, for the whole
-    step, and its parts are not the default stream's."""
+    ``loss_blocks``: the loss's own blocks alive at that moment where no block the forward freed can serve them
+    (``memcalc.memory.timeline``: each larger than any tensor before the loss); the segments the default stream
+    reserved before the loss's first request (its most live bytes there) then stay beside them, the part of them
+    that the rest of the loss's moment does not fill cached and free. With ``streams`` (FSDP2), each side-stream
+    pool reserves the most its parts are ever alive at once, for the whole step, and its parts are not the default
+    stream's."""
     pools = [0] * len(POOLS)
-    if not streams:
-        default = max(m.live_bytes for m in moments)
-        at_loss = moments[loss_moment].live_bytes + loss_cache if 0 <= loss_moment < len(moments) else 0
-        return max(default, at_loss), pools, at_loss > default
-    default = at_loss = 0
-    memo, side = _POOL_OF, [0] * len(POOLS)
+    default = at_loss = before = forward_cached = 0
+    side = [0] * len(POOLS)
+    started = False  # the loss's first request (the logits) made
     for i, m in enumerate(moments):
         for k in range(len(side)):
             side[k] = 0
         for name, b in m.parts:
-            k = memo.get(name)
-            if k is None:
-                k = _pool_of(name)
-            if k >= 0:
-                side[k] += b
+            if streams:
+                k = _POOL_OF.get(name)
+                if k is None:
+                    k = _pool_of(name)
+                if k >= 0:
+                    side[k] += b
+            if name == "logits" and b:
+                started = True
         for k, x in enumerate(side):
             pools[k] = max(pools[k], x)
         own = m.live_bytes - sum(side)
+        if not started and i < loss_moment:
+            before = max(before, own)
         if i == loss_moment:
-            at_loss = own + loss_cache
+            forward_cached = max(0, before - (own - loss_blocks)) if loss_blocks else 0
+            at_loss = own + loss_cache + forward_cached
         default = max(default, own)
-    return max(default, at_loss) + sum(pools), pools, at_loss > default
+    return max(default, at_loss) + sum(pools), pools, forward_cached if at_loss > default else -1
 
 
-__all__ = ["POOLS", "cached_at_peak", "loss_cached", "loss_events", "reserved_peak"]
+__all__ = ["POOLS", "blocks_at_peak", "cached_at_peak", "loss_cached", "loss_events", "reserved_peak"]

@@ -337,8 +337,8 @@ def parallel_loss(n: int) -> tuple[int, int]:
     n = T·V/t logits (torch ``distributed/tensor/parallel/loss.py``): forward ``_log_softmax`` keeps ``shifted = x -
     max`` and ``exp(shifted)`` alive together (8n where its output is 4n: 4n more); backward
     ``_nll_loss_and_log_softmax_backward`` keeps ``zeros_like(x)``, ``exp(x)`` and their sum (12n where its output
-    is 4n: 8n more). They run inside DTensor's dispatch, below the tracer's ``TorchDispatchMode`` (which sees each
-    op's outputs only), so a traced step lacks exactly these bytes. Returns (forward, backward)."""
+    is 4n: 8n more). They run inside DTensor's dispatch, which the tracer enters for these handlers
+    (``memcalc.validation.trace_tracker``: traced equal, tests/test_timeline_tp.py). Returns (forward, backward)."""
     return 4 * n, 8 * n
 
 

@@ -16,7 +16,7 @@ import dataclasses
 
 from memcalc.errors import InputError
 from memcalc.frozen import frozen
-from memcalc.memory.reserved import loss_cached
+from memcalc.memory.reserved import blocks_at_peak, loss_events
 from memcalc.memory.saved import (FAMILIES, LAYER_NORM_FAMILIES, LLAMA_STYLE, OTHER_NORMS, REGIMES, _check,
                                   check_code, embedding_norm, loss_transient, shape)
 from memcalc.memory.saved_gemma import GEMMAS, rope_types, sliding_sdpa_masked
@@ -51,6 +51,9 @@ class Timeline:
     """The index of the loss's peak moment (-1: none marked)."""
     loss_cache: int = 0
     """Bytes the loss leaves cached and free at that moment (``memcalc.memory.reserved.loss_cached``)."""
+    loss_blocks: int = 0
+    """The loss's own blocks alive at that moment (``memcalc.memory.reserved.loss_events``) where each is larger than
+    any tensor the forward made, so that none of the forward's freed blocks serves them; else 0."""
 
     @property
     def peak(self) -> Moment:
@@ -341,8 +344,13 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     # (d·T·V) is saved until the backward reaches it; the capped logits are the loss's input
     softcap = [("logit softcap tanh output", d * n if arch.logit_softcap and loss != "fused" else 0)]
     fwd_loss = after_norm + FsdpOverlay.after_layers(fs, "loss", L) + head[1:] + logits + labels + softcap
-    fwd_loss += [(copy_name, _chunk(lp, 1)), (saved_name, _chunk(lp, 2)), ("loss, total weight", 8)]
-    fwd_loss += list(lp.names[4:])  # eager loss_parallel: shifted and exp(shifted) alive together inside DTensor
+    fwd_loss += [(copy_name, _chunk(lp, 1)), (saved_name, _chunk(lp, 2))]
+    if len(lp.names) > 4:  # eager loss_parallel: its moment is inside ``_log_softmax``, at ``shifted - logsumexp``:
+        # shifted and its result alive together, beside the per-token max, sum and log-sum-exp (fp32, all-reduced);
+        # the loss and its total weight not made yet
+        fwd_loss += list(lp.names[4:]) + [("log-softmax's per-token max, sum, log-sum-exp (fp32)", 12 * t)]
+    else:
+        fwd_loss += [("loss, total weight", 8)]
     moments.append(_moment("loss", "log-softmax done, logits and their fp32 copy alive" if not compiled_loss else
                            "the compiled loss's forward kernels done, the logits alive", fwd_loss))
 
@@ -357,7 +365,16 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     loss_moment = len(moments)
     moments.append(_moment("backward", "log_softmax backward: its output gradient and its input gradient",
                            saved_end + [(grad_name, grad_bytes)]))  # fmt: skip
-    loss_cache = loss_cached(t, v, d, loss, compiled_loss, parallel=sp > 1)
+    loss_live, loss_cache = blocks_at_peak(loss_events(t, v, d, loss, compiled_loss, parallel=sp > 1))
+    # the forward's largest tensor: the projections' inputs and outputs in the compute dtype (whole-sequence under SP:
+    # the gathered inputs, the partial sums), the residual stream in the activations' dtype (whole under autocast's
+    # SP: the fp32 gathered MLP input), the norms' fp32 upcast (the rank's 1/sp of the sequence), eager attention's
+    # scores (fp32 at most). Where the logits (the loss's first and smallest request) are larger, no block the
+    # forward freed can serve the loss (memcalc.memory.reserved, "the forward's blocks")
+    largest = max(d * t * max(h, x.ffn, x.qw), r * t * h, 4 * t * h // sp)
+    if attention == "eager":
+        largest = max(largest, 4 * x.scores)
+    loss_blocks = loss_live if d * n > largest else 0
     if fs is not None and fs.wrap != "root" and sp == 1 and loss != "fused":
         # the head's backward, its unit gathered: the logits' gradient, the head weight's unsharded gradient and the
         # gradient of its input (both in the matmul's dtype; under autocast their fp32 casts come once the bf16 casts
@@ -506,7 +523,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     with_grads = base + [("gradients (shards)" if fs else "gradients", grads)]
     moments.append(_moment("optimizer", "optimizer.step()", with_grads + [("step temporaries", st.step_temporary)]))
     moments.append(_moment("zero_grad", "after the step, before zero_grad", with_grads))
-    return Timeline(tuple(moments), loss_moment, loss_cache)
+    return Timeline(tuple(moments), loss_moment, loss_cache, loss_blocks)
 
 
 def with_loss(tl: Timeline, moments) -> Timeline:
@@ -516,7 +533,7 @@ def with_loss(tl: Timeline, moments) -> Timeline:
         return Timeline(tuple(moments))
     key = tl.moments[tl.loss_moment].phase, tl.moments[tl.loss_moment].label
     i = next((i for i, m in enumerate(moments) if (m.phase, m.label) == key), -1)
-    return Timeline(tuple(moments), i, tl.loss_cache if i >= 0 else 0)
+    return Timeline(tuple(moments), i, tl.loss_cache if i >= 0 else 0, tl.loss_blocks if i >= 0 else 0)
 
 
 def _mask_kinds(arch: Architecture) -> int:

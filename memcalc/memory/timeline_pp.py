@@ -164,6 +164,9 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
     lp = loss_transient(t, x.vocab, act, loss, compiled=compiled_loss, parallel=sp > 1)
     copy_name, saved_name, grad_name = loss_rows(lp, compiled_loss)
     logits = ("logits (kept by fwd_cache)", 0 if loss == "fused" else d * n_logits)
+    # under SP the head's ColwiseParallel(input_layouts=Shard(1)) all-gathers its input, saved whole for its weight's
+    # gradient until the head's backward (timeline.py's part of the same name)
+    head_input = [("head input (all-gathered)", d * t * h)] if sp > 1 else []
     norm2 = (norm_backward(ra, family=family, regime=act, attention=attention, s=s, b=b, device=device,
                            rotary_dims=None, grad_width=g, sp=sp)
              if family in LLAMA_STYLE and code == "hf" else 0)  # fmt: skip
@@ -211,9 +214,11 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
             fwd[c] += 1
             alive[c] += 1
             if last[c]:
-                cur = [("this micro-batch's saved tensors", full[c]), head[0]] + head[1:] + [logits]
+                cur = [("this micro-batch's saved tensors", full[c]), head[0]] + head[1:] + head_input + [logits]
                 fwd_loss = common(c, True) + cur + [(copy_name, _chunk(lp, 1)), (saved_name, _chunk(lp, 2))]
-                fwd_loss += list(lp.names[4:])  # eager loss_parallel's temporaries inside DTensor
+                if len(lp.names) > 4:  # eager loss_parallel, inside ``_log_softmax`` (timeline.py's moment)
+                    fwd_loss += list(lp.names[4:]) + [("log-softmax's per-token max, sum, log-sum-exp (fp32)",
+                                                       12 * t)]
                 moments.append(_moment("loss", f"micro-batch {fwd[c] - 1}: log-softmax done", fwd_loss))
             continue
         # ---- backward of one micro-batch of chunk c ---------------------------------------------------------------
@@ -222,12 +227,12 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
             grad = _chunk(lp, 3)
             moments.append(_moment("backward", f"micro-batch {m}: the loss's backward",
                                    common(c, True) + [("this micro-batch's saved tensors", full[c]), head[0]]
-                                   + head[1:] + [logits, (saved_name, _chunk(lp, 2)), (grad_name, grad)]))
+                                   + head[1:] + head_input + [logits, (saved_name, _chunk(lp, 2)), (grad_name, grad)]))
             moments.append(_moment("backward", f"micro-batch {m}: the head's backward",
-                                   common(c, True) + [("this micro-batch's saved tensors", full[c]), head[0], logits,
-                                                      ("logits gradient", d * n_logits),
-                                                      ("head weight gradient (unsharded)", g * x.vocab * h),
-                                                      ("head input gradient", d * t * h)]))
+                                   common(c, True) + [("this micro-batch's saved tensors", full[c]), head[0], logits]
+                                   + head_input + [("logits gradient", d * n_logits),
+                                                   ("head weight gradient (unsharded)", g * x.vocab * h),
+                                                   ("head input gradient", d * t * h)]))
             if rw != g:
                 root_new = g * he
             elif m == 0:  # the first backward's gradients are the accumulators

@@ -7,7 +7,8 @@ so it is wrapped: FSDP2 frees and refills its unsharded parameters that way
 (torch ``distributed/fsdp/_fully_shard/_fsdp_param.py``: ``alloc_storage`` / ``free_storage``).
 The same accounting as torch's ``distributed/_tools/mem_tracker.py`` (``_WeakRefInfo``, ``_track_resize``), except
 that DTensor outputs are counted through their local shards only: a DTensor wrapper, and the global-shape meta
-tensors of its sharding propagation, own no memory of their own.
+tensors of its sharding propagation, own no memory of their own. DTensor's dispatch runs below the mode, which sees
+only its outputs; ``loss_parallel``'s handlers, whose temporaries are logit-sized, are run with the mode back on.
 
 Works the same on real and on fake tensors (``torch._subclasses.fake_tensor``): a fake storage reports the bytes
 a real one would hold, so a traced step on fake "cpu" tensors and the real step agree byte for byte.
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from functools import wraps
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode, _push_mode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
 BASELINE = "baseline"
@@ -75,6 +76,10 @@ class LiveBytes(TorchDispatchMode):
 
     Usage: ``t = LiveBytes(); t.add_baseline(tensors); with t: ...; t.phase("backward"); ...``
     """
+
+    propagating = 0
+    """Above 0 inside loss_parallel's shape propagation, for every tracker on the stack: the global-shape tensors
+    it makes own no memory."""
 
     def __init__(self, record_timeline: bool = True, record_blocks: bool = False) -> None:
         super().__init__()
@@ -216,14 +221,62 @@ class LiveBytes(TorchDispatchMode):
             self._sizes[key] = (entry[0], weakref.ref(sb, lambda r, k=key: self._died(k, r)))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        handler = _loss_parallel_handler(func)
+        if handler is not None and any(isinstance(a, torch.Tensor) and is_traceable_wrapper_subclass(a)
+                                       for a in tree_flatten(args)[0]):
+            out = self._run_loss_handler(handler, func, args, kwargs or {})
+        else:
+            out = func(*args, **(kwargs or {}))
         if func is _WAIT and isinstance(out, torch.Tensor):
             # A real wait_tensor returns its input; the fake kernel returns a fresh tensor of the same size.
             self._alias(args[0], out)
+        if LiveBytes.propagating:
+            return out
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self.track_tensor(t)
         return out
+
+    def _run_loss_handler(self, handler, func, args, kwargs):
+        """loss_parallel's handlers compute on the local shards inside DTensor's dispatch, where this mode is off:
+        run the handler with the mode back on the stack, so that its temporaries are counted, except inside its
+        shape propagation (``_propagate_tensor_meta`` runs the op on global-shape tensors that own no memory)."""
+        import torch.distributed.tensor.parallel.loss as lp
+
+        propagate = lp._propagate_tensor_meta
+
+        def unseen(*a, **k):
+            LiveBytes.propagating += 1
+            try:
+                return propagate(*a, **k)
+            finally:
+                LiveBytes.propagating -= 1
+
+        lp._propagate_tensor_meta = unseen
+        _push_mode(self)
+        try:
+            return handler(func, args, kwargs)
+        finally:
+            _pop_mode()
+            lp._propagate_tensor_meta = propagate
+
+
+_LOSS_OPS: list = []
+
+
+def _loss_parallel_handler(func):
+    """loss_parallel's handler of ``func`` while it is enabled (torch ``distributed/tensor/parallel/loss.py``:
+    ``customized_loss_ops``, installed into DTensor's ``_custom_op_handlers``), else None."""
+    if not _LOSS_OPS:
+        try:
+            from torch.distributed.tensor import DTensor
+            from torch.distributed.tensor.parallel.loss import customized_loss_ops
+        except ImportError:  # torch without distributed
+            _LOSS_OPS.extend((frozenset(), {}))
+        else:
+            _LOSS_OPS.extend((frozenset(customized_loss_ops), DTensor._op_dispatcher._custom_op_handlers))
+    ops, installed = _LOSS_OPS
+    return installed.get(func) if func in ops else None
 
 
 def model_state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
