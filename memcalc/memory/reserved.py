@@ -142,23 +142,22 @@ def reserved_peak(moments, loss_moment: int = -1, loss_cache: int = 0, streams: 
     side = [0] * len(POOLS)
     started = False  # the loss's first request (the logits) made
     for i, m in enumerate(moments):
-        own = m.live_bytes
-        if streams:
-            for k in range(len(side)):
-                side[k] = 0
-            for name, b in m.parts:
+        for k in range(len(side)):
+            side[k] = 0
+        for name, b in m.parts:
+            if streams:
                 k = _POOL_OF.get(name)
                 if k is None:
                     k = _pool_of(name)
                 if k >= 0:
                     side[k] += b
-            for k, x in enumerate(side):
-                pools[k] = max(pools[k], x)
-            own -= sum(side)
+            if name == "logits" and b:
+                started = True
+        for k, x in enumerate(side):
+            pools[k] = max(pools[k], x)
+        own = m.live_bytes - sum(side)
         if not started and i < loss_moment:
-            started = any(name == "logits" and b for name, b in m.parts)
-            if not started:
-                before = max(before, own)
+            before = max(before, own)
         if i == loss_moment:
             forward_cached = max(0, before - (own - loss_blocks)) if loss_blocks else 0
             at_loss = own + loss_cache + forward_cached

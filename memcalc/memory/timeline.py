@@ -290,42 +290,8 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
             moments.append(_moment(f"forward.layer.{i}", f"layer {i}: the activation's forward temporaries",
                                    base + fwd_shared + acts[:1] + acts[2:]
                                    + [("activation forward temporaries, less the down input", ly.forward_extra)]))
-        # a checkpointed eager layer's forward saves nothing, but the frames still hold what the MLP works on: the
-        # decoder layer its residual (the attention's output sum), the MLP its input (the post-attention norm's
-        # output; under SP the norm's local output and the gathered tensor PrepareModuleInput makes, fp32 under
-        # autocast), down_proj its input until its output (and under TP its output hook's collective) is done
-        frame = []
-        if (checkpointed(policy, i) and family in LLAMA_STYLE and code == "hf" and lora is None and not compiled
-                and not arch.experts and float8 == "none"):
-            if not amp and family != "phi3" and attention == "sdpa":
-                # the o projection's output (under TP its collective): the attention's frame holds its input (the
-                # norm's output; under SP its local output and the gathered tensor), the rotated q and k, v and the
-                # attention's output, o_proj's input (traced: tests/test_timeline_tp.py)
-                attn_in = ([("norm 1 output (local)", r * t * h // sp), ("attention input (all-gathered)", d * t * h)]
-                           if sp > 1 else [("attention input (the norm's output)", r * t * h)])
-                o_out = (reduce_scatter(d, r, t, h, sp, amp)[:3] if sp > 1 else
-                         row_parallel_reduce(d, r, t, h, amp) if tp > 1 else [("o projection output", d * t * h)])
-                moments.append(_moment(f"forward.layer.{i}", f"layer {i}: the o projection's output (no grad)",
-                                       base + fwd_shared + acts[:1] + acts[2:] + attn_in
-                                       + [("q, k, v (rotated)", d * t * (x.qw + 2 * x.kvw)),
-                                          ("attention output", d * t * x.qw)] + o_out))
-            frame = [("residual (the attention's output sum)", r * t * h // sp)]
-            frame += ([("norm 2 output (local)", r * t * h // sp), ("MLP input (all-gathered)", (r if amp else d) * t * h)]
-                      if sp > 1 else [("MLP input (the norm's output)", r * t * h)])
-            # the MLP's product: the activation of gate's output, up's output and their product; under autocast the
-            # down projection's weight not cast yet (traced: tests/test_timeline_tp.py)
-            cache_now = [(n, b - 2 * h * x.ffn) if n.startswith("autocast cast cache") and amp else (n, b)
-                         for n, b in acts[2:]]
-            moments.append(_moment(f"forward.layer.{i}", f"layer {i}: the MLP's product (no grad: recomputed later)",
-                                   base + fwd_shared + acts[:1] + cache_now + frame
-                                   # Phi-3's fused gate_up output (2f) stays beside the activation and the product
-                                   + [("activation of gate, up and their product",
-                                       (4 if family == "phi3" else 3) * d * t * x.ffn)]))
         if tp > 1:
             reduce = reduce_scatter(d, r, t, h, sp, amp) if sp > 1 else row_parallel_reduce(d, r, t, h, amp)
-            if frame:  # (``reduce`` has the norm's local output and, under autocast, the MLP's fp32 input)
-                reduce += [p for p in frame if p[0] == "residual (the attention's output sum)" or p[0].startswith(
-                    "MLP input") and not amp] + [("down projection input", d * t * x.ffn)]
             moments.append(_moment(f"forward.layer.{i}", f"layer {i}: the MLP's row-parallel "
                                    + ("reduce-scatter" if sp > 1 else "all-reduce"),
                                    base + fwd_shared + acts[:1] + acts[2:] + reduce))
@@ -367,10 +333,8 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     if fs is not None and fs.wrap == "separate-reshard":  # the head's pre-forward gathers its unit
         moments.append(_moment("forward.head", "the head gathered", after_norm + ([] if kept_mask else mask)
                                + FsdpOverlay.after_layers(fs, "gather", L)))
-    # under autocast the head's all-gathered input is fp32, referenced until the head returns (its bf16 cast saved)
-    gathered_fp32 = [("head input (all-gathered, fp32, until the head returns)", r * t * h)] if sp > 1 and amp else []
     moments.append(_moment("forward.head", "the head's logits",
-                           after_norm + FsdpOverlay.after_layers(fs, "head", L) + head[1:] + gathered_fp32 + logits))
+                           after_norm + FsdpOverlay.after_layers(fs, "head", L) + head[1:] + logits))
     labels = [("labels padded (int64)", 8 * b * (s + 1)), ("shift labels (int64)", 8 * t)]
     # inductor's fused cross-entropy saves the logits instead of the fp32 log-softmax
     compiled_loss = (compiled if loss_compiled is None else loss_compiled) and loss != "fused"
