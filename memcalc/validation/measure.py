@@ -7,7 +7,8 @@ DeepSpeed), runs forward, backward and an optimizer step (``steps`` times; the l
 - every collective it issued, by phase, with the payload the way nccl-tests counts it (a
   ``TorchDispatchMode`` sees every ``c10d`` op, DDP's own bucketed all-reduces included).
 Results go to one JSON file per rank. gloo can abort in ``destroy_process_group``, so each rank writes,
-meets the others at a barrier, and leaves with ``os._exit(0)``.
+meets the others at a barrier, and leaves with ``os._exit(0)``; a rank that fails reports it and leaves at once
+(``memcalc.validation.ranks``).
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from memcalc.validation.blocks import GPTBlock
+from memcalc.validation.ranks import arm_watchdog, run_ranks
 
 
 @dataclass(frozen=True)
@@ -344,10 +345,12 @@ def _deepspeed_held(engine: Any, zero_opt: Any) -> tuple[int, int, int, int]:
     return params, master, grads, states
 
 
-def _rank_main(rank: int, c: Config, init_file: str, out_dir: str) -> None:
+def _rank_main(rank: int, c: Config, init_file: str, out_dir: str, timeout: float) -> None:
     import warnings
 
     warnings.filterwarnings("ignore")  # FSDP1's deprecation notice, once per rank
+    arm_watchdog(out_dir, rank, timeout)
+    failed = False
     try:
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(c.world))  # DeepSpeed asks for them
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=c.world)
@@ -396,10 +399,12 @@ def _rank_main(rank: int, c: Config, init_file: str, out_dir: str) -> None:
                                 collectives=calls)  # fmt: skip
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(asdict(result)))
     except BaseException:  # noqa: BLE001 - reported to the parent through the file system
+        failed = True
         Path(out_dir, f"rank{rank}.error").write_text(traceback.format_exc())
     finally:
         try:
-            dist.barrier()
+            if not failed:  # after an error the parent stops the others (run_ranks)
+                dist.barrier()
         except Exception:  # noqa: BLE001
             pass
         sys.stdout.flush()
@@ -410,22 +415,12 @@ def run(c: Config, timeout: float = 120) -> list[RankResult]:
     """Run one configuration on ``c.world`` CPU processes and return each rank's measurement."""
     with tempfile.TemporaryDirectory() as out:
         init_file = os.path.join(out, "init")
-        ctx = mp.get_context("spawn")
-        procs = [ctx.Process(target=_rank_main, args=(r, c, init_file, out)) for r in range(c.world)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(timeout)
-            if p.is_alive():
-                p.kill()
-        errors = sorted(Path(out).glob("*.error"))
-        if errors:
-            raise RuntimeError(f"{c.name}: {errors[0].read_text()}")
+        run_ranks(_rank_main, [(r, c, init_file, out, timeout) for r in range(c.world)], out, timeout, c.name)
         results = []
         for r in range(c.world):
             path = Path(out, f"rank{r}.json")
             if not path.exists():
-                raise RuntimeError(f"{c.name}: rank {r} wrote no result (timed out or crashed)")
+                raise RuntimeError(f"{c.name}: rank {r} wrote no result (it crashed)")
             d = json.loads(path.read_text())
             d["collectives"] = [Collective(**x) for x in d["collectives"]]
             results.append(RankResult(**d))

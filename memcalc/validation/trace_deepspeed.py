@@ -44,6 +44,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from memcalc.errors import InputError
+from memcalc.validation.ranks import arm_watchdog, run_ranks
 from memcalc.validation.trace_step import (
     ATTENTIONS,
     RECOMPUTES,
@@ -377,6 +378,8 @@ def _rank_main(rank: int, world: int, hf_config: dict, seq_len: int, micro_batch
     import torch.distributed as dist
 
     warnings.filterwarnings("ignore")
+    arm_watchdog(out_dir, rank, timeout)
+    failed = False
     try:
         torch.set_num_threads(1)
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))  # DeepSpeed asks for them
@@ -444,10 +447,11 @@ def _rank_main(rank: int, world: int, hf_config: dict, seq_len: int, micro_batch
             result = DeepSpeedTrace(tracker.result(label, seconds), held, config, _facts(engine))
             Path(out_dir, "rank0.pkl").write_bytes(pickle.dumps(result))
     except BaseException:  # noqa: BLE001 - reported to the parent through the file system
+        failed = True
         Path(out_dir, f"rank{rank}.error").write_text(traceback.format_exc())
     finally:
         with contextlib.suppress(Exception):  # the others may be gone already
-            if dist.is_initialized():
+            if dist.is_initialized() and not failed:  # after an error the parent stops the others (run_ranks)
                 dist.barrier()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -484,34 +488,15 @@ def trace_deepspeed(hf_config: dict, *, stage: int, world: int, seq_len: int, mi
         raise InputError("hf_config lacks 'model_type'; accepted: a Hugging Face config.json dict")
     config = ds_config(stage, micro_batch, reduce_bucket_size, overlap_comm, contiguous_gradients, zero_config,
                        precision)
-    import torch.multiprocessing as mp
-
     with tempfile.TemporaryDirectory() as out:
         init_file = os.path.join(out, "init")
-        ctx = mp.get_context("spawn")
-        procs = [ctx.Process(target=_rank_main, args=(r, world, dict(hf_config), seq_len, micro_batch, recompute,
-                                                      attention, optimizer, config, init_file, out, timeout, lora),
-                             daemon=True)
-                 for r in range(world)]  # fmt: skip
-        try:
-            for p in procs:
-                p.start()
-            deadline = time.monotonic() + timeout
-            for p in procs:
-                p.join(max(0.0, deadline - time.monotonic()))
-        finally:
-            for p in procs:
-                if p.is_alive():
-                    p.kill()
-                    p.join(10)
+        args = [(r, world, dict(hf_config), seq_len, micro_batch, recompute, attention, optimizer, config, init_file,
+                 out, timeout, lora) for r in range(world)]  # fmt: skip
         name = f"zero-{stage} world={world}"
-        errors = sorted(Path(out).glob("*.error"))
-        if errors:
-            raise RuntimeError(f"{name}: {errors[0].read_text()}")
+        run_ranks(_rank_main, args, out, timeout, name)
         path = Path(out, "rank0.pkl")
         if not path.exists():
-            raise RuntimeError(f"{name}: rank 0 wrote no result (exit codes {[p.exitcode for p in procs]}; "
-                               f"killed after {timeout} s or crashed)")  # fmt: skip
+            raise RuntimeError(f"{name}: rank 0 wrote no result (it crashed)")
         return pickle.loads(path.read_bytes())
 
 

@@ -16,6 +16,7 @@ a real one would hold, so a traced step on fake "cpu" tensors and the real step 
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -261,22 +262,17 @@ class LiveBytes(TorchDispatchMode):
             lp._propagate_tensor_meta = propagate
 
 
-_LOSS_OPS: list = []
-
-
 def _loss_parallel_handler(func):
     """loss_parallel's handler of ``func`` while it is enabled (torch ``distributed/tensor/parallel/loss.py``:
-    ``customized_loss_ops``, installed into DTensor's ``_custom_op_handlers``), else None."""
-    if not _LOSS_OPS:
-        try:
-            from torch.distributed.tensor import DTensor
-            from torch.distributed.tensor.parallel.loss import customized_loss_ops
-        except ImportError:  # torch without distributed
-            _LOSS_OPS.extend((frozenset(), {}))
-        else:
-            _LOSS_OPS.extend((frozenset(customized_loss_ops), DTensor._op_dispatcher._custom_op_handlers))
-    ops, installed = _LOSS_OPS
-    return installed.get(func) if func in ops else None
+    ``customized_loss_ops``, installed into DTensor's ``_custom_op_handlers``), else None. Nothing is imported
+    here, inside a traced op: where that module was never imported, loss_parallel cannot be on."""
+    loss = sys.modules.get("torch.distributed.tensor.parallel.loss")
+    ops = getattr(loss, "customized_loss_ops", None)
+    if not ops or func not in ops:
+        return None
+    from torch.distributed.tensor import DTensor  # imported already: the loss module imports it
+
+    return DTensor._op_dispatcher._custom_op_handlers.get(func)
 
 
 def model_state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
