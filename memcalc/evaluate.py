@@ -28,6 +28,8 @@ class StageLoad(NamedTuple):
     model_states: int
     activations: int
     total: int
+    peak_reserved: int | None = None
+    """The realistic accounting's ``max_memory_reserved`` on this stage's GPU; None under the others."""
 
 
 class Evaluation(NamedTuple):
@@ -70,7 +72,7 @@ def _realistic(plan: Plan, stage: int = 0) -> tuple[StageLoad, Any]:
     psi = paper.param_groups(plan, stage)[0]
     layers = paper.layer_count(plan, stage) if plan.pp > 1 else plan.arch.layers
     flight = pipeline_in_flight(stage, plan.pp, plan.grad_accum, plan.virtual_stages) if plan.pp > 1 else 1.0
-    return StageLoad(stage, psi, layers, flight, ms, a, sum(x.bytes for x in r.rows)), r
+    return StageLoad(stage, psi, layers, flight, ms, a, sum(x.bytes for x in r.rows), r.peak_reserved), r
 
 
 def _host_rows(plan: Plan) -> list[Row]:

@@ -132,6 +132,40 @@ def test_fsdp2_reserved_adds_the_logits_block_and_both_stream_pools():
     assert "cached blocks the peak cannot use" in next(x.detail for x in g.rows if x.key == "allocator_reserve")
 
 
+def test_fresh_blocks_from_a_marked_moment():
+    """Blocks made before the fresh ones count: the most live before the first moment that holds one (fresh_from),
+    not the most before the moment that holds them all (a pipeline stage's embedding gradient, then its upcast)."""
+    moments = [Moment("forward", "a", 300, (("a", 300),)),
+               Moment("backward", "bf16 gradient", 450, (("kept", 250), ("gradient", 200))),
+               Moment("backward", "its fp32 accumulator", 850, (("kept", 250), ("gradient", 200), ("acc", 400)))]
+    held, _, kept = reserved_peak(moments, 2, 0, loss_blocks=600, fresh_from=1)
+    assert (held, kept) == (300 + 600, 300 - 250)
+    # the default (the first moment with logits): none here, so every moment before the marked one counts
+    assert reserved_peak(moments, 2, 0, loss_blocks=600)[0] == 450 + 600
+
+
+def test_a_pipeline_first_stage_names_its_fresh_blocks():
+    r = memcalc.estimate(**published.TORCHTITAN_PP[0][2])  # Table 5's 1F1B: stage 0 is the most loaded
+    assert r.memory.most_loaded_stage == 0
+    detail = next(x.detail for x in r.memory.per_gpu.rows if x.key == "allocator_reserve")
+    assert "the blocks reserved before them, too small for the embedding's whole-vocabulary gradients" in detail
+    assert r.memory.stages[0].peak_reserved == r.memory.per_gpu.peak_reserved
+
+
+def test_each_pipeline_stage_carries_its_reserved_peak():
+    """Table 5's interleaved row: stage 1 allocates the most (its second chunk's first backward), stage 0 reserves the
+    most (its embedding's gradients, made after its second chunk's were reduced, in segments of their own)."""
+    r = memcalc.estimate(**published.TORCHTITAN_PP[1][2])
+    stages = r.memory.stages
+    assert r.memory.most_loaded_stage == 1 and r.memory.per_gpu.peak_reserved == stages[1].peak_reserved
+    assert max(stages, key=lambda st: st.peak_reserved).stage == 0
+    assert stages[0].total < stages[1].total and stages[0].peak_reserved > stages[1].peak_reserved + 10 * GiB
+    assert all(isinstance(st.peak_reserved, int) and st.peak_reserved > st.total for st in stages)
+    # the paper accounting has no reserved peak per stage
+    paper = memcalc.estimate(**published.TORCHTITAN_PP[1][2], accounting="paper")
+    assert all(st.peak_reserved is None for st in paper.memory.stages)
+
+
 def test_the_reserved_peak_never_passes_what_the_gpu_leaves_the_allocator():
     # on an 80 GB H100 the same step's cached blocks do not all fit beside it: the allocator reserves what is left
     r = _titan(gpus=8, micro_batch=2, recompute="op-sac", gpu="h100")
@@ -148,3 +182,35 @@ def test_torchtitan_published_reserved_memory():
         errors.append(abs(got - measured) / measured)
         assert errors[-1] < 0.15, (name, got, measured)
     assert statistics.median(errors) < 0.10
+
+
+def test_reserved_at_llama_3_70b_widths_against_the_replayed_trace():
+    """Two layers of Llama 3 70B's widths as Table 4 of torchtitan's benchmark runs them (TP 8 with sequence
+    parallelism over 256 ranks, FSDP2's bf16 policy with fp32 reduction, full recompute, 16 x 8192 tokens), traced
+    on fake tensors and every allocation replayed through the caching allocator (one stream). The forward's phases
+    are the trace's; the reserved peak counts the forward's blocks beside the loss's fresh segments, and stays below
+    the replay by what the forward's own fragmentation reserves beyond its most live bytes."""
+    pytest.importorskip("transformers")
+    import json
+
+    from memcalc.memory.timeline import timeline
+    from memcalc.model.hf_config import architecture_from_config
+    from memcalc.validation.trace import trace_step
+    from memcalc.validation.trace_step import cache_promotes_values
+
+    cfg = json.loads((Path(__file__).parent / "data" / "llama-3-8b-config.json").read_text())
+    cfg.update(hidden_size=8192, intermediate_size=28672, num_attention_heads=64, num_key_value_heads=8,
+               num_hidden_layers=2)
+    tr = trace_step(cfg, seq_len=8192, micro_batch=16, precision="fp32", fsdp_param_dtype="bf16",
+                    fsdp_reduce_fp32=True, recompute="full", world=256, tp=8, fsdp=True, sequence_parallel=True)
+    tl = timeline(architecture_from_config(cfg), family="llama", regime="fp32", attention="sdpa", s=8192, b=16,
+                  recompute="full", optimizer_impl="foreach", world=32, fsdp_param_dtype="bf16",
+                  fsdp_reduce_fp32=True, tp=8, sequence_parallel=True, cache_promotes_values=cache_promotes_values())
+    for phase in ("forward.layer.0", "forward.layer.1", "forward.head", "loss", "backward.layer.0"):
+        assert tl.phase_peaks[phase] == tr.phase_peaks[phase], phase
+    # the loss's backward: its per-token target vectors left out (48 B a token at most)
+    assert 0 <= tr.peak - tl.peak.live_bytes <= 48 * 16 * 8192
+    held, _, forward = reserved_peak(tl.moments, tl.loss_moment, tl.loss_cache, loss_blocks=tl.loss_blocks)
+    old = reserved_peak(tl.moments, tl.loss_moment, tl.loss_cache)[0]
+    assert held - old == forward > 4 * GiB  # a checkpointed layer's transients under SP: gathered inputs, partials
+    assert old < held <= tr.peak_reserved < 1.05 * held  # 46.6 GiB replayed, 44.5 counted (39.4 without them)

@@ -5,9 +5,10 @@ no sequence parallelism, no loss_parallel), alone (world = tp) and under FSDP2 o
 
 Exact: the peak and its phase, plus the baseline, input, optimizer and zero_grad phase peaks, byte for byte, in
 every configuration below (llama, mistral, qwen2; fp32, bf16, autocast, MixedPrecisionPolicy bf16; recompute none
-and full; sdpa and eager; tp 2-8, world 2-8); every phase's peak where EVERY_PHASE says. Not moments of the timeline,
-so below the trace within their phase (never the step's peak here): a checkpointed layer's forward transients, the
-RMSNorm forward's fp32 temporaries under pure bf16, the final norm's backward.
+and full; sdpa and eager; tp 2-8, world 2-8); every phase's peak where EVERY_PHASE says; a checkpointed layer's
+forward phases under sdpa where CHECKPOINTED_FORWARD says. Not moments of the timeline, so below the trace within their
+phase (never the step's peak here): a checkpointed layer's forward transients under eager attention, the RMSNorm
+forward's fp32 temporaries under pure bf16, the final norm's backward.
 
 Sequence parallelism (``sequence_parallel=True``: torchtitan's plan with loss_parallel, SP_EXACT and SP_LOSS): exact
 at the states' phases and the layers' backward; loss_parallel's cross-entropy runs inside DTensor's dispatch, where
@@ -234,6 +235,36 @@ def test_sp_peak_equals_trace(name, precision, tp, world, recompute, opt, peak):
     assert tr.peak == peak
     assert (tl.peak.live_bytes, tl.peak.phase) == (tr.peak, tr.peak_phase)
     for phase in ("baseline", "input", "optimizer", "zero_grad", "backward.layer.0", "backward.layer.1"):
+        assert tl.phase_peaks[phase] == tr.phase_peaks[phase], phase
+
+
+CHECKPOINTED_FORWARD = [  # (config, precision, tp, world, fsdp_param_dtype, sequence parallel): recompute full
+    ("llama", "fp32", 1, 1, None, False),
+    ("llama", "bf16", 1, 1, None, False),
+    ("llama", "amp-bf16", 1, 1, None, False),
+    ("llama", "fp32", 2, 2, None, False),  # the row-parallel all-reduces
+    ("llama", "amp-bf16", 2, 2, None, False),
+    ("small-mlp", "fp32", 2, 2, None, False),  # ffn below hidden: the o projection's all-reduce tops the MLP's
+    ("small-mlp", "fp32", 2, 2, None, True),  # and its reduce-scatter
+    ("llama", "fp32", 2, 2, None, True),
+    ("llama", "bf16", 2, 2, None, True),
+    ("llama", "amp-bf16", 2, 2, None, True),
+    ("llama", "fp32", 2, 4, "bf16", True),  # torchtitan's: FSDP2's bf16 policy over the data-parallel ranks
+    ("qwen3", "bf16", 2, 2, None, True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,precision,tp,world,mp,sp", CHECKPOINTED_FORWARD)
+def test_checkpointed_forward_as_traced(name, precision, tp, world, mp, sp):
+    """A checkpointed layer's forward runs without grad and saves nothing, but the frames hold what its collectives
+    and its MLP work on: the attention's input, the rotated q, k, v and its output at the o projection's output or
+    collective; the residual, the MLP's input, the activation, up and their product; down's input at its collective.
+    Each forward layer's phase peak is the trace's (these phases set what the forward reserves before the loss)."""
+    tr, tl = (both_sp(name, precision, tp, world, mp=mp, recompute="full") if sp
+              else both(name, precision, tp, world, mp=mp, recompute="full"))
+    layers = [p for p in tr.phase_peaks if p.startswith("forward.")]
+    assert {"forward.layer.0", "forward.layer.1", "forward.head"} <= set(layers)
+    for phase in layers:
         assert tl.phase_peaks[phase] == tr.phase_peaks[phase], phase
 
 

@@ -13,7 +13,7 @@ from memcalc.errors import InputError
 from memcalc.layout.plan import Zero3Settings
 from memcalc.memory.timeline_states import buffer_bytes, param_tensors
 from memcalc.memory.timeline_zero3 import sub_groups, zero3_timeline
-from memcalc.memory.zero3 import gathered_bytes
+from memcalc.memory.zero3 import gathered_bytes, released_bytes
 from memcalc.model.hf_config import architecture_from_config
 
 LLAMA = dict(model_type="llama", hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
@@ -121,6 +121,32 @@ def test_gathered_as_the_coordinator_holds_them():
     assert lone[("loss", "")] == 0
     # one rank gathers nothing
     assert tl(dp=1, bucket=2000).phase_peaks["loss"] == tl(dp=1, bucket=2000, settings=Zero3Settings()).phase_peaks["loss"]
+
+
+def test_a_checkpointed_forward_between_submodules():
+    """Full recompute: o_proj's output sees what is gathered while o_proj runs; the MLP's product what is left
+    once up_proj's post-hook released its weight and down_proj is not fetched yet (just in time: nothing)."""
+    jit = Zero3Settings(0, 10**9, 0, 0)  # no prefetching, no reuse
+    rel = {(ph, m): x for ph, m, x in released_bytes(ARCH, 2, jit, True)}
+    assert rel[("forward", "layer0.mlp.up")] == 0 and rel[("forward", "layer1.mlp.gate")] == 0
+
+    def gathered(settings, label):
+        m = next(m for m in tl(recompute="full", bucket=2000, settings=settings).moments
+                 if m.phase == "forward.layer.0" and m.label == f"layer 0: {label}")
+        return dict(m.parts).get("gathered parameters", 0)
+
+    assert gathered(jit, "the o projection's output (no grad)") == 2 * 64 * 64  # o's weight alone
+    assert gathered(jit, "the MLP's product (no grad: recomputed later)") == 0  # down's weight not yet fetched
+    assert gathered(jit, "down projection's output before the residual add") == 2 * 64 * 176
+    # the coordinator's defaults keep the whole model gathered (its copies and the flat buffer, 4 Psi bytes)
+    assert gathered(NONE, "the MLP's product (no grad: recomputed later)") == 4 * PSI
+    # prefetching within 20,000 elements and reuse within 100,000: below the layer's most (q, k, v's prefetch)
+    some = Zero3Settings(max_reuse_distance=100_000, prefetch_bucket_size=20_000, param_persistence_threshold=0)
+    running = {(ph, m): x for ph, m, x, _ in gathered_bytes(ARCH, 2, some, True)}
+    after = {(ph, m): x for ph, m, x in released_bytes(ARCH, 2, some, True)}
+    assert gathered(some, "the MLP's product (no grad: recomputed later)") == after[("forward", "layer0.mlp.up")]
+    most = max(x for (ph, m), x in running.items() if ph == "forward" and m.startswith("layer0"))
+    assert (after[("forward", "layer0.mlp.up")], most) == (361_088, 363_392)
 
 
 def test_estimate_and_config(tmp_path):

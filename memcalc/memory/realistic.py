@@ -429,11 +429,13 @@ def _finish(plan: Plan, tl: Any, allocated: int, ddp_buckets: int, comm_groups: 
     # side-stream pools. Wholly free segments, released before a cudaMalloc fails: max_memory_reserved shows them
     # up to what the GPU leaves the allocator; the verdict and the total do not count them.
     streams = plan.spec.name in FSDP_SHARDED and plan.fsdp_version == 2  # FSDP1's pools are not modelled
-    held, pools, forward = reserved_peak(tl.moments, tl.loss_moment, tl.loss_cache, streams, tl.loss_blocks)
+    held, pools, forward = reserved_peak(tl.moments, tl.loss_moment, tl.loss_cache, streams, tl.loss_blocks,
+                                         tl.fresh_from)
     cached = max(0, held - peak.live_bytes)
     reserved = max(f.peak_reserved, min(f.peak_reserved + cached, plan.usable_bytes - context - comm))
+    before = "the forward's blocks" if tl.fresh_for == "the loss's" else "the blocks reserved before them"
     what = ([f"the loss's freed logits {tl.loss_cache / GiB:.2f} GiB"] * (forward >= 0 and tl.loss_cache > 0)
-            + [f"the forward's blocks, too small for the loss's, {forward / GiB:.2f} GiB"] * (forward > 0)
+            + [f"{before}, too small for {tl.fresh_for}, {forward / GiB:.2f} GiB"] * (forward > 0)
             + [f"FSDP2's {name} pool of {b / GiB:.2f} GiB" for (name, _), b in zip(POOLS, pools) if b])
     kept = (f"; max_memory_reserved also holds {(reserved - f.peak_reserved) / GiB:.2f} GiB of cached blocks the "
             "peak cannot use (" + ", ".join(what)

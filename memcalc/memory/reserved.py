@@ -124,7 +124,7 @@ def _pool_of(name: str) -> int:
 
 
 def reserved_peak(moments, loss_moment: int = -1, loss_cache: int = 0, streams: bool = False,
-                  loss_blocks: int = 0) -> tuple[int, list[int], int]:  # fmt: skip
+                  loss_blocks: int = 0, fresh_from: int = -1) -> tuple[int, list[int], int]:  # fmt: skip
     """The reserved peak of a timeline (``memcalc.memory.timeline.Moment``s), less the allocator's least gap; the
     side-stream pools' bytes in it; the forward's bytes cached at the loss's peak where the loss's moment is the
     default stream's reserved peak (else -1: ``loss_cache`` is not in it either).
@@ -134,7 +134,8 @@ def reserved_peak(moments, loss_moment: int = -1, loss_cache: int = 0, streams: 
     ``loss_blocks``: the loss's own blocks alive at that moment where no block the forward freed can serve them
     (``memcalc.memory.timeline``: each larger than any tensor before the loss); the segments the default stream
     reserved before the loss's first request (its most live bytes there) then stay beside them, the part of them
-    that the rest of the loss's moment does not fill cached and free. With ``streams`` (FSDP2), each side-stream
+    that the rest of the loss's moment does not fill cached and free. ``fresh_from``: the first moment that holds one
+    of those blocks (-1: the first with logits). With ``streams`` (FSDP2), each side-stream
     pool reserves the most its parts are ever alive at once, for the whole step, and its parts are not the default
     stream's."""
     pools = [0] * len(POOLS)
@@ -142,22 +143,23 @@ def reserved_peak(moments, loss_moment: int = -1, loss_cache: int = 0, streams: 
     side = [0] * len(POOLS)
     started = False  # the loss's first request (the logits) made
     for i, m in enumerate(moments):
-        for k in range(len(side)):
-            side[k] = 0
-        for name, b in m.parts:
-            if streams:
+        own = m.live_bytes
+        if streams:
+            for k in range(len(side)):
+                side[k] = 0
+            for name, b in m.parts:
                 k = _POOL_OF.get(name)
                 if k is None:
                     k = _pool_of(name)
                 if k >= 0:
                     side[k] += b
-            if name == "logits" and b:
-                started = True
-        for k, x in enumerate(side):
-            pools[k] = max(pools[k], x)
-        own = m.live_bytes - sum(side)
+            for k, x in enumerate(side):
+                pools[k] = max(pools[k], x)
+            own -= sum(side)
         if not started and i < loss_moment:
-            before = max(before, own)
+            started = i >= fresh_from if fresh_from >= 0 else any(name == "logits" and b for name, b in m.parts)
+            if not started:
+                before = max(before, own)
         if i == loss_moment:
             forward_cached = max(0, before - (own - loss_blocks)) if loss_blocks else 0
             at_loss = own + loss_cache + forward_cached

@@ -44,6 +44,11 @@ class Moment:
     """What the live bytes consist of (sums to ``live_bytes``)."""
 
 
+O_PROJ_FRAME = "the o projection's output (no grad)"
+MLP_FRAME = "the MLP's product (no grad: recomputed later)"
+"""A checkpointed layer's forward moments between its submodules (their labels follow "layer i: ")."""
+
+
 @frozen
 class Timeline:
     moments: tuple[Moment, ...]
@@ -54,6 +59,10 @@ class Timeline:
     loss_blocks: int = 0
     """The loss's own blocks alive at that moment (``memcalc.memory.reserved.loss_events``) where each is larger than
     any tensor the forward made, so that none of the forward's freed blocks serves them; else 0."""
+    fresh_for: str = "the loss's"
+    """What those fresh blocks are, for the detail row (a pipeline's first stage: the embedding's gradients)."""
+    fresh_from: int = -1
+    """The first moment that holds one of them (-1: the first with logits)."""
 
     @property
     def peak(self) -> Moment:
@@ -290,8 +299,42 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
             moments.append(_moment(f"forward.layer.{i}", f"layer {i}: the activation's forward temporaries",
                                    base + fwd_shared + acts[:1] + acts[2:]
                                    + [("activation forward temporaries, less the down input", ly.forward_extra)]))
+        # a checkpointed eager layer's forward saves nothing, but the frames still hold what the MLP works on: the
+        # decoder layer its residual (the attention's output sum), the MLP its input (the post-attention norm's
+        # output; under SP the norm's local output and the gathered tensor PrepareModuleInput makes, fp32 under
+        # autocast), down_proj its input until its output (and under TP its output hook's collective) is done
+        frame = []
+        if (checkpointed(policy, i) and family in LLAMA_STYLE and code == "hf" and lora is None and not compiled
+                and not arch.experts and float8 == "none"):
+            if not amp and family != "phi3" and attention == "sdpa":
+                # the o projection's output (under TP its collective): the attention's frame holds its input (the
+                # norm's output; under SP its local output and the gathered tensor), the rotated q and k, v and the
+                # attention's output, o_proj's input (traced: tests/test_timeline_tp.py)
+                attn_in = ([("norm 1 output (local)", r * t * h // sp), ("attention input (all-gathered)", d * t * h)]
+                           if sp > 1 else [("attention input (the norm's output)", r * t * h)])
+                o_out = (reduce_scatter(d, r, t, h, sp, amp)[:3] if sp > 1 else
+                         row_parallel_reduce(d, r, t, h, amp) if tp > 1 else [("o projection output", d * t * h)])
+                moments.append(_moment(f"forward.layer.{i}", f"layer {i}: {O_PROJ_FRAME}",
+                                       base + fwd_shared + acts[:1] + acts[2:] + attn_in
+                                       + [("q, k, v (rotated)", d * t * (x.qw + 2 * x.kvw)),
+                                          ("attention output", d * t * x.qw)] + o_out))
+            frame = [("residual (the attention's output sum)", r * t * h // sp)]
+            frame += ([("norm 2 output (local)", r * t * h // sp), ("MLP input (all-gathered)", (r if amp else d) * t * h)]
+                      if sp > 1 else [("MLP input (the norm's output)", r * t * h)])
+            # the MLP's product: the activation of gate's output, up's output and their product; under autocast the
+            # down projection's weight not cast yet (traced: tests/test_timeline_tp.py)
+            cache_now = [(n, b - 2 * h * x.ffn) if n.startswith("autocast cast cache") and amp else (n, b)
+                         for n, b in acts[2:]]
+            moments.append(_moment(f"forward.layer.{i}", f"layer {i}: {MLP_FRAME}",
+                                   base + fwd_shared + acts[:1] + cache_now + frame
+                                   # Phi-3's fused gate_up output (2f) stays beside the activation and the product
+                                   + [("activation of gate, up and their product",
+                                       (4 if family == "phi3" else 3) * d * t * x.ffn)]))
         if tp > 1:
             reduce = reduce_scatter(d, r, t, h, sp, amp) if sp > 1 else row_parallel_reduce(d, r, t, h, amp)
+            if frame:  # (``reduce`` has the norm's local output and, under autocast, the MLP's fp32 input)
+                reduce += [p for p in frame if p[0] == "residual (the attention's output sum)" or p[0].startswith(
+                    "MLP input") and not amp] + [("down projection input", d * t * x.ffn)]
             moments.append(_moment(f"forward.layer.{i}", f"layer {i}: the MLP's row-parallel "
                                    + ("reduce-scatter" if sp > 1 else "all-reduce"),
                                    base + fwd_shared + acts[:1] + acts[2:] + reduce))
@@ -333,8 +376,10 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     if fs is not None and fs.wrap == "separate-reshard":  # the head's pre-forward gathers its unit
         moments.append(_moment("forward.head", "the head gathered", after_norm + ([] if kept_mask else mask)
                                + FsdpOverlay.after_layers(fs, "gather", L)))
+    # under autocast the head's all-gathered input is fp32, referenced until the head returns (its bf16 cast saved)
+    gathered_fp32 = [("head input (all-gathered, fp32, until the head returns)", r * t * h)] if sp > 1 and amp else []
     moments.append(_moment("forward.head", "the head's logits",
-                           after_norm + FsdpOverlay.after_layers(fs, "head", L) + head[1:] + logits))
+                           after_norm + FsdpOverlay.after_layers(fs, "head", L) + head[1:] + gathered_fp32 + logits))
     labels = [("labels padded (int64)", 8 * b * (s + 1)), ("shift labels (int64)", 8 * t)]
     # inductor's fused cross-entropy saves the logits instead of the fp32 log-softmax
     compiled_loss = (compiled if loss_compiled is None else loss_compiled) and loss != "fused"
@@ -366,15 +411,9 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     moments.append(_moment("backward", "log_softmax backward: its output gradient and its input gradient",
                            saved_end + [(grad_name, grad_bytes)]))  # fmt: skip
     loss_live, loss_cache = blocks_at_peak(loss_events(t, v, d, loss, compiled_loss, parallel=sp > 1))
-    # the forward's largest tensor: the projections' inputs and outputs in the compute dtype (whole-sequence under SP:
-    # the gathered inputs, the partial sums), the residual stream in the activations' dtype (whole under autocast's
-    # SP: the fp32 gathered MLP input), the norms' fp32 upcast (the rank's 1/sp of the sequence), eager attention's
-    # scores (fp32 at most). Where the logits (the loss's first and smallest request) are larger, no block the
-    # forward freed can serve the loss (memcalc.memory.reserved, "the forward's blocks")
-    largest = max(d * t * max(h, x.ffn, x.qw), r * t * h, 4 * t * h // sp)
-    if attention == "eager":
-        largest = max(largest, 4 * x.scores)
-    loss_blocks = loss_live if d * n > largest else 0
+    # where the logits (the loss's first and smallest request) are larger than the forward's largest tensor, no block
+    # the forward freed can serve the loss (memcalc.memory.reserved, "the forward's blocks")
+    loss_blocks = loss_live if d * n > largest_tensor(x, d, r, sp, attention) else 0
     if fs is not None and fs.wrap != "root" and sp == 1 and loss != "fused":
         # the head's backward, its unit gathered: the logits' gradient, the head weight's unsharded gradient and the
         # gradient of its input (both in the matmul's dtype; under autocast their fp32 casts come once the bf16 casts
@@ -526,6 +565,17 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     return Timeline(tuple(moments), loss_moment, loss_cache, loss_blocks)
 
 
+def largest_tensor(x, d: int, r: int, sp: int, attention: str) -> int:
+    """The forward's largest tensor (``x``: ``memcalc.memory.saved.shape``): the projections' inputs and outputs in
+    the compute dtype ``d`` (whole-sequence under SP: the gathered inputs, the partial sums), the residual stream in
+    the activations' dtype ``r`` (whole under autocast's SP: the fp32 gathered MLP input), the norms' fp32 upcast
+    (the rank's 1/sp of the sequence), eager attention's scores (fp32 at most). A request larger than it finds no
+    block the forward freed (``memcalc.memory.reserved``, "the forward's blocks")."""
+    t, h = x.t, x.h
+    largest = max(d * t * max(h, x.ffn, x.qw), r * t * h, 4 * t * h // sp)
+    return max(largest, 4 * x.scores) if attention == "eager" else largest
+
+
 def with_loss(tl: Timeline, moments) -> Timeline:
     """A timeline of ``moments`` made from ``tl``'s, with ``tl``'s loss peak marked on the moment of the same phase
     and label (the ZeRO timelines, FSDP's offload)."""
@@ -533,7 +583,7 @@ def with_loss(tl: Timeline, moments) -> Timeline:
         return Timeline(tuple(moments))
     key = tl.moments[tl.loss_moment].phase, tl.moments[tl.loss_moment].label
     i = next((i for i, m in enumerate(moments) if (m.phase, m.label) == key), -1)
-    return Timeline(tuple(moments), i, tl.loss_cache if i >= 0 else 0, tl.loss_blocks if i >= 0 else 0)
+    return Timeline(tuple(moments), i, tl.loss_cache if i >= 0 else 0, tl.loss_blocks if i >= 0 else 0, tl.fresh_for)
 
 
 def _mask_kinds(arch: Architecture) -> int:
@@ -576,4 +626,5 @@ def _head(x, family: str, regime: str, loss: str, code: str = "hf", device: str 
     return out
 
 
-__all__ = ["FAMILIES", "REGIMES", "Moment", "Timeline", "timeline", "with_loss"]
+__all__ = ["FAMILIES", "MLP_FRAME", "O_PROJ_FRAME", "REGIMES", "Moment", "Timeline", "largest_tensor", "timeline",
+           "with_loss"]

@@ -31,7 +31,16 @@ from __future__ import annotations
 from memcalc.errors import InputError
 from memcalc.memory.pipeline import interleaved_ops, receive_buffers
 from memcalc.memory.saved import LLAMA_STYLE, loss_transient, shape
-from memcalc.memory.timeline import CUBLAS_WORKSPACE, Moment, Timeline, _chunk, _head, _moment, loss_rows
+from memcalc.memory.timeline import (
+    CUBLAS_WORKSPACE,
+    Moment,
+    Timeline,
+    _chunk,
+    _head,
+    _moment,
+    largest_tensor,
+    loss_rows,
+)
 from memcalc.memory.timeline_layers import DOWN_GRADS, checkpointed, layer_sizes, parse_recompute
 from memcalc.memory.timeline_states import fp8_gathered, param_tensors, shard_elements, shard_states
 from memcalc.memory.timeline_tp import norm_backward, rank_arch, sp_rank_arch
@@ -186,6 +195,8 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
     # the schedule splits into micro-batches as views (torch pipelining ``microbatch.split_args_kwargs_into_chunks``)
     batch_ids = ("the step's input ids and labels (int64)", 8 * n * b * s * (any(first) + any(last)))
     returned = False  # the schedule's step has returned: its send ops are gone
+    # the first stage's embedding gradients: the moment of all their fresh blocks, of the first, their bytes
+    fresh_at, fresh_from, fresh = -1, -1, 0
 
     def common(c_cur: int, exclude_current: bool) -> list[tuple[str, int]]:
         held = sum(full[c] * (alive[c] - (1 if exclude_current and c == c_cur else 0)) for c in range(v))
@@ -286,6 +297,19 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
                                                       ("embedding weight gradient (unsharded)", g * eg)]))
             if m == 0:
                 acc[c] += rw * eg
+                made_at = len(moments) - 1
+                if rw != g:  # the post-backward upcasts it: the new accumulator beside the gradient it is made from
+                    moments.append(_moment("backward.layer.0", "micro-batch 0: the embedding's gradient upcast into "
+                                           "its accumulator", common(c, True)
+                                           + [("embedding weight gradient (unsharded)", g * eg)]))
+                # the step's first requests this large: those larger than every block freed before them (the forward's
+                # tensors, the all-gather outputs, a layer weight's gradient and accumulator) take segments of their
+                # own beside what the stage reserved (memcalc.memory.reserved, "the forward's blocks")
+                freed = max(largest_tensor(x, d, r, sp, attention), g * world * max(lsh, esh),
+                            rw * max(k for name, k in param_tensors(ra) if name.startswith("layer ")))
+                fresh = sum(k for k in (g * eg, rw * eg if rw != g else 0) if k > freed)
+                fresh_at = len(moments) - 1 if fresh else -1
+                fresh_from = made_at if g * eg > freed else fresh_at  # the gradient's own block, or the accumulator's
         if root_new:  # the root unit's post-backward: the head's gradients upcast into (or added to) accumulators
             acc[c] += rw * he if m == 0 else 0
             root_new = 0
@@ -304,7 +328,10 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
     tail = common(0, False)
     moments.append(_moment("optimizer", "optimizer.step()", tail + grads + [("step temporaries", step)]))
     moments.append(_moment("zero_grad", "after the step, before zero_grad", tail + grads))
-    return Timeline(tuple(moments))
+    if fresh_at < 0:
+        return Timeline(tuple(moments))
+    return Timeline(tuple(moments), fresh_at, 0, fresh, "the embedding's whole-vocabulary gradients"
+                    if sp > 1 else "the embedding's gradients", fresh_from)
 
 
 def _reduce(c: int, parts: list[tuple[str, int]], reduce_input: int) -> Moment:

@@ -30,7 +30,7 @@ from dataclasses import replace
 
 from memcalc.errors import InputError
 from memcalc.layout.plan import REDUCE_BUCKET_SIZE, Zero3Settings
-from memcalc.memory.timeline import Moment, Timeline, _moment, timeline, with_loss
+from memcalc.memory.timeline import MLP_FRAME, O_PROJ_FRAME, Moment, Timeline, _moment, timeline, with_loss
 from memcalc.memory.timeline_states import (
     adapter_tensors,
     buffer_bytes,
@@ -44,7 +44,7 @@ from memcalc.memory.timeline_zero import (
     module_dtype,
     trainable,
 )
-from memcalc.memory.zero3 import _called, gathered_bytes, persistent
+from memcalc.memory.zero3 import _called, gathered_bytes, persistent, released_bytes
 from memcalc.model.architecture import Architecture
 from memcalc.units import ceil_div
 
@@ -79,6 +79,10 @@ def _layer_of(module: str) -> str:
         return "layer." + module[5:].split(".", 1)[0]
     return module
 
+
+_FRAME_MODULES = {O_PROJ_FRAME: ("running", "o"), MLP_FRAME: ("released", "mlp.up")}
+"""A checkpointed layer's forward moments between its submodules (``memcalc.memory.timeline``), and the module
+whose gathered parameters they see: o_proj while it runs; after up_proj's post-hook, before down_proj's fetch."""
 
 NORM_BUFFER = 250_000_000
 """``_constant_buffered_norm2``'s buffer_size (runtime/zero/stage3.py): the elements cast to fp64 at a time."""
@@ -239,6 +243,10 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
     # Gathered parameters while each module runs; at world 1 nothing is gathered (``_no_gather_coalesced``).
     gathered: dict[tuple[str, str], int] = {}
     fetching: dict[tuple[str, str], int] = {}  # at a fetch, an emptied flat buffer not yet freed (when larger)
+    # a checkpointed layer's forward between its submodules (``timeline``'s frame moments): the o projection
+    # running, the MLP's product once up's post-hook released what it lets go (prefetched modules included)
+    running: dict[tuple[str, str], int] = {}
+    released: dict[tuple[str, str], int] = {}
     after_forward = 0
     if dp > 1:
         for phase, module, x, at in gathered_bytes(arch, dp, settings, recompute == "full", w, lora):
@@ -247,8 +255,12 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
                 continue
             key = (phase, _layer_of(module))
             gathered[key] = max(gathered.get(key, 0), x)
+            running[(phase, module)] = x
             if at > x:
                 fetching[key] = max(fetching.get(key, 0), at)
+        if recompute == "full":
+            released = {(phase, module): x for phase, module, x in
+                        released_bytes(arch, dp, settings, True, w, lora)}  # fmt: skip
     hooks: dict[str, tuple[int, int]] = {}
     grads, epilogue = _gradients(arch, dp, bucket, w, offload=offload_optimizer, lora=lora, hooks=hooks)
     moments: list[Moment] = []
@@ -265,6 +277,11 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
             phase, _, rest = m.phase.partition(".")
             key = rest if rest.startswith("layer.") else ("head" if phase == "forward" else "final_norm")
             here = gathered.get((phase, key), 0)
+            frame = _FRAME_MODULES.get(m.label.split(": ", 1)[-1]) if phase == "forward" and rest else None
+            if frame is not None:  # within the layer: what is gathered beside that moment's work
+                table, module = frame
+                layer = "layer" + key.removeprefix("layer.")
+                here = (running if table == "running" else released).get((phase, f"{layer}.{module}"), here)
             if phase == "forward" and m.label.startswith("the final norm"):
                 here = max(here, gathered.get((phase, "final_norm"), 0))
             if phase == "backward" and not rest:  # the loss's backward, then the head's and the final norm's

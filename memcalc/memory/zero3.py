@@ -35,7 +35,7 @@ from memcalc.model.memo import per_architecture
 from memcalc.model.tree import Node, lora_tree, module_tree
 from memcalc.units import ceil_div
 
-__all__ = ["Gathers", "Zero3Settings", "gathered_bytes", "persistent", "replay"]
+__all__ = ["Gathers", "Zero3Settings", "gathered_bytes", "persistent", "released_bytes", "replay"]
 
 AVAILABLE, INFLIGHT, NOT_AVAILABLE = "available", "inflight", "not available"
 
@@ -156,6 +156,17 @@ def gathered_bytes(arch: Architecture, dp: int, s: Zero3Settings, recompute: boo
     return tuple(mem)
 
 
+def released_bytes(arch: Architecture, dp: int, s: Zero3Settings, recompute: bool = False, width: int = 2,
+                   lora=None) -> tuple[tuple[str, str, int], ...]:  # fmt: skip
+    """(phase, module, held) for each module's release in a later step: the bytes of gathered parameters alive once
+    its post-hook has released what the reuse-distance rule lets go, before the next module's fetch (what a module's
+    own work between two submodules, a gated MLP's product say, runs beside). Persistent parameters left out."""
+    mem: list[tuple[str, str, int, int]] = []
+    rel: list[tuple[str, str, int]] = []
+    _replay(arch, dp, s, False, None, mem, recompute, width, lora, rel)
+    return tuple(rel)
+
+
 @per_architecture
 def _replay_once(arch: Architecture, dp: int, s: Zero3Settings, first_step: bool) -> Gathers:
     return _replay(arch, dp, s, first_step, None)
@@ -164,6 +175,7 @@ def _replay_once(arch: Architecture, dp: int, s: Zero3Settings, first_step: bool
 def _replay(
     arch: Architecture, dp: int, s: Zero3Settings, first_step: bool, log: list[tuple[str, int, object]] | None,
     mem: list[tuple[str, str, int, int]] | None = None, recompute: bool = False, width: int = 2, lora=None,
+    rel: list[tuple[str, str, int]] | None = None,
 ) -> Gathers:
     events, mods, numel = _called(arch, recompute, lora)
     persist = set(_persistent(numel, s))
@@ -305,6 +317,8 @@ def _replay(
                 active[p].discard(name)
                 if p in drop:
                     release(p)
+            if rel is not None:
+                rel.append((phase, name, sum(copies.values()) + sum(f[0] for f in flats)))
         else:  # leftover: released without the reuse check, persistent parameters kept
             for p in set(m.params):
                 active[p].discard(name)

@@ -230,7 +230,8 @@ def estimate(inp: EstimateInput, ev: Evaluation, micro_batch_auto: bool = False,
         fit = Fit(fits=fits, usable_bytes=usable, headroom_bytes=usable - per_gpu.total, verdict="fits" if fits else "oom")
     stages = [StageMemory(stage=s.stage, parameters=s.parameters, layers=s.layers,
                           micro_batches_in_flight=s.micro_batches_in_flight, model_states=s.model_states,
-                          activations=s.activations, total=s.total) for s in ev.stages]
+                          activations=s.activations, total=s.total, peak_reserved=s.peak_reserved)
+              for s in ev.stages]  # fmt: skip
     spec = plan.spec
     return Estimate(
         accounting=plan.accounting,

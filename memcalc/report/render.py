@@ -94,13 +94,15 @@ def stage_table(r: Estimate, unit: MemoryUnit = "gib") -> Table | None:
         return None
     label = memory_label(unit)
     t = Table(title="Pipeline stages (one GPU each)", title_justify="left")
+    reserved = all(st.peak_reserved is not None for st in r.memory.stages)
     for col in ("stage", "parameters", "layers", "micro-batches in flight", f"model states {label}",
-                f"activations {label}", f"total {label}"):  # fmt: skip
+                f"activations {label}", f"total {label}", *([f"reserved {label}"] if reserved else [])):  # fmt: skip
         t.add_column(col, justify="right")
     for st in r.memory.stages:
         mark = " ◀ most loaded" if st.stage == r.memory.most_loaded_stage else ""
         t.add_row(f"{st.stage}{mark}", f"{st.parameters:,}", str(st.layers), f"{st.micro_batches_in_flight:g}",
-                  _mem(st.model_states, unit), _mem(st.activations, unit), _mem(st.total, unit))  # fmt: skip
+                  _mem(st.model_states, unit), _mem(st.activations, unit), _mem(st.total, unit),
+                  *([_mem(st.peak_reserved or 0, unit)] if reserved else []))  # fmt: skip
     return t
 
 

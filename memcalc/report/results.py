@@ -114,6 +114,9 @@ class StageMemory(_Result):
     activations: int
     total: int
     """model_states + activations + overheads on this stage's GPU."""
+    peak_reserved: int | None = None
+    """Realistic accounting: what ``max_memory_reserved`` reports on this stage's GPU (the per-GPU figure is the most
+    loaded stage's, by ``total``; a stage's cached blocks can make another stage's reserved peak the larger)."""
 
 
 @record

@@ -93,7 +93,8 @@ def _static_shapes() -> None:
 
 def trace_pipeline_rank(hf_config: dict, spec: StepSpec, *, pp: int, dp: int, rank: int, micro_batches: int,
                         stage_layers: list[int] | None = None, virtual: int = 1,
-                        fsdp_param_dtype: str | None = None, reduce_fp32: bool = False, tp: int = 1) -> LiveBytes:  # fmt: skip
+                        fsdp_param_dtype: str | None = None, reduce_fp32: bool = False, tp: int = 1,
+                        record_blocks: bool = False) -> LiveBytes:  # fmt: skip
     """The traced second step of pipeline rank ``rank`` of ``pp`` (FSDP2 over ``dp`` ranks inside its stages when
     ``dp`` is above 1). ``stage_layers``: decoder layers of each of the ``pp·virtual`` stages (default: even);
     ``virtual`` above 1 runs ``ScheduleInterleaved1F1B`` with stages ``rank + c·pp`` on this rank.
@@ -102,7 +103,9 @@ def trace_pipeline_rank(hf_config: dict, spec: StepSpec, *, pp: int, dp: int, ra
     sequence-parallel plan (``trace_parallel._sp_plan`` with its plain local outputs: a stage boundary is the rank's
     1/tp of the sequence), the loss under ``loss_parallel`` over the vocabulary-sharded logits, as torchtitan's
     ``parallelize`` applies TP before FSDP and its train step runs the pipeline under ``loss_parallel``. Returns the
-    tracker (``peak``, ``baseline``, ``timeline``)."""
+    tracker (``peak``, ``baseline``, ``timeline``). ``record_blocks``: the baseline's storages, then the traced step's
+    allocations, replayed through the caching allocator (``memcalc.memory.caching``, one stream, from an empty cache)
+    into ``peak_reserved``."""
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
     from torch.distributed.device_mesh import init_device_mesh
@@ -195,7 +198,7 @@ def trace_pipeline_rank(hf_config: dict, spec: StepSpec, *, pp: int, dp: int, ra
                 opt.zero_grad(set_to_none=True)
 
             step()
-            t = box[0] = LiveBytes()
+            t = box[0] = LiveBytes(record_blocks=record_blocks)
             base = params + [b for mod in mods for b in mod.buffers()]
             base += [v for state in opt.state.values() for v in state.values() if torch.is_tensor(v)]
             for st in pstages:  # the receive buffers, made by the first step and kept
@@ -210,6 +213,11 @@ def trace_pipeline_rank(hf_config: dict, spec: StepSpec, *, pp: int, dp: int, ra
                 t.stop()
     finally:
         dist.destroy_process_group()
+    if record_blocks:
+        from memcalc.memory.caching import replay
+
+        assert t.blocks is not None
+        t.peak_reserved = replay(t.blocks).peak_reserved
     return t
 
 
