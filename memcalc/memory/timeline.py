@@ -390,10 +390,8 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     softcap = [("logit softcap tanh output", d * n if arch.logit_softcap and loss != "fused" else 0)]
     fwd_loss = after_norm + FsdpOverlay.after_layers(fs, "loss", L) + head[1:] + logits + labels + softcap
     fwd_loss += [(copy_name, _chunk(lp, 1)), (saved_name, _chunk(lp, 2))]
-    if len(lp.names) > 4:  # eager loss_parallel: its moment is inside ``_log_softmax``, at ``shifted - logsumexp``:
-        # shifted and its result alive together, beside the per-token max, sum and log-sum-exp (fp32, all-reduced);
-        # the loss and its total weight not made yet
-        fwd_loss += list(lp.names[4:]) + [("log-softmax's per-token max, sum, log-sum-exp (fp32)", 12 * t)]
+    if len(lp.names) > 4:  # eager loss_parallel: its moment is inside ``_log_softmax`` (the loss not made yet)
+        fwd_loss += inside_log_softmax(lp, t)
     else:
         fwd_loss += [("loss, total weight", 8)]
     moments.append(_moment("loss", "log-softmax done, logits and their fp32 copy alive" if not compiled_loss else
@@ -565,6 +563,14 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     return Timeline(tuple(moments), loss_moment, loss_cache, loss_blocks)
 
 
+def inside_log_softmax(lp, t: int) -> list[tuple[str, int]]:
+    """Eager ``loss_parallel``'s forward moment, inside its ``_log_softmax`` at ``shifted - logsumexp``: the
+    temporaries it holds there (``lp``: ``memcalc.memory.saved.loss_transient``'s parts after the fourth; shifted and
+    its result alive together) beside the per-token max, sum and log-sum-exp of the ``t`` tokens (fp32, all-reduced;
+    traced: tests/test_timeline_tp.py)."""
+    return list(lp.names[4:]) + [("log-softmax's per-token max, sum, log-sum-exp (fp32)", 12 * t)]
+
+
 def largest_tensor(x, d: int, r: int, sp: int, attention: str) -> int:
     """The forward's largest tensor (``x``: ``memcalc.memory.saved.shape``): the projections' inputs and outputs in
     the compute dtype ``d`` (whole-sequence under SP: the gathered inputs, the partial sums), the residual stream in
@@ -626,5 +632,5 @@ def _head(x, family: str, regime: str, loss: str, code: str = "hf", device: str 
     return out
 
 
-__all__ = ["FAMILIES", "MLP_FRAME", "O_PROJ_FRAME", "REGIMES", "Moment", "Timeline", "largest_tensor", "timeline",
-           "with_loss"]
+__all__ = ["FAMILIES", "MLP_FRAME", "O_PROJ_FRAME", "REGIMES", "Moment", "Timeline", "inside_log_softmax",
+           "largest_tensor", "timeline", "with_loss"]

@@ -38,6 +38,7 @@ from memcalc.memory.timeline import (
     _chunk,
     _head,
     _moment,
+    inside_log_softmax,
     largest_tensor,
     loss_rows,
 )
@@ -228,8 +229,7 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
                 cur = [("this micro-batch's saved tensors", full[c]), head[0]] + head[1:] + head_input + [logits]
                 fwd_loss = common(c, True) + cur + [(copy_name, _chunk(lp, 1)), (saved_name, _chunk(lp, 2))]
                 if len(lp.names) > 4:  # eager loss_parallel, inside ``_log_softmax`` (timeline.py's moment)
-                    fwd_loss += list(lp.names[4:]) + [("log-softmax's per-token max, sum, log-sum-exp (fp32)",
-                                                       12 * t)]
+                    fwd_loss += inside_log_softmax(lp, t)
                 moments.append(_moment("loss", f"micro-batch {fwd[c] - 1}: log-softmax done", fwd_loss))
             continue
         # ---- backward of one micro-batch of chunk c ---------------------------------------------------------------
