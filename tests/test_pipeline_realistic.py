@@ -270,7 +270,8 @@ def test_first_stage_embedding_gradients_take_fresh_segments():
                         fsdp_reduce_fp32=True)  # fmt: skip
     assert 0 <= traced.peak - tl.peak.live_bytes < 0.002 * traced.peak
     eg = 128256 * 2048
-    assert (tl.loss_blocks, tl.fresh_for) == (2 * eg + 4 * eg, "the embedding's whole-vocabulary gradients")
+    assert (tl.loss_blocks, tl.fresh_detail) == (
+        2 * eg + 4 * eg, "the blocks reserved before them, too small for the embedding's whole-vocabulary gradients")
     assert tl.moments[tl.fresh_from].label == "micro-batch 0: the embedding's backward"
     assert tl.moments[tl.loss_moment].label == "micro-batch 0: the embedding's gradient upcast into its accumulator"
     held, _, kept = reserved_peak(tl.moments, tl.loss_moment, 0, loss_blocks=tl.loss_blocks, fresh_from=tl.fresh_from)

@@ -1,5 +1,6 @@
 """Spawned ranks (memcalc.validation.ranks): a rank's error comes back at once with its traceback, while the other
-rank would still be waiting; a hang comes back at the deadline with the line each rank hung on."""
+rank would still be waiting; so does a rank that dies without a word; a hang comes back at the deadline with the line
+each rank hung on."""
 
 import time
 from pathlib import Path
@@ -24,6 +25,16 @@ def _fails_or_waits(rank: int, out_dir: str, timeout: float) -> None:
     os._exit(0)
 
 
+def _dies_or_waits(rank: int, out_dir: str, timeout: float) -> None:
+    import os
+
+    arm_watchdog(out_dir, rank, timeout)
+    if rank == 1:
+        os._exit(3)  # as a native abort leaves: no traceback, no error file
+    time.sleep(timeout)
+    os._exit(0)
+
+
 def _waits_forever(rank: int, out_dir: str, timeout: float) -> None:
     arm_watchdog(out_dir, rank, timeout)
     while True:
@@ -45,6 +56,14 @@ def test_an_error_stops_every_rank_at_once(tmp_path):
     assert time.monotonic() - start < 30  # rank 0 alone would have slept 60 s
     assert str(e.value).startswith("two ranks: rank1: Traceback")
     assert "ValueError: rank one's bad shape" in str(e.value)
+
+
+def test_a_silent_death_stops_every_rank_at_once(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(RuntimeError) as e:
+        run_ranks(_dies_or_waits, [(r, str(tmp_path), 60.0) for r in range(2)], str(tmp_path), 60.0, "two ranks")
+    assert time.monotonic() - start < 30
+    assert str(e.value) == "two ranks: rank(s) [1] died without reporting an error (exit codes [3])"
 
 
 def test_a_hang_says_where(tmp_path):

@@ -433,9 +433,8 @@ def _finish(plan: Plan, tl: Any, allocated: int, ddp_buckets: int, comm_groups: 
                                          tl.fresh_from)
     cached = max(0, held - peak.live_bytes)
     reserved = max(f.peak_reserved, min(f.peak_reserved + cached, plan.usable_bytes - context - comm))
-    before = "the forward's blocks" if tl.fresh_for == "the loss's" else "the blocks reserved before them"
     what = ([f"the loss's freed logits {tl.loss_cache / GiB:.2f} GiB"] * (forward >= 0 and tl.loss_cache > 0)
-            + [f"{before}, too small for {tl.fresh_for}, {forward / GiB:.2f} GiB"] * (forward > 0)
+            + [f"{tl.fresh_detail}, {forward / GiB:.2f} GiB"] * (forward > 0)
             + [f"FSDP2's {name} pool of {b / GiB:.2f} GiB" for (name, _), b in zip(POOLS, pools) if b])
     kept = (f"; max_memory_reserved also holds {(reserved - f.peak_reserved) / GiB:.2f} GiB of cached blocks the "
             "peak cannot use (" + ", ".join(what)

@@ -59,8 +59,9 @@ class Timeline:
     loss_blocks: int = 0
     """The loss's own blocks alive at that moment (``memcalc.memory.reserved.loss_events``) where each is larger than
     any tensor the forward made, so that none of the forward's freed blocks serves them; else 0."""
-    fresh_for: str = "the loss's"
-    """What those fresh blocks are, for the detail row (a pipeline's first stage: the embedding's gradients)."""
+    fresh_detail: str = "the forward's blocks, too small for the loss's"
+    """What stays cached beside those fresh blocks, as the detail row names it (a pipeline's first stage: the blocks
+    reserved before the embedding's gradients)."""
     fresh_from: int = -1
     """The first moment that holds one of them (-1: the first with logits)."""
 
@@ -589,7 +590,8 @@ def with_loss(tl: Timeline, moments) -> Timeline:
         return Timeline(tuple(moments))
     key = tl.moments[tl.loss_moment].phase, tl.moments[tl.loss_moment].label
     i = next((i for i, m in enumerate(moments) if (m.phase, m.label) == key), -1)
-    return Timeline(tuple(moments), i, tl.loss_cache if i >= 0 else 0, tl.loss_blocks if i >= 0 else 0, tl.fresh_for)
+    return Timeline(tuple(moments), i, tl.loss_cache if i >= 0 else 0, tl.loss_blocks if i >= 0 else 0,
+                    tl.fresh_detail)
 
 
 def _mask_kinds(arch: Architecture) -> int:

@@ -330,8 +330,9 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
     moments.append(_moment("zero_grad", "after the step, before zero_grad", tail + grads))
     if fresh_at < 0:
         return Timeline(tuple(moments))
-    return Timeline(tuple(moments), fresh_at, 0, fresh, "the embedding's whole-vocabulary gradients"
-                    if sp > 1 else "the embedding's gradients", fresh_from)
+    what = "the embedding's whole-vocabulary gradients" if sp > 1 else "the embedding's gradients"
+    return Timeline(tuple(moments), fresh_at, 0, fresh, f"the blocks reserved before them, too small for {what}",
+                    fresh_from)
 
 
 def _reduce(c: int, parts: list[tuple[str, int]], reduce_input: int) -> Moment:
