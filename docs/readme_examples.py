@@ -115,6 +115,14 @@ def normalize(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.rstrip().splitlines())
 
 
+_WALL = re.compile(r"searched in [\d,.]+ s, [\d,]+ candidates/s")
+
+
+def steady(text: str) -> str:
+    """``memcalc plan``'s wall time, which no two runs share, masked for the comparison (its line stays shown)."""
+    return _WALL.sub("searched in (wall time)", text)
+
+
 def blocks(lines: list[str]) -> list[Block]:
     found: list[Block] = []
     i = 0
@@ -306,7 +314,7 @@ def run_all(readme: Path = README) -> list[Result]:
             continue  # compared once per output block, by its last command
         start, end = ex.output
         shown = normalize("\n".join(lines[start:end]))
-        diff = first_difference(shown, expected_output(results, ex))
+        diff = first_difference(steady(shown), steady(expected_output(results, ex)))
         if diff is not None:
             i, x, y = diff
             res.problems.append(f"README line {start + i + 1} (output of line {ex.line}) differs:\n"
@@ -338,7 +346,7 @@ def write(readme: Path = README) -> list[int]:
             regions[ex.output] = expected_output(results, ex)
     rewritten = []
     for (start, end), out in sorted(regions.items(), reverse=True):
-        if normalize("\n".join(lines[start:end])) != out:
+        if steady(normalize("\n".join(lines[start:end]))) != steady(out):
             lines[start:end] = out.splitlines() if out else []
             rewritten.append(start + 1)
     if rewritten:

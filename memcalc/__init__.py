@@ -4,6 +4,7 @@
     >>> r = memcalc.estimate(params=175e9, stage=3, gpus=128)
     >>> r.memory.per_gpu.total, r.communication.sent_bytes_per_gpu   # integer bytes
     >>> memcalc.compare(params=7e9, gpus=64)                          # every strategy side by side
+    >>> memcalc.plan(model="llama-3-8b", seq_len=8192, global_batch=16, gpus=8, gpu="h100")  # the best layouts
 
 Names are imported lazily so that ``import memcalc`` stays cheap.
 """
@@ -17,6 +18,9 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "estimate": "memcalc.api",
     "compare": "memcalc.api",
+    "plan": "memcalc.planner",
+    "PlanResult": "memcalc.report.planned",
+    "PlannedRun": "memcalc.report.planned",
     "build_input": "memcalc.api",
     "parse_strategy": "memcalc.api",
     "DEFAULT_COMPARE": "memcalc.api",
@@ -59,6 +63,8 @@ if TYPE_CHECKING:
         Strategy,
     )
     from memcalc.inputs.presets import gpu_names, load_gpu
+    from memcalc.planner import plan
+    from memcalc.report.planned import PlannedRun, PlanResult
     from memcalc.report.results import Comparison, Estimate
     from memcalc.layout.strategies import STRATEGIES
 

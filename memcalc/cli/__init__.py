@@ -10,6 +10,7 @@ import sys
 
 # Importing a command module registers its commands, in the order --help lists them.
 from memcalc.cli import estimate  # noqa: F401, I001
+from memcalc.cli import plan  # noqa: F401, I001
 from memcalc.cli import catalogues  # noqa: F401, I001
 from memcalc.cli import tools  # noqa: F401, I001
 from memcalc.cli.app import EXIT_USAGE, app, fail

@@ -292,13 +292,17 @@ def _stage_profile(arch: Architecture, cal: Calibration, plan: Plan) -> tuple[fl
         bounds = [0, *(base * (k + 1) + min(k + 1, extra) for k in range(p.pp))]
         ranks = [list(range(bounds[k], bounds[k + 1])) for k in range(p.pp)]
     best: tuple[float, float, float, float, float, float, int] | None = None
+    kinds: dict[tuple[bool, int | None], LayerTime] = {}  # a layer's time depends on its kind alone: one per kind
     for stage in range(p.pp):
         n = len(ranks[stage])
         comp = mem = rec = fwd = bwd = attn = 0.0
         for i in ranks[stage]:
-            lt = layer_time(arch, arch.is_moe_layer(i), cal, p.dtype, p.seq, p.micro_batch, p.tp, p.cp, p.ep, p.sp,
-                            p.attention, p.dropout, p.float8, p.elementwise, p.residual_bytes, layer_window(arch, i),
-                            p.sliding)  # fmt: skip
+            kind = (arch.is_moe_layer(i), layer_window(arch, i))
+            lt = kinds.get(kind)
+            if lt is None:
+                lt = kinds[kind] = layer_time(arch, kind[0], cal, p.dtype, p.seq, p.micro_batch, p.tp, p.cp, p.ep,
+                                              p.sp, p.attention, p.dropout, p.float8, p.elementwise, p.residual_bytes,
+                                              kind[1], p.sliding)  # fmt: skip
             comp += 3 * lt.matmul_fwd + lt.attention_fwd + lt.attention_bwd
             mem += 3 * lt.memory_fwd
             again = lt.recompute(layer_policy(p.recompute, i))

@@ -1,0 +1,1 @@
+"""Searching layouts: the space each framework runs (space) and the search over it (search)."""
