@@ -82,6 +82,7 @@ from memcalc.cli.options import (
     Reserve,
     Units,
     Format,
+    Check,
     Json,
     LoraRank,
     LoraTargets,
@@ -90,6 +91,9 @@ from memcalc.cli.options import (
     Float8AllGather,
 )
 from memcalc.errors import InputError
+
+EXIT_DOES_NOT_FIT = 1
+"""``--check``: the exit status of an estimate that is at risk or out of memory (2 stays a usage error)."""
 
 
 @app.command(
@@ -163,6 +167,7 @@ def estimate(
     units: Units = "gib",
     json: Json = False,
     fmt: Format = "table",
+    check: Check = False,
     cluster: ClusterOpt = None,
     tokens: Tokens = None,
     price_per_gpu_hour: Price = None,
@@ -228,6 +233,8 @@ def estimate(
             raise blame(e, arguments, origin) from None
         sys.stderr.writelines(said)  # the file's notes, once the estimate stands (an error prints its line alone)
         show(result, output_format(fmt, json), u)
+        if check and result.memory.fit.verdict != "fits":
+            raise typer.Exit(EXIT_DOES_NOT_FIT)
 
     run_or_fail(go)
 

@@ -65,6 +65,7 @@ Reserve = Annotated[float | None, typer.Option("--reserve-gib", help="Allocator 
 Units = Annotated[str, typer.Option("--units", help="Memory units: gib (2^30, as CUDA reports) or gb (10^9, as papers print).")]
 Json = Annotated[bool, typer.Option("--json", help="Print the whole result as JSON (integer bytes); same as --format json.")]
 Format = Annotated[str, typer.Option("--format", "-f", help="table (default), json (integer bytes), csv or markdown.")]
+Check = Annotated[bool, typer.Option("--check", help="The exit status is the verdict: 0 when it fits, 1 when at risk or out of memory (the output is printed as usual), so `memcalc estimate ... --check && torchrun ...` launches only what fits.")]
 ClusterOpt = Annotated[str | None, typer.Option("--cluster", help="Cluster preset that times the step: dgx-a100, dgx-h100, hgx-h200, p4d-a100, p5-h100, or a .toml path (default: the first built from --gpu).")]
 Tokens = Annotated[str | None, typer.Option("--tokens", help="Tokens to train on (2e12, 15T): adds the time to train.")]
 Price = Annotated[float | None, typer.Option("--price-per-gpu-hour", help="With --tokens: the cost, in the price's currency.")]
@@ -102,6 +103,6 @@ PANELS: dict[str, tuple[str, ...]] = {
     "Step time": ("tokens", "price_per_gpu_hour", "intra_node_gbps", "network_gbits_per_gpu",
                   "intra_node_efficiency", "network_efficiency", "pcie_gbps", "host_memory_gbps"),
     "Config files": ("deepspeed", "accelerate_config", "torchtitan_config"),
-    "Output": ("units", "json", "fmt", "out"),
+    "Output": ("units", "json", "fmt", "check", "out"),
 }
 PANEL_OF = {name: panel for panel, names in PANELS.items() for name in names}

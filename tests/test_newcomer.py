@@ -1,0 +1,47 @@
+"""What a newcomer meets in the first ten minutes: a verdict to script on, mistakes caught in one line, and defaults
+that agree with each other."""
+
+import json
+
+from typer.testing import CliRunner
+
+from memcalc.cli import app
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, list(args))
+
+
+# --check: the exit status is the verdict.
+
+
+def test_check_exits_0_when_it_fits_and_prints_as_usual():
+    r = run("estimate", "--params", "1b", "--check")
+    assert r.exit_code == 0, r.output
+    # 16 bytes a parameter (ZeRO §3.1) x 1e9 = 14.90 GiB + 0.50 GiB CUDA context
+    assert "✓ fits: 15.40 GiB of 79.15 GiB usable" in r.stdout
+
+
+def test_check_exits_1_when_at_risk():
+    # 16 x 4.9e9 bytes = 73.02 GiB + 0.50: a margin of 5.63 GiB, within the allocator's variability (paper accounting)
+    r = run("estimate", "--params", "4.9b", "--check")
+    assert r.exit_code == 1, r.output
+    assert "! at risk: 73.52 GiB of 79.15 GiB usable" in r.stdout
+    assert r.stderr == ""
+
+
+def test_check_exits_1_when_out_of_memory_and_still_prints_json():
+    r = run("estimate", "--params", "70b", "--check", "--json")
+    assert r.exit_code == 1, r.output
+    assert json.loads(r.stdout)["memory"]["fit"]["verdict"] == "oom"
+
+
+def test_without_check_an_out_of_memory_estimate_exits_0():
+    assert run("estimate", "--params", "70b").exit_code == 0
+
+
+def test_check_is_in_the_help():
+    r = run("estimate", "--help")
+    assert "--check" in r.stdout and "0 when it fits, 1 when at risk or out of memory" in " ".join(r.stdout.split())
