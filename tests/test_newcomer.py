@@ -45,3 +45,13 @@ def test_without_check_an_out_of_memory_estimate_exits_0():
 def test_check_is_in_the_help():
     r = run("estimate", "--help")
     assert "--check" in r.stdout and "0 when it fits, 1 when at risk or out of memory" in " ".join(r.stdout.split())
+
+
+# One default GPU for every command.
+
+
+def test_collectives_and_estimate_default_to_the_same_gpu():
+    est = json.loads(run("estimate", "--params", "1b", "--json").stdout)
+    col = json.loads(run("collectives", "--size", "1GiB", "--group", "8", "--json").stdout)
+    assert est["input"]["gpu"]["key"] == col["gpu"] == "a100-sxm-80gb"
+    assert col["cluster"] == "dgx-a100" and col["intra_node_link"].startswith("nvlink")

@@ -27,7 +27,7 @@ from memcalc.inputs import (
     resolve_precision,
 )
 from memcalc.inputs.arguments import choice as _choice, elements as _elements, gib_arg as _gib_arg, keywords as _keywords
-from memcalc.inputs.hardware import MAX_GPUS
+from memcalc.inputs.hardware import DEFAULT_GPU, MAX_GPUS
 from memcalc.layout.strategies import STRATEGIES, resolve_fsdp, resolve_stage, resolve_strategy
 from memcalc.model.architecture import Architecture
 from memcalc.units import parse_count
@@ -41,8 +41,6 @@ MAX_COMPARE = 100
 
 def _build_input_names() -> list[str]:
     return list(inspect.signature(build_input).parameters)
-
-DEFAULT_GPU = "a100-sxm-80gb"
 
 # `memcalc compare` rows by default: every strategy, and the offload variants people step through
 # when memory runs out (DeepSpeed's advice: ZeRO-2 -> +offload_optimizer -> ZeRO-3 -> +offload_param).

@@ -8,6 +8,8 @@ from memcalc.layout import plan
 from memcalc.record import Record, bounded, check_fields, record
 from memcalc.units import GB, GiB, gib
 
+DEFAULT_GPU = "a100-sxm-80gb"
+"""The GPU of ``memcalc estimate``, ``compare`` and ``collectives`` when none is named."""
 MAX_GPUS = 2**20
 """1,048,576 GPUs: 64x the 16,384 H100s that trained Llama 3 405B (arXiv 2407.21783 §3.3.1); bounds the world size,
 the GPUs of a node and a shard group alike."""
