@@ -55,3 +55,37 @@ def test_collectives_and_estimate_default_to_the_same_gpu():
     col = json.loads(run("collectives", "--size", "1GiB", "--group", "8", "--json").stdout)
     assert est["input"]["gpu"]["key"] == col["gpu"] == "a100-sxm-80gb"
     assert col["cluster"] == "dgx-a100" and col["intra_node_link"].startswith("nvlink")
+
+
+# torchtitan has FSDP2 alone.
+
+TITAN = ("estimate", "--model", "llama-3-8b", "--seq-len", "4096", "--framework", "torchtitan", "--fsdp", "FULL_SHARD",
+         "--gpus", "8")
+
+
+def test_torchtitan_fsdp_means_fsdp2():
+    r = run(*TITAN, "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["input"]["framework"]["fsdp_version"] == 2 and d["accounting"] == "realistic"
+    # the same estimate as naming FSDP2 outright
+    assert d["memory"] == json.loads(run(*TITAN, "--fsdp-version", "2", "--json").stdout)["memory"]
+
+
+def test_torchtitan_refuses_fsdp1_by_name():
+    r = run(*TITAN, "--fsdp-version", "1")
+    assert r.exit_code == 2
+    assert r.stderr == ("memcalc: error: --fsdp-version 1: --framework torchtitan has no FSDP1 (it wraps with FSDP2); "
+                        "accepted: 2, or leave --fsdp-version out\n")
+
+
+def test_fsdp_version_defaults_stay_1_elsewhere():
+    import memcalc
+
+    kw = dict(model="llama-3-8b", seq_len=4096, gpus=8, fsdp="FULL_SHARD")
+    assert memcalc.estimate(**kw).input.framework.fsdp_version == 1
+    assert memcalc.estimate(framework="hf", **kw).input.framework.fsdp_version == 1
+    assert memcalc.estimate(framework="torchtitan", **kw).input.framework.fsdp_version == 2
+    # not under FSDP: ZeRO-3 with torchtitan named is not refused for an FSDP version it does not use
+    assert memcalc.estimate(framework="torchtitan", model="llama-3-8b", seq_len=4096, gpus=8,
+                            stage=3).input.framework.fsdp_version == 1

@@ -150,7 +150,7 @@ def estimate(
     zero_init: ZeroInit = True,
     buffer_factor: BufferFactor = 1.5,
     largest_layer_params: LargestLayer = None,
-    fsdp_version: FsdpVersion = 1,
+    fsdp_version: FsdpVersion = None,
     fsdp_wrap: FsdpWrap = None,
     fsdp_auto_wrap: FsdpAutoWrap = None,
     backward_prefetch: BackwardPrefetch = None,

@@ -109,7 +109,7 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "accounting": _one_of("auto", "realistic", "paper", "implementation", "deepspeed-estimator"),
     "buffer_factor": _size(0, MAX_BUFFER_FACTOR, True, " (DeepSpeed's default is 1.5)"),
     "largest_layer_params": _kind(int, float, str, text=_COUNT_TEXT + ", or None", none=True),
-    "fsdp_version": ((lambda v: type(v) is int and v in (1, 2)), "1, 2"),
+    "fsdp_version": ((lambda v: v is None or type(v) is int and v in (1, 2)), "1, 2, or None (the framework's)"),
     "fsdp_wrap": ((lambda v: v is None or type(v) is str), "root, separate, separate-reshard, or None"),
     "fsdp_auto_wrap": ((lambda v: v is None or type(v) is str), "transformer, none, or None"),
     "backward_prefetch": ((lambda v: v is None or type(v) is str), "pre, post, none, or None"),

@@ -233,7 +233,7 @@ def build_input(
     zero_init: bool = True,
     buffer_factor: float = 1.5,
     largest_layer_params: int | float | str | None = None,
-    fsdp_version: int = 1,
+    fsdp_version: int | None = None,
     fsdp_wrap: str | None = None,
     fsdp_auto_wrap: str | None = None,
     backward_prefetch: str | None = None,
@@ -310,6 +310,9 @@ def build_input(
     the_optimizer = optimizer if isinstance(optimizer, Optimizer) else resolve_optimizer(optimizer)
     the_strategy = _strategy(stage, fsdp, ddp, strategy, offload_optimizer, offload_params, shard_group)
     the_lora = _lora(lora_rank, lora_targets, quantize)
+    from memcalc.layout.compose import fsdp_version as _fsdp_version, framework as _fw
+
+    fsdp_version = _fsdp_version(fsdp_version, _fw(parallelism.framework), the_strategy.spec.framework == "fsdp")
     knobs = [flag for flag, v in (("--max-reuse-distance", max_reuse_distance),
                                   ("--max-live-parameters", max_live_parameters),
                                   ("--prefetch-bucket-size", prefetch_bucket_size),
@@ -345,8 +348,6 @@ def build_input(
             allocator_reserve_bytes=0 if reserve_gib is None else _gib_arg("--reserve-gib", reserve_gib),
         )  # fmt: skip
     _choice("--zero3-step", zero3_step, ("steady", "first"))
-    if fsdp_version not in (1, 2):
-        raise InputError(f"--fsdp-version {fsdp_version!r} is not accepted; accepted: 1, 2")
     if fsdp_wrap is not None:
         from memcalc.layout.compose import check_wrap
 
