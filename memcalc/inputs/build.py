@@ -28,6 +28,7 @@ from memcalc.inputs import (
 )
 from memcalc.inputs.arguments import choice as _choice, elements as _elements, gib_arg as _gib_arg, keywords as _keywords
 from memcalc.inputs.hardware import DEFAULT_GPU, MAX_GPUS
+from memcalc.inputs.model import parse_params
 from memcalc.layout.strategies import STRATEGIES, resolve_fsdp, resolve_stage, resolve_strategy
 from memcalc.model.architecture import Architecture
 from memcalc.units import parse_count
@@ -274,7 +275,7 @@ def build_input(
     elif params is None:
         raise InputError("give the model size (--params 7B) or its shape (--model llama-2-7b, --hf-config config.json)")
     else:
-        the_model = Model(parameters=parse_count(params, "--params"))  # type: ignore[arg-type]
+        the_model = Model(parameters=parse_params(params))
     the_cluster = gpus if isinstance(gpus, Cluster) else Cluster(gpus=gpus, gpus_per_node=gpus_per_node)
     if grad_accum is not None and micro_batches is not None and grad_accum != micro_batches:
         raise InputError(f"--grad-accum {grad_accum} and --micro-batches {micro_batches} name the same thing; give one")
