@@ -3,6 +3,8 @@ that agree with each other."""
 
 import json
 
+import pytest
+
 from typer.testing import CliRunner
 
 from memcalc.cli import app
@@ -89,3 +91,58 @@ def test_fsdp_version_defaults_stay_1_elsewhere():
     # not under FSDP: ZeRO-3 with torchtitan named is not refused for an FSDP version it does not use
     assert memcalc.estimate(framework="torchtitan", model="llama-3-8b", seq_len=4096, gpus=8,
                             stage=3).input.framework.fsdp_version == 1
+
+
+# Inputs that are surely mistakes.
+
+
+def test_a_count_without_its_suffix_is_refused_with_a_guess():
+    r = run("estimate", "--params", "7")
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr == ("memcalc: error: --params '7' means 7 parameters, fewer than 1,000,000: did you mean 7B? "
+                        "accepted: a count of 1M or more, such as 7B, 7e9 or 350M\n")
+    assert "did you mean 1.3B?" in run("estimate", "--params", "1.3").stderr
+    assert "did you mean 350B or 350M?" in run("estimate", "--params", "350").stderr
+    assert "7,000 parameters, fewer than 1,000,000; accepted" in run("estimate", "--params", "7k").stderr
+    assert run("estimate", "--params", "1M").exit_code == 0
+
+
+def test_the_api_refuses_a_count_below_the_minimum_too():
+    import memcalc
+    from memcalc.inputs import Model
+
+    for bad in (7, 7.0, "7", 999_999):
+        with pytest.raises(memcalc.InputError, match="fewer than 1,000,000"):
+            memcalc.estimate(params=bad)
+    with pytest.raises(memcalc.InputError, match="did you mean 7B"):
+        Model(parameters=7)
+    assert memcalc.estimate(params=10**6).model.parameters == 10**6
+    # a shape is not bounded: a tiny model's count is derived, not typed
+    tiny = memcalc.estimate(layers=2, hidden=64, heads=4, vocab=100)
+    assert 0 < tiny.model.parameters < 10**6
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--params", "7b", "--gpus", "1e12"],
+     "--gpus '1e12' is not a whole number; accepted: a whole number from 1 to 1,048,576 (64x the largest published "
+     "training run)"),
+    (["--params", "7b", "-n", "8.0"], "--gpus '8.0' is not a whole number; accepted: a whole number from 1 to 1,048,576"),
+    (["--model", "gpt2", "--seq-len", "1024.5"],
+     "--seq-len '1024.5' is not a whole number; accepted: a whole number from 1 to 16,777,216"),
+    (["--model", "gpt2", "--layers", "1e40"], "--layers '1e40' is not a whole number; accepted: a whole number from 1 "
+                                              "to 10,000"),
+    (["--params", "7b", "--fsdp", "1", "--fsdp-version", "two"], "--fsdp-version 'two' is not a whole number; "
+                                                                 "accepted: 1, 2"),
+    (["--params", "7b", "--cuda-context-gib", "nan"], "--cuda-context-gib 'nan' is not a finite number; accepted: a "
+                                                      "finite number from 0 to 1,048,576 GiB (1 PiB)"),
+])  # fmt: skip
+def test_a_value_of_the_wrong_kind_gets_memcalcs_bounded_line(args, line):
+    r = run("estimate", *args)
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr.startswith(f"memcalc: error: {line}") and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_collectives_options_get_the_same_line():
+    r = run("collectives", "--group", "1e9")
+    assert r.exit_code == 2
+    assert r.stderr == "memcalc: error: --group '1e9' is not a whole number; accepted: a whole number such as 8\n"
