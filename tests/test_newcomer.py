@@ -146,3 +146,23 @@ def test_collectives_options_get_the_same_line():
     r = run("collectives", "--group", "1e9")
     assert r.exit_code == 2
     assert r.stderr == "memcalc: error: --group '1e9' is not a whole number; accepted: a whole number such as 8\n"
+
+
+def test_bf16_on_a_gpu_without_it_is_refused_naming_what_it_runs():
+    r = run("estimate", "--params", "7b", "--gpu", "v100")
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr == ("memcalc: error: --precision bf16-mixed computes in bf16, which NVIDIA Tesla V100-SXM2-32GB "
+                        "(v100-32gb) does not run (its datasheet has no bf16); accepted on it: fp32, fp16-mixed, "
+                        "amp-fp16\n")
+    assert run("estimate", "--params", "7b", "--gpu", "v100", "--precision", "fp16-mixed").exit_code == 0
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16", "amp-bf16"])
+def test_the_api_refuses_every_bf16_precision_on_a_v100(precision):
+    import memcalc
+
+    with pytest.raises(memcalc.InputError, match=r"v100-16gb\) does not run"):
+        memcalc.estimate(params=7e9, gpu="v100-16gb", precision=precision)
+    ok = memcalc.estimate(params=7e9, gpu="v100-16gb", precision=precision.replace("bf16", "fp16")
+                          if precision != "bf16" else "fp32")
+    assert ok.input.gpu.key == "v100-16gb"

@@ -75,6 +75,18 @@ class GPU(Record):
             )
 
 
+def check_precision(gpu: GPU, precision: str, compute_dtype: str) -> None:
+    """A precision whose matmuls run in bf16 (bf16-mixed, bf16, amp-bf16) needs a GPU with bf16 (``bf16_tflops``
+    above 0 in its datasheet: NVIDIA Ampere and later, AMD CDNA 2 and later; a V100 has none), else one line naming
+    the GPU and the precisions it runs."""
+    if compute_dtype == "bf16" and gpu.bf16_tflops == 0:
+        from memcalc.layout.dtypes import PRECISIONS
+
+        runs = ", ".join(n for n, p in PRECISIONS.items() if p.compute_dtype != "bf16")
+        raise InputError(f"--precision {precision} computes in bf16, which {gpu.name} ({gpu.key}) does not run (its "
+                         f"datasheet has no bf16); accepted on it: {runs}")
+
+
 @record
 class Cluster(Record):
     """How many GPUs, and how they sit in nodes."""
