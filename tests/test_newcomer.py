@@ -166,3 +166,24 @@ def test_the_api_refuses_every_bf16_precision_on_a_v100(precision):
     ok = memcalc.estimate(params=7e9, gpu="v100-16gb", precision=precision.replace("bf16", "fp16")
                           if precision != "bf16" else "fp32")
     assert ok.input.gpu.key == "v100-16gb"
+
+
+def test_largest_layer_above_the_model_is_refused():
+    ds = ("estimate", "--stage", "3", "--gpus", "8", "--accounting", "deepspeed-estimator")
+    r = run(*ds, "--params", "7b", "--largest-layer-params", "8b")
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr == ("memcalc: error: --largest-layer-params 8,000,000,000 is more than the model's 7,000,000,000 "
+                        "parameters; accepted: at most 7,000,000,000 (the largest module is one part of the model)\n")
+    assert run(*ds, "--params", "7b", "--largest-layer-params", "7b").exit_code == 0  # a one-module model: the limit
+
+
+def test_largest_layer_above_a_shapes_count_is_refused_by_the_api():
+    import memcalc
+
+    kw = dict(stage=3, gpus=8, accounting="deepspeed-estimator")
+    with pytest.raises(memcalc.InputError, match="more than the model's 124,439,808 parameters"):  # GPT-2 small
+        memcalc.estimate(model="gpt2", largest_layer_params=2e8, **kw)
+    # DeepSpeed's ZeRO-3 estimator: the largest module enters the GPU figure (4 x largest bytes, fp32 gathered)
+    small, large = (memcalc.estimate(model="gpt2", largest_layer_params=n, **kw).memory.per_gpu.total
+                    for n in (10**7, 10**8))
+    assert large - small == 4 * (10**8 - 10**7)

@@ -168,6 +168,7 @@ class EstimateInput(Record):
             if spec.name == "zero-3" and arch is None and self.estimator.largest_layer_params is None:
                 raise InputError("DeepSpeed's ZeRO-3 estimator needs the largest layer: give --model/--hf-config or "
                                  "--largest-layer-params")  # fmt: skip
+            self.estimator.check_largest(self.model.parameters if arch is None else None, arch)
         if self.accounting == "implementation":
             if spec.framework == "deepspeed" and self.optimizer.name not in ("adamw", "sgd", "sgd-momentum"):
                 raise InputError(f"--accounting implementation models DeepSpeed with a torch.optim client optimizer; "

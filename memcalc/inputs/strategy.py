@@ -208,6 +208,20 @@ class EstimatorOptions(Record):
     def __post_init__(self) -> None:
         check_fields(self)
 
+    def check_largest(self, parameters: int | None, arch: object = None) -> None:
+        """One module is part of the model: ``largest_layer_params`` at most the model's parameters (a bare count, or
+        the architecture's), else one line."""
+        big = self.largest_layer_params
+        if big is None:
+            return
+        if parameters is None:
+            from memcalc.model.params import model_params
+
+            parameters = model_params(arch).total  # type: ignore[arg-type]
+        if big > parameters:
+            raise InputError(f"--largest-layer-params {big:,} is more than the model's {parameters:,} parameters; "
+                             f"accepted: at most {parameters:,} (the largest module is one part of the model)")
+
 
 
 
