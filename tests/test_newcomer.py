@@ -187,3 +187,49 @@ def test_largest_layer_above_a_shapes_count_is_refused_by_the_api():
     small, large = (memcalc.estimate(model="gpt2", largest_layer_params=n, **kw).memory.per_gpu.total
                     for n in (10**7, 10**8))
     assert large - small == 4 * (10**8 - 10**7)
+
+
+# DeepSpeed's zeros: reduce_bucket_size and the ZeRO-3 knobs accept 0 (runtime/zero/config.py: ge=0).
+
+ZEROS = {"stage": 3, "reduce_bucket_size": 0, "stage3_prefetch_bucket_size": 0, "stage3_param_persistence_threshold": 0,
+         "stage3_max_live_parameters": 0, "stage3_max_reuse_distance": 0, "sub_group_size": 0}
+
+
+def test_a_deepspeed_file_with_zeros_is_read(tmp_path):
+    ds = tmp_path / "ds_config.json"
+    ds.write_text(json.dumps({"zero_optimization": ZEROS, "bf16": {"enabled": True}}))
+    r = run("estimate", "--model", "gpt2", "--gpus", "4", "--seq-len", "256", "--deepspeed", str(ds), "--json")
+    assert r.exit_code == 0, r.output
+    fw = json.loads(r.stdout)["input"]["framework"]
+    assert (fw["reduce_bucket_size"], fw["prefetch_bucket_size"], fw["persistence_threshold"], fw["sub_group_size"],
+            fw["max_live_parameters"], fw["max_reuse_distance"]) == (0, 0, 0, 0, 0, 0)
+    ds.write_text(json.dumps({"zero_optimization": {"stage": 2, "reduce_bucket_size": 0}}))
+    r = run("estimate", "--model", "gpt2", "--gpus", "4", "--seq-len", "256", "--deepspeed", str(ds), "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["input"]["framework"]["reduce_bucket_size"] == 0
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_an_empty_gradient_bucket_is_one_element_less_than_a_bucket_of_one(stage):
+    import memcalc
+
+    # no GPT-2 parameter has a single element: under a bucket of 1 (or 0) every gradient is reduced alone, so the two
+    # steps differ by the bucket's one bf16 element (2 bytes); 0 is not read as DeepSpeed's default of 5e8
+    total = {b: memcalc.estimate(model="gpt2", gpus=4, stage=stage, seq_len=256, reduce_bucket_size=b)
+             .memory.per_gpu.total for b in (0, 1, "0", 10**6)}
+    assert total[1] - total[0] == 2 and total["0"] == total[0]
+    assert total[10**6] - total[0] == 2 * 10**6
+    assert run("estimate", "--model", "gpt2", "--gpus", "4", "--stage", str(stage), "--seq-len", "256",
+               "--reduce-bucket-size", "0").exit_code == 0
+
+
+def test_transformers_own_zero3_test_config_is_read():
+    from pathlib import Path
+
+    import memcalc
+    from memcalc.configs import read_deepspeed
+
+    path = Path(__file__).parent / "data" / "configs" / "deepspeed_zeros" / "hf_ds_config_zero3.json"
+    a = read_deepspeed(path, world_size=8, accounting="realistic").arguments  # (the ZeRO-3 knobs: not for the paper's)
+    assert (a["stage"], a["reduce_bucket_size"], a["prefetch_bucket_size"], a["persistence_threshold"]) == (3, 0, 0, 0)
+    a = read_deepspeed(path, world_size=8).arguments
+    assert memcalc.estimate(**a, model="gpt2", seq_len=256).input.framework.reduce_bucket_size == 0

@@ -42,7 +42,7 @@ BackwardPrefetch = Annotated[str | None, typer.Option("--backward-prefetch", hel
 MinNumParams = Annotated[str | None, typer.Option("--min-num-params", help="implementation accounting, FSDP: size_based_auto_wrap_policy threshold (default: one unit per decoder layer).")]
 ReuseDistance = Annotated[str | None, typer.Option("--max-reuse-distance", help="realistic and implementation accounting, ZeRO-3: stage3_max_reuse_distance in elements (default 1e9).")]
 MaxLive = Annotated[str | None, typer.Option("--max-live-parameters", help="realistic and implementation accounting, ZeRO-3: stage3_max_live_parameters in elements (default 1e9).")]
-ReduceBucket = Annotated[str | None, typer.Option("--reduce-bucket-size", help="realistic accounting, ZeRO-1/2/3: reduce_bucket_size in elements (default 5e8; the Hugging Face Trainer's auto: hidden²).")]
+ReduceBucket = Annotated[str | None, typer.Option("--reduce-bucket-size", help="realistic accounting, ZeRO-1/2/3: reduce_bucket_size in elements (default 5e8; the Hugging Face Trainer's auto: hidden²; 0: every gradient reduced alone).")]
 OverlapComm = Annotated[bool | None, typer.Option("--overlap-comm/--no-overlap-comm", help="realistic accounting, ZeRO-1/2: DeepSpeed's overlap_comm (default off for stages 1-2): a second gradient bucket.", show_default=False)]
 PrefetchBucket = Annotated[str | None, typer.Option("--prefetch-bucket-size", help="realistic and implementation accounting, ZeRO-3: stage3_prefetch_bucket_size in elements (default 5e7).")]
 Persistence = Annotated[str | None, typer.Option("--persistence-threshold", help="realistic and implementation accounting, ZeRO-3: stage3_param_persistence_threshold in elements (default 1e5).")]

@@ -117,7 +117,7 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "max_reuse_distance": _kind(int, float, str, text="a count of elements, 0 or more, or None", none=True),
     "max_live_parameters": _kind(int, float, str, text="a count of elements, 0 or more, or None", none=True),
     "prefetch_bucket_size": _kind(int, float, str, text="a count of elements, 0 or more, or None", none=True),
-    "reduce_bucket_size": _kind(int, float, str, text="a count of elements, 1 or more, or None", none=True),
+    "reduce_bucket_size": _kind(int, float, str, text="a count of elements, 0 or more, or None", none=True),
     "persistence_threshold": _kind(int, float, str, text="a count of elements, 0 or more, or None", none=True),
     "sub_group_size": _kind(int, float, str, text="a count of elements, 0 or more, or None", none=True),
     "zero3_step": _one_of("steady", "first"),
