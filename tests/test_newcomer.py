@@ -233,3 +233,60 @@ def test_transformers_own_zero3_test_config_is_read():
     assert (a["stage"], a["reduce_bucket_size"], a["prefetch_bucket_size"], a["persistence_threshold"]) == (3, 0, 0, 0)
     a = read_deepspeed(path, world_size=8).arguments
     assert memcalc.estimate(**a, model="gpt2", seq_len=256).input.framework.reduce_bucket_size == 0
+
+
+# --micro-batch auto: says when nothing fits; compare takes it too.
+
+SEVENTY = ("--model", "llama-2-70b", "--seq-len", "4096", "--gpus", "8", "--stage", "2", "--micro-batch", "auto")
+
+
+def test_auto_says_when_no_micro_batch_fits():
+    r = run("estimate", *SEVENTY)
+    assert r.exit_code == 0, r.output
+    assert "micro-batch 1 (auto: none fits)" in r.stdout and "largest that fits" not in r.stdout
+    # ZeRO-2 keeps 2Ψ bf16 parameters whole: 2 x 68,976,648,192 bytes = 128.5 GiB alone, beyond 79.15 GiB
+    assert "note: --micro-batch auto: no micro-batch fits; micro-batch 1 needs 349.34 GiB of 79.15 GiB usable" in r.stdout
+    d = json.loads(run("estimate", *SEVENTY, "--json").stdout)["training"]
+    assert (d["micro_batch"], d["micro_batch_auto"], d["micro_batch_none_fits"]) == (1, True, True)
+    assert run("estimate", *SEVENTY, "--check").exit_code == 1
+
+
+def test_auto_that_fits_is_the_largest_and_says_so():
+    import memcalc
+
+    kw = dict(model="llama-2-7b", seq_len=4096, gpus=8, stage=3)
+    best = memcalc.estimate(micro_batch="auto", **kw)
+    b = best.training.micro_batch
+    assert best.memory.fit.fits and not best.training.micro_batch_none_fits and b >= 1
+    assert not memcalc.estimate(micro_batch=b + 1, **kw).memory.fit.fits
+    assert f"micro-batch {b} (largest that fits)" in run("estimate", "--model", "llama-2-7b", "--seq-len", "4096",
+                                                         "--gpus", "8", "--stage", "3", "--micro-batch", "auto").stdout
+
+
+def test_compare_takes_auto_each_row_at_its_own_micro_batch():
+    import memcalc
+
+    kw = dict(model="llama-2-7b", seq_len=4096, gpus=8)
+    strategies = ["zero-2", "zero-3", "FULL_SHARD", "ddp"]
+    cmp = memcalc.compare(strategies=strategies, micro_batch="auto", **kw)
+    for s, row in zip(strategies, cmp.estimates):
+        alone = memcalc.estimate(strategy=s, micro_batch="auto", **kw)
+        assert row.training.micro_batch == alone.training.micro_batch
+        assert row.memory.per_gpu.total == alone.memory.per_gpu.total
+    assert [r.training.micro_batch_none_fits for r in cmp.estimates] == [False, False, False, True]  # DDP: 120 GiB
+    assert len({r.training.micro_batch for r in cmp.estimates}) > 1  # the rows' own, not one for all
+    # rows at different micro-batches rank by throughput, not by the length of their steps
+    best = max((r for r in cmp.estimates if r.memory.fit.fits), key=lambda r: r.time.tokens_per_s_per_gpu)
+    assert cmp.fastest_that_fits == best.strategy.label
+
+
+def test_compare_auto_on_the_command_line():
+    r = run("compare", "--model", "llama-2-7b", "--seq-len", "4096", "--gpus", "8", "--strategies", "zero-3,ddp",
+            "--micro-batch", "auto", "--format", "markdown")
+    assert r.exit_code == 0, r.output
+    assert "| strategy | micro-batch |" in r.stdout and "| DDP (paper) | none |" in r.stdout
+    assert "note: --micro-batch auto: each row at its own largest micro-batch that fits" in r.stdout
+    csv = run("compare", "--model", "llama-2-7b", "--seq-len", "4096", "--gpus", "8", "--strategies", "zero-3,ddp",
+              "--micro-batch", "auto", "--format", "csv").stdout.splitlines()
+    column = csv[0].split(",").index("micro_batch")
+    assert [line.split(",")[column] for line in csv[1:]] == ["2", ""]

@@ -292,8 +292,6 @@ def compare(
             positive(flag, value)
         u = units_arg(units)
         mb = micro_batch_arg(micro_batch)
-        if mb == "auto":
-            raise InputError("compare takes a fixed --micro-batch; use estimate --micro-batch auto per strategy")
         chosen = None if strategies is None else [s for s in strategies.split(",") if s.strip()]
         result = run(
             params=params, gpus=gpus, gpus_per_node=gpus_per_node, strategies=chosen, shard_group=shard_group,

@@ -16,7 +16,7 @@ KvHeads = Annotated[int | None, typer.Option("--kv-heads", help="Key/value heads
 Ffn = Annotated[int | None, typer.Option("--ffn", help="MLP inner size.")]
 Vocab = Annotated[int | None, typer.Option("--vocab", help="Vocabulary size.")]
 SeqLen = Annotated[int | None, typer.Option("--seq-len", help="Sequence length: counts activations (needs the model's shape).")]
-MicroBatch = Annotated[str | None, typer.Option("--micro-batch", help="Sequences per micro-batch, or auto: the largest that fits.")]
+MicroBatch = Annotated[str | None, typer.Option("--micro-batch", help="Sequences per micro-batch, or auto: the largest that fits (compare: each strategy its own; when none fits, the estimate at 1 says so).")]
 Compile = Annotated[bool, typer.Option("--compile", help="torch.compile on each decoder layer: the partitioner's saved set and fused element-wise kernels (realistic accounting on Llama-style layers; the paper accounting counts the eager layer).")]
 CompileLoss = Annotated[bool | None, typer.Option("--compile-loss/--no-compile-loss", help="With --compile: the loss compiled too (inductor's fused cross-entropy). Default: as the --framework does (Hugging Face and torchtitan's releases yes, torchtune for a chunked loss only; torchtitan before v0.1.0 no).", show_default=False)]
 Recompute = Annotated[str, typer.Option("--recompute", help="Activation recomputation: none, selective, full, every:K (every K-th layer), op-sac (torchtitan's per-op policy; realistic accounting).")]
