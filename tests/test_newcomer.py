@@ -290,3 +290,17 @@ def test_compare_auto_on_the_command_line():
               "--micro-batch", "auto", "--format", "csv").stdout.splitlines()
     column = csv[0].split(",").index("micro_batch")
     assert [line.split(",")[column] for line in csv[1:]] == ["2", ""]
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--params", "7b", "--gpus", str(10**23)], "--gpus <a 77-bit integer> is not accepted; accepted: a whole number "
+                                                "from 1 to 1,048,576 (64x the largest published training run)\n"),
+    (["--model", "gpt2", "--lora-rank", str(10**23)], "--lora-rank <a 77-bit integer> is not accepted; accepted: a "
+                                                      "whole number from 1 to 65,536 (LoRA's r; wider than any model's "
+                                                      "hidden size)\n"),
+    (["--model", "llama-2-7b", "--kv-heads", str(10**26)], "--kv-heads <a 87-bit integer> is out of bounds; accepted: "
+                                                           "more than 0 and at most 65,536\n"),
+])  # fmt: skip
+def test_a_huge_whole_number_names_the_flag_and_its_bounds(args, line):
+    r = run("estimate", *args)
+    assert r.exit_code == 2 and r.stderr == "memcalc: error: " + line
