@@ -60,7 +60,8 @@ def largest_micro_batch(params: object = None, limit: int = 1 << 16, **kwargs: o
     """The estimate at the largest micro-batch whose per-GPU total fits (``--micro-batch auto``).
 
     Activations grow with the micro-batch and nothing else does, so the fitting sizes are 1..b*: double
-    until it no longer fits, then bisect. When even 1 does not fit, the estimate at 1 says so.
+    until it no longer fits, then bisect. When even 1 does not fit, the estimate at 1 says so (``Training.
+    micro_batch_none_fits`` and a note), rather than passing for the largest that fits.
     """
     if kwargs.get("seq_len") is None:
         raise InputError("--micro-batch auto needs --seq-len (and the model's shape)")
@@ -70,7 +71,7 @@ def largest_micro_batch(params: object = None, limit: int = 1 << 16, **kwargs: o
 
     best = at(1)
     if not best.memory.fit.fits:
-        return best
+        return _none_fits(best)
     lo, hi = 1, 2
     while hi <= limit:
         r = at(hi)
@@ -88,6 +89,18 @@ def largest_micro_batch(params: object = None, limit: int = 1 << 16, **kwargs: o
     return best
 
 
+def _none_fits(r: Estimate) -> Estimate:
+    """Micro-batch 1's estimate, marked and noted as what ``--micro-batch auto`` found: no micro-batch fits."""
+    from memcalc.units import format_memory
+
+    fit = r.memory.fit
+    risk = " (at risk: the margin is within the allocator's variability)" if fit.verdict == "at-risk" else ""
+    note = (f"--micro-batch auto: no micro-batch fits; micro-batch 1 needs {format_memory(r.memory.per_gpu.total)} "
+            f"of {format_memory(fit.usable_bytes)} usable{risk}")
+    return dataclasses.replace(r, training=dataclasses.replace(r.training, micro_batch_none_fits=True),
+                               notes=[note, *r.notes])
+
+
 @_keywords(lambda: [*_build_input_names(), "strategies"], values=False)
 def compare(
     params: int | float | str | Model | None = None,
@@ -96,7 +109,8 @@ def compare(
     shard_group: int | None = None,
     **kwargs: object,
 ) -> Comparison:
-    """Several strategies side by side for one model and cluster (default: ``DEFAULT_COMPARE``)."""
+    """Several strategies side by side for one model and cluster (default: ``DEFAULT_COMPARE``);
+    ``micro_batch="auto"``: each at its own largest micro-batch that fits."""
     for key in ("stage", "fsdp", "ddp", "strategy", "offload_optimizer", "offload_params"):  # one strategy's flags
         if kwargs.get(key) not in (None, False, "none"):
             raise InputError(f"compare takes strategies=[...], not {key}")
@@ -115,6 +129,9 @@ def compare(
     if not chosen:
         raise InputError("--strategies is empty; name at least one, e.g. zero-2,zero-3,FULL_SHARD")
     strategies_ = [s if isinstance(s, Strategy) else parse_strategy(s, shard_group) for s in chosen]
+    if kwargs.get("micro_batch") == "auto":  # each row at its own largest micro-batch that fits
+        rest = {k: v for k, v in kwargs.items() if k != "micro_batch"}
+        return Comparison(estimates=[largest_micro_batch(params, strategy=s, **rest) for s in strategies_])
     inputs = None
     if kwargs.get("accounting", "auto") == "auto":
         # Each row in the accounting its own estimate takes: the realistic one where it applies (each row's input

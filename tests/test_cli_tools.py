@@ -161,9 +161,9 @@ def test_torchtitan_config_sets_the_layout():
 
 
 def test_a_rejected_config_is_one_line_exit_2():
-    bad = str(CONFIGS / "rejected" / "hf_ds_config_zero3.json")
-    r = run("estimate", "--model", "gpt2", "--deepspeed", bad)
-    assert r.exit_code == 2 and "zero_optimization.reduce_bucket_size" in r.stderr
+    bad = str(CONFIGS / "rejected" / "dse_megatron_zero3_release.json")
+    r = run("estimate", "--model", "gpt2", "--gpus", "8", "--deepspeed", bad)
+    assert r.exit_code == 2 and "zero_optimization.cpu_offload_params: unknown key" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     two = run("estimate", "--model", "gpt2", "--deepspeed", bad, "--torchtitan-config", "x.toml")
     assert two.exit_code == 2 and "cannot be combined" in two.stderr

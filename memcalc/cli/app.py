@@ -36,13 +36,15 @@ def one_line(exc: BaseException) -> str:
         if not isinstance(first.get("ctx", {}).get("error"), InputError) and loc:
             msg = f"{loc}: {msg} (got {first.get('input')!r})"
         return _as_flag(" ".join(msg.split()))
-    return _as_flag(" ".join(str(exc).split()))
+    # the API's alternatives that no flag can give (None, a Cluster record) are not offered on the command line
+    return re.sub(r",? or (None|a Cluster)$", "", _as_flag(" ".join(str(exc).split())))
 
 
 def _as_flag(text: str) -> str:
-    """``Model.field`` at the start of a message, where ``field`` is an argument of ``memcalc.build_input``, as
-    ``--field`` (``memcalc.record.check_fields`` names the input model's field)."""
-    m = re.match(r"([A-Z][A-Za-z]+)\.([a-z][a-z0-9_]*) ", text)
+    """``Model.field`` (or ``architecture.field``: the shape flags) at the start of a message, where ``field`` is an
+    argument of ``memcalc.build_input``, as ``--field`` (``memcalc.record.check_fields`` names the input model's
+    field)."""
+    m = re.match(r"([A-Z][A-Za-z]+|architecture)\.([a-z][a-z0-9_]*) ", text)
     if m is None:
         return text
     import inspect

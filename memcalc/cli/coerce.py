@@ -10,10 +10,11 @@ one-line form. Any other annotation keeps typer's own coercion.
 from __future__ import annotations
 
 import math
+import re
 import types
 from typing import Any, Union, get_args, get_origin
 
-from typer._click.exceptions import BadParameter
+from typer._click.exceptions import BadParameter, UsageError
 from typer._coercion import RuntimeParam
 
 from memcalc.frozen import frozen
@@ -52,7 +53,28 @@ class PlainRuntimeParam(RuntimeParam):
                 raise ValueError(value)
             return out
         except (TypeError, ValueError):
-            raise BadParameter(f"{value!r} is not a valid {_NAMES[t]}.", ctx=ctx, param=param) from None
+            if param is None or t is str:
+                raise BadParameter(f"{value!r} is not a valid {_NAMES[t]}.", ctx=ctx, param=param) from None
+            raise refused(value, param, t, ctx) from None
+
+
+_KINDS = {int: ("a whole number", "a whole number such as 8"), float: ("a finite number", "a finite number such as 1.5"),
+          bool: ("a switch", "true or false")}
+
+
+def refused(value: Any, param: Any, target: type, ctx: Any) -> UsageError:
+    """memcalc's one line for a value of the wrong kind (``--gpus 1e12``, ``--seq-len 4096.5``): the flag, the value
+    and what is accepted (its bounds where ``memcalc.inputs.arguments.CHECKS`` knows them), as the API would say."""
+    from memcalc.inputs.arguments import CHECKS
+    from memcalc.model import architecture as a
+
+    flag = max(getattr(param, "opts", None) or [f"--{param.name}"], key=len)  # --gpus, not -n
+    kind, example = _KINDS[target]
+    shape = {"layers": a.MAX_LAYERS, "hidden": a.MAX_HIDDEN, "heads": a.MAX_HEADS, "kv_heads": a.MAX_HEADS,
+             "ffn": a.MAX_FFN, "vocab": a.MAX_VOCAB}.get(param.name or "")  # checked where the shape is read
+    known = CHECKS.get(param.name or "", (None, ""))[1] or (shape and f"a whole number from 1 to {shape:,}") or ""
+    accepted = re.sub(r",? or (None|a Cluster)\b.*$", "", known) or example  # the API's alternatives are not flags
+    return UsageError(f"{flag} {str(value)[:60]!r} is not {kind}; accepted: {accepted}", ctx=ctx)
 
 
 def plain(param: Any) -> Any:

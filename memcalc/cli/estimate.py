@@ -82,6 +82,7 @@ from memcalc.cli.options import (
     Reserve,
     Units,
     Format,
+    Check,
     Json,
     LoraRank,
     LoraTargets,
@@ -90,6 +91,9 @@ from memcalc.cli.options import (
     Float8AllGather,
 )
 from memcalc.errors import InputError
+
+EXIT_DOES_NOT_FIT = 1
+"""``--check``: the exit status of an estimate that is at risk or out of memory (2 stays a usage error)."""
 
 
 @app.command(
@@ -146,7 +150,7 @@ def estimate(
     zero_init: ZeroInit = True,
     buffer_factor: BufferFactor = 1.5,
     largest_layer_params: LargestLayer = None,
-    fsdp_version: FsdpVersion = 1,
+    fsdp_version: FsdpVersion = None,
     fsdp_wrap: FsdpWrap = None,
     fsdp_auto_wrap: FsdpAutoWrap = None,
     backward_prefetch: BackwardPrefetch = None,
@@ -163,6 +167,7 @@ def estimate(
     units: Units = "gib",
     json: Json = False,
     fmt: Format = "table",
+    check: Check = False,
     cluster: ClusterOpt = None,
     tokens: Tokens = None,
     price_per_gpu_hour: Price = None,
@@ -228,6 +233,8 @@ def estimate(
             raise blame(e, arguments, origin) from None
         sys.stderr.writelines(said)  # the file's notes, once the estimate stands (an error prints its line alone)
         show(result, output_format(fmt, json), u)
+        if check and result.memory.fit.verdict != "fits":
+            raise typer.Exit(EXIT_DOES_NOT_FIT)
 
     run_or_fail(go)
 
@@ -285,8 +292,6 @@ def compare(
             positive(flag, value)
         u = units_arg(units)
         mb = micro_batch_arg(micro_batch)
-        if mb == "auto":
-            raise InputError("compare takes a fixed --micro-batch; use estimate --micro-batch auto per strategy")
         chosen = None if strategies is None else [s for s in strategies.split(",") if s.strip()]
         result = run(
             params=params, gpus=gpus, gpus_per_node=gpus_per_node, strategies=chosen, shard_group=shard_group,

@@ -16,7 +16,7 @@ KvHeads = Annotated[int | None, typer.Option("--kv-heads", help="Key/value heads
 Ffn = Annotated[int | None, typer.Option("--ffn", help="MLP inner size.")]
 Vocab = Annotated[int | None, typer.Option("--vocab", help="Vocabulary size.")]
 SeqLen = Annotated[int | None, typer.Option("--seq-len", help="Sequence length: counts activations (needs the model's shape).")]
-MicroBatch = Annotated[str | None, typer.Option("--micro-batch", help="Sequences per micro-batch, or auto: the largest that fits.")]
+MicroBatch = Annotated[str | None, typer.Option("--micro-batch", help="Sequences per micro-batch, or auto: the largest that fits (compare: each strategy its own; when none fits, the estimate at 1 says so).")]
 Compile = Annotated[bool, typer.Option("--compile", help="torch.compile on each decoder layer: the partitioner's saved set and fused element-wise kernels (realistic accounting on Llama-style layers; the paper accounting counts the eager layer).")]
 CompileLoss = Annotated[bool | None, typer.Option("--compile-loss/--no-compile-loss", help="With --compile: the loss compiled too (inductor's fused cross-entropy). Default: as the --framework does (Hugging Face and torchtitan's releases yes, torchtune for a chunked loss only; torchtitan before v0.1.0 no).", show_default=False)]
 Recompute = Annotated[str, typer.Option("--recompute", help="Activation recomputation: none, selective, full, every:K (every K-th layer), op-sac (torchtitan's per-op policy; realistic accounting).")]
@@ -35,14 +35,14 @@ FrameworkOpt = Annotated[str | None, typer.Option("--framework", help="The frame
 ShardOver = Annotated[str | None, typer.Option("--shard-over", help="Override: shard model states over dp-cp (data x context ranks, every CP framework's default) or dp (data-parallel ranks only).")]
 StageLayers = Annotated[str | None, typer.Option("--stage-layers", help="Decoder layers per pipeline stage, pp x virtual-stages entries adding up to the layers, e.g. 15,16,16,16,16,16,16,15.")]
 AccountingOpt = Annotated[str, typer.Option("--accounting", help="auto (default: realistic where it applies, else paper), realistic (the peak of a real step over its timeline, with the allocator), paper (ZeRO §5, Korthikanti), implementation (what DDP/FSDP/DeepSpeed really allocate and send) or deepspeed-estimator (DeepSpeed's own functions).")]
-FsdpVersion = Annotated[int, typer.Option("--fsdp-version", help="realistic and implementation accounting: 1 (FullyShardedDataParallel, the default) or 2 (fully_shard).")]
+FsdpVersion = Annotated[int | None, typer.Option("--fsdp-version", help="realistic and implementation accounting: 1 (FullyShardedDataParallel) or 2 (fully_shard). Default: 2 under --framework torchtitan (it has no FSDP1), else 1.", show_default=False)]
 FsdpWrap = Annotated[str | None, typer.Option("--fsdp-wrap", help="realistic accounting, FSDP2: where its units put the embedding and the head: root (with the final norm, gathered all step: accelerate), separate (each its own unit, the head kept gathered after forward: torchtitan since v0.2) or separate-reshard (each its own unit, resharded after forward: torchtune's custom_sharded_layers). Default: the framework's, else root; root for tied embeddings.")]
 FsdpAutoWrap = Annotated[str | None, typer.Option("--fsdp-auto-wrap", help="FSDP: its units over the decoder layers, as accelerate's fsdp_auto_wrap_policy: transformer (TRANSFORMER_BASED_WRAP: one unit per decoder layer, as torchtitan and torchtune wrap) or none (NO_WRAP: the layers in the root unit, gathered all step, their gradients unsharded until the root's post-backward). Default: transformer.")]
 BackwardPrefetch = Annotated[str | None, typer.Option("--backward-prefetch", help="realistic accounting, FSDP1 (--fsdp-version 1): its BackwardPrefetch, pre (BACKWARD_PRE: the next layer gathered at each pre-backward), post or none (the same peaks). Default: none under --framework hf (accelerate's and the Trainer's default), else pre (torch's).")]
 MinNumParams = Annotated[str | None, typer.Option("--min-num-params", help="implementation accounting, FSDP: size_based_auto_wrap_policy threshold (default: one unit per decoder layer).")]
 ReuseDistance = Annotated[str | None, typer.Option("--max-reuse-distance", help="realistic and implementation accounting, ZeRO-3: stage3_max_reuse_distance in elements (default 1e9).")]
 MaxLive = Annotated[str | None, typer.Option("--max-live-parameters", help="realistic and implementation accounting, ZeRO-3: stage3_max_live_parameters in elements (default 1e9).")]
-ReduceBucket = Annotated[str | None, typer.Option("--reduce-bucket-size", help="realistic accounting, ZeRO-1/2/3: reduce_bucket_size in elements (default 5e8; the Hugging Face Trainer's auto: hidden²).")]
+ReduceBucket = Annotated[str | None, typer.Option("--reduce-bucket-size", help="realistic accounting, ZeRO-1/2/3: reduce_bucket_size in elements (default 5e8; the Hugging Face Trainer's auto: hidden²; 0: every gradient reduced alone).")]
 OverlapComm = Annotated[bool | None, typer.Option("--overlap-comm/--no-overlap-comm", help="realistic accounting, ZeRO-1/2: DeepSpeed's overlap_comm (default off for stages 1-2): a second gradient bucket.", show_default=False)]
 PrefetchBucket = Annotated[str | None, typer.Option("--prefetch-bucket-size", help="realistic and implementation accounting, ZeRO-3: stage3_prefetch_bucket_size in elements (default 5e7).")]
 Persistence = Annotated[str | None, typer.Option("--persistence-threshold", help="realistic and implementation accounting, ZeRO-3: stage3_param_persistence_threshold in elements (default 1e5).")]
@@ -65,6 +65,7 @@ Reserve = Annotated[float | None, typer.Option("--reserve-gib", help="Allocator 
 Units = Annotated[str, typer.Option("--units", help="Memory units: gib (2^30, as CUDA reports) or gb (10^9, as papers print).")]
 Json = Annotated[bool, typer.Option("--json", help="Print the whole result as JSON (integer bytes); same as --format json.")]
 Format = Annotated[str, typer.Option("--format", "-f", help="table (default), json (integer bytes), csv or markdown.")]
+Check = Annotated[bool, typer.Option("--check", help="The exit status is the verdict: 0 when it fits, 1 when at risk or out of memory (the output is printed as usual), so `memcalc estimate ... --check && torchrun ...` launches only what fits.")]
 ClusterOpt = Annotated[str | None, typer.Option("--cluster", help="Cluster preset that times the step: dgx-a100, dgx-h100, hgx-h200, p4d-a100, p5-h100, or a .toml path (default: the first built from --gpu).")]
 Tokens = Annotated[str | None, typer.Option("--tokens", help="Tokens to train on (2e12, 15T): adds the time to train.")]
 Price = Annotated[float | None, typer.Option("--price-per-gpu-hour", help="With --tokens: the cost, in the price's currency.")]
@@ -102,6 +103,6 @@ PANELS: dict[str, tuple[str, ...]] = {
     "Step time": ("tokens", "price_per_gpu_hour", "intra_node_gbps", "network_gbits_per_gpu",
                   "intra_node_efficiency", "network_efficiency", "pcie_gbps", "host_memory_gbps"),
     "Config files": ("deepspeed", "accelerate_config", "torchtitan_config"),
-    "Output": ("units", "json", "fmt", "out"),
+    "Output": ("units", "json", "fmt", "check", "out"),
 }
 PANEL_OF = {name: panel for panel, names in PANELS.items() for name in names}

@@ -63,7 +63,7 @@ def validate(
 def collectives(
     size: Annotated[str, typer.Option("--size", help="Message size S (nccl-tests' S): 1GiB, 512MiB, 64KB, 1e9 bytes.")] = "1GiB",
     group: Annotated[int, typer.Option("--group", help="Ranks in the collective.")] = 8,
-    gpu: Annotated[str | None, typer.Option("--gpu", help="GPU preset: times it on the first cluster built from it (h100 -> dgx-h100).")] = None,
+    gpu: Annotated[str | None, typer.Option("--gpu", help="GPU preset: times it on the first cluster built from it (h100 -> dgx-h100). Default: a100-sxm-80gb, as estimate's.")] = None,
     cluster: Annotated[str | None, typer.Option("--cluster", help="Cluster preset: dgx-a100, dgx-h100, hgx-h200, p4d-a100, p5-h100, or a .toml path.")] = None,
     gpus_per_node: Annotated[int | None, typer.Option("--gpus-per-node", help="GPUs per node (default: the cluster's).")] = None,
     across_nodes: Annotated[bool, typer.Option("--across-nodes", help="One rank per node (a data-parallel group under tensor parallelism).")] = False,

@@ -320,7 +320,7 @@ def _zero(c: Collector, data: Mapping[str, Any], hidden: int | None, accounting:
     c.arguments["stage"] = stage
     for key in K.ZERO_INT:
         if key in values and values[key] != AUTO:
-            as_int(c, f"zero_optimization.{spelled[key]}", values[key], minimum=1 if key == "reduce_bucket_size" else 0,
+            as_int(c, f"zero_optimization.{spelled[key]}", values[key], minimum=0,
                    digit_strings=True)  # pydantic ints: DeepSpeed parses "500" too
     for key in K.ZERO_BOOL:
         if key in values and values[key] != AUTO:

@@ -27,7 +27,8 @@ from memcalc.inputs import (
     resolve_precision,
 )
 from memcalc.inputs.arguments import choice as _choice, elements as _elements, gib_arg as _gib_arg, keywords as _keywords
-from memcalc.inputs.hardware import MAX_GPUS
+from memcalc.inputs.hardware import DEFAULT_GPU, MAX_GPUS
+from memcalc.inputs.model import parse_params
 from memcalc.layout.strategies import STRATEGIES, resolve_fsdp, resolve_stage, resolve_strategy
 from memcalc.model.architecture import Architecture
 from memcalc.units import parse_count
@@ -41,8 +42,6 @@ MAX_COMPARE = 100
 
 def _build_input_names() -> list[str]:
     return list(inspect.signature(build_input).parameters)
-
-DEFAULT_GPU = "a100-sxm-80gb"
 
 # `memcalc compare` rows by default: every strategy, and the offload variants people step through
 # when memory runs out (DeepSpeed's advice: ZeRO-2 -> +offload_optimizer -> ZeRO-3 -> +offload_param).
@@ -235,7 +234,7 @@ def build_input(
     zero_init: bool = True,
     buffer_factor: float = 1.5,
     largest_layer_params: int | float | str | None = None,
-    fsdp_version: int = 1,
+    fsdp_version: int | None = None,
     fsdp_wrap: str | None = None,
     fsdp_auto_wrap: str | None = None,
     backward_prefetch: str | None = None,
@@ -276,7 +275,7 @@ def build_input(
     elif params is None:
         raise InputError("give the model size (--params 7B) or its shape (--model llama-2-7b, --hf-config config.json)")
     else:
-        the_model = Model(parameters=parse_count(params, "--params"))  # type: ignore[arg-type]
+        the_model = Model(parameters=parse_params(params))
     the_cluster = gpus if isinstance(gpus, Cluster) else Cluster(gpus=gpus, gpus_per_node=gpus_per_node)
     if grad_accum is not None and micro_batches is not None and grad_accum != micro_batches:
         raise InputError(f"--grad-accum {grad_accum} and --micro-batches {micro_batches} name the same thing; give one")
@@ -312,6 +311,9 @@ def build_input(
     the_optimizer = optimizer if isinstance(optimizer, Optimizer) else resolve_optimizer(optimizer)
     the_strategy = _strategy(stage, fsdp, ddp, strategy, offload_optimizer, offload_params, shard_group)
     the_lora = _lora(lora_rank, lora_targets, quantize)
+    from memcalc.layout.compose import fsdp_version as _fsdp_version, framework as _fw
+
+    fsdp_version = _fsdp_version(fsdp_version, _fw(parallelism.framework), the_strategy.spec.framework == "fsdp")
     knobs = [flag for flag, v in (("--max-reuse-distance", max_reuse_distance),
                                   ("--max-live-parameters", max_live_parameters),
                                   ("--prefetch-bucket-size", prefetch_bucket_size),
@@ -347,8 +349,6 @@ def build_input(
             allocator_reserve_bytes=0 if reserve_gib is None else _gib_arg("--reserve-gib", reserve_gib),
         )  # fmt: skip
     _choice("--zero3-step", zero3_step, ("steady", "first"))
-    if fsdp_version not in (1, 2):
-        raise InputError(f"--fsdp-version {fsdp_version!r} is not accepted; accepted: 1, 2")
     if fsdp_wrap is not None:
         from memcalc.layout.compose import check_wrap
 
@@ -378,8 +378,7 @@ def build_input(
             max_reuse_distance=_elements("--max-reuse-distance", max_reuse_distance),
             max_live_parameters=_elements("--max-live-parameters", max_live_parameters),
             prefetch_bucket_size=_elements("--prefetch-bucket-size", prefetch_bucket_size),
-            reduce_bucket_size=None if reduce_bucket_size is None else parse_count(reduce_bucket_size,
-                                                                                  "--reduce-bucket-size"),
+            reduce_bucket_size=_elements("--reduce-bucket-size", reduce_bucket_size),
             persistence_threshold=_elements("--persistence-threshold", persistence_threshold),
             sub_group_size=_elements("--sub-group-size", sub_group_size),
             overlap_comm=overlap_comm,

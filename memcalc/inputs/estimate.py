@@ -7,7 +7,7 @@ from typing import Literal
 
 from memcalc.errors import InputError
 from memcalc.record import Record, bounded, check_fields, record
-from memcalc.inputs.hardware import GPU, Cluster, Overheads
+from memcalc.inputs.hardware import GPU, Cluster, Overheads, check_precision
 from memcalc.inputs.finetune import Lora
 from memcalc.inputs.model import Model
 from memcalc.inputs.strategy import EstimatorOptions, FrameworkOptions, Parallelism, Strategy, Timing
@@ -135,6 +135,7 @@ class EstimateInput(Record):
             self._lora_applies(arch)
         if self.float8 != "none" or self.float8_all_gather:
             self._float8_applies(arch)
+        check_precision(self.gpu, self.precision.name, self.precision.compute_dtype)
         self._accounting_applies(arch, dp)
         # A bare count has no layers to place on pipeline stages and no activations for tensor parallelism to
         # exchange: its tp/pp traffic cannot be counted, so a shape is needed rather than a split without traffic.
@@ -167,6 +168,7 @@ class EstimateInput(Record):
             if spec.name == "zero-3" and arch is None and self.estimator.largest_layer_params is None:
                 raise InputError("DeepSpeed's ZeRO-3 estimator needs the largest layer: give --model/--hf-config or "
                                  "--largest-layer-params")  # fmt: skip
+            self.estimator.check_largest(self.model.parameters if arch is None else None, arch)
         if self.accounting == "implementation":
             if spec.framework == "deepspeed" and self.optimizer.name not in ("adamw", "sgd", "sgd-momentum"):
                 raise InputError(f"--accounting implementation models DeepSpeed with a torch.optim client optimizer; "

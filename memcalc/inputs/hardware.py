@@ -8,6 +8,8 @@ from memcalc.layout import plan
 from memcalc.record import Record, bounded, check_fields, record
 from memcalc.units import GB, GiB, gib
 
+DEFAULT_GPU = "a100-sxm-80gb"
+"""The GPU of ``memcalc estimate``, ``compare`` and ``collectives`` when none is named."""
 MAX_GPUS = 2**20
 """1,048,576 GPUs: 64x the 16,384 H100s that trained Llama 3 405B (arXiv 2407.21783 §3.3.1); bounds the world size,
 the GPUs of a node and a shard group alike."""
@@ -71,6 +73,18 @@ class GPU(Record):
                 f"GPU {self.key!r}: usable_memory_gib {self.usable_memory_gib!r} is more than its memory_gb "
                 f"{self.memory_gb!r}; accepted: at most {self.memory_gb!r} (the memory the card has)"
             )
+
+
+def check_precision(gpu: GPU, precision: str, compute_dtype: str) -> None:
+    """A precision whose matmuls run in bf16 (bf16-mixed, bf16, amp-bf16) needs a GPU with bf16 (``bf16_tflops``
+    above 0 in its datasheet: NVIDIA Ampere and later, AMD CDNA 2 and later; a V100 has none), else one line naming
+    the GPU and the precisions it runs."""
+    if compute_dtype == "bf16" and gpu.bf16_tflops == 0:
+        from memcalc.layout.dtypes import PRECISIONS
+
+        runs = ", ".join(n for n, p in PRECISIONS.items() if p.compute_dtype != "bf16")
+        raise InputError(f"--precision {precision} computes in bf16, which {gpu.name} ({gpu.key}) does not run (its "
+                         f"datasheet has no bf16); accepted on it: {runs}")
 
 
 @record

@@ -24,7 +24,7 @@ def to_plan(inp: EstimateInput) -> Plan:
         cuda_context=inp.overheads.cuda_context_bytes, reserve=inp.overheads.allocator_reserve_bytes,
         grad_accum=inp.grad_accum, accounting=inp.accounting, fsdp_version=f.fsdp_version,
         bucket_view=f.bucket_view, min_num_params=f.min_num_params, zero3=f.zero3(), zero3_step=f.zero3_step,
-        reduce_bucket_size=f.reduce_bucket_size or REDUCE_BUCKET_SIZE, overlap_comm=bool(f.overlap_comm),
+        reduce_bucket_size=REDUCE_BUCKET_SIZE if f.reduce_bucket_size is None else f.reduce_bucket_size, overlap_comm=bool(f.overlap_comm),
         zero_init=e.zero_init, buffer_factor=e.buffer_factor, largest_layer_params=e.largest_layer_params,
         lora=inp.lora_plan,  # type: ignore[arg-type]
         shard_over=inp.shard_over, stage_layers=inp.stage_layers, framework=par.framework, fsdp_wrap=inp.fsdp_wrap,

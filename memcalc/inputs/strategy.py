@@ -156,9 +156,10 @@ class FrameworkOptions(Record):
     sub_group_size: int | None = bounded(default=None, ge=0, le=MAX_COUNT)
     """DeepSpeed ZeRO-3: sub_group_size in elements, the optimizer's sub-groups (None: DeepSpeed's default, 1e9;
     0: one parameter each). Realistic accounting."""
-    reduce_bucket_size: int | None = bounded(default=None, gt=0, le=MAX_COUNT)
+    reduce_bucket_size: int | None = bounded(default=None, ge=0, le=MAX_COUNT)
     """DeepSpeed ZeRO-1/2/3: reduce_bucket_size in elements (None: DeepSpeed's default, 5e8), the gradient bucket the
-    realistic accounting holds during backward (ZeRO-3: all step)."""
+    realistic accounting holds during backward (ZeRO-3: all step). 0, which DeepSpeed accepts (``ge=0`` in
+    runtime/zero/config.py): an empty bucket, every gradient larger than it and reduced alone."""
     overlap_comm: bool | None = None
     """DeepSpeed ZeRO-1/2: overlap_comm (None: DeepSpeed's default, off for stages 1-2): the reduction runs beside
     backward in a second gradient bucket."""
@@ -207,6 +208,20 @@ class EstimatorOptions(Record):
 
     def __post_init__(self) -> None:
         check_fields(self)
+
+    def check_largest(self, parameters: int | None, arch: object = None) -> None:
+        """One module is part of the model: ``largest_layer_params`` at most the model's parameters (a bare count, or
+        the architecture's), else one line."""
+        big = self.largest_layer_params
+        if big is None:
+            return
+        if parameters is None:
+            from memcalc.model.params import model_params
+
+            parameters = model_params(arch).total  # type: ignore[arg-type]
+        if big > parameters:
+            raise InputError(f"--largest-layer-params {big:,} is more than the model's {parameters:,} parameters; "
+                             f"accepted: at most {parameters:,} (the largest module is one part of the model)")
 
 
 

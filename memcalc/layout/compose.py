@@ -102,6 +102,9 @@ class Framework:
     DDP then makes the grad buffer ``torch.float`` (megatron/core/distributed/param_and_grad_buffer.py): 4 bytes per
     parameter, whole even under the distributed optimizer (docs/source/api-guide/dist_optimizer.md: 6 + 12/d bytes
     per parameter with bf16 parameters and fp32 gradients, 18 without)."""
+    fsdp_versions: tuple[int, ...] = (1, 2)
+    """The FSDP versions it can wrap with under --fsdp, its default first: torchtitan has FSDP2 alone
+    (``fully_shard`` in torchtitan/models/llama3/infra/parallelize.py ``apply_fsdp``; no FullyShardedDataParallel)."""
     optimizer_impl: str = "foreach"
     """The AdamW its configs run when --optimizer-impl is not given: torch's foreach (the default on CUDA, what the
     Hugging Face Trainer's ``adamw_torch`` gets); torchtitan ``implementation = "fused"``
@@ -113,7 +116,8 @@ class Framework:
 FRAMEWORKS: dict[str, Framework] = {
     "hf": Framework("hf", "dp-cp", True, "none", "", dtensor_tp=True, fsdp_wrap="separate"),
     "torchtitan": Framework("torchtitan", "dp-cp", True, "weighted", "", model_code="torchtitan", dtensor_tp=True,
-                            fsdp_reduce_fp32=True, fsdp_in_pipeline=True, optimizer_impl="fused", fsdp_wrap="separate"),
+                            fsdp_reduce_fp32=True, fsdp_in_pipeline=True, optimizer_impl="fused", fsdp_wrap="separate",
+                            fsdp_versions=(2,)),
     "torchtune": Framework("torchtune", "dp", False, "none", "", optimizer_impl="fused", compiles_plain_loss=False,
                            fsdp_wrap="separate-reshard"),
     "megatron": Framework("megatron", "dp-cp", True, "even",
@@ -165,6 +169,19 @@ def shard_over(given: str | None, fw: Framework | None) -> str:
             raise InputError(f"--shard-over {shown(given)} is not accepted; accepted: {', '.join(SHARD_OVER)}")
         return given
     return fw.shard_over if fw is not None else DEFAULT_SHARD_OVER
+
+
+def fsdp_version(given: int | None, fw: Framework | None, fsdp: bool) -> int:
+    """--fsdp-version: the one given, else the framework's default under --fsdp (torchtitan: 2), else 1; one line
+    when the framework has no such FSDP."""
+    runs = (1, 2) if fw is None else fw.fsdp_versions
+    if given is None:
+        return runs[0] if fsdp else 1
+    if fsdp and given not in runs:
+        raise InputError(f"--fsdp-version {given}: --framework {fw.name} has no FSDP{given} (it wraps with "  # type: ignore[union-attr]
+                         f"{' or '.join(f'FSDP{v}' for v in runs)}); accepted: {', '.join(map(str, runs))}, or leave "
+                         "--fsdp-version out")
+    return given
 
 
 def check_wrap(given: object) -> str:

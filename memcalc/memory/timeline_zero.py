@@ -153,8 +153,8 @@ def zero_timeline(arch: Architecture, *, family: str, stage: int, dp: int, atten
     largest."""
     if stage not in STAGES:
         raise InputError(f"ZeRO stage {stage}: the realistic timeline models stages 0, 1, 2")
-    if dp < 1 or not 0 <= rank < dp or bucket < 1:
-        raise InputError(f"dp {dp}, rank {rank} and reduce_bucket_size {bucket} must be positive, rank below dp")
+    if dp < 1 or not 0 <= rank < dp or bucket < 0:
+        raise InputError(f"dp {dp} must be positive, rank {rank} below it and reduce_bucket_size {bucket} 0 or more")
     dtype, w = module_dtype(precision, offload, lora)  # w: the module's and its gradients' bytes per element
     if lora is not None and lora.quantize != "none":
         raise InputError("LoRA under DeepSpeed ZeRO-0/1/2: the realistic timeline models a base in the training dtype "

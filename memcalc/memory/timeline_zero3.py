@@ -212,8 +212,8 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
                          "(--quantize none)")
     if lora is not None:  # DeepSpeed's linear saves every projection's input, a frozen one's too (below)
         lora = replace(lora, inputs_saved=True)
-    if dp < 1 or bucket < 1 or sub_group_size < 0:
-        raise InputError(f"dp {dp} and reduce_bucket_size {bucket} must be positive, sub_group_size {sub_group_size} "
+    if dp < 1 or bucket < 0 or sub_group_size < 0:
+        raise InputError(f"dp {dp} must be positive, reduce_bucket_size {bucket} and sub_group_size {sub_group_size} "
                          "0 or more")
     if optimizer_impl not in ("foreach", "fused", "for-loop"):
         raise InputError(f"optimizer implementation {optimizer_impl!r} under DeepSpeed: accepted foreach, fused, "

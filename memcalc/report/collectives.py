@@ -78,15 +78,16 @@ class CollectiveTimes(Record):
 def collectives(size: str | int | float, group: int, *, gpu: str | None = None, cluster: str | None = None,
                 gpus_per_node: int | None = None, across_nodes: bool = False) -> CollectiveTimes:
     """Every collective primitive on ``size`` bytes over ``group`` ranks of a cluster preset (or the first cluster
-    built from ``gpu``); ``across_nodes`` puts one rank per node (a data-parallel group under tensor parallelism)."""
+    built from ``gpu``; neither given: ``DEFAULT_GPU``'s, as ``estimate`` takes); ``across_nodes`` puts one rank per node (a data-parallel group under tensor parallelism)."""
     from memcalc.comm.timing import Group, primitives
+    from memcalc.inputs.hardware import DEFAULT_GPU
     from memcalc.time.hardware import cluster_for_gpu, gpu_key, load_machine
 
     n_bytes = parse_size(size)
     if isinstance(group, bool) or not isinstance(group, int) or not 1 <= group <= MAX_GROUP:
         raise InputError(f"--group {group!r} is not accepted; accepted: a whole number of ranks from 1 to {MAX_GROUP:,}")
     if gpu is None and cluster is None:
-        gpu = "h100-sxm"
+        gpu = DEFAULT_GPU  # as estimate's
     name = cluster or cluster_for_gpu(gpu)  # type: ignore[arg-type]
     machine = load_machine(name, gpu if cluster is not None else None)
     g_node = gpus_per_node or machine.cluster.gpus_per_node

@@ -81,6 +81,8 @@ def comparison_figures(r: Estimate) -> dict[str, Any]:
                            "shard_group_size": r.strategy.shard_group_size, "replicas": r.strategy.replicas,
                            "offload_optimizer": r.strategy.offload_optimizer,
                            "offload_params": r.strategy.offload_params, "fits": fit.fits}  # fmt: skip
+    if r.training.micro_batch_auto:  # --micro-batch auto: each row's own (None: not even 1 fits)
+        out["micro_batch"] = None if r.training.micro_batch_none_fits else r.training.micro_batch
     sizes = {f"{k}_bytes": v for k, v in g.model_dump(exclude={"rows"}).items()}
     sizes["other_bytes"] = g.total - g.parameters - g.gradients - g.optimizer_states - g.activations
     sizes |= {"usable_bytes": fit.usable_bytes, "headroom_bytes": fit.headroom_bytes,
@@ -208,6 +210,24 @@ def mixed(rows: Sequence[Estimate]) -> bool:
     return len({r.accounting for r in rows}) > 1
 
 
+def auto_rows(rows: Sequence[Estimate]) -> bool:
+    """Whether the compared rows took ``--micro-batch auto`` (each its own largest micro-batch that fits)."""
+    return any(r.training.micro_batch_auto for r in rows)
+
+
+def micro_batch_cell(r: Estimate) -> str:
+    """A compared row's micro-batch under ``--micro-batch auto``: the largest that fits, or none."""
+    return "none" if r.training.micro_batch_none_fits else str(r.training.micro_batch)
+
+
+def auto_line(cmp: Comparison) -> str | None:
+    """Under ``--micro-batch auto``: what the micro-batch column means, and how the rows are ranked."""
+    if not auto_rows(cmp.estimates):
+        return None
+    return ("--micro-batch auto: each row at its own largest micro-batch that fits (none: not even 1 fits, the row "
+            "shows micro-batch 1); the fastest is the one with the most tokens per second")
+
+
 def accounting_line(cmp: Comparison) -> str | None:
     """Under a comparison whose rows take more than one accounting: which rows are not the realistic accounting's,
     and why (each estimate's own note)."""
@@ -226,14 +246,15 @@ def accounting_line(cmp: Comparison) -> str | None:
 
 def _comparison_markdown(cmp: Comparison, u: MemoryUnit) -> str:
     label = memory_label(u)
-    header = ["strategy", f"params {label}", f"grads {label}", f"optimizer {label}", f"activations {label}",
-              f"other {label}", f"total {label}", "fits", f"host RAM/node {label}", f"NVMe/node {label}",
-              f"sent/step {label}", f"network/step {label}"]  # fmt: skip
+    auto = auto_rows(cmp.estimates)
+    header = ["strategy", *(["micro-batch"] if auto else []), f"params {label}", f"grads {label}",
+              f"optimizer {label}", f"activations {label}", f"other {label}", f"total {label}", "fits",
+              f"host RAM/node {label}", f"NVMe/node {label}", f"sent/step {label}", f"network/step {label}"]  # fmt: skip
     rows = []
     for r in cmp.estimates:
         f = comparison_figures(r)
         fits = "yes" if f["fits"] else "risk" if r.memory.fit.verdict == "at-risk" else "no"
-        rows.append([row_label(cmp.estimates, r)] + [_mem(f[k], u) for k in ("parameters_bytes", "gradients_bytes",
+        rows.append([row_label(cmp.estimates, r), *([micro_batch_cell(r)] if auto else [])] + [_mem(f[k], u) for k in ("parameters_bytes", "gradients_bytes",
                     "optimizer_states_bytes", "activations_bytes", "other_bytes", "total_bytes")]
                     + [fits] + [_mem(f[k], u) for k in ("host_ram_per_node_bytes",
                     "nvme_per_node_bytes", "sent_bytes_per_gpu", "inter_node_sent_bytes_per_gpu")])  # fmt: skip
@@ -242,9 +263,9 @@ def _comparison_markdown(cmp: Comparison, u: MemoryUnit) -> str:
         first = cmp.estimates[0]
         head = (f"**{first.model.name or 'model'} ({first.model.parameters:,} parameters) on {first.input.cluster.gpus} x "
                 f"{first.input.gpu.name}, per GPU unless marked per node; sent per optimizer step**\n\n")  # fmt: skip
-    line = accounting_line(cmp)
+    lines = [x for x in (auto_line(cmp), accounting_line(cmp)) if x]
     return (head + markdown_table(header, rows, [i for i in range(1, len(header)) if header[i] != "fits"])
-            + (f"\n- note: {line}\n" if line else ""))
+            + ("\n" + "".join(f"- note: {line}\n" for line in lines) if lines else ""))
 
 
 def to_markdown(obj: Estimate | Comparison | Rows, unit: str = "gib") -> str:

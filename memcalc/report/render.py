@@ -81,7 +81,8 @@ def training_line(r: Estimate) -> Text:
     if t.virtual_stages > 1:
         parts.append(f"{t.virtual_stages} virtual stages")
     if t.seq_len is not None:
-        auto = " (largest that fits)" if t.micro_batch_auto else ""
+        auto = (" (auto: none fits)" if t.micro_batch_none_fits else " (largest that fits)" if t.micro_batch_auto
+                else "")
         parts.append(f"seq {t.seq_len} x micro-batch {t.micro_batch}{auto} x {t.micro_batches} micro-batches")
         parts.append(f"global batch {t.global_batch} = {t.tokens_per_step:,} tokens per step")
     elif t.micro_batches > 1:
@@ -248,7 +249,7 @@ def render_estimate(r: Estimate, unit: MemoryUnit = "gib") -> Group:
 
 
 def comparison_table(cmp: Comparison, unit: MemoryUnit = "gib") -> Table:
-    from memcalc.report.formats import row_label  # not on an estimate's path
+    from memcalc.report.formats import auto_rows, micro_batch_cell, row_label  # not on an estimate's path
 
     label = memory_label(unit)
     first = cmp.estimates[0]
@@ -262,7 +263,9 @@ def comparison_table(cmp: Comparison, unit: MemoryUnit = "gib") -> Table:
     timed = any(r.time is not None for r in cmp.estimates)
     # No activations column when none were counted (no --seq-len): a column of zeros would read as "none needed".
     counted = inp.workload is not None
-    names = ["strategy", "params", "grads", "optimizer", *(["activations"] if counted else []), "other", "total",
+    auto = auto_rows(cmp.estimates)
+    names = ["strategy", *(["micro-batch"] if auto else []), "params", "grads", "optimizer",
+             *(["activations"] if counted else []), "other", "total",
              "fits", "host RAM/node", "NVMe/node", "sent/step", "network"] + (["step s", "tokens/s/GPU"] if timed else [])
     for name in names:
         t.add_column(name, justify="left" if name == "strategy" else "right", no_wrap=name == "strategy")
@@ -275,7 +278,8 @@ def comparison_table(cmp: Comparison, unit: MemoryUnit = "gib") -> Table:
                 if r.memory.fit.verdict == "at-risk" else Text("no", style="red"))
         c = r.communication
         acts = [_mem(g.activations, unit)] if counted else []
-        t.add_row(row_label(cmp.estimates, r), _mem(g.parameters, unit), _mem(g.gradients, unit), _mem(g.optimizer_states, unit),
+        mb = [micro_batch_cell(r)] if auto else []
+        t.add_row(row_label(cmp.estimates, r), *mb, _mem(g.parameters, unit), _mem(g.gradients, unit), _mem(g.optimizer_states, unit),
                   *acts, _mem(other, unit), Text(_mem(g.total, unit), style="bold"), fits,
                   _mem(r.memory.per_node.cpu, unit), _mem(r.memory.per_node.nvme, unit),
                   _mem(c.sent_bytes_per_gpu, unit), _mem(c.inter_node_sent_bytes_per_gpu, unit), *times)  # fmt: skip
@@ -297,11 +301,11 @@ def renderables(obj: Estimate | Comparison, unit: MemoryUnit = "gib") -> list[Te
     """What ``render`` groups: the lines and tables, in order."""
     kind = type(obj).__name__
     if kind == "Comparison":
-        from memcalc.report.formats import accounting_line
+        from memcalc.report.formats import accounting_line, auto_line
 
-        line = accounting_line(obj)  # type: ignore[arg-type]
+        lines = [x for x in (auto_line(obj), accounting_line(obj)) if x]  # type: ignore[arg-type]
         return ([Fitted(comparison_table(obj, unit), breaks=("host RAM/node", "step s")), ranking_line(obj)]  # type: ignore[arg-type]
-                + ([Text("note: " + line, style="dim")] if line else []))
+                + [Text("note: " + line, style="dim") for line in lines])
     if kind == "Estimate":
         return estimate_parts(obj, unit)  # type: ignore[arg-type]
     raise TypeError(f"cannot render {type(obj).__name__}")

@@ -281,7 +281,10 @@ class Training(_Result):
     seq_len: int | None
     micro_batch: int | None
     micro_batch_auto: bool = False
-    """The micro-batch is the largest that fits (``--micro-batch auto``)."""
+    """The micro-batch was chosen by ``--micro-batch auto``: the largest that fits, or 1 when none does."""
+    micro_batch_none_fits: bool = False
+    """With ``--micro-batch auto``: not even micro-batch 1 fits; the estimate is micro-batch 1's (a note says by how
+    much)."""
     micro_batches: int
     """Micro-batches per optimizer step (gradient accumulation)."""
     global_batch: int | None
@@ -365,7 +368,8 @@ class Comparison(_Result):
     by_memory: list[str] = field(default_factory=list)
     """Strategy labels from the least per-GPU memory to the most."""
     by_time: list[str] = field(default_factory=list)
-    """Strategy labels from the shortest step to the longest (those with a step time)."""
+    """Strategy labels from the shortest step to the longest (those with a step time); rows at different
+    micro-batches (``--micro-batch auto``): from the most tokens per second per GPU to the fewest."""
     fastest_that_fits: str | None = None
     """The strategy with the shortest step among those that fit (None: none fits, or no step time)."""
     smallest: str | None = None
@@ -376,7 +380,9 @@ class Comparison(_Result):
         if self.estimates and not self.by_memory:
             es = self.estimates
             mem = sorted(es, key=lambda e: e.memory.per_gpu.total)
-            timed = sorted((e for e in es if e.time is not None), key=lambda e: e.time.step_s)  # type: ignore[union-attr]
+            same_batch = len({e.training.micro_batch for e in es}) == 1
+            timed = sorted((e for e in es if e.time is not None),  # a step's length compares equal batches only
+                           key=lambda e: e.time.step_s if same_batch else -e.time.tokens_per_s_per_gpu)  # type: ignore[union-attr]
             fitting = [e for e in timed if e.memory.fit.fits]
             object.__setattr__(self, "by_memory", [e.strategy.label for e in mem])
             object.__setattr__(self, "by_time", [e.strategy.label for e in timed])
