@@ -135,7 +135,7 @@ def _missing_dtype(cal: Any, dtype: str, float8: bool) -> str | None:
         if want not in have:
             hint = "; ".join(f"--precision {_PRECISION_FOR[d]}" for d in have if d in _PRECISION_FOR)
             return (f"{cal.gpu} has no {want} tensor cores (its datasheet gives {', '.join(have)}), so a step in "
-                    f"{want} is not timed" + (f"; to time one, give {hint}" if hint else "") + "; memory is answered")
+                    f"{want} is not timed" + (f"; to time one, give {hint}" if hint else ""))
     return None
 
 
