@@ -62,6 +62,10 @@ def test_the_nearest_measured_gpu_by_generation():
     assert amd[0] == "h100-sxm" and "no AMD calibration" in amd[1]
     t4 = nearest(load_gpu("t4"))
     assert t4[0] == "a100-sxm-80gb" and "Turing" in t4[1]
+    # No generation given: the calibrated GPU nearest in dense peak (log scale), and the reason says so.
+    assert nearest({"bf16_tflops": 900})[0] == "h100-sxm" and nearest({"fp16_tflops": 200})[0] == "a100-sxm-80gb"
+    far = nearest({"bf16_tflops": 4000, "architecture": "rubin"})
+    assert far[0] == "b200" and "generation 'rubin' unknown" in far[1]
 
 
 def test_source_labels_say_measured_published_or_datasheet():
@@ -116,7 +120,9 @@ def test_a_users_gpu_file_gets_a_step_time(tmp_path):
     assert h100.cluster == "h100-sxm-node" and h100.peak_tflops_per_gpu == 362
     # No network in the file: the generation's default (one 400 Gb/s NDR NIC per GPU for Hopper).
     hopper = gpu_machine(load_gpu(str(_user_gpu(tmp_path, "nonet", drop=("network_gbps",), architecture="hopper"))))
-    assert hopper.cluster.network.bandwidth == 50e9
+    assert hopper.cluster.network.bandwidth == 50e9 and "hopper's default, one NDR NIC per GPU" in hopper.cluster.name
+    other = gpu_machine(load_gpu(str(_user_gpu(tmp_path, "other", drop=("network_gbps", "architecture")))))
+    assert other.cluster.network.bandwidth == 100e9 / 8 and "typical cloud NIC (assumed)" in other.cluster.name
 
 
 def test_a_gpu_file_without_the_clock_still_answers_memory(tmp_path):

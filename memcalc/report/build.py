@@ -162,7 +162,7 @@ def step_time(inp: EstimateInput, ev: Evaluation, timing: dict | None = None) ->
     machine = load_machine(cluster) if cluster else gpu_machine(inp.gpu)
     cal = machine.calibration
     return StepTimeInfo(
-        cluster=machine.cluster.key, calibration=cal.basis, efficiency_sources=dict(cal.sources),
+        cluster=machine.cluster.key, node=machine.cluster.name, calibration=cal.basis, efficiency_sources=dict(cal.sources),
         step_s=f["step_s"], tokens_per_step=f["tokens_per_step"],
         tokens_per_s=f["tokens_per_s"], tokens_per_s_per_gpu=f["tokens_per_s_per_gpu"],
         model_tflops_per_gpu=f["model_tflops_per_gpu"], peak_tflops_per_gpu=f["peak_tflops_per_gpu"], mfu=f["mfu"],
@@ -181,7 +181,7 @@ def _time_notes(st: StepTimeInfo | None) -> list[str]:
     named = {"hbm": "HBM", "gemm": "GEMM", "cross_entropy": "cross-entropy", "intra_node": "intra-node collectives",
              "network": "network collectives"}
     parts = "; ".join(f"{named.get(g, g)}: {label}" for g, label in st.efficiency_sources.items())
-    return [f"step time on {st.cluster}: {st.calibration}",
+    return [f"step time on {st.cluster} ({st.node}): {st.calibration}",
             f"step-time efficiencies: {parts}"]
 
 

@@ -316,6 +316,8 @@ class StepTimeInfo(_Result):
     cluster: str
     """The cluster preset whose links and calibration timed the step (``<gpu>-node``: a generic node built from the
     GPU's datasheet, ``memcalc.time.datasheet``)."""
+    node: str = ""
+    """The cluster's node in words (a generic node says where each of its rates comes from)."""
     calibration: str = ""
     """How the GPU's achievable rates were made: its calibration file, or derived from its datasheet and whose
     efficiency curves it borrows."""

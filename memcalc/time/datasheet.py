@@ -133,21 +133,35 @@ def derive(gpu: Any) -> Calibration:
 
 
 def generic_cluster(gpu: Any) -> Cluster:
-    """A node of the GPU's typical count (8) on its intra-node link, its network per GPU, reference latencies."""
+    """A node of the GPU's typical count (8) on its intra-node link, its network per GPU, reference latencies; its
+    name says where each rate comes from."""
     clock_fields(gpu)
     key = str(_value(gpu, "key") or _value(gpu, "name"))
     n = _value(gpu, "gpus_per_node") or GPUS_PER_NODE
     ref, host = load_cluster(_REFERENCE_NODE), load_cluster(_REFERENCE_HOST)
     link = str(_value(gpu, "intra_node_link") or "intra-node")
     intra = Link(link, float(_value(gpu, "intra_node_gbps")) / 2 * 1e9, ref.intra_node.latency_s)  # both ways / 2
-    gbytes = _value(gpu, "network_gbps")
-    if not _positive(gbytes):
-        arch = str(_value(gpu, "architecture") or "").lower()
-        gbytes = NETWORK_GBITS.get(arch, OTHER_NETWORK_GBITS) / 8
-    net = Link("network", float(gbytes) * 1e9, ref.network.latency_s)
+    gbits, whence = _network_gbits(gpu)
+    net = Link("network", gbits * 1e9 / 8, ref.network.latency_s)
     pcie = _value(gpu, "pcie_gbps") if _positive(_value(gpu, "pcie_gbps")) else PCIE_GBPS
-    return Cluster(f"{key}-node", f"generic node of {n} x {_value(gpu, 'name') or key} ({link})", n, key, intra, net,
-                   float(pcie) * 1e9, host.nvme_bytes_per_s, host.host_memory_bytes_per_s)  # fmt: skip
+    name = (f"generic node of {n} x {_value(gpu, 'name') or key}: {link} at {intra.bandwidth / 1e9:g} GB/s per "
+            f"direction (the GPU file's), network {gbits:g} Gb/s per GPU ({whence}), latencies of {_REFERENCE_NODE}, "
+            f"host of {_REFERENCE_HOST}")
+    return Cluster(f"{key}-node", name, n, key, intra, net, float(pcie) * 1e9, host.nvme_bytes_per_s,
+                   host.host_memory_bytes_per_s)  # fmt: skip
+
+
+def _network_gbits(gpu: Any) -> tuple[float, str]:
+    """Network per GPU in Gb/s, and where it comes from: the GPU file, else the generation's default."""
+    gbytes = _value(gpu, "network_gbps")
+    if _positive(gbytes):
+        return float(gbytes) * 8, "the GPU file's"
+    arch = str(_value(gpu, "architecture") or "").strip().lower()
+    if arch in NETWORK_GBITS:
+        nic = "one NDR NIC per GPU, as the DGX H100 datasheet" if NETWORK_GBITS[arch] == 400 else (
+            "one HDR NIC per GPU, as the DGX A100 datasheet")
+        return NETWORK_GBITS[arch], f"none in the GPU file: {arch}'s default, {nic}"
+    return OTHER_NETWORK_GBITS, "none in the GPU file: the default for other GPUs, a typical cloud NIC (assumed)"
 
 
 def _preset(gpu: Any) -> str | None:
