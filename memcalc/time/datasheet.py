@@ -77,7 +77,7 @@ def peaks(gpu: Any) -> tuple[tuple[str, float], ...]:
         v = _value(gpu, f"{dtype}_tflops")
         if dtype == "fp8" and _value(gpu, "fp8") is False:
             continue
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0:
+        if _positive(v):
             out.append((dtype, float(v) * 1e12))
     return tuple(out)
 
