@@ -10,13 +10,17 @@ from memcalc.cli.options import Format
 
 def gpu_rows() -> list[dict[str, Any]]:
     from memcalc.inputs.presets import gpu_names, load_gpu
+    from memcalc.time.datasheet import nearest
+    from memcalc.time.hardware import calibration_names
 
-    rows = []
+    rows, calibrated = [], set(calibration_names())
     for key in gpu_names():
         g = load_gpu(key)
         rows.append({"name": key, "GPU": g.name, "memory GB": g.memory_gb, "usable GiB": g.usable_memory_gib,
                      "HBM GB/s": g.hbm_gbps, "BF16 TFLOPS": g.bf16_tflops,
-                     "link GB/s": f"{g.intra_node_link} {g.intra_node_gbps:g}", "aliases": ", ".join(g.aliases)})
+                     "link GB/s": f"{g.intra_node_link} {g.intra_node_gbps:g}",
+                     "step time": "own calibration" if key in calibrated else f"{nearest(g)[0]} curves",
+                     "aliases": ", ".join(g.aliases)})
     return rows
 
 

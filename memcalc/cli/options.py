@@ -66,7 +66,7 @@ Units = Annotated[str, typer.Option("--units", help="Memory units: gib (2^30, as
 Json = Annotated[bool, typer.Option("--json", help="Print the whole result as JSON (integer bytes); same as --format json.")]
 Format = Annotated[str, typer.Option("--format", "-f", help="table (default), json (integer bytes), csv or markdown.")]
 Check = Annotated[bool, typer.Option("--check", help="The exit status is the verdict: 0 when it fits, 1 when at risk or out of memory (the output is printed as usual), so `memcalc estimate ... --check && torchrun ...` launches only what fits.")]
-ClusterOpt = Annotated[str | None, typer.Option("--cluster", help="Cluster preset that times the step: dgx-a100, dgx-h100, hgx-h200, p4d-a100, p5-h100, or a .toml path (default: the first built from --gpu).")]
+ClusterOpt = Annotated[str | None, typer.Option("--cluster", help="Cluster preset that times the step: dgx-a100, dgx-h100, hgx-h200, p4d-a100, p5-h100, or a .toml path (default: the first built from --gpu, else a generic node of 8 built from the GPU's datasheet).")]
 Tokens = Annotated[str | None, typer.Option("--tokens", help="Tokens to train on (2e12, 15T): adds the time to train.")]
 Price = Annotated[float | None, typer.Option("--price-per-gpu-hour", help="With --tokens: the cost, in the price's currency.")]
 IntraGbps = Annotated[float | None, typer.Option("--intra-node-gbps", help="Override: GPU-to-GPU bandwidth inside a node, GB/s per GPU per direction.")]

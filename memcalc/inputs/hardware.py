@@ -33,27 +33,39 @@ class GPU(Record):
     """Memory as sold, decimal GB (the datasheet's figure)."""
     usable_memory_gib: float = bounded(gt=0, le=MAX_DATASHEET)
     """Memory the framework can allocate, GiB: the total capacity PyTorch reports for the device."""
-    hbm_gbps: float = bounded(gt=0, le=MAX_DATASHEET)
-    """Peak memory bandwidth, GB/s."""
-    bf16_tflops: float = bounded(ge=0, le=MAX_DATASHEET)
+    hbm_gbps: float | None = bounded(None, ge=0, le=MAX_DATASHEET)
+    """Peak memory bandwidth, GB/s. The step time needs it; memory does not (a file without it is answered memory
+    alone, with a note saying why there is no step time)."""
+    bf16_tflops: float | None = bounded(None, ge=0, le=MAX_DATASHEET)
     """Peak dense BF16 tensor throughput, TFLOPS (0 = not supported)."""
-    fp16_tflops: float = bounded(ge=0, le=MAX_DATASHEET)
+    fp16_tflops: float | None = bounded(None, ge=0, le=MAX_DATASHEET)
     """Peak dense FP16 tensor throughput, TFLOPS."""
-    fp32_tflops: float = bounded(ge=0, le=MAX_DATASHEET)
+    fp32_tflops: float | None = bounded(None, ge=0, le=MAX_DATASHEET)
     """Peak FP32 throughput (non-tensor), TFLOPS."""
+    tf32_tflops: float | None = bounded(None, gt=0, le=MAX_DATASHEET)
+    """Peak dense TF32 tensor throughput, TFLOPS, what fp32 training's matmuls run at (absent: no TF32 tensor cores,
+    as on Volta, Turing and CDNA 2)."""
+    fp8_tflops: float | None = bounded(None, gt=0, le=MAX_DATASHEET)
+    """Peak dense FP8 tensor throughput with FP32 accumulate, TFLOPS (absent: no fp8 tensor cores)."""
     fp8: bool = True
     """Whether it has fp8 tensor cores, which torchao's float8 matmuls (``torch._scaled_mm``) need: NVIDIA compute
-    capability 8.9 and up (Ada, Hopper, Blackwell) and AMD CDNA 3; ``false`` in the Volta, Ampere and CDNA 2 files.
-    A file that leaves it out is taken at its word for ``--float8``."""
-    intra_node_link: str
+    capability 8.9 and up (Ada, Hopper, Blackwell) and AMD CDNA 3; ``false`` in the Volta, Turing, Ampere and CDNA 2
+    files. A file that leaves it out is taken at its word for ``--float8``."""
+    architecture: str | None = None
+    """The chip's generation (``volta``, ``turing``, ``ampere``, ``ada``, ``hopper``, ``blackwell``, ``cdna2``,
+    ``cdna3``): a GPU without its own calibration borrows the efficiency curves of the nearest measured one
+    (``memcalc.time.datasheet``)."""
+    intra_node_link: str = "intra-node"
     """The GPU-to-GPU link inside a node (``nvlink4``, ``pcie4``, ``infinity-fabric``)."""
-    intra_node_gbps: float = bounded(gt=0, le=MAX_DATASHEET)
+    intra_node_gbps: float | None = bounded(None, ge=0, le=MAX_DATASHEET)
     """GPU-to-GPU bandwidth inside a node, GB/s, both directions summed as datasheets quote it."""
-    pcie_gbps: float = bounded(gt=0, le=MAX_DATASHEET)
+    gpus_per_node: int | None = bounded(None, gt=0, le=MAX_GPUS)
+    """GPUs behind one intra-node link in the typical system (absent: 8, the HGX board's and most PCIe servers')."""
+    pcie_gbps: float | None = bounded(None, ge=0, le=MAX_DATASHEET)
     """Host link bandwidth each way, GB/s (PCIe Gen4 x16 about 32, Gen5 x16 about 64)."""
-    network_gbps: float = bounded(gt=0, le=MAX_DATASHEET)
+    network_gbps: float | None = bounded(None, ge=0, le=MAX_DATASHEET)
     """Typical inter-node network bandwidth per GPU each way, GB/s (200 Gb/s HDR = 25)."""
-    source: str
+    source: str = ""
     """Where the figures come from."""
 
     @property
@@ -73,6 +85,9 @@ class GPU(Record):
                 f"GPU {self.key!r}: usable_memory_gib {self.usable_memory_gib!r} is more than its memory_gb "
                 f"{self.memory_gb!r}; accepted: at most {self.memory_gb!r} (the memory the card has)"
             )
+        if not self.fp8 and self.fp8_tflops is not None:
+            raise InputError(f"GPU {self.key!r}: fp8 = false with fp8_tflops = {self.fp8_tflops!r}; accepted: one or "
+                             "the other (fp8_tflops alone says it has fp8 tensor cores)")
 
 
 def check_precision(gpu: GPU, precision: str, compute_dtype: str) -> None:

@@ -139,24 +139,31 @@ def step_time(inp: EstimateInput, ev: Evaluation, timing: dict | None = None) ->
         why = ("a bare parameter count has no FLOPs: give the model's shape (--model, --hf-config)"
                if plan.arch is None else "a step needs its tokens: give --seq-len")
         return None, why
+    from memcalc.time.datasheet import gpu_machine
     from memcalc.time.estimate import time_evaluation, time_fields, time_unavailable
-    from memcalc.time.hardware import cluster_for_gpu
+    from memcalc.time.hardware import load_machine
 
     cluster = opts.get("cluster")
-    why = time_unavailable(ev, gpu=inp.gpu.key, cluster=cluster)
+    why = time_unavailable(ev, gpu=inp.gpu, cluster=cluster)
     if why is not None:
-        if tokens is not None:
+        asked = [n for n, v in (("tokens", tokens), ("price_per_gpu_hour", price), *opts.items())
+                 if v is not None and n != "optimizer_impl"]
+        if asked:  # a time flag was given: no answer without the time it asks for
             from memcalc.errors import InputError
 
-            raise InputError(f"--tokens needs a step time: {why}")
+            flags = ", ".join("--" + n.replace("_", "-").replace("network-gbits-per-gpu", "network-gbits") for n in asked)
+            raise InputError(f"{flags} need{'s' * (len(asked) == 1)} a step time: {why}")
         return None, why
-    st = time_evaluation(ev, gpu=inp.gpu.key, **opts)
+    st = time_evaluation(ev, gpu=inp.gpu, **opts)
     f = time_fields(st, tokens=tokens, price_per_gpu_hour=price)
     if f is None:
         return None, "nothing to time"
     b = f["breakdown"]
+    machine = load_machine(cluster) if cluster else gpu_machine(inp.gpu)
+    cal = machine.calibration
     return StepTimeInfo(
-        cluster=cluster or cluster_for_gpu(inp.gpu.key), step_s=f["step_s"], tokens_per_step=f["tokens_per_step"],
+        cluster=machine.cluster.key, node=machine.cluster.name, calibration=cal.basis, efficiency_sources=dict(cal.sources),
+        step_s=f["step_s"], tokens_per_step=f["tokens_per_step"],
         tokens_per_s=f["tokens_per_s"], tokens_per_s_per_gpu=f["tokens_per_s_per_gpu"],
         model_tflops_per_gpu=f["model_tflops_per_gpu"], peak_tflops_per_gpu=f["peak_tflops_per_gpu"], mfu=f["mfu"],
         hfu=f["hfu"], flop_convention=f["flop_convention"],
@@ -165,6 +172,17 @@ def step_time(inp: EstimateInput, ev: Evaluation, timing: dict | None = None) ->
                                 bubble_s=b["bubble_s"], optimizer_s=b["optimizer_s"], offload_s=b["offload_s"]),
         time_to_train_s=f["time_to_train_s"], cost=f["cost"],
     ), None
+
+
+def _time_notes(st: StepTimeInfo | None) -> list[str]:
+    """Where the step time's rates come from: the calibration, and each efficiency's source."""
+    if st is None or not st.calibration:
+        return []
+    named = {"hbm": "HBM", "gemm": "GEMM", "cross_entropy": "cross-entropy", "intra_node": "intra-node collectives",
+             "network": "network collectives"}
+    parts = "; ".join(f"{named.get(g, g)}: {label}" for g, label in st.efficiency_sources.items())
+    return [f"step time on {st.cluster} ({st.node}): {st.calibration}",
+            f"step-time efficiencies: {parts}"]
 
 
 def _verdict_notes(f: paper.PaperFit | None) -> list[str]:
@@ -248,7 +266,8 @@ def estimate(inp: EstimateInput, ev: Evaluation, micro_batch_auto: bool = False,
                       timeline=StepTimeline(peak_phase=ev.realistic.peak_phase, peak_moment=ev.realistic.peak_moment,
                                             phases=dict(ev.realistic.phases)) if ev.realistic else None),
         communication=_communication(ev),
-        notes=notes(plan) + _layout_notes(ev) + _verdict_notes(paper_fit) + ([f"step time: {why}"] if why else []),
+        notes=notes(plan) + _layout_notes(ev) + _verdict_notes(paper_fit) + ([f"step time: {why}"] if why else [])
+        + _time_notes(time),
         input=inp,
         time=time,
     )

@@ -78,18 +78,27 @@ class CollectiveTimes(Record):
 def collectives(size: str | int | float, group: int, *, gpu: str | None = None, cluster: str | None = None,
                 gpus_per_node: int | None = None, across_nodes: bool = False) -> CollectiveTimes:
     """Every collective primitive on ``size`` bytes over ``group`` ranks of a cluster preset (or the first cluster
-    built from ``gpu``; neither given: ``DEFAULT_GPU``'s, as ``estimate`` takes); ``across_nodes`` puts one rank per node (a data-parallel group under tensor parallelism)."""
+    built from ``gpu``, else a generic node of that GPU: ``memcalc.time.datasheet``; neither given: ``DEFAULT_GPU``'s,
+    as ``estimate`` takes); ``across_nodes`` puts one rank per node (a data-parallel group under tensor parallelism)."""
+    from dataclasses import replace
+
     from memcalc.comm.timing import Group, primitives
     from memcalc.inputs.hardware import DEFAULT_GPU
-    from memcalc.time.hardware import cluster_for_gpu, gpu_key, load_machine
+    from memcalc.time.datasheet import gpu_machine
+    from memcalc.time.hardware import load_machine
 
     n_bytes = parse_size(size)
     if isinstance(group, bool) or not isinstance(group, int) or not 1 <= group <= MAX_GROUP:
         raise InputError(f"--group {group!r} is not accepted; accepted: a whole number of ranks from 1 to {MAX_GROUP:,}")
     if gpu is None and cluster is None:
         gpu = DEFAULT_GPU  # as estimate's
-    name = cluster or cluster_for_gpu(gpu)  # type: ignore[arg-type]
-    machine = load_machine(name, gpu if cluster is not None else None)
+    if cluster is None:
+        machine = gpu_machine(gpu)
+    else:
+        machine = load_machine(cluster)
+        if gpu is not None:
+            machine = replace(machine, calibration=gpu_machine(gpu).calibration)
+    name = machine.cluster.key
     g_node = gpus_per_node or machine.cluster.gpus_per_node
     if isinstance(g_node, bool) or not isinstance(g_node, int) or g_node < 1:
         raise InputError(f"--gpus-per-node {g_node!r} is not accepted; accepted: a whole number of 1 or more")
@@ -98,7 +107,7 @@ def collectives(size: str | int | float, group: int, *, gpu: str | None = None, 
                          time_s=p.time_s, bus_bandwidth=p.bus_bandwidth, alg_bandwidth=p.alg_bandwidth)
             for p in primitives(n_bytes, grp, machine.intra, machine.inter)]
     return CollectiveTimes(size_bytes=n_bytes, group=group, ranks_per_node=grp.per_node, nodes=grp.nodes,
-                           cluster=name, gpu=gpu_key(gpu) if gpu else machine.cluster.gpu,
+                           cluster=name, gpu=machine.calibration.gpu if gpu else machine.cluster.gpu,
                            intra_node_link=machine.intra.name,
                            network_link=machine.inter.name, primitives=rows)
 

@@ -172,9 +172,10 @@ def communication_table(r: Estimate, unit: MemoryUnit = "gib") -> Table:
 
 def links_line(r: Estimate) -> Text:
     g = r.input.gpu
+    rate = lambda gbps: "?" if gbps is None else format_rate(gbps * 1e9)  # noqa: E731 (absent from the GPU's file)
     return Text(
-        f"links: {g.intra_node_link} {format_rate(g.intra_node_gbps * 1e9)} (both directions) inside a node · "
-        f"network {format_rate(g.network_gbps * 1e9)} per GPU · PCIe {format_rate(g.pcie_gbps * 1e9)} each way",
+        f"links: {g.intra_node_link} {rate(g.intra_node_gbps)} (both directions) inside a node · "
+        f"network {rate(g.network_gbps)} per GPU · PCIe {rate(g.pcie_gbps)} each way",
         style="dim",
     )
 

@@ -317,7 +317,16 @@ class StepTimeInfo(_Result):
     """How long one optimizer step takes, and what that buys (``memcalc.time``)."""
 
     cluster: str
-    """The cluster preset whose links and calibration timed the step."""
+    """The cluster preset whose links and calibration timed the step (``<gpu>-node``: a generic node built from the
+    GPU's datasheet, ``memcalc.time.datasheet``)."""
+    node: str = ""
+    """The cluster's node in words (a generic node says where each of its rates comes from)."""
+    calibration: str = ""
+    """How the GPU's achievable rates were made: its calibration file, or derived from its datasheet and whose
+    efficiency curves it borrows."""
+    efficiency_sources: dict[str, str] = field(default_factory=dict)
+    """Each group of efficiencies (hbm, gemm, attention, optimizer, cross_entropy, intra_node, network) and where it
+    comes from: "measured: ...", "published: ..." or "datasheet: borrowed from <gpu> ..."."""
     step_s: float
     tokens_per_step: float
     tokens_per_s: float

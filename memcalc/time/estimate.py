@@ -21,13 +21,8 @@ from memcalc.errors import InputError, did_you_mean
 from memcalc.layout.compose import composition
 from memcalc.layout.plan import Plan as LayoutPlan
 from memcalc.memory.paper import param_groups
-from memcalc.time.hardware import (
-    Machine,
-    cluster_for_gpu,
-    cluster_names,
-    load_calibration,
-    load_cluster,
-)
+from memcalc.time.datasheet import gpu_machine
+from memcalc.time.hardware import Machine, cluster_names, load_cluster, load_machine
 from memcalc.time.flops import policy_name
 from memcalc.time.step import Plan, StepTime, step_time
 from memcalc.units import ceil_div
@@ -110,8 +105,9 @@ def optimizer_params(plan: LayoutPlan) -> int:
     return best
 
 
-def time_unavailable(ev: Any, *, gpu: str | None = None, cluster: str | None = None) -> str | None:
-    """Why this evaluation has no step time, in one line, or None when it has one."""
+def time_unavailable(ev: Any, *, gpu: Any = None, cluster: str | None = None) -> str | None:
+    """Why this evaluation has no step time, in one line, or None when it has one. ``gpu``: a preset name, a TOML
+    path or a GPU record (``memcalc.time.datasheet.gpu_machine``)."""
     plan = ev.plan
     if plan.arch is None:
         return "a bare parameter count has no FLOPs: give the model's shape (--model, --hf-config or --layers ...)"
@@ -121,10 +117,25 @@ def time_unavailable(ev: Any, *, gpu: str | None = None, cluster: str | None = N
         if gpu is None:
             return "give the GPU or the cluster to time a step"
         try:
-            cluster_for_gpu(gpu)
-            load_calibration(gpu)
+            cal = gpu_machine(gpu).calibration
         except InputError as e:
             return f"no step time for this GPU: {e}"
+        return _missing_dtype(cal, _MATMUL_DTYPE[plan.precision.compute_dtype], plan.float8 != "none")
+    return None
+
+
+# The precision to suggest where the GPU lacks the one asked for: its matmuls then run in a dtype it has.
+_PRECISION_FOR = {"fp16": "fp16-mixed or amp-fp16", "bf16": "bf16-mixed or amp-bf16", "tf32": "fp32"}
+
+
+def _missing_dtype(cal: Any, dtype: str, float8: bool) -> str | None:
+    """Why the GPU cannot time matmuls in ``dtype`` (or fp8, under float8), or None."""
+    have = [d for d, _ in cal.peak_flops]
+    for want in (dtype, "fp8") if float8 else (dtype,):
+        if want not in have:
+            hint = "; ".join(f"--precision {_PRECISION_FOR[d]}" for d in have if d in _PRECISION_FOR)
+            return (f"{cal.gpu} has no {want} tensor cores (its datasheet gives {', '.join(have)}), so a step in "
+                    f"{want} is not timed" + (f"; to time one, give {hint}" if hint else ""))
     return None
 
 
@@ -145,15 +156,15 @@ def _positive(name: str, value: float | None, fraction: bool = False) -> None:
 
 
 @cache
-def machine_for(cluster: str, ranks_per_node: int, intra_node_gbps: float | None = None,
+def machine_for(cluster: str | Machine, ranks_per_node: int, intra_node_gbps: float | None = None,
                 network_gbits_per_gpu: float | None = None, intra_node_efficiency: float | None = None,
                 network_efficiency: float | None = None, pcie_gbps: float | None = None,
                 host_memory_gbps: float | None = None) -> Machine:  # fmt: skip
-    """The cluster preset with its own GPU's calibration, the plan's GPUs per node (CPU Adam and NVMe share a node
-    among the ranks in it) and the user's link overrides. A new NVLink bandwidth drops the preset's measured
-    NVLink SHARP all-reduce rate, which belongs to the preset's switch."""
-    c = load_cluster(cluster)
-    cal = load_calibration(c.gpu)
+    """The cluster preset with its own GPU's calibration (or a machine, ``gpu_machine``'s), the plan's GPUs per node
+    (CPU Adam and NVMe share a node among the ranks in it) and the user's link overrides. A new NVLink bandwidth drops
+    the preset's measured NVLink SHARP all-reduce rate, which belongs to the preset's switch."""
+    base = load_machine(cluster) if isinstance(cluster, str) else cluster
+    c, cal = base.cluster, base.calibration
     intra, net = c.intra_node, c.network
     if intra_node_gbps is not None:
         intra = replace(intra, bandwidth=intra_node_gbps * 1e9)
@@ -220,7 +231,7 @@ def _lora_fields(plan: LayoutPlan) -> dict:
 def time_evaluation(
     ev: Any,
     *,
-    gpu: str | None = None,
+    gpu: Any = None,
     cluster: str | None = None,
     optimizer_impl: str = "foreach",
     flops_attention: str = "full",
@@ -235,7 +246,8 @@ def time_evaluation(
     """One optimizer step of ``ev`` (a ``memcalc.evaluate.Evaluation``) on one GPU of the slowest pipeline stage.
 
     The machine: ``cluster`` (a preset name, alias or TOML path, with its own GPU), else the first cluster preset
-    built from ``gpu`` (the input's GPU preset key). Link overrides: NVLink GB/s per GPU per direction, network
+    built from ``gpu`` (a preset name, TOML path or GPU record), else a generic node and a calibration derived from its
+    datasheet (``memcalc.time.datasheet``). Link overrides: NVLink GB/s per GPU per direction, network
     Gb/s per GPU, fractions of those reached by large collectives, PCIe GB/s per direction, host-memory GB/s per
     node (achievable, e.g. STREAM's; the preset's is its theoretical rate x its host_memory_efficiency).
     Returns None when there is nothing to time; ``time_unavailable`` says why in one line.
@@ -253,8 +265,8 @@ def time_evaluation(
     if time_unavailable(ev, gpu=gpu, cluster=cluster) is not None:
         return None
     plan = ev.plan
-    name = cluster if cluster is not None else cluster_for_gpu(gpu)  # type: ignore[arg-type]
-    machine = machine_for(name, plan.ranks_per_node, intra_node_gbps, network_gbits_per_gpu, intra_node_efficiency,
+    base = cluster if cluster is not None else gpu_machine(gpu)
+    machine = machine_for(base, plan.ranks_per_node, intra_node_gbps, network_gbits_per_gpu, intra_node_efficiency,
                           network_efficiency, pcie_gbps, host_memory_gbps)  # fmt: skip
     sp = step_plan(plan, optimizer_impl, flops_attention, recompute)
     return step_time(plan.arch, sp, machine, placed(ev.collectives, plan), ev.transfers)

@@ -26,7 +26,14 @@ _CAL_KEYS = {"gpu": str, "extends": str, "bf16_tflops": float, "fp16_tflops": fl
              "attention_flash_efficiency": list, "attention_cudnn_efficiency": list, "adamw_fused_efficiency": float,
              "adamw_foreach_efficiency": float, "cross_entropy_bytes_per_logit": float, "intra_node_efficiency": float,
              "intra_node_allreduce_gbps": float, "network_efficiency": float}  # fmt: skip
-_OPTIONAL = {"aliases", "extends", "fp8_tflops", "tf32_tflops", "attention_cudnn_efficiency", "intra_node_allreduce_gbps"}
+# Each group of rates, by the key that holds its efficiency; a file says where its own come from in ``<group>_source``
+# ("measured: ...", "published: ...", "datasheet: ..."); what it takes from the file it extends is "datasheet: borrowed".
+SOURCE_GROUPS = {"hbm": "hbm_efficiency", "gemm": "gemm_efficiency", "attention": "attention_flash_efficiency",
+                 "optimizer": "adamw_fused_efficiency", "cross_entropy": "cross_entropy_bytes_per_logit",
+                 "intra_node": "intra_node_efficiency", "network": "network_efficiency"}
+_CAL_KEYS |= {f"{group}_source": str for group in SOURCE_GROUPS}
+_OPTIONAL = {"aliases", "extends", "fp8_tflops", "tf32_tflops", "attention_cudnn_efficiency", "intra_node_allreduce_gbps",
+             *(f"{group}_source" for group in SOURCE_GROUPS)}
 
 
 def _dir(kind: str) -> Path:
@@ -128,6 +135,10 @@ class Calibration:
     intra_node_efficiency: float
     intra_node_allreduce_bytes_per_s: float | None
     network_efficiency: float
+    sources: tuple[tuple[str, str], ...] = ()
+    """(group of SOURCE_GROUPS, where its efficiency comes from: "measured: ...", "published: ..." or "datasheet: ...")."""
+    basis: str = ""
+    """How this calibration was made: the GPU's own file, or derived from its datasheet (``memcalc.time.datasheet``)."""
 
     def peak(self, dtype: str) -> float:
         for d, v in self.peak_flops:
@@ -188,6 +199,7 @@ def load_cluster(name: str) -> Cluster:
 
 
 def _raw_calibration(path: Path, seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The file's keys over those of the file it extends; an efficiency it takes from there is labelled borrowed."""
     data = _read(path)
     base = data.get("extends")
     if base is None:
@@ -195,8 +207,18 @@ def _raw_calibration(path: Path, seen: tuple[str, ...] = ()) -> dict[str, Any]:
     if path.stem in seen:
         raise InputError(f"calibration {path.stem!r} extends itself through {' -> '.join(seen)}")
     merged = dict(_raw_calibration(_find("calibration", base, "calibration"), (*seen, path.stem)))
+    for group, key in SOURCE_GROUPS.items():
+        if key not in data and f"{group}_source" not in data:
+            merged[f"{group}_source"] = borrowed(str(base), merged.get(f"{group}_source", ""))
     merged.update(data)
     return merged
+
+
+def borrowed(base: str, label: str) -> str:
+    """The source label of an efficiency taken from calibration ``base``: the curve of another GPU, kept as given."""
+    if label.startswith("datasheet: borrowed from"):
+        return label  # already another GPU's curve: name where it was made
+    return f"datasheet: borrowed from {base}" + (f" ({label})" if label else "")
 
 
 @cache
@@ -225,6 +247,8 @@ def load_calibration(gpu: str) -> Calibration:
         cross_entropy_bytes_per_logit=data["cross_entropy_bytes_per_logit"],
         intra_node_efficiency=data["intra_node_efficiency"],
         intra_node_allreduce_bytes_per_s=ar * 1e9 if ar else None, network_efficiency=data["network_efficiency"],
+        sources=tuple((g, data.get(f"{g}_source", "datasheet: not stated in the file")) for g in SOURCE_GROUPS),
+        basis=f"calibration file {path.stem}" + (f" (extends {data['extends']})" if "extends" in data else ""),
     )  # fmt: skip
 
 
