@@ -149,14 +149,14 @@ def plan(params: Any = None, *, seq_len: int | None = None, global_batch: int | 
     gpus=64, gpu="h100")``. Any other ``memcalc.estimate`` keyword holds its dimension fixed (``tp=8``,
     ``recompute="full"``, ``stage=3``) or applies to every candidate (``attention``, ``lora_rank``, ...)."""
     t0 = time.perf_counter()
-    job, arch, model_args, held, passthrough = _job(params, seq_len, global_batch, global_batch_tokens, gpus, gpu,
+    job, arch, model_args, held, passthrough, gpu_args = _job(params, seq_len, global_batch, global_batch_tokens, gpus, gpu,
                                                     gpus_per_node, framework, objective, tokens, price, top, fixed)
     reasons: Counter[str] = Counter()
     offload = False
-    groups = _groups(job, arch, held, passthrough, reasons, offload=False)
+    groups = _groups(job, arch, held, passthrough, reasons, gpu_args, offload=False)
     out, candidates = _search(groups, job, top)
     if not out.kept and not any(k in held for k in ("stage", "fsdp", "ddp", "strategy")):
-        more = _groups(job, arch, held, passthrough, reasons, offload=True)
+        more = _groups(job, arch, held, passthrough, reasons, gpu_args, offload=True)
         if more:
             offload = True
             out2, cands2 = _search(more, job, top)
@@ -170,8 +170,9 @@ def plan(params: Any = None, *, seq_len: int | None = None, global_batch: int | 
 
 def _job(params: Any, seq_len: Any, global_batch: Any, global_batch_tokens: Any, gpus: Any, gpu: Any,
          gpus_per_node: Any, framework: Any, objective: Any, tokens: Any, price: Any, top: Any,
-         fixed: dict) -> tuple[PlanJob, Any, dict, dict, dict]:  # fmt: skip
-    """The job, validated once: (job, architecture, the model's keywords, the held ones, the passed-through ones)."""
+         fixed: dict) -> tuple[PlanJob, Any, dict, dict, dict, dict]:  # fmt: skip
+    """The job, validated once: (job, architecture, the model's keywords, the held ones, the passed-through ones,
+    each GPU's argument by its key: the preset's key, or the path of the user's file)."""
     import inspect
 
     from memcalc.inputs.arguments import check_names
@@ -197,8 +198,12 @@ def _job(params: Any, seq_len: Any, global_batch: Any, global_batch_tokens: Any,
         raise InputError(f"--gpus-per-node {per_node} must be 1 or more")
     batch = _global_batch(seq, global_batch, global_batch_tokens)
     counts = parse_gpus(gpus)
-    keys = list(dict.fromkeys(load_gpu(g).key for g in _names(gpu, [DEFAULT_GPU])))
-    for k in keys:
+    records = {}
+    for g in _names(gpu, [DEFAULT_GPU]):
+        rec = load_gpu(g)
+        records.setdefault(rec.key, g if g.endswith(".toml") else rec.key)
+    keys = list(records)
+    for k in records.values():
         _timed_gpu(k)
     frameworks = _frameworks(framework)
     prices = parse_prices(price, keys)
@@ -225,16 +230,15 @@ def _job(params: Any, seq_len: Any, global_batch: Any, global_batch_tokens: Any,
                   tokens_per_step=seq * batch, gpus=counts, gpu=keys, gpus_per_node=per_node, frameworks=frameworks,
                   objective=objective, tokens=n_tokens, prices=prices,
                   fixed={**held, **{k: v for k, v in passthrough.items() if isinstance(v, (int, float, str, bool))}})
-    return job, arch, model_args, held, passthrough
+    return job, arch, model_args, held, passthrough, records
 
 
 def _timed_gpu(key: str) -> None:
     """The planner ranks by step time: a GPU without one is refused in one line."""
-    from memcalc.time.hardware import cluster_for_gpu, load_calibration
+    from memcalc.time.datasheet import gpu_machine
 
     try:
-        cluster_for_gpu(key)
-        load_calibration(key)
+        gpu_machine(key)
     except InputError as e:
         raise InputError(f"--gpu {key} has no step time, which memcalc plan ranks by ({' '.join(str(e).split())})") \
             from None
@@ -251,10 +255,11 @@ def _frameworks(value: str | Sequence[str]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _settings(job: PlanJob, arch: Any, held: dict, offload: bool) -> Iterable[tuple[str, int, str, dict, list]]:
+def _settings(job: PlanJob, arch: Any, held: dict, offload: bool,
+              gpu_args: dict) -> Iterable[tuple[str, int, str, dict, list]]:  # fmt: skip
     """(gpu, count, framework, estimate keywords, micro-batch pairs) of every candidate setting."""
     shape = Shape(layers=arch.layers, experts=arch.experts)
-    for gpu in job.gpu:
+    for gpu in (gpu_args[k] for k in job.gpu):
         for n in job.gpus:
             for fw in job.frameworks:
                 for kw in settings(fw, n, job.gpus_per_node, shape, held, offload=offload):
@@ -263,13 +268,14 @@ def _settings(job: PlanJob, arch: Any, held: dict, offload: bool) -> Iterable[tu
                     yield gpu, n, fw, kw, pairs
 
 
-def _groups(job: PlanJob, arch: Any, held: dict, passthrough: dict, reasons: Counter,
+def _groups(job: PlanJob, arch: Any, held: dict, passthrough: dict, reasons: Counter, gpu_args: dict,
             offload: bool) -> list[S.Group]:  # fmt: skip
     """Every candidate setting validated by ``build_input`` once (at its first micro-batch pair)."""
     from memcalc.inputs.plan import to_plan
     from memcalc.inputs.build import build_input
 
-    every = list(_settings(job, arch, held, offload))
+    every = list(_settings(job, arch, held, offload, gpu_args))
+    key_of = {arg: key for key, arg in gpu_args.items()}
     total = sum(len(p) for *_, p in every)
     if total > MAX_CANDIDATES:
         raise InputError(f"this search has {total:,} candidates, more than {MAX_CANDIDATES:,}: narrow it (fewer --gpus "
@@ -290,7 +296,7 @@ def _groups(job: PlanJob, arch: Any, held: dict, passthrough: dict, reasons: Cou
         except InputError as e:
             reasons[_reason(str(e))] += len(pairs)
             continue
-        groups.append(S.Group(gpu, n, fw, args, plan, tuple(pairs), job.prices.get(gpu)))
+        groups.append(S.Group(gpu, n, fw, args, plan, tuple(pairs), job.prices.get(key_of[gpu])))
     return groups
 
 
@@ -328,7 +334,7 @@ def _run(rank: int, c: S.Candidate, job: PlanJob, model_args: dict) -> PlannedRu
     t, pg, tr = e.time, e.memory.per_gpu, e.training
     assert t is not None  # every candidate was timed
     return PlannedRun(
-        rank=rank, gpu=g.gpu, gpus=g.gpus, framework=g.framework,
+        rank=rank, gpu=e.input.gpu.key, gpus=g.gpus, framework=g.framework,
         layout=PlanLayout(dp=tr.dp, tp=tr.tp, pp=tr.pp, cp=tr.cp, ep=tr.ep, virtual_stages=tr.virtual_stages),
         strategy=_strategy(e.strategy.name, g), recompute=kwargs.get("recompute", "none"), micro_batch=c.micro_batch,
         grad_accum=c.grad_accum, accounting=e.accounting,

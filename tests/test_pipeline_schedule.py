@@ -21,7 +21,7 @@ def test_interleaved_ops_are_torchs(pp: int, n: int, v: int) -> None:
         s.rank = rank
         theirs = [(a.computation_type != schedules._ComputationType.FORWARD, a.stage_index // pp)
                   for a in s._calculate_single_rank_operations(rank) if a is not None]  # fmt: skip
-        assert interleaved_ops(rank, pp, n, v) == theirs
+        assert list(interleaved_ops(rank, pp, n, v)) == theirs
 
 
 def test_the_interleaved_peak_follows_the_schedule() -> None:

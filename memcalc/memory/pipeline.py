@@ -11,6 +11,8 @@ gradients) and the backward of one layer (``torch_stage_rows``).
 
 from __future__ import annotations
 
+from functools import cache
+
 from typing import Any
 
 from memcalc.layout.compose import composition
@@ -21,7 +23,8 @@ from memcalc.model.params import Shard, layer_params
 from memcalc.units import MiB
 
 
-def interleaved_ops(rank: int, pp: int, n: int, virtual: int) -> list[tuple[bool, int]]:
+@cache
+def interleaved_ops(rank: int, pp: int, n: int, virtual: int) -> tuple[tuple[bool, int], ...]:
     """The actions of pipeline rank ``rank`` under torch's ScheduleInterleaved1F1B, in order: (backward?, local model
     chunk). torch/distributed/pipelining/schedules.py ``_calculate_single_rank_operations`` (warm-up
     ``(v - 1)·m_round + 2(pp - 1 - rank)`` forwards, capped at n·v; the forward chunk turns every ``m_round`` =
@@ -36,7 +39,7 @@ def interleaved_ops(rank: int, pp: int, n: int, virtual: int) -> list[tuple[bool
             ops.append((False, (op // per_round) % virtual))
         if op >= warmup:
             ops.append((True, virtual - 1 - ((op - warmup) // per_round) % virtual))
-    return ops
+    return tuple(ops)
 
 
 def interleaved_peak(rank: int, pp: int, n: int, act: list[int],
@@ -49,20 +52,21 @@ def interleaved_peak(rank: int, pp: int, n: int, act: list[int],
     ``backward_maybe_with_nosync``)."""
     v = len(act)
     alive, done, live = [0] * v, [0] * v, [False] * v
+    a = g = 0  # the sums of act[c] x alive[c] and of grad[c] over the live chunks, kept as the schedule runs
     best: tuple = (-1, 0, 0, 0, ())
     for backward, c in interleaved_ops(rank, pp, n, v):
         if backward:
-            live[c] = True  # the first backward allocates the chunk's accumulators; its micro-batch is still alive
+            if not live[c]:  # the first backward allocates the chunk's accumulators; its micro-batch is still alive
+                live[c], g = True, g + grad[c]
         else:
-            alive[c] += 1
-        a = sum(x * y for x, y in zip(act, alive))
-        g = sum(x for x, on in zip(grad, live) if on)
+            alive[c], a = alive[c] + 1, a + act[c]
         if a + g > best[0]:
             best = (a + g, a, g, tuple(alive), tuple(done))
         if backward:
-            alive[c] -= 1
+            alive[c], a = alive[c] - 1, a - act[c]
             done[c] += 1
-            live[c] = done[c] < n
+            if done[c] >= n:
+                live[c], g = False, g - grad[c]
     return best[1], best[2], best[3], best[4]
 
 

@@ -35,6 +35,9 @@ from memcalc.time.estimate import time_evaluation
 STATE_KEYS = ("parameters", "parameters_frozen", "parameters_adapters", "master_weights", "optimizer_moments",
               "optimizer_steps")
 """The paper's rows that a rank holds from the first forward to the last optimizer step."""
+GRADIENT_KEYS = ("gradients",)
+"""The paper's gradient row (shards where the strategy shards them), alive beside the states when the optimizer
+steps (unless the optimizer runs inside the backward: torchtune's optimizer-in-backward frees each gradient there)."""
 VERDICTS = ("fits", "at-risk", "oom")
 
 
@@ -108,7 +111,11 @@ def with_batch(plan: Plan, micro_batch: int, grad_accum: int) -> Plan:
 
 
 def _lower(ev: Evaluation) -> int:
-    states = sum(r.bytes for r in ev.gpu_rows if r.key in STATE_KEYS and r.location == "gpu")
+    """Bytes every accounting holds at the optimizer step: the model states and the gradients the step reads (the
+    paper's rows of them, in their smallest dtype), and the CUDA context."""
+    w = ev.plan.work
+    keys = STATE_KEYS if w is not None and w.optimizer_impl == "in-backward" else STATE_KEYS + GRADIENT_KEYS
+    states = sum(r.bytes for r in ev.gpu_rows if r.key in keys and r.location == "gpu")
     return states + ev.plan.cuda_context
 
 
