@@ -164,8 +164,47 @@ def plan(params: Any = None, *, seq_len: int | None = None, global_batch: int | 
             out2.misses += out.misses
             out, candidates = out2, candidates + cands2
     reasons.update(out.refused)
+    free = _unheld(job, arch, held, passthrough, gpu_args, model_args)
     seconds = time.perf_counter() - t0
-    return _result(job, model_args, passthrough, out, candidates, reasons, offload, seconds)
+    result = _result(job, model_args, passthrough, out, candidates, reasons, offload, seconds)
+    if free is None:
+        return result
+    return result.model_copy(update={"unheld_best": free, "notes": result.notes + _unheld_note(result, free, held)})
+
+
+def _unheld(job: PlanJob, arch: Any, held: dict, passthrough: dict, gpu_args: dict,
+            model_args: dict) -> PlannedRun | None:  # fmt: skip
+    """With dimensions held, the best plan of the free search too (what holding them costs)."""
+    layout_keys = [k for k in held if k not in ("precision",)]
+    if not layout_keys:
+        return None
+    out, _ = _search(_groups(job, arch, {}, passthrough, Counter(), gpu_args, offload=False), job, 1)
+    return _run(0, out.kept[0], job, model_args) if out.kept else None
+
+
+def _unheld_note(res: PlanResult, free: PlannedRun, held: dict) -> list[str]:
+    given = " ".join(f"{flag(k)} {v}" if v is not True else flag(k) for k, v in held.items())
+    if not res.plans:
+        return [f"held to {given}, nothing fits; without it: {_describe(free)}"]
+    best, key = res.plans[0], {"time": "step_s", "cost": "cost", "memory": None}[res.job.objective]
+    if key is None:
+        a, b, what = best.memory.peak_reserved, free.memory.peak_reserved, "memory"
+    else:
+        a, b, what = getattr(best.time, key), getattr(free.time, key), "step" if key == "step_s" else "cost"
+    if a is None or b is None or b >= a:
+        return [f"held to {given}: no free plan does better by the objective"]
+    differs = [name for name, x, y in (("framework", best.framework, free.framework),
+                                       ("layout", best.layout, free.layout), ("strategy", best.strategy, free.strategy),
+                                       ("recompute", best.recompute, free.recompute),
+                                       ("micro-batch", best.micro_batch, free.micro_batch)) if x != y]  # fmt: skip
+    return [f"held to {given}: the free search's best is {100 * (a / b - 1):.1f} % better by {what} "
+            f"({_describe(free)}; it differs in {', '.join(differs) or 'nothing shown'}; bound by {free.bound}, the "
+            f"held plan by {best.bound})"]
+
+
+def _describe(r: PlannedRun) -> str:
+    return (f"{r.gpus} x {r.gpu} {r.framework} {_layout(r)} {r.strategy} recompute {r.recompute} micro-batch "
+            f"{r.micro_batch} x {r.grad_accum}, {r.time.step_s:.3f} s per step")
 
 
 def _job(params: Any, seq_len: Any, global_batch: Any, global_batch_tokens: Any, gpus: Any, gpu: Any,

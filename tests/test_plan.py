@@ -194,15 +194,32 @@ def test_held_flags_narrow_the_search() -> None:
     assert r.job.fixed["tp"] == 2
 
 
-def test_a_published_layout_is_feasible_when_held_and_the_free_search_is_no_slower() -> None:
-    # torchtitan benchmarks/llama3_h100_202412_torchtitan.md Table 1: Llama 3.1 8B, 8 H100s, FSDP, local batch 2,
-    # seq 8192, selective op AC (its global batch: 2 x 8 = 16 sequences)
-    job = dict(model="llama-3-8b", seq_len=8192, global_batch=16, gpus=8, gpu="h100-96g", framework="torchtitan")
-    held = memcalc.plan(**job, fsdp="FULL_SHARD", fsdp_version=2, tp=1, pp=1, cp=1, micro_batch=2,
-                        recompute="op-sac", top=1)
-    assert held.plans and held.plans[0].memory.verdict == "fits"
+# torchtitan's benchmark (benchmarks/llama3_h100_202412_torchtitan.md), Llama 3.1 8B on 8 H100 96GB, FSDP2 (bf16
+# parameters, fp32 reduction), torch.compile of the model: (row, global batch, the flags that hold its layout)
+PUBLISHED = [
+    ("Table 1: FSDP 8, local batch 2, seq 8192, op AC", 8192, 16,
+     dict(fsdp="FULL_SHARD", tp=1, pp=1, cp=1, micro_batch=2, recompute="op-sac")),
+    ("Table 2: FSDP 8, seq 32768, full AC, float8", 32768, 8,
+     dict(fsdp="FULL_SHARD", tp=1, pp=1, cp=1, micro_batch=1, recompute="full")),
+    ("Table 2: FSDP 4 x CP 2, seq 65536, full AC, float8", 65536, 4,
+     dict(fsdp="FULL_SHARD", tp=1, pp=1, cp=2, micro_batch=1, recompute="full")),
+]
+
+
+@pytest.mark.parametrize("row, seq, batch, held", PUBLISHED, ids=[r[0] for r in PUBLISHED])
+def test_a_published_layout_is_feasible_when_held_and_the_free_search_is_no_slower(row, seq, batch, held) -> None:
+    job = dict(model="llama-3-8b", seq_len=seq, global_batch=batch, gpus=8, gpu="h100-96g", framework="torchtitan",
+               compile=True, float8="tensorwise" if "float8" in row else None)
+    job = {k: v for k, v in job.items() if v is not None}
+    fixed = memcalc.plan(**job, **held, top=1)
+    assert fixed.plans and fixed.plans[0].memory.verdict == "fits", row
+    p = fixed.plans[0]
+    assert (p.layout.dp, p.layout.cp, p.micro_batch, p.recompute) == (8 // held["cp"], held["cp"],
+                                                                      held["micro_batch"], held["recompute"])
     free = memcalc.plan(**job, top=1)
-    assert free.plans[0].time.step_s <= held.plans[0].time.step_s
+    assert free.plans[0].time.step_s <= p.time.step_s
+    assert fixed.unheld_best is not None and fixed.unheld_best.time.step_s == free.plans[0].time.step_s
+    assert any(n.startswith("held to --fsdp FULL_SHARD") for n in fixed.notes)
 
 
 def test_gpu_types_and_counts_each_get_their_best_plan() -> None:

@@ -121,5 +121,7 @@ class PlanResult(_Model):
     cheapest: PlannedRun | None = Field(default=None, description="The lowest cost to train (with --tokens and "
                                                                   "prices).")
     closest_miss: Miss | None = Field(default=None, description="The checked candidate closest to fitting.")
+    unheld_best: PlannedRun | None = Field(default=None, description="With dimensions held (--tp, --recompute, ...): "
+                                                                      "the best plan of the search without them.")
     offload: bool = Field(default=False, description="Offload was searched because nothing fits without it.")
     notes: list[str] = Field(default_factory=list, description="What the search assumed and left out.")
