@@ -8,18 +8,11 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from memcalc.report.planned import layout_text
 from memcalc.units import MemoryUnit, memory_label, to_memory_unit
 
 if TYPE_CHECKING:
     from memcalc.report.planned import PlannedRun, PlanResult
-
-
-def layout(r: PlannedRun) -> str:
-    """dp 8 · tp 8 (· pp, cp, ep, v where above 1)."""
-    lay = r.layout
-    parts = [f"dp {lay.dp}"] + [f"{k} {v}" for k, v in (("tp", lay.tp), ("pp", lay.pp), ("cp", lay.cp),
-                                                       ("ep", lay.ep), ("v", lay.virtual_stages)) if v > 1]
-    return " · ".join(parts)
 
 
 def _days(seconds: float | None) -> str:
@@ -40,7 +33,7 @@ def plan_table(plans: list[PlannedRun], title: str, unit: MemoryUnit = "gib", wi
         t.add_column("cost", justify="right")
     for r in plans:
         verdict = r.memory.verdict + ("" if r.accounting == "realistic" else " (paper)")
-        row = [str(r.rank or ""), f"{r.gpus} x {r.gpu}", r.framework, layout(r), r.strategy, r.recompute,
+        row = [str(r.rank or ""), f"{r.gpus} x {r.gpu}", r.framework, layout_text(r), r.strategy, r.recompute,
                f"{r.micro_batch} x {r.grad_accum}", f"{to_memory_unit(r.memory.peak_reserved, unit):,.2f}", verdict,
                f"{to_memory_unit(r.memory.headroom_bytes, unit):,.2f}", f"{r.time.step_s:.3f}",
                f"{r.time.tokens_per_s_per_gpu:,.0f}", f"{100 * r.time.mfu:.1f}%"]  # fmt: skip
@@ -55,8 +48,8 @@ def plan_table(plans: list[PlannedRun], title: str, unit: MemoryUnit = "gib", wi
 def summary(res: PlanResult, unit: MemoryUnit = "gib") -> list[Text]:
     """How many candidates, how fast, what was left out, and the closest miss."""
     lines = [Text(f"{res.evaluated:,} candidates timed · {res.checked:,} checked for memory ({res.replays:,} step "
-                  f"replays, the rest settled by bounds) · {res.feasible:,} fit · {res.paper_accounted:,} answered by "
-                  "the paper accounting"),
+                  f"replays, the rest settled by bounds) · {res.feasible:,} fit · {res.paper_accounted:,} "
+                  "answered by the paper accounting"),
              Text(f"searched in {res.seconds:.2f} s, {res.candidates_per_s:,.0f} candidates/s")]
     if res.not_runnable:
         n = sum(res.not_runnable.values())
@@ -65,7 +58,7 @@ def summary(res: PlanResult, unit: MemoryUnit = "gib") -> list[Text]:
     if res.closest_miss is not None:
         m = res.closest_miss.plan
         over = to_memory_unit(res.closest_miss.over_bytes, unit)
-        lines.append(Text(f"closest that does not fit: {m.gpus} x {m.gpu} {m.framework} {layout(m)} {m.strategy} "
+        lines.append(Text(f"closest that does not fit: {m.gpus} x {m.gpu} {m.framework} {layout_text(m)} {m.strategy} "
                           f"recompute {m.recompute} micro-batch {m.micro_batch}: {m.memory.verdict}, "
                           f"{over:,.2f} {memory_label(unit)} over the GPU", style="dim"))
     for note in res.notes:

@@ -99,6 +99,14 @@ class Miss(_Model):
     over_bytes: int = Field(description="Bytes over the GPU's usable memory (or into the at-risk band).")
 
 
+def layout_text(r: PlannedRun) -> str:
+    """dp 8 · tp 8 (with pp, cp, ep and v where above 1)."""
+    lay = r.layout
+    parts = [f"dp {lay.dp}"] + [f"{k} {v}" for k, v in (("tp", lay.tp), ("pp", lay.pp), ("cp", lay.cp),
+                                                       ("ep", lay.ep), ("v", lay.virtual_stages)) if v > 1]
+    return " · ".join(parts)
+
+
 class PlanResult(_Model):
     """``memcalc plan``: the best plans that fit, searched over layouts, strategies, recompute and batch splits."""
 
