@@ -91,7 +91,9 @@ def interleave_fsdp(plan: Plan, stage: int, rows: list[Row], flight: float) -> t
     per_layer_mb = acts.bytes / (per * flight)
     acc = 4 if plan.precision.master_bytes else plan.precision.grad_bytes
     shard = Shard(plan.tp, plan.ep)
-    grad = [acc * sum(layer_params(plan.arch, plan.arch.is_moe_layer(i), shard).total for i in c) for c in chunks]
+    size = {m: layer_params(plan.arch, m, shard).total for m in (False, True)} if plan.arch.moe else \
+        {False: layer_params(plan.arch, False, shard).total}  # a layer's parameters depend on its kind alone
+    grad = [acc * sum(size[plan.arch.is_moe_layer(i)] for i in c) for c in chunks]
     grad[-1 if stage == plan.pp - 1 else 0] += grads.bytes - sum(grad)  # embedding on stage 0, head on the last
     held = [round(per_layer_mb * len(c)) for c in chunks]
     a, g, alive, done = interleaved_peak(stage, plan.pp, plan.grad_accum, held, grad)
