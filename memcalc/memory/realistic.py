@@ -18,10 +18,12 @@ the paper's accounting answers and a note says why (``memcalc.memory.scope.why_n
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 from memcalc.layout.plan import Plan
 from memcalc.memory.rows import Row
+from memcalc.model.memo import per_architecture
 
 from memcalc.memory.scope import ATTENTION, FSDP_SHARDED, OPTIMIZER_STATES, POST_NORM_FSDP, REGIME, ZERO_STAGES
 
@@ -229,11 +231,16 @@ _FSDP1_DETAIL = (
 
 
 def _row(name: str, n_bytes: int, plan: Plan) -> Row:
-    key, category = _KEYS.get(name, ("activations_" + "_".join(name.split()[:3]).lower(), "activation"))
-    fsdp1 = plan.spec.framework == "fsdp" and plan.fsdp_version == 1
-    details = (_FSDP1_DETAIL + _DETAIL) if fsdp1 else _DETAIL
-    detail = next((d for k, d in details if k in name), "alive at the step's peak (memory/timeline.py)")
+    key, category, detail = _row_words(name, plan.spec.framework == "fsdp" and plan.fsdp_version == 1)
     return Row(key, name, n_bytes, "gpu", category, detail)
+
+
+@lru_cache(maxsize=1024)
+def _row_words(name: str, fsdp1: bool) -> tuple[str, str, str]:
+    """A part's row key, category and detail (FSDP1's wording first where it has its own): the same for every plan."""
+    key, category = _KEYS.get(name, ("activations_" + "_".join(name.split()[:3]).lower(), "activation"))
+    details = (_FSDP1_DETAIL + _DETAIL) if fsdp1 else _DETAIL
+    return key, category, next((d for k, d in details if k in name), "alive at the step's peak (memory/timeline.py)")
 
 
 def _code(plan: Plan) -> str:
@@ -292,19 +299,18 @@ def _reduce_fp32(plan: Plan) -> bool:
     return plan.precision.name == "bf16-mixed" and composition(plan.framework).fsdp_reduce_fp32
 
 
-def evaluate(plan: Plan, stage: int = 0) -> Realistic:
+def evaluate(plan: Plan, stage: int = 0, every_layer: bool = False) -> Realistic:
     """The realistic peak of one GPU for ``plan`` (which ``memcalc.memory.scope.why_not`` accepts); under pipeline
-    parallelism, of pipeline rank ``stage``."""
+    parallelism, of pipeline rank ``stage``. ``every_layer``: replay every decoder layer's moments (the reference);
+    else only those of the layers that bound the rest (``memcalc.memory.stack``), the same answer."""
     from memcalc.memory.timeline import timeline
 
     arch, w, p = plan.arch, plan.work, plan.precision
     assert arch is not None and w is not None
     if plan.pp > 1:
-        return _pipeline_rank(plan, stage)
+        return _pipeline_rank(plan, stage, every_layer)
     if w.dropout != arch.dropout:  # --dropout in force over the model's: what the layers' dropout masks follow
-        import dataclasses
-
-        arch = dataclasses.replace(arch, dropout=w.dropout)
+        arch = _with_dropout(arch, w.dropout)
     if plan.spec.name in ZERO_STAGES:
         from memcalc.memory.timeline_zero import zero_timeline, worst_rank
 
@@ -347,7 +353,7 @@ def evaluate(plan: Plan, stage: int = 0) -> Realistic:
                   fsdp_keep=plan.spec.param_gather == "forward" and not whole,
                   fsdp_hsdp=plan.spec.name in HSDP and not whole, fsdp_reduce_fp32=_reduce_fp32(plan),
                   fsdp_flat=sharded and plan.fsdp_version == 1, fsdp_prefetch=plan.fsdp_prefetch,
-                  fsdp_whole=whole)
+                  fsdp_whole=whole, every_layer=every_layer)
     if sharded and plan.offload_params != "none":
         from memcalc.memory.timeline import _moment, with_loss
         from memcalc.memory.timeline_states import offload_fsdp, offload_fsdp1
@@ -370,7 +376,16 @@ def evaluate(plan: Plan, stage: int = 0) -> Realistic:
     return _finish(plan, tl, allocated, extra, comm_groups=(plan.dp > 1) + (plan.tp > 1) + hsdp)
 
 
-def _pipeline_rank(plan: Plan, stage: int) -> Realistic:
+@per_architecture
+def _with_dropout(arch: Any, dropout: float) -> Any:
+    """``arch`` with the dropout of ``--dropout``: one object per model and rate, so that what is cached per
+    architecture (``memcalc.model.memo``) serves every plan that shares them."""
+    import dataclasses
+
+    return dataclasses.replace(arch, dropout=dropout)
+
+
+def _pipeline_rank(plan: Plan, stage: int, every_layer: bool = False) -> Realistic:
     """Pipeline rank ``stage`` with FSDP2 inside its stages (``memcalc.memory.timeline_pp``): its chunks' layers
     (``--stage-layers``, else the framework's split), its schedule (1F1B, or interleaved with --virtual-stages)."""
     from memcalc.memory.timeline_pp import stage_timeline
@@ -385,7 +400,8 @@ def _pipeline_rank(plan: Plan, stage: int) -> Realistic:
                         code=_code(plan), tp=plan.tp, sequence_parallel=plan.sequence_parallel, compiled=w.compile,
                         loss_compiled=_loss_compiled(plan), float8=plan.float8,
                         float8_all_gather=plan.float8_all_gather, world=plan.shard_group_size,
-                        fsdp_param_dtype=policy, fsdp_reduce_fp32=_reduce_fp32(plan))  # fmt: skip
+                        fsdp_param_dtype=policy, fsdp_reduce_fp32=_reduce_fp32(plan),
+                        every_layer=every_layer)  # fmt: skip
     # communicators: the data-parallel (shard) group's, the tensor-parallel group's, the pipeline's
     return _finish(plan, tl, tl.peak.live_bytes, 0, comm_groups=(plan.shard_group_size > 1) + (plan.tp > 1) + 1)
 

@@ -16,12 +16,13 @@ import dataclasses
 
 from memcalc.errors import InputError
 from memcalc.frozen import frozen
-from memcalc.memory.reserved import blocks_at_peak, loss_events
+from memcalc.memory.reserved import loss_blocks_at_peak
 from memcalc.memory.saved import (FAMILIES, LAYER_NORM_FAMILIES, LLAMA_STYLE, OTHER_NORMS, REGIMES, _check,
                                   check_code, embedding_norm, loss_transient, shape)
 from memcalc.memory.saved_gemma import GEMMAS, rope_types, sliding_sdpa_masked
-from memcalc.memory.timeline_layers import DOWN_GRADS, checkpointed, layer_sizes, parse_recompute
-from memcalc.memory.timeline_states import FsdpOverlay, lora_states, param_tensors, states
+from memcalc.memory.stack import affine, layer_stack
+from memcalc.memory.timeline_layers import DOWN_GRADS, checkpointed, parse_recompute
+from memcalc.memory.timeline_states import FsdpOverlay, lora_states, states, tensor_groups
 from memcalc.memory.timeline_tp import (norm_backward, rank_arch, reduce_scatter, rmsnorm_backward,
                                        row_parallel_reduce, sp_rank_arch, step_temporary)
 from memcalc.model.architecture import Architecture
@@ -100,7 +101,8 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
              float8_all_gather: bool = False, fsdp_wrap: str = "root", fsdp_keep: bool = False,
              fsdp_hsdp: bool = False, fsdp_reduce_fp32: bool = False, fsdp_flat: bool = False,
              fsdp_prefetch: bool = True, fsdp_whole: bool = False,
-             cache_promotes_values: bool = False, hooked_grads: bool = False) -> Timeline:  # fmt: skip
+             cache_promotes_values: bool = False, hooked_grads: bool = False,
+             every_layer: bool = True) -> Timeline:  # fmt: skip
     """Moments of one training step of a Hugging Face ``family`` model on one GPU.
 
     regime: fp32 | bf16 (pure: weights, gradients, AdamW moments bf16) | amp-bf16 (fp32 weights, autocast).
@@ -140,6 +142,8 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     float8: torchao's float8 projections (``tensorwise``, ``rowwise``): eager layers add their backward casts
     (``memcalc.memory.timeline_layers.layer_sizes``); float8_all_gather: under FSDP2, torchao's fp8 all-gather of the
     layers' projection weights (``FsdpOverlay.make``'s ``fp8_gather``).
+    every_layer: False makes the moments of the layers that end a run of alike ones only (``memcalc.memory.stack``):
+    the same peak moment, phase peaks (layers folded) and reserved peak, from a few layers' moments.
     """
     _check(family, regime, attention)
     check_code(code, family, "bf16" if fsdp_param_dtype == "bf16" else regime, attention)
@@ -240,21 +244,25 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
         mask = [("sliding-window attention mask (bool)", b * s * s)]  # masking_utils: built once s >= the window
     kept_mask = mask if checkpointed(policy, 0) else []
     fwd_shared, bwd_shared = prologue[1:] + mask + slopes, prologue[1:] + kept_mask  # the rotary tables, the mask
-    layers = [layer_sizes(arch, family=family, regime=act, attention=attention, s=s, b=b, policy=policy,
-                          index=i, device=device, rotary_dims=rotary_dims, lora=lora, code=code,
-                          compiled=compiled, sp=sp, float8=float8, float8_weight_cast=not float8_all_gather,
-                          use_cache=use_cache and not checkpointed(policy, i), hooked_grads=hooked_grads)
-              for i in range(arch.layers)]  # fmt: skip
+    layers, ends = layer_stack(arch, family, act, attention, s, b, policy, device, rotary_dims, lora, code, compiled,
+                               sp, float8, not float8_all_gather, use_cache, hooked_grads)
+    layer_elements, embedding_elements = tensor_groups(arch)
+    per_layer = layer_elements * w
+    if lora is not None:  # only the adapters have gradients, made layer by layer
+        per_layer = full_st.grads // arch.layers
+    # the layers whose moments are made: every one, or the ends of the runs of alike layers (memcalc.memory.stack)
+    shown = ends if not every_layer and affine(per_layer, fs) else range(arch.layers)
     kept = 0
     cache = 0  # autocast's cast cache beyond what the matmuls save: bf16 copies of recomputed layers' weights
     for i, ly in enumerate(layers):
-        if ly.attention_forward:
+        show = i in shown
+        if show and ly.attention_forward:
             moments.append(_moment(f"forward.layer.{i}", f"layer {i}: eager attention's softmax",
                                    base + fwd_shared + [(f"activations kept (layers 0..{i - 1})", kept),
                                                         ("autocast cast cache", cache),
                                                         ("attention forward: the layer so far", ly.attention_forward)]
                                    + FsdpOverlay.forward(fs, i)))  # fmt: skip
-        if fs is not None and not fs.whole:
+        if show and fs is not None and not fs.whole:
             moments.append(_moment(f"forward.layer.{i}", f"layer {i}: parameters gathered",
                                    base + fwd_shared + [(f"activations kept (layers 0..{i - 1})", kept),
                                    ("layer input", ly.residual), ("autocast cast cache", cache)]
@@ -288,6 +296,8 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
             # DynamicSlidingWindowLayer (transformers cache_utils.py): an int64 ``_sliding_window_tensor`` per sliding
             # layer, alive with the cache until the causal LM's forward returns
             cache += 8
+        if not show:
+            continue
         acts = [(f"activations kept (layers 0..{i})", kept), ("layer output (residual stream)", ly.residual),
                 ("autocast cast cache (recomputed layers' weights)", cache)] + FsdpOverlay.forward(fs, i)
         # GPT-NeoX's parallel residual (``mlp_output + attn_output + residual``): the attention's output and the
@@ -409,7 +419,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     loss_moment = len(moments)
     moments.append(_moment("backward", "log_softmax backward: its output gradient and its input gradient",
                            saved_end + [(grad_name, grad_bytes)]))  # fmt: skip
-    loss_live, loss_cache = blocks_at_peak(loss_events(t, v, d, loss, compiled_loss, parallel=sp > 1))
+    loss_live, loss_cache = loss_blocks_at_peak(t, v, d, loss, compiled_loss, sp > 1)
     # where the logits (the loss's first and smallest request) are larger than the forward's largest tensor, no block
     # the forward freed can serve the loss (memcalc.memory.reserved, "the forward's blocks")
     loss_blocks = loss_live if d * n > largest_tensor(x, d, r, sp, attention) else 0
@@ -427,14 +437,12 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
                ("head input gradient", d * t * h)] + FsdpOverlay.head_backward(fs, L)))
 
     # ---- backward layer by layer -------------------------------------------------------------------------------
-    tensors = param_tensors(arch)
-    per_layer = sum(e for name, e in tensors if name.startswith("layer 0 ")) * w
-    late = sum(e for name, e in tensors if name.startswith(("embedding", "position embedding")))
+    late = embedding_elements
     if arch.tied_embeddings:  # the head's gradient is the embedding's, made by the head's backward
         late -= arch.padded_vocab * h
     late += emb_grad_extra // w if fs is None else 0  # FSDP2 reduce-scatters the root's gradients at the end
-    if lora is not None:  # only the adapters have gradients, made layer by layer
-        per_layer, late = full_st.grads // arch.layers, 0
+    if lora is not None:  # only the adapters have gradients, made layer by layer (per_layer: the adapters')
+        late = 0
     before_layers = full_st.grads - per_layer * arch.layers - late * w
     held_grads = 0 if optimizer_impl == "in-backward" else before_layers
     if family in LLAMA_STYLE and code == "hf":
@@ -456,6 +464,10 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
              if family in LLAMA_STYLE and code == "hf" and lora is None else None)  # fmt: skip
     for i in reversed(range(arch.layers)):
         ly = layers[i]
+        if i not in shown:
+            remaining -= ly.kept + ly.kept_casts
+            held_grads += 0 if optimizer_impl == "in-backward" else per_layer
+            continue
         # Llama-style, fp32 or autocast: the recomputed norm-1 input (fp32) is the checkpointed layer input itself
         # (``to(float32)`` of an fp32 tensor is a no-op): counted once, in the checkpoint (tests/test_timeline_tp.py)
         # LayerNorm families (GPT-2, OPT, GPT-NeoX, BLOOM, Falcon): the first norm saves its input as it is, in every

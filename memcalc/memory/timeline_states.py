@@ -20,6 +20,7 @@ from memcalc.frozen import frozen
 from memcalc.layout.compose import check_wrap
 from memcalc.memory.saved import LLAMA_STYLE, OTHER_NORMS
 from memcalc.model.architecture import Architecture
+from memcalc.model.memo import per_architecture
 
 OPTIMIZER_IMPLS = ("foreach", "fused", "for-loop", "in-backward")
 OPTIMIZER_STATES = ("adamw", "adamw-8bit", "paged-adamw-8bit")
@@ -27,6 +28,7 @@ BNB_BLOCK = 256  # bitsandbytes blockwise quantisation of optimizer states: one 
 BNB_MIN_8BIT = 4096  # bitsandbytes Optimizer8bit min_8bit_size: smaller tensors keep 32-bit states
 
 
+@per_architecture
 def param_tensors(arch: Architecture) -> tuple[tuple[str, int], ...]:
     """(name, elements) of every parameter tensor a Hugging Face model of ``arch`` holds (tied matrices once)."""
     h, q, kv, f, v = arch.hidden, arch.q_width, arch.kv_width, arch.ffn_size, arch.padded_vocab
@@ -73,6 +75,16 @@ def param_tensors(arch: Architecture) -> tuple[tuple[str, int], ...]:
     if not arch.tied_embeddings:
         out.append(("head", v * h))
     return tuple(out)
+
+
+@per_architecture
+def tensor_groups(arch: Architecture) -> tuple[int, int]:
+    """Elements of one decoder layer's parameters (layer 0's: they are alike) and of the input side's (the names that
+    start with "embedding" or "position embedding": the token embedding, its norm, a learned position table), as
+    ``param_tensors`` lists them."""
+    tensors = param_tensors(arch)
+    return (sum(e for name, e in tensors if name.startswith("layer 0 ")),
+            sum(e for name, e in tensors if name.startswith(("embedding", "position embedding"))))
 
 
 def buffer_bytes(arch: Architecture, family: str, width: int = 4) -> int:
@@ -130,6 +142,7 @@ def step_temporaries(impl: str, tensors: tuple[tuple[str, int], ...], width: int
             "in-backward": 3 * width * max(n for _, n in tensors)}[impl]  # fmt: skip
 
 
+@per_architecture
 def states(arch: Architecture, family: str, width: int, impl: str = "foreach", kind: str = "adamw") -> States:
     """Model states for parameters of ``width`` bytes (4 fp32 or autocast, 2 pure bf16); AdamW moments in the
     parameter dtype (torch.optim keeps ``exp_avg`` like the parameter: 2 + 2 under pure bf16)."""
@@ -240,6 +253,7 @@ def fp8_gathered(arch: Architecture, world: int) -> int:
                if name.startswith("layer 0 ") and name[len("layer 0 "):] in CONVERTED)
 
 
+@per_architecture
 def shard_units(arch: Architecture, world: int) -> ShardUnits:
     if world < 1:
         raise InputError(f"world {world} must be at least 1")
@@ -260,6 +274,7 @@ def shard_units(arch: Architecture, world: int) -> ShardUnits:
     return ShardUnits(world, root, layer, root_shard, layer_shard, len(tensors), embed, head, norm)
 
 
+@per_architecture
 def flat_units(arch: Architecture, world: int) -> ShardUnits:
     """FSDP1 (``FullyShardedDataParallel``, one ``FlatParameter`` per decoder layer and one for the root) as rank 0 of
     ``world`` ranks, in elements: each unit's parameters flattened into one tensor padded to a multiple of ``world``
@@ -411,6 +426,7 @@ class FsdpOverlay:
     """Rank 0's elements of that unit (its padded shards)."""
 
     @staticmethod
+    @per_architecture
     def make(arch: Architecture, family: str, regime: str, world: int, param_dtype: str | None, impl: str,
              kind: str, fp8_gather: bool = False, wrap: str = "root", keep: bool = False, hsdp: bool = False,
              reduce_fp32: bool = False, flat: bool = False, prefetch: bool = True,
