@@ -80,3 +80,54 @@ def test_runs_are_cut_where_the_layers_differ():
     assert distinct(["a"] * 4 + ["b"] * 6) == {0, 1, 3, 4, 8, 9}
     assert distinct(["a", "b"] * 3) == set(range(6))
     assert distinct(["a"]) == {0}
+
+
+GEMMA3 = dict(model_type="gemma3_text", hidden_size=64, intermediate_size=176, num_hidden_layers=8,
+              num_attention_heads=4, num_key_value_heads=2, vocab_size=128, max_position_embeddings=256, head_dim=16,
+              layer_types=["sliding_attention"] * 5 + ["full_attention"] * 3, sliding_window=16)
+SMOLLM3 = dict(model_type="smollm3", hidden_size=64, intermediate_size=176, num_hidden_layers=6, num_attention_heads=4,
+               num_key_value_heads=2, vocab_size=128, max_position_embeddings=256, no_rope_layers=[1, 1, 0, 1, 1, 0])
+SHAPES = [  # (model or config.json, timeline arguments)
+    (GEMMA3, dict(family="gemma3_text", regime="amp-bf16", attention="sdpa", s=32, b=2)),
+    (GEMMA3, dict(family="gemma3_text", regime="fp32", attention="eager", s=32, b=2, recompute="every:3")),
+    (SMOLLM3, dict(family="smollm3", regime="amp-bf16", attention="sdpa", s=32, b=2)),
+    ("llama-3-8b", dict(family="llama", regime="bf16", attention="sdpa", s=512, b=1, recompute="every:3", world=8)),
+    ("llama-3-8b", dict(family="llama", regime="amp-bf16", attention="eager", s=256, b=1, recompute="selective")),
+    ("bloom-176b", dict(family="bloom", regime="amp-bf16", attention="eager", s=64, b=1, recompute="every:2")),
+    ("mixtral-8x7b", dict(family="mixtral", regime="bf16", attention="sdpa", s=256, b=1, recompute="full", world=4)),
+]
+
+
+def _arch(model):
+    from memcalc.inputs.presets import load_model
+    from memcalc.model.hf_config import architecture_from_config
+
+    return load_model(model) if isinstance(model, str) else architecture_from_config(model)
+
+
+@pytest.mark.parametrize("model, kw", SHAPES)
+def test_each_kind_of_layer_is_sized_once_and_the_stack_replays_alike(model, kw):
+    """``layer_stack`` sizes one layer per ``layer_kind`` and gives every layer those sizes: the same as sizing each
+    layer; the timeline from the runs' ends has every layer's peak, phase peaks (layers folded) and reserved peak."""
+    from memcalc.memory.reserved import reserved_peak
+    from memcalc.memory.stack import layer_stack
+    from memcalc.memory.timeline_layers import checkpointed, layer_sizes, parse_recompute
+
+    arch = _arch(model)
+    policy = parse_recompute(kw.get("recompute", "none"))
+    args = (kw["family"], kw["regime"], kw["attention"], kw["s"], kw["b"], policy)
+    layers, _ = layer_stack(arch, *args, "cpu", None, None, "hf", False, 1, "none", True, True, False)
+    assert layers == tuple(layer_sizes(arch, family=kw["family"], regime=kw["regime"], attention=kw["attention"],
+                                       s=kw["s"], b=kw["b"], policy=policy, index=i,
+                                       use_cache=not checkpointed(policy, i)) for i in range(arch.layers))
+    every, few = timeline(arch, **kw), timeline(arch, **kw, every_layer=False)
+
+    def folded(tl):
+        out: dict[str, int] = {}
+        for phase, n in tl.phase_peaks.items():
+            out[phase.split(".")[0]] = max(out.get(phase.split(".")[0], 0), n)
+        return out
+
+    assert few.peak == every.peak and folded(few) == folded(every)
+    assert (reserved_peak(few.moments, few.loss_moment, few.loss_cache, True, few.loss_blocks)
+            == reserved_peak(every.moments, every.loss_moment, every.loss_cache, True, every.loss_blocks))

@@ -14,12 +14,17 @@ tests/test_stack.py).
 The runs are cut where a layer's description changes and at the layers FSDP treats apart: the first (its gather
 follows the root's, its backward prefetches the embedding's unit or nothing) and the last (no layer above has
 reduce-scattered yet); ``distinct`` keeps each run's two ends.
+
+Each layer's sizes are computed once per kind of layer (``memcalc.memory.timeline_layers.layer_kind``: all that
+``layer_sizes`` reads of the index) and cached per model and shape, so that the plans of a layout search which differ
+in their parallelism over data, their framework's overlays or their GPU share them.
 """
 
 from __future__ import annotations
 
 from memcalc.memory.saved_gemma import sliding_sdpa_masked
-from memcalc.memory.timeline_layers import LayerSizes, Policy, checkpointed, layer_sizes
+from memcalc.memory.timeline_layers import LayerSizes, Policy, checkpointed, layer_kind, layer_sizes
+from memcalc.memory.timeline_states import param_tensors
 from memcalc.model.architecture import Architecture
 from memcalc.model.memo import per_architecture
 
@@ -32,11 +37,17 @@ def layer_stack(arch: Architecture, family: str, regime: str, attention: str, s:
     """Every decoder layer's ``LayerSizes`` (``memcalc.memory.timeline_layers.layer_sizes``, the arguments
     ``timeline`` gives it), and ``distinct`` of them: the same for every plan of this shape, whatever its
     parallelism over data."""
-    layers = tuple(layer_sizes(arch, family=family, regime=regime, attention=attention, s=s, b=b, policy=policy,
-                               index=i, device=device, rotary_dims=rotary_dims, lora=lora, code=code,
-                               compiled=compiled, sp=sp, float8=float8, float8_weight_cast=float8_weight_cast,
-                               use_cache=use_cache and not checkpointed(policy, i), hooked_grads=hooked_grads)
-                   for i in range(arch.layers))  # fmt: skip
+    # one layer of each kind computed (``layer_kind``: what the sizes read of the index), the others share its sizes
+    sizes: dict[tuple, LayerSizes] = {}
+    for i in range(arch.layers):
+        kind = layer_kind(arch, policy, attention, s, i)
+        if kind not in sizes:
+            sizes[kind] = layer_sizes(arch, family=family, regime=regime, attention=attention, s=s, b=b,
+                                      policy=policy, index=i, device=device, rotary_dims=rotary_dims, lora=lora,
+                                      code=code, compiled=compiled, sp=sp, float8=float8,
+                                      float8_weight_cast=float8_weight_cast,
+                                      use_cache=use_cache and not checkpointed(policy, i), hooked_grads=hooked_grads)
+    layers = tuple(sizes[layer_kind(arch, policy, attention, s, i)] for i in range(arch.layers))
     # what else ``timeline`` reads of a layer's index: its recompute decision, and for the cast cache whether it
     # has rotary, a sliding window, Gemma 3's masked sliding SDPA
     kinds = [(ly, checkpointed(policy, i), i in arch.nope_layers, i in arch.sliding_layers,
@@ -62,4 +73,14 @@ def affine(per_layer: int, fs) -> bool:
     return fs is None or (fs.layer_grads > 0 and per_layer % fs.layer_grads == 0 and per_layer % fs.width == 0)
 
 
-__all__ = ["affine", "distinct", "layer_stack"]
+@per_architecture
+def tensor_groups(arch: Architecture) -> tuple[int, int]:
+    """Elements of one decoder layer's parameters (layer 0's: they are alike) and of the input side's (the names that
+    start with "embedding" or "position embedding": the token embedding, its norm, a learned position table), as
+    ``param_tensors`` lists them."""
+    tensors = param_tensors(arch)
+    return (sum(e for name, e in tensors if name.startswith("layer 0 ")),
+            sum(e for name, e in tensors if name.startswith(("embedding", "position embedding"))))
+
+
+__all__ = ["affine", "distinct", "layer_stack", "tensor_groups"]

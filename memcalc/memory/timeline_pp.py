@@ -33,19 +33,10 @@ import itertools
 from memcalc.errors import InputError
 from memcalc.memory.pipeline import interleaved_ops, receive_buffers
 from memcalc.memory.saved import LLAMA_STYLE, loss_transient, shape
-from memcalc.memory.timeline import (
-    CUBLAS_WORKSPACE,
-    Moment,
-    Timeline,
-    _chunk,
-    _head,
-    _moment,
-    inside_log_softmax,
-    largest_tensor,
-    loss_rows,
-)
 from memcalc.memory.stack import layer_stack
+from memcalc.memory.timeline import CUBLAS_WORKSPACE, Moment, Timeline, _moment
 from memcalc.memory.timeline_layers import DOWN_GRADS, checkpointed, parse_recompute
+from memcalc.memory.timeline_loss import _chunk, _head, inside_log_softmax, largest_tensor, loss_rows
 from memcalc.memory.timeline_states import fp8_gathered, param_tensors, shard_elements, shard_states
 from memcalc.memory.timeline_tp import norm_backward, rank_arch, sp_rank_arch
 from memcalc.model.memo import per_architecture
@@ -85,6 +76,22 @@ def _units(arch, world: int, fp8_gather: bool):
 def _largest_layer_tensor(arch) -> int:
     """Elements of the largest parameter tensor of a decoder layer."""
     return max(k for name, k in param_tensors(arch) if name.startswith("layer "))
+
+
+def _chunk_sizes(u, chunks: tuple[range, ...], first: list[bool], last: list[bool], g: int,
+                 world: int) -> tuple[int, int, list[int]]:  # fmt: skip
+    """The rank's shard elements and parameter tensors over its chunks, and each chunk's bytes gathered (``u``:
+    ``_units``; ``first``, ``last``: each chunk holds the embedding, the head; ``g``: the gathered bytes per element)."""
+    (_, lsh, lfp8, lten), (_, esh, _, eten), (_, hsh, _, hten) = u["layer"], u["embed"], u["head"]
+    shard = tensors = 0
+    gathered = []
+    for c, ids in enumerate(chunks):
+        k = len(ids)
+        sh = k * lsh + esh * first[c] + hsh * last[c]
+        shard += sh
+        tensors += k * lten + eten * first[c] + hten * last[c]
+        gathered.append(g * world * sh - k * (g - 1) * lfp8)
+    return shard, tensors, gathered
 
 
 def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b: int, pp: int, rank: int,
@@ -128,27 +135,16 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
     first = [gs == 0 for gs in glob]
     last = [gs == stages - 1 for gs in glob]
     u = _units(ra, world, float8_all_gather)
-    le, lsh, lfp8, lten = u["layer"]
-    ee, esh, _, eten = u["embed"]
+    le, lsh, _, _ = u["layer"]
+    ee, esh, _, _ = u["embed"]
     # Sequence parallelism: the row-parallel embedding's backward leaves a Replicate gradient, the whole vocabulary on
     # every tensor-parallel rank (DTensor's ``embedding_dense_backward`` strategies, torch
     # ``distributed/tensor/_ops/_embedding_ops.py``), which FSDP2 redistributes to the parameter's Shard(0) only in its
     # reduce (``FSDPParam._get_grad_inner_tensor``): accumulated whole over the step's micro-batches, in the reduce
     # dtype (traced: tests/test_pipeline_realistic.py)
     eg = ee + ((arch.padded_vocab - ra.padded_vocab) * arch.hidden if sp > 1 else 0)
-    he, hsh, _, hten = u["head"]
-
-    def chunk_elems(c: int) -> tuple[int, int, int, int]:  # unsharded, shard, gathered bytes, tensors
-        k = len(chunks[c])
-        un = k * le + ee * first[c] + he * last[c]
-        sh = k * lsh + esh * first[c] + hsh * last[c]
-        gathered = g * world * sh - k * (g - 1) * lfp8
-        return un, sh, gathered, k * lten + eten * first[c] + hten * last[c]
-
-    ce = [chunk_elems(c) for c in range(v)]
-    shard = sum(e[1] for e in ce)
-    tensors = sum(e[3] for e in ce)
-    gathered_c = [e[2] for e in ce]
+    he = u["head"][0]
+    shard, tensors, gathered_c = _chunk_sizes(u, chunks, first, last, g, world)
     layer_new = g * le  # one layer's new gradients, before its post-backward adds them
     # every layer's sizes (a stage runs no cache), and of each chunk's layers those whose moments are made: the ends
     # of its runs of alike layers, and its last (the gradient flowing in is the next stage's) (memcalc.memory.stack)
