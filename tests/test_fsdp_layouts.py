@@ -415,7 +415,7 @@ def test_fsdp1_cpu_offload_keeps_the_gathered_units_on_the_gpu(precision, mp):
     4 ranks: a layer's shard is 45,376 elements. Under MixedPrecision, pre_unshard copies it in fp32 (181,504 bytes)
     and casts it into the bf16 _mp_shard (90,752) before the unsharded parameter is allocated, a moment of its own;
     without, the fp32 GPU copy (181,504) is what the all-gather sends, alive beside the gathered unit."""
-    from memcalc.memory.timeline_states import FSDP_OFFLOADED, offload_fsdp1
+    from memcalc.memory.timeline_offload import FSDP_OFFLOADED, offload_fsdp1
 
     tr, tl = fsdp1("l4", 4, precision, mp)
     exact(tr, tl, skip=("backward.layer.0",))

@@ -177,7 +177,7 @@ def test_cpu_offload_policy_leaves_the_gathered_units_on_the_gpu(tmp_path):
     import json
 
     import memcalc
-    from memcalc.memory.timeline_states import FSDP_OFFLOADED, offload_fsdp
+    from memcalc.memory.timeline_offload import FSDP_OFFLOADED, offload_fsdp
 
     arch = architecture_from_config(LLAMA3)
     plain = timeline(arch, family="llama", regime="amp-bf16", attention="sdpa", s=S, b=B, world=8,

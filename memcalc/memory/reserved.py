@@ -35,6 +35,8 @@ Not modelled: a chunked loss's freed chunks; the first step's optimizer states, 
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from memcalc.memory.caching import CachingAllocator
 
 POOLS = (("all-gather copy-in stream", ("all-gather output (",)),
@@ -89,6 +91,14 @@ def loss_cached(tokens: int, vocab: int, width: int, option: str = "standard", c
     """Bytes the loss leaves cached and free at its most-live event, replayed from an empty cache (logit-sized
     blocks are the step's largest: nothing else the step freed could serve them)."""
     return cached_at_peak(loss_events(tokens, vocab, width, option, compiled, parallel))
+
+
+@lru_cache(maxsize=256)
+def loss_blocks_at_peak(tokens: int, vocab: int, width: int, option: str = "standard", compiled: bool = False,
+                parallel: bool = False) -> tuple[int, int]:  # fmt: skip
+    """``blocks_at_peak`` of ``loss_events``: the loss's allocated bytes at its most-live event and the bytes then
+    cached but free, the same for every plan with these logits."""
+    return blocks_at_peak(loss_events(tokens, vocab, width, option, compiled, parallel))
 
 
 def cached_at_peak(events) -> int:
@@ -167,4 +177,5 @@ def reserved_peak(moments, loss_moment: int = -1, loss_cache: int = 0, streams: 
     return max(default, at_loss) + sum(pools), pools, forward_cached if at_loss > default else -1
 
 
-__all__ = ["POOLS", "blocks_at_peak", "cached_at_peak", "loss_cached", "loss_events", "reserved_peak"]
+__all__ = ["POOLS", "blocks_at_peak", "cached_at_peak", "loss_blocks_at_peak", "loss_cached", "loss_events",
+           "reserved_peak"]

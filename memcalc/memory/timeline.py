@@ -16,12 +16,14 @@ import dataclasses
 
 from memcalc.errors import InputError
 from memcalc.frozen import frozen
-from memcalc.memory.reserved import blocks_at_peak, loss_events
+from memcalc.memory.reserved import loss_blocks_at_peak
 from memcalc.memory.saved import (FAMILIES, LAYER_NORM_FAMILIES, LLAMA_STYLE, OTHER_NORMS, REGIMES, _check,
                                   check_code, embedding_norm, loss_transient, shape)
 from memcalc.memory.saved_gemma import GEMMAS, rope_types, sliding_sdpa_masked
-from memcalc.memory.timeline_layers import DOWN_GRADS, checkpointed, layer_sizes, parse_recompute
-from memcalc.memory.timeline_states import FsdpOverlay, lora_states, param_tensors, states
+from memcalc.memory.stack import affine, layer_stack, tensor_groups
+from memcalc.memory.timeline_layers import DOWN_GRADS, checkpointed, parse_recompute
+from memcalc.memory.timeline_loss import _chunk, _head, inside_log_softmax, largest_tensor, loss_rows
+from memcalc.memory.timeline_states import FsdpOverlay, lora_states, states
 from memcalc.memory.timeline_tp import (norm_backward, rank_arch, reduce_scatter, rmsnorm_backward,
                                        row_parallel_reduce, sp_rank_arch, step_temporary)
 from memcalc.model.architecture import Architecture
@@ -82,8 +84,8 @@ class Timeline:
 
 
 def _moment(phase: str, label: str, parts: list[tuple[str, int]]) -> Moment:
-    kept = tuple((n, b) for n, b in parts if b)
-    return Moment(phase, label, sum(b for _, b in kept), kept)
+    kept = tuple([(n, b) for n, b in parts if b])
+    return Moment(phase, label, sum([b for _, b in kept]), kept)
 
 
 EMB_WHOLE = "embedding gradient, the whole vocabulary (Replicate, sequence parallel)"
@@ -100,7 +102,8 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
              float8_all_gather: bool = False, fsdp_wrap: str = "root", fsdp_keep: bool = False,
              fsdp_hsdp: bool = False, fsdp_reduce_fp32: bool = False, fsdp_flat: bool = False,
              fsdp_prefetch: bool = True, fsdp_whole: bool = False,
-             cache_promotes_values: bool = False, hooked_grads: bool = False) -> Timeline:  # fmt: skip
+             cache_promotes_values: bool = False, hooked_grads: bool = False,
+             every_layer: bool = True) -> Timeline:  # fmt: skip
     """Moments of one training step of a Hugging Face ``family`` model on one GPU.
 
     regime: fp32 | bf16 (pure: weights, gradients, AdamW moments bf16) | amp-bf16 (fp32 weights, autocast).
@@ -140,6 +143,8 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     float8: torchao's float8 projections (``tensorwise``, ``rowwise``): eager layers add their backward casts
     (``memcalc.memory.timeline_layers.layer_sizes``); float8_all_gather: under FSDP2, torchao's fp8 all-gather of the
     layers' projection weights (``FsdpOverlay.make``'s ``fp8_gather``).
+    every_layer: False makes the moments of the layers that end a run of alike ones only (``memcalc.memory.stack``):
+    the same peak moment, phase peaks (layers folded) and reserved peak, from a few layers' moments.
     """
     _check(family, regime, attention)
     check_code(code, family, "bf16" if fsdp_param_dtype == "bf16" else regime, attention)
@@ -240,54 +245,34 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
         mask = [("sliding-window attention mask (bool)", b * s * s)]  # masking_utils: built once s >= the window
     kept_mask = mask if checkpointed(policy, 0) else []
     fwd_shared, bwd_shared = prologue[1:] + mask + slopes, prologue[1:] + kept_mask  # the rotary tables, the mask
-    layers = [layer_sizes(arch, family=family, regime=act, attention=attention, s=s, b=b, policy=policy,
-                          index=i, device=device, rotary_dims=rotary_dims, lora=lora, code=code,
-                          compiled=compiled, sp=sp, float8=float8, float8_weight_cast=not float8_all_gather,
-                          use_cache=use_cache and not checkpointed(policy, i), hooked_grads=hooked_grads)
-              for i in range(arch.layers)]  # fmt: skip
+    layers, ends = layer_stack(arch, family, act, attention, s, b, policy, device, rotary_dims, lora, code, compiled,
+                               sp, float8, not float8_all_gather, use_cache, hooked_grads)
+    layer_elements, embedding_elements = tensor_groups(arch)
+    per_layer = layer_elements * w
+    if lora is not None:  # only the adapters have gradients, made layer by layer
+        per_layer = full_st.grads // arch.layers
+    # the layers whose moments are made: every one, or the ends of the runs of alike layers (memcalc.memory.stack)
+    shown = ends if not every_layer and affine(per_layer, fs) else range(arch.layers)
     kept = 0
     cache = 0  # autocast's cast cache beyond what the matmuls save: bf16 copies of recomputed layers' weights
     for i, ly in enumerate(layers):
-        if ly.attention_forward:
+        show = i in shown
+        if show and ly.attention_forward:
             moments.append(_moment(f"forward.layer.{i}", f"layer {i}: eager attention's softmax",
                                    base + fwd_shared + [(f"activations kept (layers 0..{i - 1})", kept),
                                                         ("autocast cast cache", cache),
                                                         ("attention forward: the layer so far", ly.attention_forward)]
                                    + FsdpOverlay.forward(fs, i)))  # fmt: skip
-        if fs is not None and not fs.whole:
+        if show and fs is not None and not fs.whole:
             moments.append(_moment(f"forward.layer.{i}", f"layer {i}: parameters gathered",
                                    base + fwd_shared + [(f"activations kept (layers 0..{i - 1})", kept),
                                    ("layer input", ly.residual), ("autocast cast cache", cache)]
                                    + FsdpOverlay.gather(fs, i)))  # fmt: skip
         kept += ly.kept + ly.kept_casts  # each layer's kept tensors include its input (the previous output)
-        # (FalconLinear multiplies by ``self.weight.T``, a view: autocast casts it on every call and caches nothing)
-        cache += ly.casts - ly.kept_casts if family != "falcon" else 0
-        if amp and arch.qkv_bias and family in (*LLAMA_STYLE, *OTHER_NORMS) and code == "hf" and lora is None:
-            # bf16 casts of the q, k, v biases (Qwen2): cached by autocast (trainable leaves), saved by no op (addmm's
-            # bias gradient is a sum of the output gradient), alive until the autocast block exits
-            cache += 2 * (x.qw + 2 * x.kvw)
-        if amp and family in ("bloom", "gpt_neox", "opt") and lora is None:
-            # the linears' biases (all of BLOOM's and OPT's; NeoX's attention ones as attention_bias says): autocast
-            # caches the bf16 cast of each, alive until the autocast block exits
-            attn_bias = x.qw + 2 * x.kvw + h if arch.qkv_bias else 0
-            cache += 2 * (attn_bias + (h + x.ffn if arch.mlp_bias else 0))
-        if amp and use_cache and policy.kind == "none" and family in (*LLAMA_STYLE, *GEMMAS) and i not in arch.nope_layers:
-            # (a layer without rotary, SmolLM3's, caches the bf16 K, V that SDPA saves anyway: nothing beyond them)
-            # V beyond what SDPA saves only where repeat_kv's copies are saved instead (GQA under eager, Gemma 3's
-            # masked sliding SDPA), or where the cache promoted it to fp32
-            copied = (attention == "eager" and x.kv < x.heads) or sliding_sdpa_masked(arch, attention, s, i)
-            value = 4 if cache_promotes_values else 2 if copied else 0
-            cache += (4 + value) * t * x.kvw
-        elif (attention == "eager" and x.kv < x.heads and use_cache and policy.kind == "none"
-              and (lora is not None or (family in (*LLAMA_STYLE, *OTHER_NORMS) and code == "hf"))):  # fmt: skip
-            # DynamicCache keeps this layer's K, V (kv width) until the forward returns; eager attention saves their
-            # repeat_kv copies instead (traced with peft: memcalc.validation.lora.trace_lora_step; without:
-            # tests/test_timeline_tp.py)
-            cache += 2 * d * t * x.kvw
-        if use_cache and policy.kind == "none" and i in arch.sliding_layers and family in OTHER_NORMS:
-            # DynamicSlidingWindowLayer (transformers cache_utils.py): an int64 ``_sliding_window_tensor`` per sliding
-            # layer, alive with the cache until the causal LM's forward returns
-            cache += 8
+        cache += _cached(arch, x, i, ly, family=family, amp=amp, d=d, code=code, lora=lora, use_cache=use_cache,
+                         policy=policy, attention=attention, promotes=cache_promotes_values)
+        if not show:
+            continue
         acts = [(f"activations kept (layers 0..{i})", kept), ("layer output (residual stream)", ly.residual),
                 ("autocast cast cache (recomputed layers' weights)", cache)] + FsdpOverlay.forward(fs, i)
         # GPT-NeoX's parallel residual (``mlp_output + attn_output + residual``): the attention's output and the
@@ -409,7 +394,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     loss_moment = len(moments)
     moments.append(_moment("backward", "log_softmax backward: its output gradient and its input gradient",
                            saved_end + [(grad_name, grad_bytes)]))  # fmt: skip
-    loss_live, loss_cache = blocks_at_peak(loss_events(t, v, d, loss, compiled_loss, parallel=sp > 1))
+    loss_live, loss_cache = loss_blocks_at_peak(t, v, d, loss, compiled_loss, sp > 1)
     # where the logits (the loss's first and smallest request) are larger than the forward's largest tensor, no block
     # the forward freed can serve the loss (memcalc.memory.reserved, "the forward's blocks")
     loss_blocks = loss_live if d * n > largest_tensor(x, d, r, sp, attention) else 0
@@ -427,14 +412,12 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
                ("head input gradient", d * t * h)] + FsdpOverlay.head_backward(fs, L)))
 
     # ---- backward layer by layer -------------------------------------------------------------------------------
-    tensors = param_tensors(arch)
-    per_layer = sum(e for name, e in tensors if name.startswith("layer 0 ")) * w
-    late = sum(e for name, e in tensors if name.startswith(("embedding", "position embedding")))
+    late = embedding_elements
     if arch.tied_embeddings:  # the head's gradient is the embedding's, made by the head's backward
         late -= arch.padded_vocab * h
     late += emb_grad_extra // w if fs is None else 0  # FSDP2 reduce-scatters the root's gradients at the end
-    if lora is not None:  # only the adapters have gradients, made layer by layer
-        per_layer, late = full_st.grads // arch.layers, 0
+    if lora is not None:  # only the adapters have gradients, made layer by layer (per_layer: the adapters')
+        late = 0
     before_layers = full_st.grads - per_layer * arch.layers - late * w
     held_grads = 0 if optimizer_impl == "in-backward" else before_layers
     if family in LLAMA_STYLE and code == "hf":
@@ -456,6 +439,10 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
              if family in LLAMA_STYLE and code == "hf" and lora is None else None)  # fmt: skip
     for i in reversed(range(arch.layers)):
         ly = layers[i]
+        if i not in shown:
+            remaining -= ly.kept + ly.kept_casts
+            held_grads += 0 if optimizer_impl == "in-backward" else per_layer
+            continue
         # Llama-style, fp32 or autocast: the recomputed norm-1 input (fp32) is the checkpointed layer input itself
         # (``to(float32)`` of an fp32 tensor is a no-op): counted once, in the checkpoint (tests/test_timeline_tp.py)
         # LayerNorm families (GPT-2, OPT, GPT-NeoX, BLOOM, Falcon): the first norm saves its input as it is, in every
@@ -564,23 +551,42 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     return Timeline(tuple(moments), loss_moment, loss_cache, loss_blocks)
 
 
-def inside_log_softmax(lp, t: int) -> list[tuple[str, int]]:
-    """Eager ``loss_parallel``'s forward moment, inside its ``_log_softmax`` at ``shifted - logsumexp``: the
-    temporaries it holds there (``lp``: ``memcalc.memory.saved.loss_transient``'s parts after the fourth; shifted and
-    its result alive together) beside the per-token max, sum and log-sum-exp of the ``t`` tokens (fp32, all-reduced;
-    traced: tests/test_timeline_tp.py)."""
-    return list(lp.names[4:]) + [("log-softmax's per-token max, sum, log-sum-exp (fp32)", 12 * t)]
-
-
-def largest_tensor(x, d: int, r: int, sp: int, attention: str) -> int:
-    """The forward's largest tensor (``x``: ``memcalc.memory.saved.shape``): the projections' inputs and outputs in
-    the compute dtype ``d`` (whole-sequence under SP: the gathered inputs, the partial sums), the residual stream in
-    the activations' dtype ``r`` (whole under autocast's SP: the fp32 gathered MLP input), the norms' fp32 upcast
-    (the rank's 1/sp of the sequence), eager attention's scores (fp32 at most). A request larger than it finds no
-    block the forward freed (``memcalc.memory.reserved``, "the forward's blocks")."""
-    t, h = x.t, x.h
-    largest = max(d * t * max(h, x.ffn, x.qw), r * t * h, 4 * t * h // sp)
-    return max(largest, 4 * x.scores) if attention == "eager" else largest
+def _cached(arch: Architecture, x, i: int, ly, *, family: str, amp: bool, d: int, code: str, lora, use_cache: bool,
+            policy, attention: str, promotes: bool) -> int:
+    """What layer ``i``'s forward adds to the bytes cached until the forward returns (``x``: its shape, ``ly``: its
+    ``LayerSizes``, ``d``: the compute dtype's bytes): autocast's bf16 casts of recomputed layers' weights and of the
+    biases, DynamicCache's K, V where nothing saves them, a sliding layer's window tensor; ``promotes``: the cache
+    promotes V to fp32 (``timeline``'s ``cache_promotes_values``)."""
+    t, h, s = x.t, x.h, x.s
+    # (FalconLinear multiplies by ``self.weight.T``, a view: autocast casts it on every call and caches nothing)
+    out = ly.casts - ly.kept_casts if family != "falcon" else 0
+    if amp and arch.qkv_bias and family in (*LLAMA_STYLE, *OTHER_NORMS) and code == "hf" and lora is None:
+        # bf16 casts of the q, k, v biases (Qwen2): cached by autocast (trainable leaves), saved by no op (addmm's
+        # bias gradient is a sum of the output gradient), alive until the autocast block exits
+        out += 2 * (x.qw + 2 * x.kvw)
+    if amp and family in ("bloom", "gpt_neox", "opt") and lora is None:
+        # the linears' biases (all of BLOOM's and OPT's; NeoX's attention ones as attention_bias says): autocast
+        # caches the bf16 cast of each, alive until the autocast block exits
+        attn_bias = x.qw + 2 * x.kvw + h if arch.qkv_bias else 0
+        out += 2 * (attn_bias + (h + x.ffn if arch.mlp_bias else 0))
+    if amp and use_cache and policy.kind == "none" and family in (*LLAMA_STYLE, *GEMMAS) and i not in arch.nope_layers:
+        # (a layer without rotary, SmolLM3's, caches the bf16 K, V that SDPA saves anyway: nothing beyond them)
+        # V beyond what SDPA saves only where repeat_kv's copies are saved instead (GQA under eager, Gemma 3's
+        # masked sliding SDPA), or where the cache promoted it to fp32
+        copied = (attention == "eager" and x.kv < x.heads) or sliding_sdpa_masked(arch, attention, s, i)
+        value = 4 if promotes else 2 if copied else 0
+        out += (4 + value) * t * x.kvw
+    elif (attention == "eager" and x.kv < x.heads and use_cache and policy.kind == "none"
+          and (lora is not None or (family in (*LLAMA_STYLE, *OTHER_NORMS) and code == "hf"))):  # fmt: skip
+        # DynamicCache keeps this layer's K, V (kv width) until the forward returns; eager attention saves their
+        # repeat_kv copies instead (traced with peft: memcalc.validation.lora.trace_lora_step; without:
+        # tests/test_timeline_tp.py)
+        out += 2 * d * t * x.kvw
+    if use_cache and policy.kind == "none" and i in arch.sliding_layers and family in OTHER_NORMS:
+        # DynamicSlidingWindowLayer (transformers cache_utils.py): an int64 ``_sliding_window_tensor`` per sliding
+        # layer, alive with the cache until the causal LM's forward returns
+        out += 8
+    return out
 
 
 def with_loss(tl: Timeline, moments) -> Timeline:
@@ -598,40 +604,6 @@ def _mask_kinds(arch: Architecture) -> int:
     """Eager 4-D masks the model builds: Gemma 2 and 3 one causal and one sliding-window mask when both kinds of layer
     are present (``create_causal_mask``, ``create_sliding_window_causal_mask``), the others one."""
     return 2 if arch.sliding_layers and len(arch.sliding_layers) < arch.layers else 1
-
-
-def loss_rows(lp, compiled_loss: bool) -> tuple[str, str, str]:
-    """The timeline's names for the loss's parts 1-3 (``saved.loss_transient``): the eager loss's rows keep their
-    names (fp32 copy, saved log-softmax, fp32 gradients), a compiled loss's are its own parts'."""
-    if compiled_loss:
-        return lp.names[1][0], lp.names[2][0], lp.names[3][0]
-    return "fp32 logits copy", "log-softmax output (fp32)", "loss gradients (fp32)"
-
-
-def _chunk(lp, index: int) -> int:
-    """Bytes of the loss's parts (1 fp32 copy, 2 saved log-softmax, 3 the two fp32 gradients)."""
-    return lp.names[index][1] if index < len(lp.names) else 0
-
-
-def _head(x, family: str, regime: str, loss: str, code: str = "hf", device: str = "cpu") -> list[tuple[str, int]]:
-    """Saved between the last layer and the logits: the final norm's tensors (its input is the last layer's
-    output, already counted), the head's input and, under autocast, the head weight's bf16 copy."""
-    t, h = x.t, x.h
-    amp = regime == "amp-bf16"
-    if code == "torchtitan":  # nn.RMSNorm: CPU composite fp32 copy (bf16), rstd, fp32 normalized; CUDA fused: rstd
-        norm = 4 * t if device == "cuda" else (4 * t * h if regime == "bf16" else 0) + 4 * t + 4 * t * h
-    elif family in LLAMA_STYLE:  # LlamaRMSNorm: fp32 copy (a new tensor only under bf16), rstd, normalized
-        norm = (4 * t * h if regime == "bf16" else 0) + 4 * t + (2 if regime == "bf16" else 4) * t * h
-    elif family in OTHER_NORMS:  # GemmaRMSNorm, Olmo2RMSNorm: fp32 normalized in every regime; Gemma's 1 + weight
-        norm = (4 * t * h if regime == "bf16" else 0) + 4 * t + (4 * h if family in GEMMAS else 0) + 4 * t * h
-    else:
-        norm = 2 * (2 if regime == "bf16" else 4) * t
-    out = [("final norm saved", norm)]
-    if amp:
-        out += [("head input (bf16 cast)", 2 * t * h), ("head weight (bf16 cast)", 2 * h * x.vocab)]
-    if loss == "fused":
-        out.append(("fused loss: input gradient", (2 if regime != "fp32" else 4) * t * h))
-    return out
 
 
 __all__ = ["FAMILIES", "MLP_FRAME", "O_PROJ_FRAME", "REGIMES", "Moment", "Timeline", "inside_log_softmax",

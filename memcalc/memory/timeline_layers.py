@@ -15,6 +15,7 @@ from memcalc.errors import InputError
 from memcalc.frozen import frozen
 from memcalc.memory.saved import (LLAMA_LIKE, LLAMA_STYLE, OTHER_NORMS, SavedTensor, dropout_mask, layer_saved, shape,
                                   total)
+from memcalc.memory.saved_gemma import sliding_sdpa_masked
 from memcalc.memory.saved_moe import moe_backward_extra, moe_forward_extra, moe_params
 
 RECOMPUTE_HELP = "none, full, every:K, selective, op-sac"
@@ -164,6 +165,14 @@ def _bloom_attention_forward(x, d: int, r: int, amp: bool, cuda: bool, ckpt: boo
     soft = 4 if not ckpt or d == 4 else 0
     end = (d + (4 if amp else d) + soft + (d if d != 4 else 0)) * x.scores + 2 * d * t * h + r * t * h
     return out + max(12 * x.scores, end + (2 * (h * h + h) if amp else 0))
+
+
+def layer_kind(arch, policy: Policy, attention: str, s: int, index: int) -> tuple[bool, bool, bool, bool]:
+    """All that ``layer_sizes`` reads of a layer's index: whether it is checkpointed, whether the layer before it is
+    (BLOOM's loop holds that layer's output), whether it is the first (MoE and BLOOM count the embedding output past
+    layer 0), whether it runs Gemma 3's masked sliding SDPA. Two layers of one kind have the same sizes."""
+    return (checkpointed(policy, index), index > 0 and checkpointed(policy, index - 1), index == 0,
+            sliding_sdpa_masked(arch, attention, s, index))
 
 
 def layer_sizes(arch, *, family: str, regime: str, attention: str, s: int, b: int, policy: Policy, index: int,

@@ -28,23 +28,18 @@ one rank of the fake process group).
 
 from __future__ import annotations
 
+import itertools
+
 from memcalc.errors import InputError
 from memcalc.memory.pipeline import interleaved_ops, receive_buffers
 from memcalc.memory.saved import LLAMA_STYLE, loss_transient, shape
-from memcalc.memory.timeline import (
-    CUBLAS_WORKSPACE,
-    Moment,
-    Timeline,
-    _chunk,
-    _head,
-    _moment,
-    inside_log_softmax,
-    largest_tensor,
-    loss_rows,
-)
-from memcalc.memory.timeline_layers import DOWN_GRADS, checkpointed, layer_sizes, parse_recompute
+from memcalc.memory.stack import layer_stack
+from memcalc.memory.timeline import CUBLAS_WORKSPACE, Moment, Timeline, _moment
+from memcalc.memory.timeline_layers import DOWN_GRADS, checkpointed, parse_recompute
+from memcalc.memory.timeline_loss import _chunk, _head, inside_log_softmax, largest_tensor, loss_rows
 from memcalc.memory.timeline_states import fp8_gathered, param_tensors, shard_elements, shard_states
 from memcalc.memory.timeline_tp import norm_backward, rank_arch, sp_rank_arch
+from memcalc.model.memo import per_architecture
 
 
 def one_f_one_b(rank: int, pp: int, n: int) -> list[tuple[bool, int]]:
@@ -60,6 +55,7 @@ def one_f_one_b(rank: int, pp: int, n: int) -> list[tuple[bool, int]]:
     return ops
 
 
+@per_architecture
 def _units(arch, world: int, fp8_gather: bool):
     """For one decoder layer, the embedding side and the head side (final norm and head): unsharded elements, rank
     0's shard elements (``shard_elements``: padded rows), the elements gathered as fp8 under torchao's fp8 all-gather
@@ -76,19 +72,42 @@ def _units(arch, world: int, fp8_gather: bool):
     return out
 
 
+@per_architecture
+def _largest_layer_tensor(arch) -> int:
+    """Elements of the largest parameter tensor of a decoder layer."""
+    return max(k for name, k in param_tensors(arch) if name.startswith("layer "))
+
+
+def _chunk_sizes(u, chunks: tuple[range, ...], first: list[bool], last: list[bool], g: int,
+                 world: int) -> tuple[int, int, list[int]]:  # fmt: skip
+    """The rank's shard elements and parameter tensors over its chunks, and each chunk's bytes gathered (``u``:
+    ``_units``; ``first``, ``last``: each chunk holds the embedding, the head; ``g``: the gathered bytes per element)."""
+    (_, lsh, lfp8, lten), (_, esh, _, eten), (_, hsh, _, hten) = u["layer"], u["embed"], u["head"]
+    shard = tensors = 0
+    gathered = []
+    for c, ids in enumerate(chunks):
+        k = len(ids)
+        sh = k * lsh + esh * first[c] + hsh * last[c]
+        shard += sh
+        tensors += k * lten + eten * first[c] + hten * last[c]
+        gathered.append(g * world * sh - k * (g - 1) * lfp8)
+    return shard, tensors, gathered
+
+
 def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b: int, pp: int, rank: int,
                    micro_batches: int, chunks: tuple[range, ...], recompute: str = "full",
                    optimizer_impl: str = "fused", loss: str = "standard", device: str = "cuda", code: str = "hf",
                    tp: int = 1, sequence_parallel: bool = False, compiled: bool = False,
                    loss_compiled: bool | None = None, float8: str = "none", float8_all_gather: bool = False,
                    world: int = 1, fsdp_param_dtype: str | None = "bf16",
-                   fsdp_reduce_fp32: bool = False) -> Timeline:  # fmt: skip
+                   fsdp_reduce_fp32: bool = False, every_layer: bool = True) -> Timeline:  # fmt: skip
     """Moments of pipeline rank ``rank`` of ``pp`` over one step of ``micro_batches`` micro-batches of ``b`` x ``s``
     tokens, FSDP2 over ``world`` ranks inside the stage. ``chunks``: the decoder layers of each of the rank's local
     model chunks (global stage ``rank + c·pp``, torch's looped placement); one chunk: ``Schedule1F1B``, more:
     ``ScheduleInterleaved1F1B``. The other arguments are ``memcalc.memory.timeline.timeline``'s. Parameters and
     gradients are FSDP2's under ``MixedPrecisionPolicy(param_dtype=fsdp_param_dtype)``: fp32 shards (or the
-    regime's width), gathered in the param dtype, accumulated in fp32 under ``fsdp_reduce_fp32``."""
+    regime's width), gathered in the param dtype, accumulated in fp32 under ``fsdp_reduce_fp32``. ``every_layer``:
+    False makes the moments of the layers that bound the others only (``memcalc.memory.stack``), the same peaks."""
     v, n = len(chunks), micro_batches
     if pp < 2 or not 0 <= rank < pp or v < 1 or n < 1:
         raise InputError(f"pipeline rank {rank} of {pp} with {v} chunk(s) and {n} micro-batch(es): give pp >= 2, "
@@ -116,46 +135,40 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
     first = [gs == 0 for gs in glob]
     last = [gs == stages - 1 for gs in glob]
     u = _units(ra, world, float8_all_gather)
-    le, lsh, lfp8, lten = u["layer"]
-    ee, esh, _, eten = u["embed"]
+    le, lsh, _, _ = u["layer"]
+    ee, esh, _, _ = u["embed"]
     # Sequence parallelism: the row-parallel embedding's backward leaves a Replicate gradient, the whole vocabulary on
     # every tensor-parallel rank (DTensor's ``embedding_dense_backward`` strategies, torch
     # ``distributed/tensor/_ops/_embedding_ops.py``), which FSDP2 redistributes to the parameter's Shard(0) only in its
     # reduce (``FSDPParam._get_grad_inner_tensor``): accumulated whole over the step's micro-batches, in the reduce
     # dtype (traced: tests/test_pipeline_realistic.py)
     eg = ee + ((arch.padded_vocab - ra.padded_vocab) * arch.hidden if sp > 1 else 0)
-    he, hsh, _, hten = u["head"]
-
-    def chunk_elems(c: int) -> tuple[int, int, int, int]:  # unsharded, shard, gathered bytes, tensors
-        k = len(chunks[c])
-        un = k * le + ee * first[c] + he * last[c]
-        sh = k * lsh + esh * first[c] + hsh * last[c]
-        gathered = g * world * sh - k * (g - 1) * lfp8
-        return un, sh, gathered, k * lten + eten * first[c] + hten * last[c]
-
-    ce = [chunk_elems(c) for c in range(v)]
-    shard = sum(e[1] for e in ce)
-    tensors = sum(e[3] for e in ce)
-    gathered_c = [e[2] for e in ce]
+    he = u["head"][0]
+    shard, tensors, gathered_c = _chunk_sizes(u, chunks, first, last, g, world)
     layer_new = g * le  # one layer's new gradients, before its post-backward adds them
-    layers = {i: layer_sizes(ra, family=family, regime=act, attention=attention, s=s, b=b, policy=policy, index=i,
-                             device=device, code=code, compiled=compiled, sp=sp, float8=float8,
-                             float8_weight_cast=not float8_all_gather, use_cache=False)  # a stage runs no cache
-              for ch in chunks for i in ch}  # fmt: skip
+    # every layer's sizes (a stage runs no cache), and of each chunk's layers those whose moments are made: the ends
+    # of its runs of alike layers, and its last (the gradient flowing in is the next stage's) (memcalc.memory.stack)
+    layers, ends = layer_stack(ra, family, act, attention, s, b, policy, device, None, None, code, compiled, sp,
+                               float8, not float8_all_gather, False, False)
+    shown = [ends.intersection(ch).union((ch[0], ch[-2], ch[-1]) if len(ch) > 1 else ch) if not every_layer else ch
+             for ch in chunks]
+    # one micro-batch's saved tensors of each chunk's layers up to each one (``kept``)
+    upto = {i: k for ch in chunks for i, k in zip(ch, itertools.accumulate(layers[i].kept for i in ch))}
     resid = r * t * h // sp  # a stage boundary: one micro-batch's residual stream (the rank's 1/sp of the sequence)
 
     # Hugging Face's rotary cos and sin, made once per stage forward (one row of positions) and referenced by every
     # layer's saved tensors (or checkpointed arguments) of that micro-batch; torchtitan slices a buffer instead
     rotary = 2 * s * x.rot * r if ra.position == "rotary" and code == "hf" else 0
 
-    def kept(c: int, upto: int | None = None) -> int:
-        """One micro-batch's saved tensors of chunk c: its layers up to ``upto`` with the rotary tables, or all its
-        layers with the stage output ``fwd_cache`` keeps (not on the last stage: the logits; the tables are added by
-        the caller), net of the first layer's input where it is the receive buffer."""
-        ids = [i for i in chunks[c] if upto is None or i <= upto]
-        own = sum(layers[i].kept for i in ids) - (resid if ids and not first[c] and checkpointed(policy, ids[0]) else 0)
-        own += rotary if upto is not None else 0
-        return own + (resid if upto is None and not last[c] else 0)
+    def kept(c: int, until: int | None = None) -> int:
+        """One micro-batch's saved tensors of chunk c: its layers up to ``until`` (one of them) with the rotary tables,
+        or all its layers with the stage output ``fwd_cache`` keeps (not on the last stage: the logits; the tables are
+        added by the caller), net of the first layer's input where it is the receive buffer."""
+        ids = chunks[c]
+        own = upto[ids[-1] if until is None else until] if ids else 0
+        own -= resid if ids and not first[c] and checkpointed(policy, ids[0]) else 0
+        own += rotary if until is not None else 0
+        return own + (resid if until is None and not last[c] else 0)
 
     full = [kept(c) + rotary for c in range(v)]
     st = shard_states(ra, family, width, shard, tensors, optimizer_impl)  # the rank's chunks' shards
@@ -219,6 +232,8 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
                 moments.append(_moment("forward", f"chunk {c}: first forward, every unit gathered",
                                        common(c, False) + [("all-gather output (last unit)", g * world * lsh)]))
             for i in ids:
+                if i not in shown[c]:
+                    continue
                 moments.append(_moment(f"forward.layer.{i}", f"micro-batch {fwd[c]}, layer {i}: down projection's "
                                        "output", common(c, False) + [("this micro-batch's saved tensors", kept(c, i)),
                                                                      ("layer output (residual stream)", resid),
@@ -257,6 +272,9 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
         mlp_grads = (3 if ra.gated_mlp else 2) * down  # the MLP's weight gradients norm_backward counts made
         for i in reversed(ids):
             ly = layers[i]
+            if i not in shown[c]:
+                acc[c] += rw * le if m == 0 else 0  # the layer's first gradients, upcast or kept as they are
+                continue
             twice = ly.residual if norm2 and checkpointed(policy, i) and act != "bf16" else 0
             # the gradient flowing in: the next stage's, in its receive buffer, at the stage's last layer
             incoming = 0 if i == ids[-1] and not last[c] else resid
@@ -306,7 +324,7 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
                 # tensors, the all-gather outputs, a layer weight's gradient and accumulator) take segments of their
                 # own beside what the stage reserved (memcalc.memory.reserved, "the forward's blocks")
                 freed = max(largest_tensor(x, d, r, sp, attention), g * world * max(lsh, esh),
-                            rw * max(k for name, k in param_tensors(ra) if name.startswith("layer ")))
+                            rw * _largest_layer_tensor(ra))
                 fresh = sum(k for k in (g * eg, rw * eg if rw != g else 0) if k > freed)
                 fresh_at = len(moments) - 1 if fresh else -1
                 fresh_from = made_at if g * eg > freed else fresh_at  # the gradient's own block, or the accumulator's

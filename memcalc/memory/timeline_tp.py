@@ -44,11 +44,13 @@ from memcalc.memory.saved import LLAMA_LIKE, layer_saved
 from memcalc.memory.saved_moe import moe_params
 from memcalc.memory.timeline_states import param_tensors
 from memcalc.model.architecture import Architecture
+from memcalc.model.memo import per_architecture
 
 TP_FAMILIES = (*LLAMA_LIKE, "qwen3", "granite", "smollm3")
 """Families whose layers the tracer's TP plan parallelises (q/k/v/o, gate/up/down projections)."""
 
 
+@per_architecture
 def rank_arch(arch: Architecture, tp: int, family: str) -> Architecture:
     """Rank 0's shapes under the TP plan: heads / t, kv_heads / t, ceil(ffn / t); hidden, vocab, norms whole.
 
@@ -104,6 +106,7 @@ casts, the intermediates, autocast's weight casts; an MoE block's, ``memcalc.mem
 tensor the norm's weight product kept."""
 
 
+@per_architecture
 def norm_backward(arch: Architecture, *, family: str, regime: str, attention: str, s: int, b: int, device: str,
                   rotary_dims: int | None, grad_width: int, sp: int = 1) -> int:  # fmt: skip
     """Bytes above a Llama-style layer's backward entry at its second RMSNorm's backward peak (transformers
@@ -137,6 +140,7 @@ saved whole (``memcalc.memory.activations.DTENSOR_GATHERED``); Q, K, V, attentio
 ÷ t over heads and ffn, full sequence."""
 
 
+@per_architecture
 def sp_rank_arch(arch: Architecture, tp: int, family: str) -> Architecture:
     """Rank 0's shapes under torchtitan's sequence-parallel plan: ``rank_arch`` plus the embedding
     (``RowwiseParallel``: weight ``Shard(0)``) and the head (``ColwiseParallel``: weight ``Shard(0)``) split over the

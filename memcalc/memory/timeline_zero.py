@@ -101,13 +101,17 @@ def _walk(tl: Timeline, tensors: tuple[tuple[str, int], ...]):
     A layer's backward makes gradients even when none are held yet (LoRA: no head gradient comes first); the
     gradient bytes are then 0 and the layer's tensors are named."""
     root = [(name, n) for name, n in tensors if not name.startswith(("layer ", "embedding", "position"))]
+    by_layer: dict[str, list[tuple[str, int]]] = {}  # "layer <i> <tensor>" under "<i>"
+    for name, n in tensors:
+        if name.startswith("layer "):
+            by_layer.setdefault(name.split(" ", 2)[1], []).append((name, n))
     for m in tl.moments:
         if m.phase in ("optimizer", "zero_grad"):
             continue
         parts = [(n, x) for n, x in m.parts if n not in _STATES]
         grads = sum(x for n, x in parts if n in _GRADS) if m.phase.startswith("backward") else 0
         layer = m.phase.rsplit(".", 1)[1] if m.phase.startswith("backward.layer.") else None
-        unit = [(name, n) for name, n in tensors if name.startswith(f"layer {layer} ")] if layer is not None else root
+        unit = list(by_layer.get(layer, ())) if layer is not None else root
         yield m, parts, grads, unit
 
 

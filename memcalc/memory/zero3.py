@@ -156,6 +156,7 @@ def gathered_bytes(arch: Architecture, dp: int, s: Zero3Settings, recompute: boo
     return tuple(mem)
 
 
+@per_architecture
 def released_bytes(arch: Architecture, dp: int, s: Zero3Settings, recompute: bool = False, width: int = 2,
                    lora=None) -> tuple[tuple[str, str, int], ...]:  # fmt: skip
     """(phase, module, held) for each module's release in a later step: the bytes of gathered parameters alive once

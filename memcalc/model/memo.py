@@ -16,18 +16,19 @@ _LIMIT = 4096
 
 
 def per_architecture(fn: F) -> F:
-    """Cache ``fn(arch, *args)`` (positional arguments only) for the same ``arch`` object; values are never mutated."""
-    cache: dict[tuple[int, tuple[Any, ...]], tuple[Any, Any]] = {}
+    """Cache ``fn(arch, *args, **kwargs)`` for the same ``arch`` object and equal other arguments (keywords in the
+    order given); values are never mutated."""
+    cache: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 
     @wraps(fn)
-    def wrapper(arch: Any, *args: Any) -> Any:
-        key = (id(arch), args)
+    def wrapper(arch: Any, *args: Any, **kwargs: Any) -> Any:
+        key = (id(arch), args, tuple(kwargs.items())) if kwargs else (id(arch), args)
         hit = cache.get(key)
         if hit is not None and hit[0] is arch:
             return hit[1]
         if len(cache) >= _LIMIT:
             cache.clear()
-        value = fn(arch, *args)
+        value = fn(arch, *args, **kwargs)
         cache[key] = (arch, value)
         return value
 
