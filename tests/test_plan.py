@@ -140,6 +140,21 @@ def test_memory_grows_with_the_micro_batch_in_every_group() -> None:
         assert verdicts == sorted(verdicts)
 
 
+def test_a_recompute_policy_that_keeps_more_never_needs_less() -> None:
+    """What the search's dominance across recompute policies rests on: at one layout, strategy and micro-batch,
+    none >= op-sac (torchtitan's per-op policy) >= full in the realistic peak."""
+    by: dict = {}
+    for g in _groups("torchtitan", batch=32) + _groups("torchtitan", gpus=16, batch=32):
+        if g.plan.accounting == "realistic":
+            key = S._family(g)
+            for mb, ga in g.pairs[:3]:
+                by.setdefault((key, mb), {})[g.kwargs["recompute"]] = evaluate(S.with_batch(g.plan, mb, ga)).total
+    full = [d for d in by.values() if len(d) == 3]
+    assert len(full) >= 10
+    for d in full:
+        assert d["none"] >= d["op-sac"] >= d["full"], d
+
+
 def test_the_search_keeps_exactly_what_checking_every_candidate_keeps() -> None:
     """Best-first with the bounds gives the same top plans as checking every candidate's verdict."""
     from memcalc.time.estimate import time_fields

@@ -13,9 +13,10 @@ Why it is sound (docs/planning.md):
 - Memory grows with the micro-batch at a fixed layout, strategy and recompute (every activation and transient scales
   with the tokens of a micro-batch; under a pipeline the micro-batches in flight, min(accumulation, pp) x micro-batch
   = min(global / dp, pp x micro-batch), do not shrink either). So one verdict settles a side: a micro-batch that fits
-  says every smaller one fits, one that does not says no larger one does.
-- A candidate whose parameters and optimizer states alone (the paper's rows of them, which every accounting holds for
-  the whole step) leave no room on the GPU is out of memory without a replay.
+  says every smaller one fits, one that does not says no larger one does. Likewise across recompute policies at one
+  layout and strategy: a policy that keeps more of the forward never needs less (``SAVES``).
+- A candidate whose parameters, gradients and optimizer states alone (the paper's rows of them, which every
+  accounting holds at the optimizer step) leave no room on the GPU is out of memory without a replay.
 - ``--objective memory`` visits candidates by that lower bound and replaces it by the exact peak when one is popped
   (best-first search with an admissible bound): the first N popped with an exact peak are the N smallest.
 """
@@ -141,16 +142,42 @@ def timed(group: Group, time_fields: Callable[..., dict | None]) -> list[Candida
     return out
 
 
-def _check(c: Candidate, known: dict[int, dict[int, str]], out: Outcome) -> None:
-    """The candidate's verdict: from the accounting's own answer, a neighbouring micro-batch, the bound, or a replay."""
+SAVES = {"none": 2, "op-sac": 1, "selective": 1, "full": 0}
+"""Recompute policies by what they keep from the forward: none keeps every saved tensor, the selective policies a
+subset of them, full only each layer's input. At one layout, strategy and micro-batch a policy that keeps more never
+needs less memory (a test holds the realistic peaks so ordered)."""
+
+
+def _family(g: Group) -> tuple:
+    """A group's key without its recompute policy, when the policy is one of ``SAVES``."""
+    rc = g.kwargs.get("recompute", "none")
+    rest = tuple(sorted((k, repr(v)) for k, v in g.kwargs.items() if k != "recompute" or rc not in SAVES))
+    return (g.gpu, g.gpus, g.framework, rest)
+
+
+def _settled(c: Candidate, seen: list[tuple[int, int, str]]) -> str | None:
+    """A verdict that a checked neighbour settles: one that keeps at least as much at a micro-batch at least as large
+    fits, so this fits; one that keeps at most as much at a micro-batch at most as large does not, so neither does this
+    (reported with that neighbour's verdict, the least it can be)."""
+    r = SAVES.get(c.group.kwargs.get("recompute", "none"), 0)
+    for r2, mb, v in seen:
+        if v == "fits" and r2 >= r and mb >= c.micro_batch:
+            return v
+        if v != "fits" and r2 <= r and mb <= c.micro_batch:
+            return v
+    return None
+
+
+def _check(c: Candidate, known: dict[tuple, list[tuple[int, int, str]]], out: Outcome) -> None:
+    """The candidate's verdict: from the accounting's own answer, a neighbour's, the bound, or a replay."""
     if c.verdict is not None:
         return
-    seen = known.setdefault(id(c.group), {})
-    for mb, v in seen.items():
-        if (v == "fits" and c.micro_batch <= mb) or (v == "oom" and c.micro_batch >= mb):
-            c.verdict = v
-            out.pruned += 1
-            return
+    seen = known.setdefault(_family(c.group), [])
+    v = _settled(c, seen)
+    if v is not None:
+        c.verdict = v
+        out.pruned += 1
+        return
     if c.lower > c.plan.usable_bytes:
         c.verdict, c.peak = "oom", c.lower
         out.pruned += 1
@@ -164,7 +191,7 @@ def _check(c: Candidate, known: dict[int, dict[int, str]], out: Outcome) -> None
     out.replays += 1
     c.replayed = True
     c.verdict, c.peak, c.exact = ev.realistic.verdict, ev.total, True
-    seen[c.micro_batch] = c.verdict
+    seen.append((SAVES.get(c.group.kwargs.get("recompute", "none"), 0), c.micro_batch, c.verdict))
 
 
 def search(candidates: Iterable[Candidate], objective: str, top: int) -> Outcome:
@@ -173,7 +200,7 @@ def search(candidates: Iterable[Candidate], objective: str, top: int) -> Outcome
     Candidates are visited best first by their exact key (time, cost) or by their memory lower bound (memory, where
     the exact peak replaces the bound when popped)."""
     out = Outcome()
-    known: dict[int, dict[int, str]] = {}
+    known: dict[tuple, list[tuple[int, int, str]]] = {}
     heap: list[tuple[float, tuple, int, int, Candidate]] = []
     remaining: dict[tuple[str, int], int] = {}
     for i, c in enumerate(candidates):
