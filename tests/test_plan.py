@@ -115,7 +115,8 @@ def test_the_model_state_bound_never_exceeds_a_real_peak() -> None:
     """The search's lower bound (parameters, gradients and optimizer states, the paper's rows) is below every
     realistic peak it stands in for, across DDP, FSDP1/2, HSDP, ZeRO 0-3, TP, CP, PP, offload and LoRA."""
     checked = 0
-    sample = (_groups("torchtitan") + _groups("torchtitan", gpus=16) + _groups("hf") + _groups("deepspeed")
+    sample = (_groups("torchtitan") + _groups("torchtitan", gpus=16) + _groups("torchtitan", gpus=16, batch=64)
+              + _groups("hf") + _groups("deepspeed")
               + _groups("deepspeed", offload=True) + _groups("hf", offload=True) + _groups("hf", lora_rank=16)
               + _groups("deepspeed", lora_rank=16))
     for g in sample:
@@ -131,13 +132,32 @@ def test_the_model_state_bound_never_exceeds_a_real_peak() -> None:
 def test_memory_grows_with_the_micro_batch_in_every_group() -> None:
     """What the search's bisection on the micro-batch rests on: the realistic verdict never improves with it."""
     order = {"fits": 0, "at-risk": 1, "oom": 2}
-    for g in _groups("torchtitan", batch=32)[:8] + _groups("hf", batch=32)[:4]:
+    pipelines = [g for g in _groups("torchtitan", gpus=16, batch=64) if g.plan.pp > 1][:6]
+    for g in _groups("torchtitan", batch=32)[:8] + _groups("hf", batch=32)[:4] + pipelines:
         if g.plan.accounting != "realistic":
             continue
         peaks = [evaluate(S.with_batch(g.plan, mb, ga)).total for mb, ga in g.pairs]
         assert peaks == sorted(peaks), g.kwargs
         verdicts = [order[evaluate(S.with_batch(g.plan, mb, ga)).realistic.verdict] for mb, ga in g.pairs]
         assert verdicts == sorted(verdicts)
+
+
+def test_a_pipeline_never_needs_less_with_more_micro_batches() -> None:
+    """What the search's pipeline probe rests on: at one micro-batch size, the realistic peak of a pipeline rank does
+    not fall as the micro-batches per step grow (receive buffers and input slices per micro-batch, min(n, pp - rank)
+    in flight)."""
+    seen = 0
+    for g in _groups("torchtitan", gpus=16, batch=64):
+        if g.plan.pp == 1 or g.plan.accounting != "realistic":
+            continue
+        mb = g.pairs[0][0]
+        counts = [n for n in (g.plan.pp, 2 * g.plan.pp, 4 * g.plan.pp, 8 * g.plan.pp)]
+        totals = [evaluate(S.with_batch(g.plan, mb, n)).total for n in counts]
+        assert totals == sorted(totals), (g.kwargs, counts, totals)
+        seen += 1
+        if seen == 8:
+            break
+    assert seen >= 4
 
 
 def test_a_recompute_policy_that_keeps_more_never_needs_less() -> None:

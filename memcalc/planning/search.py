@@ -34,8 +34,9 @@ from memcalc.layout.plan import Plan
 from memcalc.time.estimate import time_evaluation
 
 STATE_KEYS = ("parameters", "parameters_frozen", "parameters_adapters", "master_weights", "optimizer_moments",
-              "optimizer_steps")
-"""The paper's rows that a rank holds from the first forward to the last optimizer step."""
+              "optimizer_steps", "pipeline_receive_buffers")
+"""The paper's rows that a rank holds from the first forward to the last optimizer step (torch pipelining's receive
+buffers too: one per micro-batch, made when the schedule first runs and kept for the run)."""
 GRADIENT_KEYS = ("gradients",)
 """The paper's gradient row (shards where the strategy shards them), alive beside the states when the optimizer
 steps (unless the optimizer runs inside the backward: torchtune's optimizer-in-backward frees each gradient there)."""
@@ -168,6 +169,21 @@ def _settled(c: Candidate, seen: list[tuple[int, int, str]]) -> str | None:
     return None
 
 
+def _probe(plan: Plan) -> Evaluation | None:
+    """A pipeline step with fewer micro-batches, as a bound: at one micro-batch size, each further micro-batch adds a
+    receive buffer and an input slice and keeps as many in flight or more (1F1B holds min(n, pp - rank)), so the peak
+    never falls as n grows (a test holds it). A replay's cost grows with n; one of 2 x pp micro-batches (a multiple of
+    pp, as the interleaved schedule needs) that is already out of memory settles the real one. None: nothing to
+    gain."""
+    n = 2 * plan.pp
+    if plan.pp == 1 or plan.grad_accum <= n or plan.accounting != "realistic":
+        return None
+    try:
+        return evaluate(replace(plan, grad_accum=n))
+    except InputError:
+        return None
+
+
 def _check(c: Candidate, known: dict[tuple, list[tuple[int, int, str]]], out: Outcome) -> None:
     """The candidate's verdict: from the accounting's own answer, a neighbour's, the bound, or a replay."""
     if c.verdict is not None:
@@ -180,6 +196,11 @@ def _check(c: Candidate, known: dict[tuple, list[tuple[int, int, str]]], out: Ou
         return
     if c.lower > c.plan.usable_bytes:
         c.verdict, c.peak = "oom", c.lower
+        out.pruned += 1
+        return
+    probe = _probe(c.plan)
+    if probe is not None and probe.realistic.verdict == "oom":
+        c.verdict, c.peak = "oom", probe.total
         out.pruned += 1
         return
     try:
