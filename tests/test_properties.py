@@ -4,9 +4,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import memcalc
+from memcalc.inputs.model import MIN_PARAMS
 from memcalc.report.results import Comparison, Estimate
 
-psis = st.integers(min_value=1, max_value=10**13)
+psis = st.integers(min_value=MIN_PARAMS, max_value=10**13)  # below MIN_PARAMS a bare count is refused
 worlds = st.sampled_from([1, 2, 4, 8, 16, 64, 128, 512, 1024])
 precisions = st.sampled_from(["fp32", "fp16-mixed", "bf16-mixed", "bf16"])
 optimizers = st.sampled_from(["adamw", "sgd", "sgd-momentum", "adam-8bit", "adafactor", "lion"])
