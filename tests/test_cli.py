@@ -208,9 +208,9 @@ def test_readme_test_command_is_what_ci_runs():
 @pytest.mark.parametrize(
     "args, expected",
     [
-        (["--layers", "2", "--hidden", "100", "--heads", "3", "--vocab", "10"], "heads 3 does not divide hidden 100"),
-        (["--model", "gpt2", "--gpus", "8", "--tp", "8"], "tp 8 does not divide heads 12"),
-        (["--model", "llama-2-7b", "--kv-heads", "5"], "kv_heads 5 does not divide heads 32"),
+        (["--layers", "2", "--hidden", "100", "--heads", "3", "--vocab", "10"], "--heads 3 does not divide --hidden 100"),
+        (["--model", "gpt2", "--gpus", "8", "--tp", "8"], "--tp 8 does not divide --heads 12"),
+        (["--model", "llama-2-7b", "--kv-heads", "5"], "--kv-heads 5 does not divide --heads 32"),
         (["--model", "llama-2-7b", "--gpus", "128", "--tp", "8", "--pp", "3"], "tp(8) * pp(3) * cp(1) = 24 does not divide gpus(128)"),
         (["--model", "lama-2-7b"], "did you mean 'llama-2-7b'"),
         (["--model", "llama-2-7b", "--params", "7b"], "not both"),

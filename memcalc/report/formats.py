@@ -20,6 +20,7 @@ from memcalc.units import (
     format_duration,
     format_time,
     memory_label,
+    text_in_unit,
     time_unit,
     to_memory_unit,
 )
@@ -116,7 +117,7 @@ def estimate_rows(r: Estimate, unit: MemoryUnit = "gib") -> list[list[Any]]:
 
     g, node = r.memory.per_gpu, r.memory.per_node
     for row in g.rows:
-        mem("per_gpu", row.key, row.label, row.location, row.category, row.bytes, row.detail)
+        mem("per_gpu", row.key, row.label, row.location, row.category, row.bytes, text_in_unit(row.detail, unit))
     mem("per_gpu", "total", "total per GPU", "gpu", "total", g.total, "sum of the per_gpu rows")
     for row in node.rows:
         mem("per_node", row.key, row.label, row.location, row.category, row.bytes, row.detail)
@@ -266,7 +267,8 @@ def _estimate_markdown(r: Estimate, u: MemoryUnit) -> str:
     name = r.model.name or "model"
     head = (f"**{name} ({r.model.parameters:,} parameters) · {r.strategy.label} · {inp.cluster.gpus} x {inp.gpu.name} · "
             f"{inp.precision.name} · {inp.optimizer.name} · accounting: {r.accounting}**\n")  # fmt: skip
-    memory = [[row.label, _mem(row.bytes, u), row.location, row.detail] for row in g.rows]
+    head += "".join(f"\n- assumed: {a}" for a in r.assumed) + ("\n" if r.assumed else "")
+    memory = [[row.label, _mem(row.bytes, u), row.location, text_in_unit(row.detail, u)] for row in g.rows]
     memory.append(["**total**", f"**{_mem(g.total, u)}**", "gpu", "sum of the rows"])
     fit = r.memory.fit
     verdict = (f"{'Fits' if fit.fits else 'Does not fit'}: {_mem(g.total, u)} {label} of {_mem(fit.usable_bytes, u)} "
@@ -291,7 +293,7 @@ def _estimate_markdown(r: Estimate, u: MemoryUnit) -> str:
     if r.time is not None:
         parts.append(_time_markdown(r.time))
     if r.notes:
-        parts.append("".join(f"- note: {n}\n" for n in r.notes))
+        parts.append("".join(f"- note: {text_in_unit(n, u)}\n" for n in r.notes))
     return "\n".join(parts)
 
 
@@ -377,7 +379,7 @@ def _comparison_markdown(cmp: Comparison, u: MemoryUnit) -> str:
     lines = [x for x in (auto_line(cmp), accounting_line(cmp)) if x]
     return (head + markdown_table(header, rows, [i for i in range(1, len(header)) if header[i] != "fits"])
             + f"\n**{ranking_text(cmp)}**\n"
-            + ("\n" + "".join(f"- note: {line}\n" for line in lines) if lines else ""))
+            + ("\n" + "".join(f"- note: {text_in_unit(line, u)}\n" for line in lines) if lines else ""))
 
 
 def _time_columns(cmp: Comparison) -> list[tuple[str, Any]]:

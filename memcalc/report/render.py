@@ -18,6 +18,7 @@ from memcalc.units import (
     format_rate,
     format_time,
     memory_label,
+    text_in_unit,
     time_unit,
     to_memory_unit,
 )
@@ -56,7 +57,7 @@ def memory_table(r: Estimate, unit: MemoryUnit = "gib") -> Table:
     t.add_column(label, justify="right")
     t.add_column("formula · source", style="dim")
     for row in r.memory.per_gpu.rows:
-        t.add_row(row.label, _mem(row.bytes, unit), row.detail)
+        t.add_row(row.label, _mem(row.bytes, unit), text_in_unit(row.detail, unit))
     t.add_section()
     t.add_row(Text("total", style="bold"), Text(_mem(r.memory.per_gpu.total, unit), style="bold"), "sum of the rows")
     return t
@@ -215,14 +216,16 @@ def throughput_line(r: Estimate) -> Text | None:
 
 def estimate_parts(r: Estimate, unit: MemoryUnit = "gib") -> list[Text | Fitted]:
     """The lines and tables of an estimate, in order."""
-    parts: list[Text | Fitted] = [_headline(r, unit), training_line(r), Fitted(memory_table(r, unit)), verdict(r, unit)]
+    parts: list[Text | Fitted] = [_headline(r, unit), training_line(r)]
+    parts += [Text(f"assumed: {a}", style="bold yellow") for a in r.assumed]  # values a file left open: said first
+    parts += [Fitted(memory_table(r, unit)), verdict(r, unit)]
     for extra in (stage_table(r, unit), activation_table(r, unit), host_table(r, unit)):
         if extra is not None:
             parts.append(Fitted(extra))
     parts += [Fitted(communication_table(r, unit), keys=2), links_line(r)]
     time = time_table(r)
     parts += [x for x in (Fitted(time) if time is not None else None, throughput_line(r)) if x is not None]
-    parts += [Text(f"note: {n}", style="dim") for n in r.notes]
+    parts += [Text(f"note: {text_in_unit(n, unit)}", style="dim") for n in r.notes]
     return parts
 
 
@@ -294,7 +297,7 @@ def renderables(obj: Estimate | Comparison, unit: MemoryUnit = "gib") -> list[Te
 
         lines = [x for x in (auto_line(obj), accounting_line(obj)) if x]  # type: ignore[arg-type]
         return ([Fitted(comparison_table(obj, unit), breaks=("host RAM/node", step_header(obj))), ranking_line(obj)]  # type: ignore[arg-type]
-                + [Text("note: " + line, style="dim") for line in lines])
+                + [Text("note: " + text_in_unit(line, unit), style="dim") for line in lines])
     if kind == "Estimate":
         return estimate_parts(obj, unit)  # type: ignore[arg-type]
     raise TypeError(f"cannot render {type(obj).__name__}")
