@@ -140,3 +140,12 @@ def test_the_step_time_table_has_one_unit():
     table = table[:table.index("sum of the parts")]
     assert "Step time on dgx-a100 (seconds)" in table and " ms " not in table
     assert re.search(r"communication: data-parallel\s+│\s+0\.009 │", table)
+
+
+def test_a_preset_files_error_names_its_key(tmp_path):
+    path = tmp_path / "m.toml"
+    path.write_text('name = "m"\nlayers = 0\nhidden = 512\nheads = 8\nvocab = 1000\n')
+    res = run("estimate", "--model", str(path))
+    assert res.exit_code == 2
+    assert res.stderr.strip() == (f"memcalc: error: model preset {str(path)!r}: layers 0 is out of bounds; accepted: "
+                                  "more than 0 and at most 10,000")  # fmt: skip
