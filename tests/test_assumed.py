@@ -72,7 +72,8 @@ def test_json_and_markdown_carry_the_assumed_values_csv_on_stderr():
     d = json.loads(run(*args, "--json").stdout)
     assert d["assumed"][0].endswith("give --micro-batch") and len(d["assumed"]) == 3
     md = run(*args, "--format", "markdown").stdout.splitlines()
-    assert md[2] == "- assumed: micro-batch 8, from train_micro_batch_size_per_gpu 'auto': the Trainer's default; give --micro-batch"
+    assert md[2].startswith("layout: dp 8 · seq 2048 x micro-batch 8 x 1 micro-batches · sdpa attention · ")
+    assert md[4] == "- assumed: micro-batch 8, from train_micro_batch_size_per_gpu 'auto': the Trainer's default; give --micro-batch"
     csv = run(*args, "--format", "csv")
     assert csv.exit_code == 0 and "assumed" not in csv.stdout.splitlines()[0]
     # CSV rows are figures, with no header lines: the assumptions are said on stderr with the file's notes
@@ -117,6 +118,10 @@ def test_flash_attention_is_reported_as_flash():
     d = json.loads(res.stdout)
     assert d["accounting"] == "realistic"
     assert any("(bf16-mixed, flash (SDPA's flash kernel) attention, none recompute" in n for n in d["notes"])
+    table = run("estimate", "--model", "llama-2-7b", "--stage", "3", "--gpus", "8", "--seq-len", "2048",
+                "--micro-batch", "1", "--attention", "flash").stdout.splitlines()  # fmt: skip
+    assert table[1] == ("layout: dp 8 · seq 2048 x micro-batch 1 x 1 micro-batches · flash attention · global batch 8 = "
+                        "16,384 tokens per step")  # fmt: skip
     assert not any("sdpa attention" in n for n in d["notes"])
 
 

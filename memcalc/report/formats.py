@@ -267,6 +267,7 @@ def _estimate_markdown(r: Estimate, u: MemoryUnit) -> str:
     name = r.model.name or "model"
     head = (f"**{name} ({r.model.parameters:,} parameters) · {r.strategy.label} · {inp.cluster.gpus} x {inp.gpu.name} · "
             f"{inp.precision.name} · {inp.optimizer.name} · accounting: {r.accounting}**\n")  # fmt: skip
+    head += f"\n{layout_text(r)}\n"
     head += "".join(f"\n- assumed: {a}" for a in r.assumed) + ("\n" if r.assumed else "")
     memory = [[row.label, _mem(row.bytes, u), row.location, text_in_unit(row.detail, u)] for row in g.rows]
     memory.append(["**total**", f"**{_mem(g.total, u)}**", "gpu", "sum of the rows"])
@@ -295,6 +296,27 @@ def _estimate_markdown(r: Estimate, u: MemoryUnit) -> str:
     if r.notes:
         parts.append("".join(f"- note: {text_in_unit(n, u)}\n" for n in r.notes))
     return "\n".join(parts)
+
+
+def layout_text(r: Estimate) -> str:
+    """The layout line: parallel degrees, then the batch and the attention that counted the activations."""
+    t = r.training
+    parts = [f"dp {t.dp}"] + [f"{k} {v}" for k, v in (("tp", t.tp), ("pp", t.pp), ("cp", t.cp), ("ep", t.ep)) if v > 1]
+    if t.sequence_parallel:
+        parts.append("sequence parallel")
+    if t.virtual_stages > 1:
+        parts.append(f"{t.virtual_stages} virtual stages")
+    if t.seq_len is not None:
+        auto = (" (auto: none fits)" if t.micro_batch_none_fits else " (largest that fits)" if t.micro_batch_auto
+                else "")  # fmt: skip
+        parts.append(f"seq {t.seq_len} x micro-batch {t.micro_batch}{auto} x {t.micro_batches} micro-batches")
+        work = r.input.workload
+        if work is not None and work.attention is not None:
+            parts.append(f"{work.attention} attention")
+        parts.append(f"global batch {t.global_batch} = {t.tokens_per_step:,} tokens per step")
+    elif t.micro_batches > 1:
+        parts.append(f"{t.micro_batches} micro-batches per step")
+    return "layout: " + " · ".join(parts)
 
 
 def _time_markdown(st: StepTimeInfo) -> str:

@@ -83,20 +83,9 @@ def verdict(r: Estimate, unit: MemoryUnit = "gib") -> Text:
 
 
 def training_line(r: Estimate) -> Text:
-    t = r.training
-    parts = [f"dp {t.dp}"] + [f"{k} {v}" for k, v in (("tp", t.tp), ("pp", t.pp), ("cp", t.cp), ("ep", t.ep)) if v > 1]
-    if t.sequence_parallel:
-        parts.append("sequence parallel")
-    if t.virtual_stages > 1:
-        parts.append(f"{t.virtual_stages} virtual stages")
-    if t.seq_len is not None:
-        auto = (" (auto: none fits)" if t.micro_batch_none_fits else " (largest that fits)" if t.micro_batch_auto
-                else "")
-        parts.append(f"seq {t.seq_len} x micro-batch {t.micro_batch}{auto} x {t.micro_batches} micro-batches")
-        parts.append(f"global batch {t.global_batch} = {t.tokens_per_step:,} tokens per step")
-    elif t.micro_batches > 1:
-        parts.append(f"{t.micro_batches} micro-batches per step")
-    return Text("layout: " + " · ".join(parts), style="dim")
+    from memcalc.report.formats import layout_text
+
+    return Text(layout_text(r), style="dim")
 
 
 def stage_table(r: Estimate, unit: MemoryUnit = "gib") -> Table | None:
