@@ -1,7 +1,9 @@
 """Results as CSV and as GitHub Markdown: pure functions that return strings (standard library only).
 
 CSV keeps every size as an integer number of bytes, with the same size in GiB (or GB) beside it, so a
-spreadsheet reads exact figures; Markdown shows sizes in one labelled unit, as the terminal tables do.
+spreadsheet reads exact figures, and every duration in seconds; Markdown shows sizes in one labelled unit and a
+step's parts in one unit (seconds, or milliseconds for a step under one), as the terminal tables do. Both carry
+what the tables carry: the step time, throughput, MFU, time to train and cost, and compare's rankings.
     >>> print(to_markdown(memcalc.compare(params=7e9, gpus=8)))
 """
 
