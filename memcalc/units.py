@@ -51,6 +51,40 @@ def format_rate(bytes_per_s: float, digits: int = 1) -> str:
 
 
 # Suffixes people write after a parameter count: 350M, 7b, 1.3B, 1T, 125k.
+_GIB_FIGURE = re.compile(r"(?<![\w.])(-?\d[\d,]*(?:\.(\d+))?) GiB\b")
+
+
+def text_in_unit(text: str, unit: MemoryUnit) -> str:
+    """A note or formula with its GiB figures in ``unit``, to the same decimals (``--units gb`` reaches the words
+    too); flags such as ``--reserve-gib`` are names, not figures, and stay."""
+    if unit == "gib":
+        return text
+
+    def convert(m: re.Match[str]) -> str:
+        digits = len(m[2] or "")
+        return f"{float(m[1].replace(',', '')) * GiB / GB:,.{digits}f} GB"
+
+    return _GIB_FIGURE.sub(convert, text)
+
+
+def time_unit(longest_s: float) -> str:
+    """One unit for a column of durations: seconds, or milliseconds where the longest is under a second."""
+    return "s" if longest_s >= 1 else "ms"
+
+
+def format_time(seconds: float, unit: str) -> str:
+    """A duration in ``unit`` (``time_unit``'s), without the label: the column's header carries it."""
+    return f"{seconds:,.3f}" if unit == "s" else f"{seconds * 1e3:,.2f}"
+
+
+def format_duration(seconds: float) -> str:
+    """A long duration in the largest unit it spans: days, hours, minutes or seconds, labelled."""
+    for div, name in ((86400, "days"), (3600, "hours"), (60, "minutes")):
+        if seconds >= div:
+            return f"{seconds / div:,.1f} {name}"
+    return f"{seconds:.1f} s"
+
+
 _COUNT_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 _COUNT_RE = re.compile(r"^\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?)\s*([kmbgt]?)\s*$", re.IGNORECASE)
 

@@ -208,9 +208,9 @@ def test_readme_test_command_is_what_ci_runs():
 @pytest.mark.parametrize(
     "args, expected",
     [
-        (["--layers", "2", "--hidden", "100", "--heads", "3", "--vocab", "10"], "heads 3 does not divide hidden 100"),
-        (["--model", "gpt2", "--gpus", "8", "--tp", "8"], "tp 8 does not divide heads 12"),
-        (["--model", "llama-2-7b", "--kv-heads", "5"], "kv_heads 5 does not divide heads 32"),
+        (["--layers", "2", "--hidden", "100", "--heads", "3", "--vocab", "10"], "--heads 3 does not divide --hidden 100"),
+        (["--model", "gpt2", "--gpus", "8", "--tp", "8"], "--tp 8 does not divide --heads 12"),
+        (["--model", "llama-2-7b", "--kv-heads", "5"], "--kv-heads 5 does not divide --heads 32"),
         (["--model", "llama-2-7b", "--gpus", "128", "--tp", "8", "--pp", "3"], "tp(8) * pp(3) * cp(1) = 24 does not divide gpus(128)"),
         (["--model", "lama-2-7b"], "did you mean 'llama-2-7b'"),
         (["--model", "llama-2-7b", "--params", "7b"], "not both"),
@@ -265,3 +265,17 @@ def test_trace_refuses_a_bad_config_value_in_one_line(tmp_path) -> None:
     path.write_text(json.dumps(cfg | {"num_attention_heads": 0}))
     res = CliRunner().invoke(app, ["trace", "--hf-config", str(path), "--seq-len", "16"])
     assert res.exit_code == 2 and "num_attention_heads 0 is out of range" in res.stderr, res.output
+
+
+def test_readme_names_every_test_file_that_skips_without_deepspeed_torchtitan_or_bitsandbytes():
+    root = README.parent
+    marks = ('importorskip("deepspeed")', "skipif(not suite.deepspeed_available()", 'skip("torchtitan is not installed")',
+             'importorskip("bitsandbytes')  # fmt: skip
+    files = sorted(p.relative_to(root).as_posix() for p in (root / "tests").rglob("test_*.py")
+                   if any(m in p.read_text() for m in marks) and p.name != "test_cli.py")  # fmt: skip
+    text = README.read_text()
+    assert files == ["tests/test_compile.py", "tests/test_configs.py", "tests/test_deepspeed_estimator.py",
+                     "tests/test_lora.py", "tests/test_torchtitan_code.py", "tests/validation/test_deepspeed_timeline.py",
+                     "tests/validation/test_frameworks.py"]  # fmt: skip
+    assert all(f"`{f}" in text for f in files), [f for f in files if f"`{f}" not in text]
+    assert 'addopts = "-ra --durations=15"' in (root / "pyproject.toml").read_text()

@@ -39,7 +39,8 @@ def test_estimate_csv_rows_equal_the_estimates_integers(offloaded):
         (m.key, m.label, m.location, m.category, m.bytes) for m in g.rows]
     assert gpu[-1]["key"] == "total" and int(gpu[-1]["bytes"]) == g.total == sum(m.bytes for m in g.rows)
     for r in rows:
-        assert float(r["GiB"]) == pytest.approx(int(r["bytes"]) / GiB, abs=1e-6)
+        if r["section"] not in ("time", "throughput"):  # those carry value and value_unit
+            assert float(r["GiB"]) == pytest.approx(int(r["bytes"]) / GiB, abs=1e-6)
     per_node = {r["key"]: int(r["bytes"]) for r in rows if r["section"] == "per_node"}
     assert per_node["cpu"] == node.cpu > 0 and per_node["nvme"] == node.nvme == 0
     assert {m.key: m.bytes for m in node.rows}.items() <= per_node.items()
@@ -104,7 +105,8 @@ def test_comparison_markdown(comparison):
     assert lines[header + 1] == "|---|" + "---:|" * 6 + "---|" + "---:|" * 4  # numbers right, "fits" left
     assert lines[header + 2].startswith("| DDP | 14.00 | 14.00 | 84.00 | 0.00 | 0.54 | 112.54 | no |")
     assert lines[header + 4].startswith("| ZeRO-3 | 1.75 | 1.75 | 10.50 | 0.00 | 0.54 | 14.54 | yes |")
-    assert len(lines) == header + 6
+    assert lines[header + 6:] == ["", "**least memory: FSDP FULL_SHARD + offload cpu · no step times: give the model's "
+                                  "shape and --seq-len to rank by time**"]  # fmt: skip
 
 
 def test_catalogue_rows():
@@ -121,3 +123,76 @@ def test_other_objects_and_units_are_refused(bad, offloaded):
         to_csv(bad)
     with pytest.raises(InputError, match="unit 'mib' is not accepted; accepted: gib, gb"):
         to_markdown(offloaded, unit="mib")
+
+
+@pytest.fixture(scope="module")
+def timed():
+    """Timed strategies with a price: step time, throughput, time to train and cost in every format."""
+    return memcalc.compare(model="llama-2-7b", gpus=8, seq_len=2048, micro_batch=1, strategies=["ddp", "zero-2", "zero-3"],
+                           tokens=1e9, price_per_gpu_hour=2.0)  # fmt: skip
+
+
+def test_estimate_csv_carries_the_step_time(timed):
+    e = timed.estimates[2]
+    st, b = e.time, e.time.breakdown
+    rows = _parse(to_csv(e))
+    parts = {r["key"]: float(r["value"]) for r in rows if r["section"] == "time"}
+    assert {r["value_unit"] for r in rows if r["section"] == "time"} == {"s"}
+    assert parts == {"compute": b.compute_s, "memory_bound": b.memory_bound_s, "optimizer": b.optimizer_s,
+                     "communication:data-parallel": b.communication_s["data-parallel"], "step": st.step_s}
+    assert sum(v for k, v in parts.items() if k != "step") == pytest.approx(st.step_s, rel=1e-12)
+    got = {r["key"]: (float(r["value"]), r["value_unit"]) for r in rows if r["section"] == "throughput"}
+    assert got["tokens_per_s_per_gpu"] == (st.tokens_per_s_per_gpu, "tokens/s")
+    assert got["mfu"] == (st.mfu, "fraction") and 0.4 < st.mfu < 0.6
+    assert got["time_to_train"] == (st.time_to_train_s, "s") == (1e9 / st.tokens_per_s, "s")
+    assert got["cost"] == (st.cost, "the price's currency") == (pytest.approx(2.0 * 8 * st.time_to_train_s / 3600), got["cost"][1])
+    memory = [r for r in rows if r["section"] == "per_gpu"]
+    assert all(r["value"] == "" for r in memory)  # memory rows keep bytes and GiB
+
+
+def test_estimate_csv_without_a_step_time_has_no_time_rows(offloaded):
+    assert offloaded.time is not None  # llama-2-7b with --seq-len is timed; drop the time to check
+    rows = _parse(to_csv(offloaded.model_copy(update={"time": None})))
+    assert not [r for r in rows if r["section"] in ("time", "throughput")]
+
+
+def test_comparison_csv_carries_time_and_rankings(timed):
+    rows = _parse(to_csv(timed))
+    for r, e in zip(rows, timed.estimates):
+        assert float(r["step_s"]) == e.time.step_s and float(r["mfu"]) == e.time.mfu
+        assert float(r["tokens_per_s_per_gpu"]) == e.time.tokens_per_s_per_gpu
+        assert float(r["time_to_train_s"]) == e.time.time_to_train_s and float(r["cost"]) == e.time.cost
+    assert [r["strategy"] for r in rows] == ["ddp", "zero-2", "zero-3"]
+    assert [r["rank_by_time"] for r in rows] == ["3", "2", "1"] and [r["rank_by_memory"] for r in rows] == ["3", "2", "1"]
+    assert [r["fastest_that_fits"] for r in rows] == ["False", "False", "True"] and timed.fastest_that_fits == "ZeRO-3"
+
+
+def test_comparison_csv_without_times_has_no_time_columns(comparison):
+    header = to_csv(comparison).splitlines()[0].split(",")
+    assert "rank_by_memory" in header and not {"step_s", "mfu", "rank_by_time", "fastest_that_fits"} & set(header)
+
+
+def test_estimate_markdown_has_the_step_time_table(timed):
+    e = timed.estimates[2]
+    md = to_markdown(e)
+    assert "Step time on dgx-a100 (milliseconds)\n\n| part | ms | what |\n|---|---:|---|\n" in md
+    assert f"| compute | {e.time.breakdown.compute_s * 1e3:,.2f} | matmuls" in md
+    assert f"| **step** | **{e.time.step_s * 1e3:,.2f}** | sum of the parts |" in md
+    assert f"({e.time.tokens_per_s_per_gpu:,.0f} per GPU)" in md and f"MFU {100 * e.time.mfu:.1f}%" in md
+    assert f"time to train {e.time.time_to_train_s / 3600:,.1f} hours · cost {e.time.cost:,.0f}" in md
+
+
+def test_comparison_markdown_has_time_columns_and_the_ranking(timed):
+    lines = to_markdown(timed).splitlines()
+    header = next(line for line in lines if line.startswith("| strategy"))
+    assert header.endswith("| step ms | tokens/s/GPU | MFU % | time to train | cost |")
+    z3 = timed.estimates[2].time
+    row = next(line for line in lines if line.startswith("| ZeRO-3 |"))
+    assert row.endswith(f"| {z3.step_s * 1e3:,.2f} | {z3.tokens_per_s_per_gpu:,.0f} | {100 * z3.mfu:.1f} | "
+                        f"{z3.time_to_train_s / 3600:,.1f} hours | {z3.cost:,.0f} |")  # fmt: skip
+    assert "**least memory: ZeRO-3 · fastest that fits: ZeRO-3**" in lines
+
+
+def test_comparison_markdown_without_times_says_how_to_rank(comparison):
+    md = to_markdown(comparison)
+    assert md.splitlines()[2].endswith("| network/step GiB |") and "no step times: give the model's shape and --seq-len" in md

@@ -44,8 +44,9 @@ def _gib(n_bytes: int) -> str:
     return f"{n_bytes / 2**30:,.2f}"
 
 
-def _s(seconds: float) -> str:
-    return f"{seconds:.3f}" if seconds >= 0.01 else f"{seconds * 1e3:.3f}"
+def _s(seconds: float, longest: float) -> str:
+    """A step time in its column's one unit: seconds, or milliseconds where the longest step is under a second."""
+    return f"{seconds:,.3f}" if longest >= 1 else f"{seconds * 1e3:,.2f}"
 
 
 def _estimate_figures(r) -> list[str]:
@@ -58,12 +59,13 @@ def _estimate_figures(r) -> list[str]:
     out += [_gib(com.inter_node_sent_bytes_per_gpu)] if com.inter_node_sent_bytes_per_gpu else []
     out += [_gib(h.bytes) for h in com.host_transfers for _ in range(2)]
     if r.time is not None:
-        out.append(_s(r.time.step_s))
+        out.append(_s(r.time.step_s, r.time.step_s))
     return out
 
 
 def _comparison_figures(cmp) -> list[str]:
     out = []
+    longest = max((r.time.step_s for r in cmp.estimates if r.time is not None), default=1.0)
     for r in cmp.estimates:
         g, c = r.memory.per_gpu, r.communication
         other = g.total - g.parameters - g.gradients - g.optimizer_states - g.activations
@@ -73,7 +75,7 @@ def _comparison_figures(cmp) -> list[str]:
                                   c.inter_node_sent_bytes_per_gpu)]  # fmt: skip
         out += r.strategy.label.split()
         if r.time is not None:
-            out += [_s(r.time.step_s), f"{r.time.tokens_per_s_per_gpu:,.0f}"]
+            out += [_s(r.time.step_s, longest), f"{r.time.tokens_per_s_per_gpu:,.0f}"]
     return out
 
 

@@ -41,3 +41,24 @@ def test_units_are_labelled_and_exact():
     assert math.isclose(to_memory_unit(120 * 10**9, "gib"), 111.758708953857, rel_tol=1e-12)
     assert format_count(175_000_000_000) == "175.0B"
     assert ceil_div(7, 2) == 4 and ceil_div(8, 2) == 4
+
+
+def test_durations_take_one_unit_per_column():
+    from memcalc.units import format_duration, format_time, time_unit
+
+    assert time_unit(7.426) == "s" and time_unit(1.0) == "s" and time_unit(0.587) == "ms"
+    assert format_time(0.009231, "s") == "0.009" and format_time(0.009231, "ms") == "9.23"
+    assert format_time(1234.5, "s") == "1,234.500"
+    assert format_duration(36_000) == "10.0 hours" and format_duration(59) == "59.0 s"
+    assert format_duration(3 * 86400) == "3.0 days"
+
+
+def test_text_in_gb_converts_every_gib_figure_and_leaves_flags():
+    from memcalc.units import text_in_unit
+
+    text = "margin -75.82 GiB; at-risk under 9.31 GiB, 1,024 GiB, 0.3 GiB (--reserve-gib, --cuda-context-gib 0.5)"
+    assert text_in_unit(text, "gib") == text
+    # 75.82 GiB = 81.41 GB (x 2**30 / 10**9 = 1.073741824); 1,024 GiB = 1,100 GB to no decimals; 0.3 GiB = 0.3 GB
+    assert text_in_unit(text, "gb") == ("margin -81.41 GB; at-risk under 10.00 GB, 1,100 GB, 0.3 GB "
+                                        "(--reserve-gib, --cuda-context-gib 0.5)")  # fmt: skip
+    assert text_in_unit("4 MiB x 16 channels, v1.5 GiBs", "gb") == "4 MiB x 16 channels, v1.5 GiBs"

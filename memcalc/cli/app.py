@@ -40,10 +40,18 @@ def one_line(exc: BaseException) -> str:
     return re.sub(r",? or (None|a Cluster)$", "", _as_flag(" ".join(str(exc).split())))
 
 
+SHAPE_WORDS = r"(?<![\w.-])(heads|kv_heads|hidden|layers|ffn|vocab|tp|pp|cp|ep) (?=\d)"
+"""The core's messages name a shape or layout field by its argument before its value (``heads 3 does not divide
+hidden 100``); on the command line each is a flag, where the message starts with one."""
+
+
 def _as_flag(text: str) -> str:
-    """``Model.field`` (or ``architecture.field``: the shape flags) at the start of a message, where ``field`` is an
+    """The shape and layout fields before their values as flags (``SHAPE_WORDS``); ``Model.field`` (or
+    ``architecture.field``: the shape flags) at the start of a message, where ``field`` is an
     argument of ``memcalc.build_input``, as ``--field`` (``memcalc.record.check_fields`` names the input model's
     field)."""
+    if re.match(SHAPE_WORDS, text):  # the core's own message (a file's starts with the file, and names its keys)
+        text = re.sub(SHAPE_WORDS, lambda w: "--" + w[1].replace("_", "-") + " ", text)
     m = re.match(r"([A-Z][A-Za-z]+|architecture)\.([a-z][a-z0-9_]*) ", text)
     if m is None:
         return text

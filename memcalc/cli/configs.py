@@ -24,12 +24,14 @@ def typed(ctx: Any) -> set[str]:
 
 def with_config(ctx: Any, kwargs: dict[str, Any], deepspeed: str | None, accelerate: str | None,
                 torchtitan: str | None, *, quiet: bool = False, origin: dict[str, tuple[str, Any]] | None = None,
-                said: list[str] | None = None) -> dict[str, Any]:
+                said: list[str] | None = None, assumed: list[str] | None = None) -> dict[str, Any]:
     """``kwargs`` (the command's arguments for ``memcalc.estimate``) with a config file's arguments beneath them.
 
     origin: filled with the arguments the file gave (name -> (the file, the value)), for ``blame``. said: gets the
     reading's stderr lines (what is not modelled, the notes, the ignored keys) instead of stderr, for the caller to
-    print once the estimate succeeded (a failing one prints its one error line alone)."""
+    print once the estimate succeeded (a failing one prints its one error line alone). assumed: gets the values the
+    file leaves to the training script and that change the answer, with the flag that gives yours, for the output's
+    header (without it, they are said with the rest)."""
     files = [(flag, f) for flag, f in (("--deepspeed", deepspeed), ("--accelerate-config", accelerate),
                                        ("--torchtitan-config", torchtitan)) if f is not None]
     if not files:
@@ -67,6 +69,12 @@ def with_config(ctx: Any, kwargs: dict[str, Any], deepspeed: str | None, acceler
     if not quiet:
         lines = [f"memcalc: {reading.source}: {what}: {as_flags(item)}\n"
                  for what, items in (("not modelled", reading.unmodelled), ("note", reading.notes)) for item in items]
+        # an assumption ends with the argument that gives yours: a flag typed for it settles it
+        told = [a for a in reading.assumed if (m := re.search(r"pass ([a-z_]+)=$", a)) is None or m[1] not in given]
+        if assumed is not None:
+            assumed += [as_flags(item) for item in told]
+        else:
+            lines += [f"memcalc: {reading.source}: assumed: {as_flags(item)}\n" for item in told]
         if reading.ignored:
             lines.append(f"memcalc: {reading.source}: {len(reading.ignored)} keys do not change memory and are "
                          f"ignored: {', '.join(_key(x) for x in reading.ignored)}\n")
@@ -90,7 +98,8 @@ def _key(entry: str) -> str:
 
 # The readers' notes name memcalc.estimate's arguments ("pass micro_batch="); on the command line they are flags
 # (``memcalc.inputs.arguments.flag``; the readers' world_size is the command's --gpus).
-NAMED = ("world_size", "micro_batch", "seq_len", "recompute", "hidden", "model", "hf_config", "tp", "pp")
+NAMED = ("world_size", "micro_batch", "grad_accum", "seq_len", "recompute", "hidden", "model", "hf_config", "tp", "pp",
+         "precision", "accounting")
 
 
 def as_flags(text: str) -> str:
@@ -98,9 +107,12 @@ def as_flags(text: str) -> str:
     from memcalc.inputs.arguments import flag
 
     def to_flag(m: re.Match[str]) -> str:
-        return m[0] if m[1] not in NAMED else "--gpus" if m[1] == "world_size" else flag(m[1])
+        if m[1] not in NAMED:
+            return m[0]
+        name = "--gpus" if m[1] == "world_size" else flag(m[1])
+        return f"{name} {m[2]}" if m[2] else name
 
-    return re.sub(r"\b([a-z_]+)=(?=[\s),;]|$)", to_flag, text).replace("pass --", "give --")
+    return re.sub(r"\b([a-z_]+)=([\w.-]*)(?=[\s),;]|$)", to_flag, text).replace("pass --", "give --")
 
 
 def blame(error: InputError, arguments: dict[str, Any], origin: dict[str, tuple[str, Any]]) -> InputError:

@@ -225,14 +225,19 @@ def estimate(
         )  # fmt: skip
         origin: dict[str, tuple[str, Any]] = {}
         said: list[str] = []
+        assumed: list[str] = []
         arguments = with_config(ctx, kwargs, deepspeed, accelerate_config, torchtitan_config, origin=origin,
-                                said=said)  # fmt: skip
+                                said=said, assumed=assumed)  # fmt: skip
         try:
             result = run(**arguments)
         except InputError as e:
             raise blame(e, arguments, origin) from None
+        out = output_format(fmt, json)
+        if assumed:  # shown in the output's header, where the answer is read (CSV has none: said with the notes)
+            result = result.model_copy(update={"assumed": assumed})
+            said += [f"memcalc: assumed: {a}\n" for a in assumed] if out == "csv" else []
         sys.stderr.writelines(said)  # the file's notes, once the estimate stands (an error prints its line alone)
-        show(result, output_format(fmt, json), u)
+        show(result, out, u)
         if check and result.memory.fit.verdict != "fits":
             raise typer.Exit(EXIT_DOES_NOT_FIT)
 

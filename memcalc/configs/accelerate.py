@@ -133,7 +133,8 @@ def read_accelerate(
         if micro_batch is not None:
             c.arguments["micro_batch"] = micro_batch
         else:
-            c.note("the micro-batch is the script's dataloader batch size: pass micro_batch= (memcalc's default is 1)")
+            c.assume("micro-batch 1, memcalc's default: the script's dataloader batch size is not in the file; "
+                     "pass micro_batch=")  # fmt: skip
     if kind == "DEEPSPEED":
         launch_dir = Path(cwd) if cwd is not None else Path.cwd()
         ds = as_mapping(c, "deepspeed_config", data.get("deepspeed_config") or {})
@@ -208,7 +209,8 @@ def _precision(c: Collector, data: Mapping[str, Any], kind: str) -> str | None:
         c.used("fp16")
         return "fp16"
     if not (kind == "DEEPSPEED" and "deepspeed_config_file" in (data.get("deepspeed_config") or {})):
-        c.note("mixed_precision is not set: fp32, unless accelerate launch --mixed_precision says otherwise")
+        c.assume("precision fp32, from mixed_precision not set: accelerate's default unless accelerate launch "
+                 "--mixed_precision says otherwise; pass precision=")  # fmt: skip
     return None
 
 
@@ -275,6 +277,7 @@ def _deepspeed(c: Collector, ds: Mapping[str, Any], world: int | None, precision
                 c.used(f"deepspeed_config.{key}")
         c.arguments.update(inner.arguments)
         c.notes += [n for n in inner.notes if "micro" in n or "ZeRO" in n or "nvme" in n]
+        c.assumed += [a for a in inner.assumed if "micro" in a]
     for key in ds:
         if key in ("zero3_init_flag", "zero3_save_16bit_model", "gradient_clipping", "offload_optimizer_nvme_path",
                    "offload_param_nvme_path") or key.startswith("deepspeed_") and key != "deepspeed_config_file":  # fmt: skip

@@ -221,7 +221,8 @@ def _precision(c: Collector, data: Mapping[str, Any], fp16: bool | None, bf16: b
     onbf = _enabled(c, data, bf_key, K.BF16_KEYS, bf16) if bf_key else bool(bf16)
     autos = [f"{s}.enabled" for s in ("fp16", bf_key) if s and isinstance(data.get(s), dict) and data[s].get("enabled") == AUTO]
     if autos and fp16 is None and bf16 is None:
-        c.note(f"{' and '.join(autos)} 'auto' taken as false, as the Trainer does without --fp16/--bf16 (pass fp16=/bf16=)")
+        c.assume(f"precision fp32, from {' and '.join(autos)} 'auto': the Trainer's default without its fp16/bf16 "
+                 "arguments; pass precision=")  # fmt: skip
     if ("fp16" not in data and fp16) or (bf_key is None and bf16):
         c.note("no fp16/bf16 section: taken from fp16=/bf16= as accelerate does (it adds the section, "
                "utils/dataclasses.py); under the Trainer DeepSpeed would then train in fp32")  # fmt: skip
@@ -406,7 +407,7 @@ def _zero_knobs(c: Collector, values: dict[str, Any], spelled: dict[str, str], s
         c.arguments["accounting"] = accounting
     else:
         c.note("ZeRO-3 coordinator settings read; memcalc uses them with accounting 'realistic', 'implementation' "
-               "or 'auto' (--accounting, or accounting= to read_deepspeed); the paper's accounting has no "
+               "or 'auto' (pass accounting=); the paper's accounting has no "
                "coordinator")  # fmt: skip
 
 

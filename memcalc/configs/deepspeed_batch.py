@@ -41,7 +41,10 @@ def resolve_batch(c: Collector, data: Mapping[str, Any], world: int | None, micr
                                       ("gradient_accumulation_steps", accum, HF_DEFAULT_GRAD_ACCUM, "grad_accum")):  # fmt: skip
         value = mbs if key == "train_micro_batch_size_per_gpu" else gas
         if value == AUTO:
-            if given is None:
+            if given is None and (what == "grad_accum" or seq_len is not None):  # the micro-batch counts with seq_len
+                name = "micro-batch" if what == "micro_batch" else "gradient accumulation"
+                c.assume(f"{name} {default}, from {key} 'auto': the Trainer's default; pass {what}=")
+            elif given is None:
                 c.note(f"{key} 'auto' taken as the Trainer's default {default} (pass {what}= for yours)")
             value = default if given is None else given
         elif value is None and given is not None:

@@ -43,6 +43,10 @@ class ConfigReading:
     """``key: what`` for memory-relevant settings memcalc does not model yet."""
     notes: list[str] = field(default_factory=list)
     """How defaults, ``"auto"`` values and derived numbers were resolved."""
+    assumed: list[str] = field(default_factory=list)
+    """Values the file leaves to the training script, taken as its default, that change the answer: each says the
+    value, why it was taken and the argument that gives yours (``micro-batch 8, from 'auto': ...; pass
+    micro_batch=``)."""
 
 
 class Collector:
@@ -55,6 +59,7 @@ class Collector:
         self._ignored: list[str] = []
         self._unmodelled: list[str] = []
         self.notes: list[str] = []
+        self.assumed: list[str] = []
 
     def fail(self, path: str, message: str) -> InputError:
         where = f"{self.source}: {path}" if path else self.source
@@ -73,6 +78,10 @@ class Collector:
     def note(self, text: str) -> None:
         self.notes.append(text)
 
+    def assume(self, text: str) -> None:
+        """A value taken for one the file leaves to the script, that changes the answer (``ConfigReading.assumed``)."""
+        self.assumed.append(text)
+
     def mentioned(self) -> set[str]:
         """Every key path already read, ignored or listed as unmodelled."""
         return set(self._read) | {e.split(": ", 1)[0] for e in self._ignored + self._unmodelled}
@@ -83,12 +92,14 @@ class Collector:
         self._ignored += [f"{prefix}{p}" for p in other.ignored]
         self._unmodelled += [f"{prefix}{p}" for p in other.unmodelled]
         self.notes += [f"{prefix}{n}" for n in other.notes]
+        self.assumed += other.assumed
         self.arguments.update(other.arguments)
 
     def freeze(self) -> ConfigReading:
         return ConfigReading(source=self.source, framework=self.framework, arguments=dict(self.arguments),
                              read=list(self._read), ignored=list(self._ignored),
-                             unmodelled=list(self._unmodelled), notes=list(self.notes))  # fmt: skip
+                             unmodelled=list(self._unmodelled), notes=list(self.notes),
+                             assumed=list(self.assumed))  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from functools import cache
 from pathlib import Path
 from stat import S_ISREG
@@ -229,8 +230,9 @@ def _from_file(path: Path, cls: type[T], kind: str, key_field: str) -> T:
                          f"{', '.join(f.name for f in dataclasses.fields(cls))}")  # type: ignore[arg-type]
     try:
         return cls(**data)
-    except InputError as e:
-        raise InputError(f"{KINDS[kind]} preset {str(path)!r}: {e}") from None
+    except InputError as e:  # the file's keys are the fields' names: name the key, not the record's field
+        key = re.sub(r"^(?:architecture|[A-Z][A-Za-z]+)\.(?=[a-z][a-z0-9_]* )", "", str(e))
+        raise InputError(f"{KINDS[kind]} preset {str(path)!r}: {key}") from None
 
 
 def _load(kind: str, name: str, cls: type[T], key_field: str, flag: str) -> T:

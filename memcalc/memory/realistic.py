@@ -310,6 +310,11 @@ def _moe_note(plan: Plan) -> str:
     return out
 
 
+def _attention_shown(asked: str) -> str:
+    """The attention as asked: flash runs SDPA's flash kernel, which the accounting follows as SDPA."""
+    return "flash (SDPA's flash kernel)" if asked == "flash" else ATTENTION[asked]
+
+
 def notes(plan: Plan) -> list[str]:
     """What the realistic accounting shows and assumes."""
     from memcalc.memory.allocator import GAP_FRACTION, GAP_HIGH
@@ -319,7 +324,7 @@ def notes(plan: Plan) -> list[str]:
     assert arch is not None and w is not None
     code = "torchtitan's Llama 3" if _code(plan) == "torchtitan" else f"Hugging Face's {arch.family}"
     out = [f"accounting: realistic: the peak of one training step over its timeline as {code} "
-           f"code runs it ({plan.precision.name}, {ATTENTION[w.attention]} attention, {w.recompute} "
+           f"code runs it ({plan.precision.name}, {_attention_shown(w.attention)} attention, {w.recompute} "
            f"recompute, {w.loss} loss, "
            f"{'DeepSpeedCPUAdam on the host' if plan.offload_optimizer != 'none' else 'AdamW ' + w.optimizer_impl}); the rows are what is alive at that moment",
            "peak_allocated is what torch.cuda.max_memory_allocated reports; peak_reserved adds the caching allocator's "

@@ -1,7 +1,9 @@
 """Results as CSV and as GitHub Markdown: pure functions that return strings (standard library only).
 
 CSV keeps every size as an integer number of bytes, with the same size in GiB (or GB) beside it, so a
-spreadsheet reads exact figures; Markdown shows sizes in one labelled unit, as the terminal tables do.
+spreadsheet reads exact figures, and every duration in seconds; Markdown shows sizes in one labelled unit and a
+step's parts in one unit (seconds, or milliseconds for a step under one), as the terminal tables do. Both carry
+what the tables carry: the step time, throughput, MFU, time to train and cost, and compare's rankings.
     >>> print(to_markdown(memcalc.compare(params=7e9, gpus=8)))
 """
 
@@ -13,14 +15,77 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from memcalc.errors import InputError
-from memcalc.report.results import Comparison, Estimate
-from memcalc.units import MEMORY_UNITS, MemoryUnit, memory_label, to_memory_unit
+from memcalc.report.results import Comparison, Estimate, StepTimeInfo
+from memcalc.units import (
+    MEMORY_UNITS,
+    MemoryUnit,
+    format_duration,
+    format_time,
+    memory_label,
+    text_in_unit,
+    time_unit,
+    to_memory_unit,
+)
 
 Rows = Sequence[Mapping[str, Any]]
 
 ESTIMATE_COLUMNS = ("section", "key", "label", "location", "category", "bytes", "{unit}", "payload_bytes",
-                    "calls_per_step", "group", "group_size", "dtype", "detail")  # fmt: skip
-"""One row per memory row (per GPU, then per node), then per collective and host transfer."""
+                    "calls_per_step", "group", "group_size", "dtype", "detail", "value", "value_unit")  # fmt: skip
+"""One row per memory row (per GPU, then per node), then per collective and host transfer, then (with a step
+time) per part of the step and per throughput figure: those carry ``value`` in ``value_unit`` (s, tokens/s, ...)."""
+
+
+# ---- Step time: shared by every format (the terminal's tables as well) ----
+
+
+def time_parts(st: StepTimeInfo) -> list[tuple[str, str, float, str]]:
+    """The parts of a step that take time (compute always): (key, label, seconds, what), in the table's order."""
+    b = st.breakdown
+    rows = [("compute", "compute", b.compute_s, "matmuls and attention at the GPU's achievable rate for their shapes"),
+            ("memory_bound", "memory-bound ops", b.memory_bound_s,
+             "norms, activations, element-wise: bytes over HBM bandwidth"),
+            ("recompute", "recompute", b.recompute_s, "the forward work recomputation repeats")]  # fmt: skip
+    rows += [(f"communication:{g}", f"communication: {g}", s, "exposed: not hidden behind compute")
+             for g, s in b.communication_s.items()]  # fmt: skip
+    rows += [("bubble", "pipeline bubble", b.bubble_s, "(p-1) micro-batches' worth, / chunks when interleaved"),
+             ("optimizer", "optimizer step", b.optimizer_s, "AdamW on the GPU, or CPU Adam when offloaded"),
+             ("offload", "offload copies", b.offload_s, "exposed PCIe / NVMe transfers")]  # fmt: skip
+    return [row for row in rows if row[2] or row[0] == "compute"]
+
+
+def throughput_text(st: StepTimeInfo) -> str:
+    """What a step buys, in one line: tokens per second, model TFLOP/s, MFU and HFU, time to train and cost."""
+    line = (f"{st.tokens_per_s:,.0f} tokens/s ({st.tokens_per_s_per_gpu:,.0f} per GPU) · "
+            f"{st.model_tflops_per_gpu:,.0f} model TFLOP/s per GPU of {st.peak_tflops_per_gpu:,.0f} peak · "
+            f"MFU {100 * st.mfu:.1f}% · HFU {100 * st.hfu:.1f}%")  # fmt: skip
+    if st.time_to_train_s is not None:
+        line += f" · time to train {format_duration(st.time_to_train_s)}"
+    if st.cost is not None:
+        line += f" · cost {st.cost:,.0f} (the price's currency)"
+    return line
+
+
+def ranking_text(cmp: Comparison) -> str:
+    """Which strategy needs the least memory, and which is fastest among those that fit."""
+    parts = [f"least memory: {cmp.smallest}"]
+    if cmp.by_time:
+        parts.append(f"fastest that fits: {cmp.fastest_that_fits}" if cmp.fastest_that_fits
+                     else "none that fits has a step time")  # fmt: skip
+    else:
+        parts.append("no step times: give the model's shape and --seq-len to rank by time")
+    return " · ".join(parts)
+
+
+def throughput_figures(st: StepTimeInfo) -> list[tuple[str, str, float | None, str]]:
+    """(key, label, value, unit) of what a step buys; time to train and cost are None unless given."""
+    return [("tokens_per_s", "tokens per second", st.tokens_per_s, "tokens/s"),
+            ("tokens_per_s_per_gpu", "tokens per second per GPU", st.tokens_per_s_per_gpu, "tokens/s"),
+            ("model_tflops_per_gpu", "model TFLOP/s per GPU", st.model_tflops_per_gpu, "TFLOP/s"),
+            ("peak_tflops_per_gpu", "peak TFLOP/s per GPU", st.peak_tflops_per_gpu, "TFLOP/s"),
+            ("mfu", "model FLOPs utilisation", st.mfu, "fraction"),
+            ("hfu", "hardware FLOPs utilisation", st.hfu, "fraction"),
+            ("time_to_train", "time to train", st.time_to_train_s, "s"),
+            ("cost", "cost", st.cost, "the price's currency")]  # fmt: skip
 
 
 def _unit(unit: str) -> MemoryUnit:
@@ -54,7 +119,7 @@ def estimate_rows(r: Estimate, unit: MemoryUnit = "gib") -> list[list[Any]]:
 
     g, node = r.memory.per_gpu, r.memory.per_node
     for row in g.rows:
-        mem("per_gpu", row.key, row.label, row.location, row.category, row.bytes, row.detail)
+        mem("per_gpu", row.key, row.label, row.location, row.category, row.bytes, text_in_unit(row.detail, unit))
     mem("per_gpu", "total", "total per GPU", "gpu", "total", g.total, "sum of the per_gpu rows")
     for row in node.rows:
         mem("per_node", row.key, row.label, row.location, row.category, row.bytes, row.detail)
@@ -70,6 +135,15 @@ def estimate_rows(r: Estimate, unit: MemoryUnit = "gib") -> list[list[Any]]:
     for h in com.host_transfers:
         rows.append(["host_transfer", h.op, f"{h.op} of {h.tensor}", h.link, h.phase, h.bytes, _in_unit(h.bytes, unit),
                      "", h.calls_per_step, "", "", "", "bytes per GPU per step"])  # fmt: skip
+    rows = [row + ["", ""] for row in rows]
+    st = r.time
+    if st is not None:
+        blank = [""] * 7  # bytes .. dtype
+        for key, label, seconds, what in time_parts(st):
+            rows.append(["time", key, label, "", "part", *blank, what, seconds, "s"])
+        rows.append(["time", "step", "step", "", "total", *blank, f"sum of the parts, on {st.cluster}", st.step_s, "s"])
+        rows += [["throughput", key, label, "", "", *blank, "", value, u]
+                 for key, label, value, u in throughput_figures(st) if value is not None]  # fmt: skip
     return rows
 
 
@@ -91,9 +165,32 @@ def comparison_figures(r: Estimate) -> dict[str, Any]:
     return out | sizes
 
 
+def ranked_figures(cmp: Comparison, r: Estimate) -> dict[str, Any]:
+    """A compared row's step time and what it buys (None where it has none), and its place in the rankings
+    (1 = least memory, 1 = fastest; None: no step time)."""
+    timed = any(e.time is not None for e in cmp.estimates)
+    st = r.time
+    out: dict[str, Any] = {"rank_by_memory": _rank(cmp.by_memory, r)}
+    if timed:
+        out |= {"step_s": st and st.step_s, "tokens_per_s_per_gpu": st and st.tokens_per_s_per_gpu,
+                "mfu": st and st.mfu}  # fmt: skip
+        if any(e.time is not None and e.time.time_to_train_s is not None for e in cmp.estimates):
+            out["time_to_train_s"] = st and st.time_to_train_s
+        if any(e.time is not None and e.time.cost is not None for e in cmp.estimates):
+            out["cost"] = st and st.cost
+        out |= {"rank_by_time": _rank(cmp.by_time, r),
+                "fastest_that_fits": cmp.fastest_that_fits is not None and cmp.fastest_that_fits == r.strategy.label}
+    return out
+
+
+def _rank(labels: Sequence[str], r: Estimate) -> int | None:
+    return labels.index(r.strategy.label) + 1 if r.strategy.label in labels else None
+
+
 def comparison_rows(cmp: Comparison, unit: MemoryUnit = "gib") -> tuple[list[str], list[list[Any]]]:
-    """Header and rows of ``to_csv(comparison)``: every ``_bytes`` figure is followed by the same in ``unit``."""
-    figures = [comparison_figures(r) for r in cmp.estimates]
+    """Header and rows of ``to_csv(comparison)``: every ``_bytes`` figure is followed by the same in ``unit``; then
+    the step time, tokens/s/GPU and MFU (and time to train and cost where given) and the rankings."""
+    figures = [comparison_figures(r) | ranked_figures(cmp, r) for r in cmp.estimates]
     label = memory_label(unit).lower()
     header: list[str] = []
     for name in figures[0] if figures else ():
@@ -104,7 +201,7 @@ def comparison_rows(cmp: Comparison, unit: MemoryUnit = "gib") -> tuple[list[str
     for f in figures:
         row: list[Any] = []
         for name, value in f.items():
-            row.append(value)
+            row.append(_cell(value))
             if name.endswith("_bytes") or "_bytes_" in name:
                 row.append(_in_unit(value, unit))
         rows.append(row)
@@ -172,7 +269,9 @@ def _estimate_markdown(r: Estimate, u: MemoryUnit) -> str:
     name = r.model.name or "model"
     head = (f"**{name} ({r.model.parameters:,} parameters) · {r.strategy.label} · {inp.cluster.gpus} x {inp.gpu.name} · "
             f"{inp.precision.name} · {inp.optimizer.name} · accounting: {r.accounting}**\n")  # fmt: skip
-    memory = [[row.label, _mem(row.bytes, u), row.location, row.detail] for row in g.rows]
+    head += f"\n{layout_text(r)}\n"
+    head += "".join(f"\n- assumed: {a}" for a in r.assumed) + ("\n" if r.assumed else "")
+    memory = [[row.label, _mem(row.bytes, u), row.location, text_in_unit(row.detail, u)] for row in g.rows]
     memory.append(["**total**", f"**{_mem(g.total, u)}**", "gpu", "sum of the rows"])
     fit = r.memory.fit
     verdict = (f"{'Fits' if fit.fits else 'Does not fit'}: {_mem(g.total, u)} {label} of {_mem(fit.usable_bytes, u)} "
@@ -194,9 +293,42 @@ def _estimate_markdown(r: Estimate, u: MemoryUnit) -> str:
     header = ["phase", "operation", "tensor", "group (size)", "link", "dtype", "calls",
               f"payload {label}", f"sent {label}"]  # fmt: skip
     parts += ["Communication per optimizer step, per GPU\n", markdown_table(header, rows, [6, 7, 8])]
+    if r.time is not None:
+        parts.append(_time_markdown(r.time))
     if r.notes:
-        parts.append("".join(f"- note: {n}\n" for n in r.notes))
+        parts.append("".join(f"- note: {text_in_unit(n, u)}\n" for n in r.notes))
     return "\n".join(parts)
+
+
+def layout_text(r: Estimate) -> str:
+    """The layout line: parallel degrees, then the batch and the attention that counted the activations."""
+    t = r.training
+    parts = [f"dp {t.dp}"] + [f"{k} {v}" for k, v in (("tp", t.tp), ("pp", t.pp), ("cp", t.cp), ("ep", t.ep)) if v > 1]
+    if t.sequence_parallel:
+        parts.append("sequence parallel")
+    if t.virtual_stages > 1:
+        parts.append(f"{t.virtual_stages} virtual stages")
+    if t.seq_len is not None:
+        auto = (" (auto: none fits)" if t.micro_batch_none_fits else " (largest that fits)" if t.micro_batch_auto
+                else "")  # fmt: skip
+        parts.append(f"seq {t.seq_len} x micro-batch {t.micro_batch}{auto} x {t.micro_batches} micro-batches")
+        work = r.input.workload
+        if work is not None and work.attention is not None:
+            parts.append(f"{work.attention} attention")
+        parts.append(f"global batch {t.global_batch} = {t.tokens_per_step:,} tokens per step")
+    elif t.micro_batches > 1:
+        parts.append(f"{t.micro_batches} micro-batches per step")
+    return "layout: " + " · ".join(parts)
+
+
+def _time_markdown(st: StepTimeInfo) -> str:
+    """The step time table (one unit: the step's) and what the step buys."""
+    unit = time_unit(st.step_s)
+    rows = [[label, format_time(seconds, unit), what] for _, label, seconds, what in time_parts(st)]
+    rows.append(["**step**", f"**{format_time(st.step_s, unit)}**", "sum of the parts"])
+    name = "seconds" if unit == "s" else "milliseconds"
+    return (f"Step time on {st.cluster} ({name})\n\n" + markdown_table(["part", unit, "what"], rows, [1])
+            + f"\n**{throughput_text(st)}**\n")
 
 
 def row_label(rows: Sequence[Estimate], r: Estimate) -> str:
@@ -247,17 +379,22 @@ def accounting_line(cmp: Comparison) -> str | None:
 def _comparison_markdown(cmp: Comparison, u: MemoryUnit) -> str:
     label = memory_label(u)
     auto = auto_rows(cmp.estimates)
+    sizes = ("parameters_bytes", "gradients_bytes", "optimizer_states_bytes", "activations_bytes", "other_bytes",
+             "total_bytes")  # fmt: skip
     header = ["strategy", *(["micro-batch"] if auto else []), f"params {label}", f"grads {label}",
               f"optimizer {label}", f"activations {label}", f"other {label}", f"total {label}", "fits",
               f"host RAM/node {label}", f"NVMe/node {label}", f"sent/step {label}", f"network/step {label}"]  # fmt: skip
+    timed = _time_columns(cmp)
+    header += [name for name, _ in timed]
     rows = []
     for r in cmp.estimates:
         f = comparison_figures(r)
         fits = "yes" if f["fits"] else "risk" if r.memory.fit.verdict == "at-risk" else "no"
-        rows.append([row_label(cmp.estimates, r), *([micro_batch_cell(r)] if auto else [])] + [_mem(f[k], u) for k in ("parameters_bytes", "gradients_bytes",
-                    "optimizer_states_bytes", "activations_bytes", "other_bytes", "total_bytes")]
-                    + [fits] + [_mem(f[k], u) for k in ("host_ram_per_node_bytes",
-                    "nvme_per_node_bytes", "sent_bytes_per_gpu", "inter_node_sent_bytes_per_gpu")])  # fmt: skip
+        rows.append([row_label(cmp.estimates, r), *([micro_batch_cell(r)] if auto else [])]
+                    + [_mem(f[k], u) for k in sizes] + [fits]
+                    + [_mem(f[k], u) for k in ("host_ram_per_node_bytes", "nvme_per_node_bytes", "sent_bytes_per_gpu",
+                                               "inter_node_sent_bytes_per_gpu")]
+                    + [cell(r) for _, cell in timed])  # fmt: skip
     head = ""
     if cmp.estimates:
         first = cmp.estimates[0]
@@ -265,7 +402,29 @@ def _comparison_markdown(cmp: Comparison, u: MemoryUnit) -> str:
                 f"{first.input.gpu.name}, per GPU unless marked per node; sent per optimizer step**\n\n")  # fmt: skip
     lines = [x for x in (auto_line(cmp), accounting_line(cmp)) if x]
     return (head + markdown_table(header, rows, [i for i in range(1, len(header)) if header[i] != "fits"])
-            + ("\n" + "".join(f"- note: {line}\n" for line in lines) if lines else ""))
+            + f"\n**{ranking_text(cmp)}**\n"
+            + ("\n" + "".join(f"- note: {text_in_unit(line, u)}\n" for line in lines) if lines else ""))
+
+
+def _time_columns(cmp: Comparison) -> list[tuple[str, Any]]:
+    """A comparison's time columns (none without a step time): (header, the cell of an estimate); the step in one
+    unit, the longest step's."""
+    timed = [e.time for e in cmp.estimates if e.time is not None]
+    if not timed:
+        return []
+    unit = time_unit(max(st.step_s for st in timed))
+
+    def of(fmt: Any) -> Any:
+        return lambda r: "-" if r.time is None or fmt(r.time) is None else fmt(r.time)
+
+    cols = [(f"step {unit}", of(lambda st: format_time(st.step_s, unit))),
+            ("tokens/s/GPU", of(lambda st: f"{st.tokens_per_s_per_gpu:,.0f}")),
+            ("MFU %", of(lambda st: f"{100 * st.mfu:.1f}"))]  # fmt: skip
+    if any(st.time_to_train_s is not None for st in timed):
+        cols.append(("time to train", of(lambda st: st.time_to_train_s and format_duration(st.time_to_train_s))))
+    if any(st.cost is not None for st in timed):
+        cols.append(("cost", of(lambda st: st.cost and f"{st.cost:,.0f}")))
+    return cols
 
 
 def to_markdown(obj: Estimate | Comparison | Rows, unit: str = "gib") -> str:

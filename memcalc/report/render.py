@@ -12,7 +12,16 @@ from rich.text import Text
 
 from memcalc.report.fitted import Fitted
 from memcalc.report.plain import text_lines
-from memcalc.units import MemoryUnit, format_memory, format_rate, memory_label, to_memory_unit
+from memcalc.units import (
+    MemoryUnit,
+    format_memory,
+    format_rate,
+    format_time,
+    memory_label,
+    text_in_unit,
+    time_unit,
+    to_memory_unit,
+)
 
 if TYPE_CHECKING:  # results import this module to display themselves; at run time it only reads their fields
     from rich.console import Group, RenderableType
@@ -48,7 +57,7 @@ def memory_table(r: Estimate, unit: MemoryUnit = "gib") -> Table:
     t.add_column(label, justify="right")
     t.add_column("formula · source", style="dim")
     for row in r.memory.per_gpu.rows:
-        t.add_row(row.label, _mem(row.bytes, unit), row.detail)
+        t.add_row(row.label, _mem(row.bytes, unit), text_in_unit(row.detail, unit))
     t.add_section()
     t.add_row(Text("total", style="bold"), Text(_mem(r.memory.per_gpu.total, unit), style="bold"), "sum of the rows")
     return t
@@ -74,20 +83,9 @@ def verdict(r: Estimate, unit: MemoryUnit = "gib") -> Text:
 
 
 def training_line(r: Estimate) -> Text:
-    t = r.training
-    parts = [f"dp {t.dp}"] + [f"{k} {v}" for k, v in (("tp", t.tp), ("pp", t.pp), ("cp", t.cp), ("ep", t.ep)) if v > 1]
-    if t.sequence_parallel:
-        parts.append("sequence parallel")
-    if t.virtual_stages > 1:
-        parts.append(f"{t.virtual_stages} virtual stages")
-    if t.seq_len is not None:
-        auto = (" (auto: none fits)" if t.micro_batch_none_fits else " (largest that fits)" if t.micro_batch_auto
-                else "")
-        parts.append(f"seq {t.seq_len} x micro-batch {t.micro_batch}{auto} x {t.micro_batches} micro-batches")
-        parts.append(f"global batch {t.global_batch} = {t.tokens_per_step:,} tokens per step")
-    elif t.micro_batches > 1:
-        parts.append(f"{t.micro_batches} micro-batches per step")
-    return Text("layout: " + " · ".join(parts), style="dim")
+    from memcalc.report.formats import layout_text
+
+    return Text(layout_text(r), style="dim")
 
 
 def stage_table(r: Estimate, unit: MemoryUnit = "gib") -> Table | None:
@@ -180,66 +178,43 @@ def links_line(r: Estimate) -> Text:
     )
 
 
-def _s(seconds: float) -> str:
-    return f"{seconds:.3f}" if seconds >= 0.01 else f"{seconds * 1e3:.3f} ms"
-
-
-def _duration(seconds: float) -> str:
-    for div, name in ((86400, "days"), (3600, "hours"), (60, "minutes")):
-        if seconds >= div:
-            return f"{seconds / div:,.1f} {name}"
-    return f"{seconds:.1f} s"
-
-
 def time_table(r: Estimate) -> Table | None:
-    """Where a step's seconds go, and what the step buys."""
+    """Where a step's seconds go, and what the step buys; one unit for the column (the step's)."""
+    from memcalc.report.formats import time_parts
+
     st = r.time
     if st is None:
         return None
-    b = st.breakdown
-    t = Table(title=f"Step time on {st.cluster} (seconds)", title_justify="left")
+    unit = time_unit(st.step_s)
+    t = Table(title=f"Step time on {st.cluster} ({'seconds' if unit == 's' else 'milliseconds'})", title_justify="left")
     t.add_column("part")
-    t.add_column("s", justify="right")
+    t.add_column(unit, justify="right")
     t.add_column("what", style="dim")
-    rows = [("compute", b.compute_s, "matmuls and attention at the GPU's achievable rate for their shapes"),
-            ("memory-bound ops", b.memory_bound_s, "norms, activations, element-wise: bytes over HBM bandwidth"),
-            ("recompute", b.recompute_s, "the forward work recomputation repeats")]
-    rows += [(f"communication: {g}", s, "exposed: not hidden behind compute") for g, s in b.communication_s.items()]
-    rows += [("pipeline bubble", b.bubble_s, "(p-1) micro-batches' worth, / chunks when interleaved"),
-             ("optimizer step", b.optimizer_s, "AdamW on the GPU, or CPU Adam when offloaded"),
-             ("offload copies", b.offload_s, "exposed PCIe / NVMe transfers")]
-    for name, s, what in rows:
-        if s or name == "compute":
-            t.add_row(name, _s(s), what)
+    for _, name, s, what in time_parts(st):
+        t.add_row(name, format_time(s, unit), what)
     t.add_section()
-    t.add_row(Text("step", style="bold"), Text(_s(st.step_s), style="bold"), "sum of the parts")
+    t.add_row(Text("step", style="bold"), Text(format_time(st.step_s, unit), style="bold"), "sum of the parts")
     return t
 
 
 def throughput_line(r: Estimate) -> Text | None:
-    st = r.time
-    if st is None:
-        return None
-    line = (f"{st.tokens_per_s:,.0f} tokens/s ({st.tokens_per_s_per_gpu:,.0f} per GPU) · "
-            f"{st.model_tflops_per_gpu:,.0f} model TFLOP/s per GPU of {st.peak_tflops_per_gpu:,.0f} peak · "
-            f"MFU {100 * st.mfu:.1f}% · HFU {100 * st.hfu:.1f}%")
-    if st.time_to_train_s is not None:
-        line += f" · time to train {_duration(st.time_to_train_s)}"
-    if st.cost is not None:
-        line += f" · cost {st.cost:,.0f} (the price's currency)"
-    return Text(line, style="bold")
+    from memcalc.report.formats import throughput_text
+
+    return None if r.time is None else Text(throughput_text(r.time), style="bold")
 
 
 def estimate_parts(r: Estimate, unit: MemoryUnit = "gib") -> list[Text | Fitted]:
     """The lines and tables of an estimate, in order."""
-    parts: list[Text | Fitted] = [_headline(r, unit), training_line(r), Fitted(memory_table(r, unit)), verdict(r, unit)]
+    parts: list[Text | Fitted] = [_headline(r, unit), training_line(r)]
+    parts += [Text(f"assumed: {a}", style="bold yellow") for a in r.assumed]  # values a file left open: said first
+    parts += [Fitted(memory_table(r, unit)), verdict(r, unit)]
     for extra in (stage_table(r, unit), activation_table(r, unit), host_table(r, unit)):
         if extra is not None:
             parts.append(Fitted(extra))
     parts += [Fitted(communication_table(r, unit), keys=2), links_line(r)]
     time = time_table(r)
     parts += [x for x in (Fitted(time) if time is not None else None, throughput_line(r)) if x is not None]
-    parts += [Text(f"note: {n}", style="dim") for n in r.notes]
+    parts += [Text(f"note: {text_in_unit(n, unit)}", style="dim") for n in r.notes]
     return parts
 
 
@@ -247,6 +222,15 @@ def render_estimate(r: Estimate, unit: MemoryUnit = "gib") -> Group:
     from rich.console import Group
 
     return Group(*estimate_parts(r, unit))
+
+
+def step_unit(cmp: Comparison) -> str:
+    """The one unit of a comparison's step column: seconds, or milliseconds where every step is under one."""
+    return time_unit(max((r.time.step_s for r in cmp.estimates if r.time is not None), default=1.0))
+
+
+def step_header(cmp: Comparison) -> str:
+    return f"step {step_unit(cmp)}"
 
 
 def comparison_table(cmp: Comparison, unit: MemoryUnit = "gib") -> Table:
@@ -267,11 +251,11 @@ def comparison_table(cmp: Comparison, unit: MemoryUnit = "gib") -> Table:
     auto = auto_rows(cmp.estimates)
     names = ["strategy", *(["micro-batch"] if auto else []), "params", "grads", "optimizer",
              *(["activations"] if counted else []), "other", "total",
-             "fits", "host RAM/node", "NVMe/node", "sent/step", "network"] + (["step s", "tokens/s/GPU"] if timed else [])
+             "fits", "host RAM/node", "NVMe/node", "sent/step", "network"] + ([step_header(cmp), "tokens/s/GPU"] if timed else [])
     for name in names:
         t.add_column(name, justify="left" if name == "strategy" else "right", no_wrap=name == "strategy")
     for r in cmp.estimates:
-        times = ([_s(r.time.step_s), f"{r.time.tokens_per_s_per_gpu:,.0f}"] if r.time is not None else ["-", "-"]
+        times = ([format_time(r.time.step_s, step_unit(cmp)), f"{r.time.tokens_per_s_per_gpu:,.0f}"] if r.time is not None else ["-", "-"]
                  ) if timed else []
         g = r.memory.per_gpu
         other = g.total - g.parameters - g.gradients - g.optimizer_states - g.activations
@@ -289,13 +273,9 @@ def comparison_table(cmp: Comparison, unit: MemoryUnit = "gib") -> Table:
 
 def ranking_line(cmp: Comparison) -> Text:
     """Which strategy needs the least memory, and which is fastest among those that fit."""
-    parts = [f"least memory: {cmp.smallest}"]
-    if cmp.by_time:
-        parts.append(f"fastest that fits: {cmp.fastest_that_fits}" if cmp.fastest_that_fits
-                     else "none that fits has a step time")
-    else:
-        parts.append("no step times: give the model's shape and --seq-len to rank by time")
-    return Text(" · ".join(parts), style="bold")
+    from memcalc.report.formats import ranking_text
+
+    return Text(ranking_text(cmp), style="bold")
 
 
 def renderables(obj: Estimate | Comparison, unit: MemoryUnit = "gib") -> list[Text | Fitted]:
@@ -305,8 +285,8 @@ def renderables(obj: Estimate | Comparison, unit: MemoryUnit = "gib") -> list[Te
         from memcalc.report.formats import accounting_line, auto_line
 
         lines = [x for x in (auto_line(obj), accounting_line(obj)) if x]  # type: ignore[arg-type]
-        return ([Fitted(comparison_table(obj, unit), breaks=("host RAM/node", "step s")), ranking_line(obj)]  # type: ignore[arg-type]
-                + [Text("note: " + line, style="dim") for line in lines])
+        return ([Fitted(comparison_table(obj, unit), breaks=("host RAM/node", step_header(obj))), ranking_line(obj)]  # type: ignore[arg-type]
+                + [Text("note: " + text_in_unit(line, unit), style="dim") for line in lines])
     if kind == "Estimate":
         return estimate_parts(obj, unit)  # type: ignore[arg-type]
     raise TypeError(f"cannot render {type(obj).__name__}")

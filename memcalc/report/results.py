@@ -361,6 +361,9 @@ class Estimate(_Result):
     communication: Communication
     notes: list[str] = field(default_factory=list)
     """What the numbers leave out, and assumptions worth knowing."""
+    assumed: list[str] = field(default_factory=list)
+    """Values a config file left to the training script, taken as its default, that change the answer (each with
+    how to give yours): the output's header shows them."""
     input: EstimateInput
     """Everything the estimate was computed from."""
     time: StepTimeInfo | None = None
