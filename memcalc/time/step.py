@@ -293,28 +293,34 @@ def _stage_profile(arch: Architecture, cal: Calibration, plan: Plan) -> tuple[fl
         ranks = [list(range(bounds[k], bounds[k + 1])) for k in range(p.pp)]
     best: tuple[float, float, float, float, float, float, int] | None = None
     kinds: dict[tuple[bool, int | None], LayerTime] = {}  # a layer's time depends on its kind alone: one per kind
+    terms: dict[tuple, tuple[LayerTime, float, float, float, float, float]] = {}  # and its policy: the same terms
     for stage in range(p.pp):
         n = len(ranks[stage])
         comp = mem = rec = fwd = bwd = attn = 0.0
         for i in ranks[stage]:
-            kind = (arch.is_moe_layer(i), layer_window(arch, i))
-            lt = kinds.get(kind)
-            if lt is None:
-                lt = kinds[kind] = layer_time(arch, kind[0], cal, p.dtype, p.seq, p.micro_batch, p.tp, p.cp, p.ep,
-                                              p.sp, p.attention, p.dropout, p.float8, p.elementwise, p.residual_bytes,
-                                              kind[1], p.sliding)  # fmt: skip
-            comp += 3 * lt.matmul_fwd + lt.attention_fwd + lt.attention_bwd
-            mem += 3 * lt.memory_fwd
-            again = lt.recompute(layer_policy(p.recompute, i))
+            kind = (arch.is_moe_layer(i), layer_window(arch, i), layer_policy(p.recompute, i))
+            t = terms.get(kind)
+            if t is None:
+                lt = kinds.get(kind[:2])
+                if lt is None:
+                    lt = kinds[kind[:2]] = layer_time(arch, kind[0], cal, p.dtype, p.seq, p.micro_batch, p.tp, p.cp,
+                                                      p.ep, p.sp, p.attention, p.dropout, p.float8, p.elementwise,
+                                                      p.residual_bytes, kind[1], p.sliding)  # fmt: skip
+                again = lt.recompute(kind[2])
+                t = terms[kind] = (lt, 3 * lt.matmul_fwd + lt.attention_fwd + lt.attention_bwd, 3 * lt.memory_fwd,
+                                   again, lt.backward + again, lt.attention_fwd + lt.attention_bwd)
+            lt, c1, m1, again, b1, a1 = t
+            comp += c1
+            mem += m1
             rec += again
             fwd += lt.forward
-            bwd += lt.backward + again
+            bwd += b1
             if p.frozen_base:  # no weight-gradient GEMMs for the base; the adapters' three GEMM passes instead
                 ad = _gemm_s(cal, cal.peak(p.dtype), p.seq // p.cp * p.micro_batch * p.lora_flops_per_token)
                 comp += 3 * ad - lt.matmul_fwd
                 fwd += ad
                 bwd += 2 * ad - lt.matmul_fwd
-            attn += lt.attention_fwd + lt.attention_bwd
+            attn += a1
         if stage == p.pp - 1:
             head_mm, loss = head_time(arch, cal, p.dtype, p.seq // p.cp * p.micro_batch, p.tp)
             one = head_mm / 3  # forward, input gradient, weight gradient (a frozen head skips the last)
