@@ -46,7 +46,9 @@ def _whole(name: str, x: object) -> int:
         return int(s)
     if isinstance(s, int) and not isinstance(s, bool):
         return s
-    raise InputError(f"{name} {shown(x)} is not a whole number")
+    forms = "a count (64), a list (64,128) or a range of powers of two (32..512)" if name == "--gpus" else \
+        "a whole number of 1 or more"
+    raise InputError(f"{name} {shown(x)} is not a whole number; accepted: {forms}")
 
 def _names(value: str | Sequence[str] | None, default: Sequence[str]) -> list[str]:
     if value is None:
