@@ -153,8 +153,8 @@ def test_cli_bad_time_input_is_one_line_exit_2(tmp_path):
         (("--gpu", "l40s", "--intra-node-efficiency", "1.5"), "out of bounds; accepted: more than 0 and at most 1"),
         (("--gpu", "l40s", "--network-efficiency", "-0.1"), "out of bounds; accepted: more than 0 and at most 1"),
         (("--gpu", "l40s", "--intra-node-gbps", "0"), "--intra-node-gbps 0.0 is out of bounds"),
-        (("--gpu", "t4", "--tokens", "1e9"), "t4 has no bf16 tensor cores"),
-        (("--gpu", "t4", "--float8", "tensorwise"), "needs fp8 tensor cores"),
+        (("--gpu", "t4", "--tokens", "1e9"), "computes in bf16, which NVIDIA T4 (t4) does not run"),
+        (("--gpu", "t4", "--precision", "fp16-mixed", "--float8", "tensorwise"), "needs fp8 tensor cores"),
         (("--gpu", "a10g", "--float8", "tensorwise"), "needs fp8 tensor cores"),
         (("--gpu", str(no_fp8), "--float8", "tensorwise"), "needs fp8 tensor cores"),
     ]:  # fmt: skip
@@ -168,8 +168,10 @@ def test_cli_times_any_gpu(tmp_path):
     for gpu in ("l40s", str(_user_gpu(tmp_path, "mine"))):
         r = _cli("--gpu", gpu)
         assert r.exit_code == 0 and "tokens/s" in r.stdout and "borrowed from" in r.stdout, r.output
-    r = _cli("--gpu", "v100")
-    assert r.exit_code == 0 and "no bf16 tensor cores" in r.stdout and "--precision fp16-mixed" in r.stdout
+    r = _cli("--gpu", "v100")  # bf16 on a GPU without it: refused, naming the precisions it runs
+    assert r.exit_code == 2 and "accepted on it: fp32, fp16-mixed, amp-fp16" in r.stderr
+    r = _cli("--gpu", "v100", "--precision", "fp16-mixed")
+    assert r.exit_code == 0 and "tokens/s" in r.stdout
 
 
 def test_the_catalogue_lists_the_new_presets():
