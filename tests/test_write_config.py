@@ -192,3 +192,30 @@ def test_accelerate_loads_the_written_yaml(tmp_path: Path) -> None:
         cfg = config_args.load_config_from_file(str(tmp_path / str(i) / "accelerate_config.yaml"))
         assert cfg.num_processes == CASES[case].get("gpus", 16)
         assert str(cfg.distributed_type).split(".")[-1] in ("FSDP", "DEEPSPEED", "MULTI_GPU")
+
+
+def test_no_key_is_written_that_the_framework_does_not_have(tmp_path: Path) -> None:
+    from memcalc.configs import read_accelerate, read_deepspeed, read_torchtitan
+
+    for case in ("zero3-knobs", "zero2-fp16", "fsdp1-hf", "fsdp2-cp", "ddp"):
+        folder = tmp_path / case
+        memcalc.write_config(_estimate(case), directory=folder)
+        if (folder / "ds_config.json").exists():  # DeepSpeed passes over unknown top-level keys: none may be there
+            r = read_deepspeed(folder / "ds_config.json", seq_len=4096)
+            assert not [x for x in r.ignored if "not a DeepSpeed key" in x], r.ignored
+        r = read_accelerate(folder / "accelerate_config.yaml", cwd=folder)  # refuses unknown top-level keys
+        assert not [x for x in r.ignored if "accelerate passes it to nothing" in x], r.ignored
+    for case in ("titan-3d", "titan-interleaved", "titan-hsdp-float8", "titan-ddp"):
+        memcalc.write_config(_estimate(case), directory=tmp_path / case)
+        r = read_torchtitan(tmp_path / case / "torchtitan.toml", world_size=_estimate(case).input.cluster.gpus)
+        assert "keys of torchtitan v0.2.0, v0.2.1, v0.2.2" in r.notes  # unknown keys are refused by the reader
+
+
+def test_accelerate_launch_has_every_plugin_key_written(tmp_path: Path) -> None:
+    launch = pytest.importorskip("accelerate.commands.launch")
+    dests = {a.dest for a in launch.launch_command_parser()._actions}
+    for case in ("fsdp1-hf", "fsdp2-cp", "fsdp-offload", "zero3-knobs"):
+        memcalc.write_config(_estimate(case), directory=tmp_path / case)
+        data = yaml.safe_load((tmp_path / case / "accelerate_config.yaml").read_text())
+        for section in ("fsdp_config", "deepspeed_config"):
+            assert set(data.get(section, {})) <= dests, set(data.get(section, {})) - dests
