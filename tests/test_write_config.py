@@ -219,3 +219,13 @@ def test_accelerate_launch_has_every_plugin_key_written(tmp_path: Path) -> None:
         data = yaml.safe_load((tmp_path / case / "accelerate_config.yaml").read_text())
         for section in ("fsdp_config", "deepspeed_config"):
             assert set(data.get(section, {})) <= dests, set(data.get(section, {})) - dests
+
+
+def test_training_args_are_fields_of_the_trainers_arguments() -> None:
+    transformers = pytest.importorskip("transformers")
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
+    for case in ("zero3-knobs", "fsdp1-hf", "ddp"):
+        data = json.loads(memcalc.config_text(_estimate(case))["training_args.json"])
+        assert set(data) <= fields, set(data) - fields  # HfArgumentParser refuses keys it does not have

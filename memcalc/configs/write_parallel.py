@@ -168,6 +168,9 @@ def megatron(e: Any) -> Written:
     args: list[tuple[str, Any]] = [("--tensor-model-parallel-size", par.tp), ("--pipeline-model-parallel-size", par.pp)]
     if par.virtual_stages > 1:
         layers = inp.model.architecture.layers if inp.model.architecture is not None else 0
+        if not layers or layers % (par.pp * par.virtual_stages) or inp.parallelism.stage_layers is not None:
+            raise _refuse("Megatron-LM's arguments", f"{layers or 'the'} layers over pp {par.pp} x {par.virtual_stages} "
+                                                     "chunks unevenly (written: the same layers in every chunk)")
         args.append(("--num-layers-per-virtual-pipeline-stage", layers // (par.pp * par.virtual_stages)))
     args.append(("--context-parallel-size", par.cp))
     if par.ep > 1:

@@ -211,7 +211,11 @@ def _check_round_trip(estimate: Any, written: Written) -> None:
         for name, text in written.files.items():
             (Path(tmp) / name).write_text(text, encoding="utf-8")
         for reader, name in written.read_back:
-            again = memcalc.estimate(**read_back(written, reader, Path(tmp) / name, base))
+            try:
+                again = memcalc.estimate(**read_back(written, reader, Path(tmp) / name, base))
+            except InputError as e:  # the reader's line, naming the file as written rather than the scratch copy
+                raise InputError(f"{written.framework}'s files cannot hold this estimate: read back, "
+                                 f"{str(e).replace(str(Path(tmp)) + os.sep, '')}") from None
             _same(estimate, again, written.framework, name)
 
 
