@@ -281,12 +281,16 @@ def check_command(estimate: Any, written: Written) -> str:
     return " ".join(parts)
 
 
+def _nodes(inp: Any) -> str:
+    nodes, per = -(-inp.cluster.gpus // inp.cluster.gpus_per_node), min(inp.cluster.gpus, inp.cluster.gpus_per_node)
+    return f"{nodes} node{'s' if nodes > 1 else ''} of {per} GPUs"
+
+
 def _readme(estimate: Any, w: Written) -> str:
     inp, t = estimate.input, estimate.time
     model = inp.model.name or f"{estimate.model.parameters:,} parameters"
     lines = [
-        f"Written by memcalc for {w.framework}: {model} on {inp.cluster.gpus} x {inp.gpu.name} "
-        f"({inp.cluster.gpus // inp.cluster.gpus_per_node or 1} node(s) of {inp.cluster.gpus_per_node}).",
+        f"Written by memcalc for {w.framework}: {model} on {inp.cluster.gpus} x {inp.gpu.name} ({_nodes(inp)}).",
         "",
         "What memcalc assumed:",
         f"  strategy {estimate.strategy.label}; dp {estimate.training.dp}, tp {inp.parallelism.tp}, "
