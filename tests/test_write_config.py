@@ -41,6 +41,15 @@ CASES = {
     "titan-ddp": dict(ddp=True, framework="torchtitan", recompute="full", precision="amp-bf16"),
     "megatron-vp": dict(model="llama-3-70b", gpus=64, stage=1, tp=4, pp=4, virtual_stages=2, framework="megatron",
                         recompute="selective", sequence_parallel=True, grad_accum=16),
+    "hsdp-fsdp2-cp": dict(fsdp="HYBRID_SHARD", fsdp_version=2, framework="hf", precision="amp-bf16", cp=2),
+    "lora-fsdp": dict(fsdp="FULL_SHARD", lora_rank=16, lora_targets="q,v"),
+    "qlora-zero3": dict(stage=3, lora_rank=16, quantize="nf4"),
+    "titan-bf16": dict(fsdp="FULL_SHARD", fsdp_version=2, precision="bf16", framework="torchtitan"),
+    "titan-pp-zero2": dict(fsdp="SHARD_GRAD_OP", fsdp_version=2, framework="torchtitan", pp=2, grad_accum=4),
+    "titan-rowwise": dict(fsdp="FULL_SHARD", fsdp_version=2, framework="torchtitan", float8="rowwise", compile=True,
+                          compile_loss=False),
+    "megatron-fp8": dict(stage=1, tp=2, framework="megatron", float8="tensorwise", sequence_parallel=True),
+    "megatron-fp16": dict(stage=1, framework="megatron", precision="fp16-mixed", recompute="full"),
     "megatron-cp": dict(model="llama-3-70b", gpus=64, ddp=True, tp=8, pp=2, cp=2, framework="megatron",
                         recompute="full", sequence_parallel=True, grad_accum=4),
 }
@@ -126,6 +135,7 @@ def test_the_framework_can_be_chosen_and_other_names_are_refused() -> None:
     ("megatron-vp", "torchtitan", "torchtitan cannot run this estimate: the strategy zero-1"),
     ("zero2-fp16", "accelerate", "accelerate's FSDP or DDP cannot run this estimate: the strategy zero-2"),
     ("fsdp-recompute", "deepspeed", "DeepSpeed cannot run this estimate: the strategy SHARD_GRAD_OP"),
+    ("lora-fsdp", "torchtitan", "torchtitan cannot run this estimate: LoRA adapters"),
 ])  # fmt: skip
 def test_what_a_framework_cannot_express_is_one_line_and_nothing_is_written(case: str, framework: str, message: str,
                                                                             tmp_path: Path) -> None:  # fmt: skip

@@ -32,6 +32,23 @@ def _common(e: Any) -> tuple[Any, Any, Any, int, int, int]:
     return inp, inp.parallelism, inp.workload, e.training.dp, inp.workload.micro_batch, inp.grad_accum
 
 
+def script_flags(inp: Any, framework: str) -> dict[str, Any]:
+    """The training script's own settings memcalc counted that no config key holds: LoRA adapters (peft, under the
+    Trainer), refused where the framework's files would have to say them."""
+    lora = inp.lora
+    if lora is None:
+        return {}
+    if framework in ("torchtitan", "Megatron-LM"):
+        raise _refuse(framework, f"LoRA adapters ({framework}'s config has no adapters)",
+                      "write it for accelerate or deepspeed")
+    out: dict[str, Any] = {"lora_rank": lora.rank}
+    if lora.targets is not None:
+        out["lora_targets"] = ",".join(lora.targets)
+    if lora.quantize != "none":
+        out["quantize"] = lora.quantize
+    return out
+
+
 def _no_model_parallel(name: str, par: Any, allowed: tuple[str, ...] = ()) -> None:
     what = {"pp": "pipeline", "tp": "tensor", "cp": "context", "ep": "expert"}
     for dim in ("pp", "tp", "cp", "ep"):
@@ -121,7 +138,7 @@ def deepspeed(e: Any) -> Written:
                   "deepspeed_config": ds_section, "machine_rank": 0, "mixed_precision": mixed,
                   "num_machines": _nodes(inp), "num_processes": inp.cluster.gpus, "rdzv_backend": "static",
                   "same_network": True, "use_cpu": False})  # fmt: skip
-    flags: dict[str, Any] = {"seq_len": w.seq_len, "framework": "deepspeed"}
+    flags: dict[str, Any] = {"seq_len": w.seq_len, "framework": "deepspeed", **script_flags(inp, "DeepSpeed")}
     if recompute:
         flags["recompute"] = "full"
     if inp.parallelism.framework is None:
@@ -193,14 +210,12 @@ def accelerate(e: Any) -> Written:
                                     "together)", "write it for deepspeed")  # fmt: skip
     recompute = _recompute_full_or_none("accelerate", w)
     top: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE", "debug": False}
-    flags: dict[str, Any] = {"micro_batch": mb, "grad_accum": ga, "seq_len": w.seq_len}
+    flags: dict[str, Any] = {"micro_batch": mb, "grad_accum": ga, "seq_len": w.seq_len, **script_flags(inp, "accelerate")}
     if s.name in FSDP:
         top["distributed_type"] = "FSDP"
         top["fsdp_config"] = _fsdp_config(s, opts, recompute, par.framework)
-        if par.tp > 1 or par.cp > 1:  # accelerate's ParallelismConfig (FSDP2): FSDP shards over dp_shard x cp
-            top["parallelism_config"] = {"parallelism_config_dp_replicate_size": 1,
-                                         "parallelism_config_dp_shard_size": dp, "parallelism_config_tp_size": par.tp,
-                                         "parallelism_config_cp_size": par.cp}  # fmt: skip
+        if fsdp2:
+            top.update(_parallelism_config(e, s, dp))
     elif s.name in ("ddp", "zero-0"):
         top["distributed_type"] = "MULTI_GPU"
         if recompute:
@@ -229,11 +244,26 @@ def accelerate(e: Any) -> Written:
     )  # fmt: skip
 
 
+def _parallelism_config(e: Any, s: Any, dp: int) -> dict[str, Any]:
+    """accelerate's ParallelismConfig (FSDP2; parallelism_config.py): the FSDP mesh spans dp_shard x cp, hybrid
+    sharding replicates over dp_replicate. Left out where it would say what FSDP2 does without it."""
+    par = e.input.parallelism
+    replicate, shard = 1, dp
+    if s.name in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):
+        group = s.shard_group or e.input.cluster.gpus_per_node
+        if group % par.cp or dp % (group // par.cp) or group // par.cp == dp:
+            raise _refuse("accelerate", f"a shard group of {group} over dp {dp} x cp {par.cp} (FSDP2's mesh: "
+                                        "dp_replicate x dp_shard x cp)")  # fmt: skip
+        shard = group // par.cp
+        replicate = dp // shard
+    if replicate == 1 and par.tp == 1 and par.cp == 1:
+        return {}
+    sizes = {"dp_replicate_size": replicate, "dp_shard_size": shard, "tp_size": par.tp, "cp_size": par.cp}
+    return {"parallelism_config": {f"parallelism_config_{k}": v for k, v in sizes.items()}}
+
+
 def _fsdp_config(s: Any, opts: Any, recompute: bool, framework: str | None) -> dict[str, Any]:
     version = opts.fsdp_version
-    if s.name in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2") and version == 2:
-        raise _refuse("accelerate", "FSDP2 hybrid sharding (it needs parallelism_config, not written here)",
-                      "write it for torchtitan, or give --fsdp-version 1")
     if opts.fsdp_auto_wrap == "none" or opts.fsdp_wrap not in (None,) and version == 1:
         raise _refuse("accelerate", "the FSDP wrapping asked for (written: one unit per decoder layer)")
     cfg: dict[str, Any] = {"fsdp_activation_checkpointing": recompute,
@@ -245,9 +275,9 @@ def _fsdp_config(s: Any, opts: Any, recompute: bool, framework: str | None) -> d
         cfg["fsdp_backward_prefetch"] = prefetch[chosen]
         cfg["fsdp_sharding_strategy"] = s.name
     else:
-        if s.name not in ("FULL_SHARD", "SHARD_GRAD_OP"):
-            raise _refuse("accelerate", f"FSDP2 with {s.name}", "give --fsdp FULL_SHARD or SHARD_GRAD_OP")
-        cfg["fsdp_reshard_after_forward"] = s.name == "FULL_SHARD"
+        if s.name == "NO_SHARD":
+            raise _refuse("accelerate", "FSDP2 with NO_SHARD", "give --fsdp-version 1, or --ddp")
+        cfg["fsdp_reshard_after_forward"] = s.name in ("FULL_SHARD", "HYBRID_SHARD")
     cfg.update(fsdp_cpu_ram_efficient_loading=True, fsdp_offload_params=s.offload_params != "none",
                fsdp_state_dict_type="SHARDED_STATE_DICT", fsdp_sync_module_states=True,
                fsdp_use_orig_params=True, fsdp_version=version)  # fmt: skip

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memcalc.configs.write_frameworks import _common, _nodes, _refuse
+from memcalc.configs.write_frameworks import _common, _nodes, _refuse, script_flags
 from memcalc.configs.writing import Written
 
 TORCHRUN = "torchrun --nnodes {nodes} --nproc_per_node {per} --node_rank \"${{NODE_RANK:-0}}\" " \
@@ -46,6 +46,7 @@ def torchtitan(e: Any) -> Written:
     from memcalc.configs.torchtitan import PRESETS
 
     inp, par, w, dp, mb, ga = _common(e)
+    script_flags(inp, "torchtitan")
     flavour = {v: k for k, v in PRESETS.items()}.get(inp.model.name or "")
     if flavour is None:
         raise _refuse("torchtitan", f"the model {inp.model.name or '(given by its shape)'} (torchtitan trains its own "
@@ -160,6 +161,7 @@ def _float8(inp: Any, sections: dict[str, dict[str, Any]], sharded: bool) -> Non
 
 def megatron(e: Any) -> Written:
     inp, par, w, dp, mb, ga = _common(e)
+    script_flags(inp, "Megatron-LM")
     s = inp.strategy
     if s.name not in ("zero-0", "zero-1", "ddp") or s.offload_optimizer != "none" or s.offload_params != "none":
         raise _refuse("Megatron-LM", f"the strategy {s.name}{'+offload' if s.offload_optimizer != 'none' else ''} "

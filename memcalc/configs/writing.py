@@ -220,18 +220,23 @@ def _check_round_trip(estimate: Any, written: Written) -> None:
 
 
 def _same(estimate: Any, again: Any, framework: str, name: str) -> None:
+    from memcalc.units import format_memory
+
     want, got = estimate.memory.per_gpu, again.memory.per_gpu
-    same = (want.peak_reserved, want.peak_allocated, want.total) == (got.peak_reserved, got.peak_allocated, got.total)
-    if same and _step(estimate) == _step(again):
-        return
+    for what, a, b in (("a peak of", want.peak_reserved, got.peak_reserved),
+                       ("an allocated peak of", want.peak_allocated, got.peak_allocated),
+                       ("a per-GPU total of", want.total, got.total)):  # fmt: skip
+        if a != b:
+            shown = (format_memory(b), format_memory(a))
+            shown = shown if shown[0] != shown[1] else (f"{b:,} bytes", f"{a:,} bytes")
+            break
+    else:
+        if _step(estimate) == _step(again):
+            return
+        what, shown = "a step of", (f"{_step(again)} s", f"{_step(estimate)} s")
     differ = _differences(estimate.input, again.input)
-    a, b = f"{got.peak_reserved / GiB:.2f} GiB", f"{want.peak_reserved / GiB:.2f} GiB"
-    if a == b:
-        a, b = f"{got.peak_reserved:,} bytes", f"{want.peak_reserved:,} bytes"
-    if a == b:
-        a, b = f"a step of {_step(again)} s", f"{_step(estimate)} s"
-    raise InputError(f"{framework}'s files cannot hold this estimate: {name} read back gives {a} instead of {b}"
-                     f"{f' ({differ})' if differ else ''}")
+    raise InputError(f"{framework}'s files cannot hold this estimate: {name} read back gives {what} {shown[0]} "
+                     f"instead of {shown[1]}{f' ({differ})' if differ else ''}")
 
 
 def _step(e: Any) -> float | None:
@@ -239,8 +244,9 @@ def _step(e: Any) -> float | None:
 
 
 def _differences(want: Any, got: Any) -> str:
-    """The input fields that differ, ``name: wanted -> read back`` (the first few)."""
-    out = []
+    """The input fields that differ, ``name: wanted -> read back`` (the first few; a default made explicit, None ->
+    a value, after the others: it is seldom the cause)."""
+    changed, explicit = [], []
     for part in ("strategy", "parallelism", "workload", "framework", "estimator"):
         a, b = getattr(want, part), getattr(got, part)
         if a is None or b is None or a == b:
@@ -248,13 +254,13 @@ def _differences(want: Any, got: Any) -> str:
         for f in dataclasses.fields(a) if dataclasses.is_dataclass(a) else []:
             x, y = getattr(a, f.name), getattr(b, f.name)
             if x != y:
-                out.append(f"{f.name}: {x} -> {y}")
-    for name in ("precision", "grad_accum", "accounting", "float8", "float8_all_gather"):
+                (explicit if x is None else changed).append(f"{f.name}: {x} -> {y}")
+    for name in ("precision", "optimizer", "lora", "grad_accum", "accounting", "float8", "float8_all_gather"):
         x, y = getattr(want, name), getattr(got, name)
         x, y = getattr(x, "name", x), getattr(y, "name", y)
         if x != y:
-            out.append(f"{name}: {x} -> {y}")
-    return ", ".join(out[:4])
+            changed.append(f"{name}: {x} -> {y}")
+    return ", ".join((changed + explicit)[:4])
 
 
 # --------------------------------------------------------------------------------------------
