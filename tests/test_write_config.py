@@ -239,3 +239,13 @@ def test_training_args_are_fields_of_the_trainers_arguments() -> None:
     for case in ("zero3-knobs", "fsdp1-hf", "ddp"):
         data = json.loads(memcalc.config_text(_estimate(case))["training_args.json"])
         assert set(data) <= fields, set(data) - fields  # HfArgumentParser refuses keys it does not have
+
+
+def test_a_plan_with_no_plan_that_fits_has_nothing_to_write(tmp_path: Path) -> None:
+    r = memcalc.plan(model="llama-3-8b", seq_len=4096, global_batch=16, gpus=8, gpu="h100", framework="megatron", top=1)
+    with pytest.raises(InputError, match="no plan fits, so there are no files to write"):
+        memcalc.write_config(r.model_copy(update={"plans": []}), directory=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(InputError, match="accepted: an Estimate, a PlanResult or a PlannedRun"):
+        memcalc.config_text({"model": "llama-3-8b"})
+    assert memcalc.config_text(r.plans[0]) == memcalc.config_text(r)  # a PlannedRun: written as it is

@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from memcalc.errors import InputError
+from memcalc.frozen import frozen
 from memcalc.units import GiB
 
 FRAMEWORKS = ("deepspeed", "accelerate", "torchtitan", "megatron")
 ALIASES = {"hf": "accelerate", "huggingface": "accelerate", "trainer": "accelerate"}
 
 
-@dataclasses.dataclass(frozen=True)
+@frozen
 class Written:
     """One framework's files for one estimate, with the flags that read them back."""
 
@@ -105,12 +106,17 @@ def _estimate_of(result: Any) -> Any:
         return result
     if isinstance(result, PlanResult):
         if not result.plans:
-            raise InputError("the plan has no plan that fits, so there is nothing to write; try more GPUs or offload")
+            raise InputError("no plan fits, so there are no files to write; try more GPUs, a GPU with more memory, or "
+                             "a shorter sequence")  # fmt: skip
         result = result.plans[0]
     if isinstance(result, PlannedRun):
         import memcalc
 
-        return memcalc.estimate(**arguments_of(result.estimate_args))
+        again = memcalc.estimate(**arguments_of(result.estimate_args))
+        if again.memory.per_gpu.peak_reserved != result.memory.peak_reserved:
+            raise InputError(f"the plan's estimate_args do not reproduce its peak ({' '.join(result.estimate_args)}); "
+                             "write the estimate instead")  # fmt: skip
+        return again
     raise InputError(f"{type(result).__name__} is not accepted; accepted: an Estimate, a PlanResult or a PlannedRun")
 
 
