@@ -41,6 +41,7 @@ CASES = {
     "titan-ddp": dict(ddp=True, framework="torchtitan", recompute="full", precision="amp-bf16"),
     "megatron-vp": dict(model="llama-3-70b", gpus=64, stage=1, tp=4, pp=4, virtual_stages=2, framework="megatron",
                         recompute="selective", sequence_parallel=True, grad_accum=16),
+    "zero3-paper": dict(stage=3, accounting="paper"),
     "hsdp-fsdp2-cp": dict(fsdp="HYBRID_SHARD", fsdp_version=2, framework="hf", precision="amp-bf16", cp=2),
     "lora-fsdp": dict(fsdp="FULL_SHARD", lora_rank=16, lora_targets="q,v"),
     "qlora-zero3": dict(stage=3, lora_rank=16, quantize="nf4"),
