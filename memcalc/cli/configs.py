@@ -48,7 +48,7 @@ def with_config(ctx: Any, kwargs: dict[str, Any], deepspeed: str | None, acceler
     given = typed(ctx) & set(kwargs)
     mb = kwargs.get("micro_batch") if "micro_batch" in given and kwargs.get("micro_batch") != "auto" else None
     hidden, layers = kwargs.get("hidden"), kwargs.get("layers")
-    if (hidden is None or layers is None) and (kwargs.get("model") or kwargs.get("hf_config")):
+    if (hidden is None or (megatron and layers is None)) and (kwargs.get("model") or kwargs.get("hf_config")):
         from memcalc.api import resolve_architecture
 
         arch = resolve_architecture(kwargs.get("model"), kwargs.get("hf_config"))
