@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,7 @@ def test_written_files_read_back_give_the_same_peak_and_step_time(case: str, tmp
     assert d["memory"]["per_gpu"]["peak_allocated"] == e.memory.per_gpu.peak_allocated
     assert d["time"]["step_s"] == e.time.step_s
     assert os.access(tmp_path / "run" / "launch.sh", os.X_OK)
+    assert subprocess.run(["bash", "-n", str(tmp_path / "run" / "launch.sh")]).returncode == 0  # it parses
 
 
 @pytest.mark.parametrize("framework", ["hf", "deepspeed", "torchtitan", "megatron"])

@@ -148,9 +148,9 @@ def deepspeed(e: Any) -> Written:
         files={"ds_config.json": _json(config), "accelerate_config.yaml": yaml,
                "training_args.json": _training_args(inp, mb, ga, recompute, deepspeed="ds_config.json")},
         read_back=(("--deepspeed", "ds_config.json"), ("--accelerate-config", "accelerate_config.yaml")),
-        flags=flags, launch=_accelerate_launch(inp) + f"\n# or, without accelerate: deepspeed --num_nodes "
-        f"{_nodes(inp)} --num_gpus {min(inp.cluster.gpus, inp.cluster.gpus_per_node)} {SCRIPT} --deepspeed "
-        "ds_config.json",
+        flags=flags, launch=_accelerate_launch(inp) + f"\n# or, without accelerate: deepspeed "
+        f"{'--hostfile hostfile ' if _nodes(inp) > 1 else ''}--num_nodes {_nodes(inp)} --num_gpus "
+        f"{min(inp.cluster.gpus, inp.cluster.gpus_per_node)} {SCRIPT} --deepspeed ds_config.json",
         fill_in=[f"{SCRIPT}: your training script (the Hugging Face Trainer reads training_args.json; its "
                  "gradient_checkpointing is the recompute memcalc counted)",
                  "training_args.json: output_dir, the data set and the model checkpoint in your script",

@@ -55,7 +55,7 @@ def config_text(result: Any, framework: str | None = None) -> dict[str, str]:
     estimate = _estimate_of(result)
     written = _write(estimate, _framework(estimate, framework))
     _check_round_trip(estimate, written)
-    return {**written.files, "launch.sh": _launch_sh(written), "README.txt": _readme(estimate, written)}
+    return {**written.files, "launch.sh": _launch_sh(estimate, written), "README.txt": _readme(estimate, written)}
 
 
 def write_config(result: Any, directory: str | os.PathLike[str], framework: str | None = None,
@@ -283,9 +283,11 @@ def _differences(want: Any, got: Any) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def _launch_sh(w: Written) -> str:
-    return ("#!/usr/bin/env bash\n# Written by memcalc. Run on every node; set NODE_RANK (0 on the first) and "
-            "MASTER_ADDR (the first node's address).\nset -euo pipefail\n" + w.launch + "\n")
+def _launch_sh(estimate: Any, w: Written) -> str:
+    cluster = estimate.input.cluster
+    where = ("Run it on each node with NODE_RANK (0 on the first) and MASTER_ADDR (the first node's address) set."
+             if cluster.gpus > cluster.gpus_per_node else "Run it on the node.")
+    return f"#!/usr/bin/env bash\n# Written by memcalc. {where}\nset -euo pipefail\n{w.launch}\n"
 
 
 def check_command(estimate: Any, written: Written) -> str:
