@@ -93,21 +93,23 @@ def torchtitan(e: Any) -> Written:
 
 def _mesh(e: Any, s: Any, dp: int, cp: int) -> tuple[int, int, str]:
     """(dp_replicate, dp_shard, fsdp_reshard_after_forward) for memcalc's strategy."""
-    fsdp2 = e.input.framework.fsdp_version == 2
     if s.name in ("ddp", "zero-0"):
         return dp, 1, "default"
-    if s.name in ("FULL_SHARD", "SHARD_GRAD_OP") and fsdp2:
-        keep = s.name == "SHARD_GRAD_OP"
-        return 1, dp, ("never" if keep and e.input.parallelism.pp == 1 else "default" if keep else "always"
-                       if e.input.parallelism.pp > 1 else "default")  # fmt: skip
-    if s.name in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2") and fsdp2:
-        group = (s.shard_group or e.input.cluster.gpus_per_node) // cp
-        if group < 1 or dp % group:
-            raise _refuse("torchtitan", f"a shard group of {s.shard_group} over dp {dp} x cp {cp}")
-        keep = s.name == "_HYBRID_SHARD_ZERO2"
-        return dp // group, group, "never" if keep else "default"
-    raise _refuse("torchtitan", f"the strategy {s.name}{'' if fsdp2 else ' under FSDP1'} (torchtitan runs FSDP2, "
-                                "HSDP or DDP)", "write it for deepspeed or accelerate")  # fmt: skip
+    if e.input.framework.fsdp_version != 2 or s.name == "NO_SHARD" or s.name not in (
+            "FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):
+        fsdp1 = e.input.framework.fsdp_version != 2 and not s.name.startswith("zero")
+        raise _refuse("torchtitan", f"the strategy {s.name}{' under FSDP1' if fsdp1 else ''} "
+                                    "(torchtitan runs FSDP2, HSDP or DDP)", "write it for deepspeed or accelerate")
+    # torchtitan's "default" reshards after forward except under pipeline parallelism
+    keep = s.name in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2")
+    piped = e.input.parallelism.pp > 1
+    reshard = ("default" if piped else "never") if keep else ("always" if piped else "default")
+    if s.name in ("FULL_SHARD", "SHARD_GRAD_OP"):
+        return 1, dp, reshard
+    group = (s.shard_group or e.input.cluster.gpus_per_node) // cp
+    if group < 1 or dp % group:
+        raise _refuse("torchtitan", f"a shard group of {s.shard_group} over dp {dp} x cp {cp}")
+    return dp // group, group, reshard
 
 
 def _schedule(par: Any) -> dict[str, Any]:
