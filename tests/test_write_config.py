@@ -42,6 +42,9 @@ CASES = {
     "titan-ddp": dict(ddp=True, framework="torchtitan", recompute="full", precision="amp-bf16"),
     "megatron-vp": dict(model="llama-3-70b", gpus=64, stage=1, tp=4, pp=4, virtual_stages=2, framework="megatron",
                         recompute="selective", sequence_parallel=True, grad_accum=16),
+    "fsdp-compile-fused": dict(fsdp="FULL_SHARD", compile=True, compile_loss=False, optimizer_impl="fused",
+                               accounting="realistic"),
+    "zero3-eager-dropout": dict(stage=3, attention="eager", dropout=0.1),
     "zero3-paper": dict(stage=3, accounting="paper"),
     "hsdp-fsdp2-cp": dict(fsdp="HYBRID_SHARD", fsdp_version=2, framework="hf", precision="amp-bf16", cp=2),
     "lora-fsdp": dict(fsdp="FULL_SHARD", lora_rank=16, lora_targets="q,v"),
@@ -119,6 +122,8 @@ def test_config_text_matches_the_written_files(tmp_path: Path) -> None:
     acc = yaml.safe_load(text["accelerate_config.yaml"])
     assert acc["distributed_type"] == "DEEPSPEED" and acc["num_processes"] == 16 and acc["num_machines"] == 2
     assert json.loads(text["training_args.json"])["gradient_checkpointing"] is True
+    args = json.loads(memcalc.config_text(_estimate("fsdp-compile-fused"))["training_args.json"])
+    assert args["torch_compile"] is True and args["optim"] == "adamw_torch_fused"
 
 
 def test_the_framework_can_be_chosen_and_other_names_are_refused() -> None:
@@ -139,6 +144,7 @@ def test_the_framework_can_be_chosen_and_other_names_are_refused() -> None:
     ("zero2-fp16", "accelerate", "accelerate's FSDP or DDP cannot run this estimate: the strategy zero-2"),
     ("fsdp-recompute", "deepspeed", "DeepSpeed cannot run this estimate: the strategy SHARD_GRAD_OP"),
     ("lora-fsdp", "torchtitan", "torchtitan cannot run this estimate: LoRA adapters"),
+    ("zero3-eager-dropout", "megatron", "Megatron-LM cannot run this estimate: the strategy zero-3"),
 ])  # fmt: skip
 def test_what_a_framework_cannot_express_is_one_line_and_nothing_is_written(case: str, framework: str, message: str,
                                                                             tmp_path: Path) -> None:  # fmt: skip
@@ -146,6 +152,12 @@ def test_what_a_framework_cannot_express_is_one_line_and_nothing_is_written(case
         memcalc.write_config(_estimate(case), directory=tmp_path / "run", framework=framework)
     assert "\n" not in str(info.value)
     assert not (tmp_path / "run").exists()
+
+
+def test_what_torchtitans_own_code_decides_is_refused_when_the_estimate_differs() -> None:
+    e = memcalc.estimate(**{**BASE, **CASES["titan-bf16"], "attention": "eager"})
+    with pytest.raises(InputError, match=r"torchtitan.toml read back gives a peak of .* \(attention: eager -> sdpa\)"):
+        memcalc.config_text(e)
 
 
 def test_a_setting_the_files_cannot_hold_is_found_by_reading_them_back() -> None:

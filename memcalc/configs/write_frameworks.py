@@ -95,6 +95,11 @@ def _training_args(inp: Any, mb: int, ga: int, recompute: bool, **extra: Any) ->
     args = {"output_dir": "OUTPUT_DIR", "per_device_train_batch_size": mb, "gradient_accumulation_steps": ga,
             "bf16": name in ("bf16-mixed", "amp-bf16"), "fp16": name in ("fp16-mixed", "amp-fp16"),
             "gradient_checkpointing": recompute, **extra}  # fmt: skip
+    if inp.workload is not None and inp.workload.compile:
+        args["torch_compile"] = True
+    impl = {"fused": "adamw_torch_fused", "foreach": "adamw_torch"}  # torch.optim.AdamW(fused=True) / its foreach
+    if inp.optimizer.name == "adamw" and inp.workload is not None and inp.workload.optimizer_impl in impl:
+        args["optim"] = impl[inp.workload.optimizer_impl]
     return _json(args)
 
 

@@ -216,12 +216,31 @@ def _check_round_trip(estimate: Any, written: Written) -> None:
             (Path(tmp) / name).write_text(text, encoding="utf-8")
         for reader, name in written.read_back:
             again = _again(estimate, written, reader, Path(tmp), name, base)
-            if again.accounting != estimate.accounting and "accounting" not in written.flags:
-                # memcalc's choice, not the framework's: the read-back command names it where --accounting auto
-                # would answer otherwise (an estimate asked for the paper's rows, say)
-                written.flags["accounting"] = estimate.accounting
+            unsaid = _unsaid(estimate, again, written)
+            if unsaid:
+                written.flags.update(unsaid)
                 again = _again(estimate, written, reader, Path(tmp), name, base)
             _same(estimate, again, written.framework, name)
+
+
+SCRIPT_SETTINGS = ("attention", "dropout", "loss", "compile", "compile_loss", "optimizer_impl")
+"""What a Hugging Face training script decides (the model's attn_implementation and dropout, the loss, torch.compile,
+the optimizer's implementation): under accelerate and DeepSpeed the read-back command names them; torchtitan's and
+Megatron-LM's own code decides them, so there a difference is refused."""
+
+
+def _unsaid(estimate: Any, again: Any, written: Written) -> dict[str, Any]:
+    """The settings the files leave unsaid that read back differently: memcalc's accounting (an estimate asked for
+    the paper's rows where --accounting auto answers with the realistic one, say), and the training script's."""
+    out: dict[str, Any] = {}
+    if again.accounting != estimate.accounting and "accounting" not in written.flags:
+        out["accounting"] = estimate.accounting
+    want, got = estimate.input.workload, again.input.workload
+    if written.framework in ("accelerate", "deepspeed") and want is not None and got is not None:
+        for name in SCRIPT_SETTINGS:
+            if getattr(want, name) != getattr(got, name) and getattr(want, name) is not None:
+                out[name] = getattr(want, name)
+    return out
 
 
 def _again(estimate: Any, written: Written, reader: str, folder: Path, name: str, base: dict[str, Any]) -> Any:
@@ -300,7 +319,10 @@ def check_command(estimate: Any, written: Written) -> str:
     parts = [f"memcalc estimate {model} --gpu {inp.gpu.key} --gpus-per-node {inp.cluster.gpus_per_node}",
              f"{written.read_back[0][0]} {written.read_back[0][1]}"]
     for name, value in written.flags.items():
-        parts.append(flag(name) if value is True else f"{flag(name)} {value}")
+        if isinstance(value, bool):
+            parts.append(flag(name) if value else "--no-" + flag(name)[2:])
+        else:
+            parts.append(f"{flag(name)} {value}")
     return " ".join(parts)
 
 
