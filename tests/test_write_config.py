@@ -251,9 +251,11 @@ def test_training_args_are_fields_of_the_trainers_arguments() -> None:
     import dataclasses
 
     fields = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
-    for case in ("zero3-knobs", "fsdp1-hf", "ddp"):
+    optimizers = {o.value for o in transformers.training_args.OptimizerNames}
+    for case in ("zero3-knobs", "fsdp1-hf", "ddp", "fsdp-compile-fused"):
         data = json.loads(memcalc.config_text(_estimate(case))["training_args.json"])
         assert set(data) <= fields, set(data) - fields  # HfArgumentParser refuses keys it does not have
+        assert data.get("optim", "adamw_torch") in optimizers
 
 
 def test_a_plan_with_no_plan_that_fits_has_nothing_to_write(tmp_path: Path) -> None:
