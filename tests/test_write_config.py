@@ -163,8 +163,13 @@ def test_what_torchtitans_own_code_decides_is_refused_when_the_estimate_differs(
 def test_a_setting_the_files_cannot_hold_is_found_by_reading_them_back() -> None:
     # accelerate's DDP runs under autocast over fp32 weights; bf16-mixed (fp32 masters beside bf16 weights) is not it
     e = memcalc.estimate(**{**BASE, "ddp": True, "gpus": 8})
-    with pytest.raises(InputError, match=r"accelerate's files cannot hold this estimate: accelerate_config.yaml read "
-                                         r"back gives .* \(.*precision: bf16-mixed -> amp-bf16"):
+    with pytest.raises(InputError, match=r"accelerate's DDP cannot run this estimate: precision bf16-mixed .*; give "
+                                         r"--precision amp-bf16"):
+        memcalc.config_text(e)
+    # what no writer knows is found by reading back: accelerate's FSDP2 units are its own (framework hf)
+    e = memcalc.estimate(**{**BASE, "fsdp": "_HYBRID_SHARD_ZERO2", "fsdp_version": 2, "shard_group": 4})
+    with pytest.raises(InputError, match=r"accelerate_config.yaml read back gives an allocated peak of [\d,]+ bytes "
+                                         r"instead of [\d,]+ bytes \(framework: None -> hf\)"):
         memcalc.config_text(e)
 
 

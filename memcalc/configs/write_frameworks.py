@@ -222,6 +222,9 @@ def accelerate(e: Any) -> Written:
         if fsdp2:
             top.update(_parallelism_config(e, s, dp))
     elif s.name in ("ddp", "zero-0"):
+        if name in ("bf16-mixed", "fp16-mixed"):  # accelerator.py native_amp: autocast over the model's fp32 weights
+            raise _refuse("accelerate's DDP", f"precision {name} (accelerate trains DDP under autocast over fp32 "
+                                              f"weights: amp-{name[:4]})", f"give --precision amp-{name[:4]}")
         top["distributed_type"] = "MULTI_GPU"
         if recompute:
             flags["recompute"] = "full"
