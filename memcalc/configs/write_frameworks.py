@@ -272,8 +272,10 @@ def _parallelism_config(e: Any, s: Any, dp: int) -> dict[str, Any]:
 
 def _fsdp_config(s: Any, opts: Any, recompute: bool, framework: str | None) -> dict[str, Any]:
     version = opts.fsdp_version
-    if opts.fsdp_auto_wrap == "none" or opts.fsdp_wrap not in (None,) and version == 1:
-        raise _refuse("accelerate", "the FSDP wrapping asked for (written: one unit per decoder layer)")
+    if opts.fsdp_auto_wrap == "none" or (version == 1 and opts.fsdp_wrap is not None):
+        # FSDP2's --fsdp-wrap is checked by reading back (accelerate wraps the embedding and the head its own way)
+        raise _refuse("accelerate", "the FSDP wrapping asked for (written: TRANSFORMER_BASED_WRAP, one unit per "
+                                    "decoder layer)")
     cfg: dict[str, Any] = {"fsdp_activation_checkpointing": recompute,
                            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP"}  # fmt: skip
     if version == 1:
