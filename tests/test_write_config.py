@@ -58,13 +58,17 @@ CASES = {
     "megatron-cp": dict(model="llama-3-70b", gpus=64, ddp=True, tp=8, pp=2, cp=2, framework="megatron",
                         recompute="full", sequence_parallel=True, grad_accum=4),
 }
+UNWRITABLE = {  # estimates no framework's files hold as they are
+    "titan-fsdp-one-rank": dict(model="llama-3-70b", gpus=8, fsdp="FULL_SHARD", fsdp_version=2, tp=8,
+                                offload_params="cpu", framework="torchtitan", recompute="full"),
+}
 FILES = {"deepspeed": {"ds_config.json", "accelerate_config.yaml", "training_args.json"},
          "accelerate": {"accelerate_config.yaml", "training_args.json"}, "torchtitan": {"torchtitan.toml"},
          "megatron": {"megatron_args.txt"}}  # fmt: skip
 
 
 def _estimate(case: str) -> memcalc.Estimate:
-    return memcalc.estimate(**{**BASE, **CASES[case]})
+    return memcalc.estimate(**{**BASE, **(CASES.get(case) or UNWRITABLE[case])})
 
 
 def _read_back(folder: Path) -> dict:
@@ -144,6 +148,7 @@ def test_the_framework_can_be_chosen_and_other_names_are_refused() -> None:
     ("zero2-fp16", "accelerate", "accelerate's FSDP or DDP cannot run this estimate: the strategy zero-2"),
     ("fsdp-recompute", "deepspeed", "DeepSpeed cannot run this estimate: the strategy SHARD_GRAD_OP"),
     ("lora-fsdp", "torchtitan", "torchtitan cannot run this estimate: LoRA adapters"),
+    ("titan-fsdp-one-rank", "torchtitan", "torchtitan cannot run this estimate: FULL_SHARD over one data-parallel rank"),
     ("zero3-eager-dropout", "megatron", "Megatron-LM cannot run this estimate: the strategy zero-3"),
 ])  # fmt: skip
 def test_what_a_framework_cannot_express_is_one_line_and_nothing_is_written(case: str, framework: str, message: str,

@@ -100,6 +100,10 @@ def _mesh(e: Any, s: Any, dp: int, cp: int) -> tuple[int, int, str]:
         fsdp1 = e.input.framework.fsdp_version != 2 and not s.name.startswith("zero")
         raise _refuse("torchtitan", f"the strategy {s.name}{' under FSDP1' if fsdp1 else ''} "
                                     "(torchtitan runs FSDP2, HSDP or DDP)", "write it for deepspeed or accelerate")
+    if dp * cp == 1:  # parallelize.py: fully_shard only where dp_shard or cp is enabled (a degree above 1)
+        raise _refuse("torchtitan", f"{s.name} over one data-parallel rank (torchtitan applies FSDP only where "
+                                    "data_parallel_shard_degree or context_parallel_degree is above 1)",
+                      "give more GPUs to data parallelism, or --ddp")
     # torchtitan's "default" reshards after forward except under pipeline parallelism
     keep = s.name in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2")
     piped = e.input.parallelism.pp > 1
