@@ -44,3 +44,13 @@ def _enabled(config: object, section: str, old: str | None = None) -> bool:
     """``<section>_config.enabled`` (DeepSpeed 0.17 and later), else the older ``<name>_enabled`` attribute."""
     new = getattr(config, f"{section}_config", None)
     return bool(new.enabled if new is not None else getattr(config, f"{old or section}_enabled"))
+
+
+def test_accelerate_deepspeed_plugin_reads_the_written_config(tmp_path) -> None:
+    pytest.importorskip("deepspeed")
+    utils = pytest.importorskip("accelerate.utils")
+    e = memcalc.estimate(model="llama-3-8b", seq_len=4096, gpus=16, gpu="h100", **CASES["zero3-knobs"])
+    memcalc.write_config(e, directory=tmp_path / "run")
+    plugin = utils.DeepSpeedPlugin(hf_ds_config=str(tmp_path / "run" / "ds_config.json"))
+    assert plugin.zero_stage == 3
+    assert plugin.deepspeed_config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
