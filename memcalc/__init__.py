@@ -5,6 +5,7 @@
     >>> r.memory.per_gpu.total, r.communication.sent_bytes_per_gpu   # integer bytes
     >>> memcalc.compare(params=7e9, gpus=64)                          # every strategy side by side
     >>> memcalc.plan(model="llama-3-8b", seq_len=8192, global_batch=16, gpus=8, gpu="h100")  # the best layouts
+    >>> memcalc.write_config(memcalc.plan(...), directory="run/")    # the framework's files for the best
 
 Names are imported lazily so that ``import memcalc`` stays cheap.
 """
@@ -42,6 +43,8 @@ _EXPORTS = {
     "InputError": "memcalc.errors",
     "collectives": "memcalc.report.collectives",
     "CollectiveTimes": "memcalc.report.collectives",
+    "write_config": "memcalc.configs.writing",
+    "config_text": "memcalc.configs.writing",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -63,6 +66,7 @@ if TYPE_CHECKING:
         Strategy,
     )
     from memcalc.inputs.presets import gpu_names, load_gpu
+    from memcalc.configs.writing import config_text, write_config
     from memcalc.planner import plan
     from memcalc.report.planned import PlannedRun, PlanResult
     from memcalc.report.results import Comparison, Estimate

@@ -1,4 +1,5 @@
-"""``--deepspeed``, ``--accelerate-config``, ``--torchtitan-config``: a framework's own config file as the flags.
+"""``--deepspeed``, ``--accelerate-config``, ``--torchtitan-config``, ``--megatron-args``: a framework's own config
+file as the flags.
 
 The file gives the arguments (``memcalc.configs``); flags typed on the command line win over it. What the file
 holds that memcalc does not model, or that does not change memory, is said on stderr (one line each), so that
@@ -23,8 +24,9 @@ def typed(ctx: Any) -> set[str]:
 
 
 def with_config(ctx: Any, kwargs: dict[str, Any], deepspeed: str | None, accelerate: str | None,
-                torchtitan: str | None, *, quiet: bool = False, origin: dict[str, tuple[str, Any]] | None = None,
-                said: list[str] | None = None, assumed: list[str] | None = None) -> dict[str, Any]:
+                torchtitan: str | None, *, megatron: str | None = None, quiet: bool = False,
+                origin: dict[str, tuple[str, Any]] | None = None, said: list[str] | None = None,
+                assumed: list[str] | None = None) -> dict[str, Any]:
     """``kwargs`` (the command's arguments for ``memcalc.estimate``) with a config file's arguments beneath them.
 
     origin: filled with the arguments the file gave (name -> (the file, the value)), for ``blame``. said: gets the
@@ -33,7 +35,8 @@ def with_config(ctx: Any, kwargs: dict[str, Any], deepspeed: str | None, acceler
     file leaves to the training script and that change the answer, with the flag that gives yours, for the output's
     header (without it, they are said with the rest)."""
     files = [(flag, f) for flag, f in (("--deepspeed", deepspeed), ("--accelerate-config", accelerate),
-                                       ("--torchtitan-config", torchtitan)) if f is not None]
+                                       ("--torchtitan-config", torchtitan), ("--megatron-args", megatron))
+             if f is not None]
     if not files:
         return kwargs
     if len(files) > 1:
@@ -47,12 +50,13 @@ def with_config(ctx: Any, kwargs: dict[str, Any], deepspeed: str | None, acceler
 
     given = typed(ctx) & set(kwargs)
     mb = kwargs.get("micro_batch") if "micro_batch" in given and kwargs.get("micro_batch") != "auto" else None
-    hidden = kwargs.get("hidden")
-    if hidden is None and (kwargs.get("model") or kwargs.get("hf_config")):
+    hidden, layers = kwargs.get("hidden"), kwargs.get("layers")
+    if (hidden is None or (megatron and layers is None)) and (kwargs.get("model") or kwargs.get("hf_config")):
         from memcalc.api import resolve_architecture
 
         arch = resolve_architecture(kwargs.get("model"), kwargs.get("hf_config"))
-        hidden = arch.hidden if arch is not None else None
+        hidden = hidden if hidden is not None else arch.hidden if arch is not None else None
+        layers = layers if layers is not None else arch.layers if arch is not None else None
     world = kwargs["gpus"] if "gpus" in given else None
     common = dict(world_size=world, micro_batch=mb, grad_accum=kwargs.get("grad_accum"), hidden=hidden,
                   seq_len=kwargs.get("seq_len"), accounting=kwargs.get("accounting", "paper"))
@@ -62,8 +66,12 @@ def with_config(ctx: Any, kwargs: dict[str, Any], deepspeed: str | None, acceler
                                      **common)
         elif accelerate is not None:
             reading = read_accelerate(accelerate, cwd=Path.cwd(), **common)
+        elif torchtitan is not None:
+            reading = read_torchtitan(torchtitan, world_size=world)
         else:
-            reading = read_torchtitan(torchtitan, world_size=world)  # type: ignore[arg-type]
+            from memcalc.configs.megatron import read_megatron
+
+            reading = read_megatron(megatron, world_size=world, layers=layers)  # type: ignore[arg-type]
     except InputError as e:
         raise InputError(as_flags(str(e))) from None
     if not quiet:
@@ -125,3 +133,14 @@ def blame(error: InputError, arguments: dict[str, Any], origin: dict[str, tuple[
         if arguments.get(name) == value and re.search(rf"{re.escape(flag(name))}(?![\w-])", text):
             text += f" ({flag(name)} {value} is read from {source})"
     return InputError(text)
+
+
+def write_files(result: Any, directory: str | None, force: bool) -> None:
+    """``--write-config DIR``: the framework's files for ``result`` (an Estimate or a PlanResult), one line on stderr
+    naming them."""
+    if directory is None:
+        return
+    from memcalc.configs.writing import write_config
+
+    paths = write_config(result, directory=directory, force=force)
+    sys.stderr.write(f"memcalc: wrote {', '.join(p.name for p in paths)} to {directory}\n")

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from memcalc.cli.app import Command, app, micro_batch_arg, output_format, positive, run_or_fail, show, units_arg
-from memcalc.cli.configs import blame, with_config
+from memcalc.cli.configs import blame, with_config, write_files
 from memcalc.cli.options import (
     ClusterOpt,
     HostGbps,
@@ -24,6 +24,9 @@ from memcalc.cli.options import (
     AccelerateConfig,
     DeepSpeedConfig,
     TorchtitanConfig,
+    MegatronArgs,
+    WriteConfig,
+    Force,
     Params,
     ModelOpt,
     HfConfig,
@@ -180,6 +183,9 @@ def estimate(
     deepspeed: DeepSpeedConfig = None,
     accelerate_config: AccelerateConfig = None,
     torchtitan_config: TorchtitanConfig = None,
+    megatron_args: MegatronArgs = None,
+    write_config: WriteConfig = None,
+    force: Force = False,
     lora_rank: LoraRank = None,
     lora_targets: LoraTargets = None,
     quantize: Quantize = "none",
@@ -226,8 +232,8 @@ def estimate(
         origin: dict[str, tuple[str, Any]] = {}
         said: list[str] = []
         assumed: list[str] = []
-        arguments = with_config(ctx, kwargs, deepspeed, accelerate_config, torchtitan_config, origin=origin,
-                                said=said, assumed=assumed)  # fmt: skip
+        arguments = with_config(ctx, kwargs, deepspeed, accelerate_config, torchtitan_config, megatron=megatron_args,
+                                origin=origin, said=said, assumed=assumed)  # fmt: skip
         try:
             result = run(**arguments)
         except InputError as e:
@@ -236,6 +242,7 @@ def estimate(
         if assumed:  # shown in the output's header, where the answer is read (CSV has none: said with the notes)
             result = result.model_copy(update={"assumed": assumed})
             said += [f"memcalc: assumed: {a}\n" for a in assumed] if out == "csv" else []
+        write_files(result, write_config, force)
         sys.stderr.writelines(said)  # the file's notes, once the estimate stands (an error prints its line alone)
         show(result, out, u)
         if check and result.memory.fit.verdict != "fits":

@@ -29,6 +29,8 @@ from memcalc.cli.options import (
     SeqLen,
     Units,
     Vocab,
+    WriteConfig,
+    Force,
 )
 
 @app.command(
@@ -79,6 +81,8 @@ def plan(
     lora_targets: LoraTargets = None,
     quantize: Quantize = "none",
     units: Units = "gib",
+    write_config: WriteConfig = None,
+    force: Force = False,
     json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (integer bytes).")] = False,
     fmt: Annotated[str, typer.Option("--format", "-f", help="table (default) or json.")] = "table",
 ) -> None:
@@ -107,6 +111,9 @@ def plan(
                      global_batch_tokens=global_batch_tokens, gpus=gpus, gpu=gpu, gpus_per_node=gpus_per_node,
                      framework=framework, objective=objective.strip().lower(), tokens=tokens, price=price, top=top,
                      **{k: v for k, v in held.items() if v is not None})  # fmt: skip
+        from memcalc.cli.configs import write_files
+
+        write_files(result, write_config, force)
         if f == "json":
             sys.stdout.write(result.model_dump_json(indent=2) + "\n")
             return

@@ -1,0 +1,200 @@
+"""A Megatron-LM argument list (``pretrain_gpt.py`` options in a file, one or more a line) as estimate arguments.
+
+    >>> from memcalc.configs.megatron import read_megatron
+    >>> r = read_megatron("megatron_args.txt", world_size=16, layers=32)
+    >>> memcalc.estimate(**r.arguments, model="llama-3-8b")
+
+Source: Megatron-LM megatron/training/arguments.py (``_add_distributed_args``, ``_add_training_args``,
+``_add_mixed_precision_args``, ``_add_transformer_engine_args``; ``validate_args``: the data-parallel size is
+world / (tp x pp x cp), the global batch micro-batch x accumulation x dp, ``--num-layers-per-virtual-pipeline-stage``
+gives layers / (pp x it) model chunks per rank). The world size is the launcher's (torchrun), so it is passed in.
+``#`` starts a comment; an option the table does not know is refused, naming the nearest.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from typing import Any
+
+from memcalc.configs.reading import Collector, ConfigReading, near, read_text
+
+INT = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
+       "--num-virtual-stages-per-pipeline-rank", "--context-parallel-size", "--expert-model-parallel-size",
+       "--micro-batch-size", "--global-batch-size", "--seq-length", "--recompute-num-layers")  # fmt: skip
+FLAGS = ("--sequence-parallel", "--use-distributed-optimizer", "--bf16", "--fp16")
+CHOICES = {"--recompute-granularity": ("full", "selective"), "--recompute-method": ("uniform", "block"),
+           "--fp8-format": ("e4m3", "hybrid"), "--fp8-recipe": ("tensorwise", "delayed", "mxfp8", "blockwise"),
+           "--optimizer": ("adam", "sgd")}  # fmt: skip
+IGNORED = {
+    # no effect on what a GPU holds
+    "--train-iters": 1, "--train-samples": 1, "--lr": 1, "--min-lr": 1, "--lr-decay-style": 1, "--lr-decay-iters": 1,
+    "--lr-warmup-iters": 1, "--lr-warmup-fraction": 1, "--weight-decay": 1, "--clip-grad": 1, "--adam-beta1": 1,
+    "--adam-beta2": 1, "--adam-eps": 1, "--init-method-std": 1, "--seed": 1, "--log-interval": 1, "--save-interval": 1,
+    "--eval-interval": 1, "--eval-iters": 1, "--save": 1, "--load": 1, "--data-path": 1, "--split": 1,
+    "--tokenizer-type": 1, "--tokenizer-model": 1, "--vocab-file": 1, "--merge-file": 1, "--tensorboard-dir": 1,
+    "--wandb-project": 1, "--distributed-backend": 1, "--overlap-grad-reduce": 0, "--overlap-param-gather": 0,
+    "--use-mcore-models": 0, "--transformer-impl": 1, "--attention-backend": 1, "--use-flash-attn": 0,
+    # the model's shape: memcalc takes it from --model
+    "--num-layers": 1, "--hidden-size": 1, "--ffn-hidden-size": 1, "--num-attention-heads": 1,
+    "--group-query-attention": 0, "--num-query-groups": 1, "--max-position-embeddings": 1,
+    "--position-embedding-type": 1, "--normalization": 1, "--swiglu": 0, "--untie-embeddings-and-output-weights": 0,
+    "--disable-bias-linear": 0, "--rotary-base": 1, "--make-vocab-size-divisible-by": 1,
+}  # fmt: skip
+"""Options read past (1: takes a value, 0: a bare flag)."""
+KNOWN = (*INT, *FLAGS, *CHOICES, *IGNORED)
+
+
+def read_megatron(path: str | os.PathLike[str], *, world_size: int | None = None,
+                  layers: int | None = None) -> ConfigReading:  # fmt: skip
+    """Read a Megatron-LM argument list into ``memcalc.estimate`` arguments. ``world_size``: GPUs in the job (the
+    launcher's); ``layers``: the model's decoder layers (for ``--num-layers-per-virtual-pipeline-stage``)."""
+    text, name = read_text(path, "Megatron-LM arguments")
+    c = Collector(name, "megatron")
+    values = _parse(c, text)
+    get = values.get
+    tp, pp, cp, ep = (get(k, 1) for k in ("--tensor-model-parallel-size", "--pipeline-model-parallel-size",
+                                           "--context-parallel-size", "--expert-model-parallel-size"))  # fmt: skip
+    c.arguments.update(framework="megatron", stage=1 if get("--use-distributed-optimizer") else 0)
+    for value, arg in ((tp, "tp"), (pp, "pp"), (cp, "cp"), (ep, "ep")):
+        if value > 1:
+            c.arguments[arg] = value
+    if get("--sequence-parallel"):
+        c.arguments["sequence_parallel"] = True
+    _virtual(c, values, pp, layers)
+    c.arguments["precision"] = "bf16-mixed" if get("--bf16") else "fp16-mixed" if get("--fp16") else "fp32"
+    if get("--bf16") and get("--fp16"):
+        raise c.fail("--fp16", "and --bf16 both given; Megatron-LM accepts one")
+    _fp8(c, values)
+    _recompute(c, values)
+    if get("--optimizer") == "sgd":
+        c.arguments["optimizer"] = "sgd-momentum"
+    _batch(c, values, world_size, tp * pp * cp)
+    return c.freeze()
+
+
+def _parse(c: Collector, text: str) -> dict[str, Any]:
+    lines = [line.split("#", 1)[0] for line in text.splitlines()]
+    try:
+        tokens = shlex.split(" ".join(lines))
+    except ValueError as e:
+        raise c.fail("", f"cannot split into options ({e})") from None
+    values: dict[str, Any] = {}
+    i = 0
+    while i < len(tokens):
+        opt = tokens[i]
+        if not opt.startswith("--"):
+            raise c.fail(opt, "is not an option; each option starts with --")
+        opt, _, inline = opt.partition("=")
+        if opt not in KNOWN:
+            raise c.fail(opt, f"unknown option{near(opt, KNOWN) or ' (memcalc reads the parallel layout, batch, '}"
+                              f"{'' if near(opt, KNOWN) else 'precision and recompute options)'}")
+        takes = opt in INT or opt in CHOICES or IGNORED.get(opt) == 1
+        value: Any = True
+        if takes:
+            value = inline or (tokens[i + 1] if i + 1 < len(tokens) else None)
+            if value is None or (not inline and str(value).startswith("--")):
+                raise c.fail(opt, "needs a value")
+            i += 0 if inline else 1
+        if opt in values:
+            raise c.fail(opt, "is given twice; give each option once")
+        values[opt] = _value(c, opt, value)
+        i += 1
+    return values
+
+
+def _value(c: Collector, opt: str, value: Any) -> Any:
+    if opt in INT:
+        if not str(value).isdigit() or int(value) < 1:
+            raise c.fail(opt, f"{value!r} is not accepted; accepted: a whole number of 1 or more")
+        c.used(opt)
+        return int(value)
+    if opt in CHOICES:
+        if value not in CHOICES[opt]:
+            raise c.fail(opt, f"{value!r} is not accepted{near(value, CHOICES[opt])}; accepted: "
+                              f"{', '.join(CHOICES[opt])}")
+        c.used(opt)
+        return value
+    if opt in FLAGS:
+        c.used(opt)
+        return True
+    c.ignore(opt, "the model's shape comes from --model" if opt in _SHAPE else "no effect on the memory held")
+    return value
+
+
+_SHAPE = ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--group-query-attention",
+          "--num-query-groups", "--max-position-embeddings", "--position-embedding-type", "--normalization",
+          "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--rotary-base",
+          "--make-vocab-size-divisible-by")  # fmt: skip
+
+
+def _virtual(c: Collector, values: dict[str, Any], pp: int, layers: int | None) -> None:
+    per = values.get("--num-layers-per-virtual-pipeline-stage")
+    chunks = values.get("--num-virtual-stages-per-pipeline-rank")
+    if per is not None and chunks is not None:
+        raise c.fail("--num-virtual-stages-per-pipeline-rank", "and --num-layers-per-virtual-pipeline-stage both "
+                                                               "given; Megatron-LM accepts one")  # fmt: skip
+    if per is not None:
+        if layers is None:
+            raise c.fail("--num-layers-per-virtual-pipeline-stage", "needs the model's layers: give --model")
+        if layers % (pp * per):
+            raise c.fail("--num-layers-per-virtual-pipeline-stage", f"{per}: layers({layers}) is not a multiple of "
+                                                                    f"pp({pp}) x {per}")  # fmt: skip
+        chunks = layers // (pp * per)
+    if chunks is not None and chunks > 1:
+        if pp == 1:
+            raise c.fail("--pipeline-model-parallel-size", "is 1; an interleaved schedule needs 2 or more")
+        c.arguments["virtual_stages"] = chunks
+
+
+def _fp8(c: Collector, values: dict[str, Any]) -> None:
+    if "--fp8-format" not in values:
+        if "--fp8-recipe" in values:
+            c.ignore("--fp8-recipe", "no --fp8-format: fp8 is off")
+        return
+    recipe = values.get("--fp8-recipe", "delayed")
+    if recipe != "tensorwise":
+        c.unmodelled("--fp8-recipe", f"{recipe} scaling (counted as tensorwise)")
+    c.arguments["float8"] = "tensorwise"
+
+
+def _recompute(c: Collector, values: dict[str, Any]) -> None:
+    granularity = values.get("--recompute-granularity")
+    method, n = values.get("--recompute-method"), values.get("--recompute-num-layers")
+    if granularity is None:
+        for opt in ("--recompute-method", "--recompute-num-layers"):
+            if opt in values:
+                raise c.fail(opt, "needs --recompute-granularity full (Megatron-LM refuses it alone)")
+        c.arguments["recompute"] = "none"
+    elif granularity == "selective":
+        c.arguments["recompute"] = "selective"
+    elif method is None:
+        raise c.fail("--recompute-granularity", "full needs --recompute-method uniform or block")
+    else:
+        c.arguments["recompute"] = "full"
+        if method != "uniform" or (n or 1) != 1:
+            c.unmodelled("--recompute-method", f"{method} with {n or 1} layers per checkpoint (counted as every "
+                                               "layer's input checkpointed)")  # fmt: skip
+
+
+def _batch(c: Collector, values: dict[str, Any], world: int | None, mp: int) -> None:
+    micro = values.get("--micro-batch-size", 1)
+    seq = values.get("--seq-length")
+    if seq is None:
+        raise c.fail("--seq-length", "is missing; Megatron-LM needs it")
+    c.arguments.update(micro_batch=micro, seq_len=seq)
+    glob = values.get("--global-batch-size")
+    if world is None:
+        c.note("the world size is the launcher's: give --gpus")
+        return
+    if world % mp:
+        raise c.fail("--tensor-model-parallel-size", f"tp x pp x cp = {mp} does not divide the world size {world}")
+    dp = world // mp
+    c.arguments["gpus"] = world
+    if glob is None:
+        return
+    if glob % (micro * dp):
+        raise c.fail("--global-batch-size", f"{glob} is not micro-batch({micro}) x dp({dp}) x a whole number of "
+                                            "accumulation steps")  # fmt: skip
+    if glob > micro * dp:
+        c.arguments["grad_accum"] = glob // (micro * dp)
