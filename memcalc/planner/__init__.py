@@ -112,7 +112,7 @@ def _groups(job: PlanJob, arch: Any, held: dict, passthrough: dict, reasons: Cou
     return groups
 
 def _estimate_kwargs(job: PlanJob, fw: str, gpu: str, n: int, kw: dict, passthrough: dict) -> dict:
-    precision = passthrough.get("precision", SPACES[fw].precision)
+    precision = passthrough.get("precision", kw.get("precision", SPACES[fw].precision))
     return {**passthrough, **kw, "seq_len": job.seq_len, "gpus": n, "gpu": gpu, "gpus_per_node": job.gpus_per_node,
             "framework": fw, "precision": precision}
 

@@ -57,6 +57,10 @@ class Space:
 
 
 _FSDP2 = (("fsdp_version", 2),)
+_FSDP_MP = ("precision", "bf16-mixed")
+"""accelerate's mixed_precision bf16 under FSDP: its MixedPrecision policy casts fp32 shards to bf16 (accelerate
+utils/dataclasses.py FullyShardedDataParallelPlugin; memcalc.configs.accelerate.PRECISIONS), where DDP runs autocast
+over fp32 weights (amp-bf16, the space's precision)."""
 SPACES: dict[str, Space] = {
     "torchtitan": Space(
         strategies=((("fsdp", "FULL_SHARD"), *_FSDP2), (("fsdp", "HYBRID_SHARD"), *_FSDP2), (("ddp", True),)),
@@ -72,10 +76,10 @@ SPACES: dict[str, Space] = {
         offload=((("stage", "3"), ("offload_optimizer", "cpu")), (("stage", "2"), ("offload_optimizer", "cpu")),
                  (("stage", "3"), ("offload_optimizer", "cpu"), ("offload_params", "cpu")))),
     "hf": Space(
-        strategies=((("ddp", True),), (("fsdp", "FULL_SHARD"),), (("fsdp", "SHARD_GRAD_OP"),),
-                    (("fsdp", "FULL_SHARD"), *_FSDP2), (("fsdp", "HYBRID_SHARD"), *_FSDP2)),
+        strategies=((("ddp", True),), (("fsdp", "FULL_SHARD"), _FSDP_MP), (("fsdp", "SHARD_GRAD_OP"), _FSDP_MP),
+                    (("fsdp", "FULL_SHARD"), *_FSDP2, _FSDP_MP), (("fsdp", "HYBRID_SHARD"), *_FSDP2, _FSDP_MP)),
         recompute=("none", "full"), precision="amp-bf16", tp=True, cp=True, model_parallel_strategies=(0, 3, 4),
-        offload=((("fsdp", "FULL_SHARD"), *_FSDP2, ("offload_params", "cpu")),)),
+        offload=((("fsdp", "FULL_SHARD"), *_FSDP2, _FSDP_MP, ("offload_params", "cpu")),)),
 }  # fmt: skip
 """Each framework's search space (the module docstring gives the sources)."""
 
@@ -155,10 +159,11 @@ def settings(framework: str, gpus: int, per_node: int, shape: Shape, fixed: dict
 
 
 def _pointless(strategy: dict, dp: int, cp: int, tp: int, per_node: int) -> bool:
-    """A hybrid whose shard group already spans every data-parallel rank is FULL_SHARD again: not proposed twice."""
+    """A hybrid whose shard group already spans every data-parallel rank is FULL_SHARD again: not proposed twice; an
+    offloaded shard of a single data-parallel rank is the whole model (torchtitan applies no FSDP there)."""
     if strategy.get("fsdp") == "HYBRID_SHARD":
-        return dp * cp <= max(1, per_node // (tp * 1))
-    return False
+        return dp * cp <= max(1, per_node // tp)
+    return "offload_params" in strategy and dp * cp == 1
 
 
 def micro_batches(global_batch: int, dp: int, pp: int, virtual: int, fixed: dict) -> list[tuple[int, int]]:
