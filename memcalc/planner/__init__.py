@@ -14,13 +14,14 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from memcalc.errors import InputError
-from memcalc.planner.answer import _result, _run, _unheld_note
-from memcalc.planner.job import _job, parse_gpus, parse_prices
+from memcalc.planner.answer import estimate_again, plan_result, unheld_note
+from memcalc.planner.job import parse_gpus, parse_prices, read_job
 from memcalc.planning import search as S
 from memcalc.planning.space import SPACES, Shape, micro_batches, settings
 from memcalc.report.planned import PlanJob, PlannedRun, PlanResult
 
 __all__ = ["MAX_CANDIDATES", "parse_gpus", "parse_prices", "plan"]
+
 
 MAX_CANDIDATES = 1_000_000
 """A search larger than this asks for a narrower one instead of running for minutes."""
@@ -35,7 +36,7 @@ def plan(params: Any = None, *, seq_len: int | None = None, global_batch: int | 
     gpus=64, gpu="h100")``. Any other ``memcalc.estimate`` keyword holds its dimension fixed (``tp=8``,
     ``recompute="full"``, ``stage=3``) or applies to every candidate (``attention``, ``lora_rank``, ...)."""
     t0 = time.perf_counter()
-    job, arch, model_args, held, passthrough, gpu_args = _job(
+    job, arch, model_args, held, passthrough, gpu_args = read_job(
         params, seq_len, global_batch, global_batch_tokens, gpus, gpu, gpus_per_node, framework, objective, tokens,
         price, top, fixed)
     reasons: Counter[str] = Counter()
@@ -53,10 +54,11 @@ def plan(params: Any = None, *, seq_len: int | None = None, global_batch: int | 
     reasons.update(out.refused)
     free = _unheld(job, arch, held, passthrough, gpu_args, model_args)
     seconds = time.perf_counter() - t0
-    result = _result(job, model_args, passthrough, out, candidates, reasons, offload, seconds)
+    result = plan_result(job, model_args, out, candidates, reasons, offload, seconds)
     if free is None:
         return result
-    return result.model_copy(update={"unheld_best": free, "notes": result.notes + _unheld_note(result, free, held)})
+    return result.model_copy(update={"unheld_best": free, "notes": result.notes + unheld_note(result, free, held)})
+
 
 def _unheld(job: PlanJob, arch: Any, held: dict, passthrough: dict, gpu_args: dict,
             model_args: dict) -> PlannedRun | None:  # fmt: skip
@@ -65,7 +67,8 @@ def _unheld(job: PlanJob, arch: Any, held: dict, passthrough: dict, gpu_args: di
     if not layout_keys:
         return None
     out, _ = _search(_groups(job, arch, {}, passthrough, Counter(), gpu_args, offload=False), job, 1)
-    return _run(0, out.kept[0], job, model_args) if out.kept else None
+    return estimate_again(0, out.kept[0], job, model_args) if out.kept else None
+
 
 def _settings(job: PlanJob, arch: Any, held: dict, offload: bool,
               gpu_args: dict) -> Iterable[tuple[str, int, str, dict, list]]:  # fmt: skip
@@ -78,6 +81,7 @@ def _settings(job: PlanJob, arch: Any, held: dict, offload: bool,
                     dp = n // (kw.get("tp", 1) * kw.get("pp", 1) * kw.get("cp", 1))
                     pairs = micro_batches(job.global_batch, dp, kw.get("pp", 1), kw.get("virtual_stages", 1), held)
                     yield gpu, n, fw, kw, pairs
+
 
 def _groups(job: PlanJob, arch: Any, held: dict, passthrough: dict, reasons: Counter, gpu_args: dict,
             offload: bool) -> list[S.Group]:  # fmt: skip
@@ -111,16 +115,19 @@ def _groups(job: PlanJob, arch: Any, held: dict, passthrough: dict, reasons: Cou
         groups.append(S.Group(gpu, n, fw, args, plan, tuple(pairs), job.prices.get(key_of[gpu])))
     return groups
 
+
 def _estimate_kwargs(job: PlanJob, fw: str, gpu: str, n: int, kw: dict, passthrough: dict) -> dict:
     precision = passthrough.get("precision", kw.get("precision", SPACES[fw].precision))
     return {**passthrough, **kw, "seq_len": job.seq_len, "gpus": n, "gpu": gpu, "gpus_per_node": job.gpus_per_node,
             "framework": fw, "precision": precision}
+
 
 def _reason(message: str) -> str:
     """A refusal's reason without its numbers, so that alike refusals count together."""
     import re
 
     return re.sub(r"\d[\d,._]*", "N", message.split(";")[0])[:160]
+
 
 def _search(groups: list[S.Group], job: PlanJob, top: int) -> tuple[S.Outcome, list[S.Candidate]]:
     from memcalc.time.estimate import time_fields

@@ -20,7 +20,8 @@ def _cli_args(model_args: dict, kwargs: dict) -> list[str]:
         out += [flag(k)] if v is True else [flag(k), str(v)]
     return out
 
-def _run(rank: int, c: S.Candidate, job: PlanJob, model_args: dict) -> PlannedRun:
+
+def estimate_again(rank: int, c: S.Candidate, job: PlanJob, model_args: dict) -> PlannedRun:
     """One candidate estimated again as ``memcalc estimate`` estimates its arguments."""
     from memcalc.api import estimate_from_input
     from memcalc.inputs.build import build_input
@@ -29,8 +30,7 @@ def _run(rank: int, c: S.Candidate, job: PlanJob, model_args: dict) -> PlannedRu
     timing = {"tokens": job.tokens, "price_per_gpu_hour": g.price if job.tokens is not None else None}
     kwargs = {**g.kwargs, "micro_batch": c.micro_batch, "grad_accum": c.grad_accum,
               **{k: v for k, v in timing.items() if v is not None}}
-    inp_args = {**kwargs, **({"model": g.plan.arch} if True else {})}
-    e = estimate_from_input(build_input(**inp_args))
+    e = estimate_from_input(build_input(**kwargs, model=g.plan.arch))  # the model resolved once, as given
     t, pg, tr = e.time, e.memory.per_gpu, e.training
     assert t is not None  # every candidate was timed
     return PlannedRun(
@@ -43,6 +43,7 @@ def _run(rank: int, c: S.Candidate, job: PlanJob, model_args: dict) -> PlannedRu
         time=PlanTime(step_s=t.step_s, tokens_per_s_per_gpu=t.tokens_per_s_per_gpu, mfu=t.mfu,
                       time_to_train_s=t.time_to_train_s, cost=t.cost),
         bound=c.bound, estimate_args=_cli_args(model_args, kwargs))
+
 
 def _strategy(name: str, g: S.Group) -> str:
     """The strategy as the framework's users name it: FSDP1/FSDP2 FULL_SHARD, ZeRO-3, DDP, the distributed
@@ -60,13 +61,14 @@ def _strategy(name: str, g: S.Group) -> str:
     mods += [f"+param-{p.offload_params}"] if p.offload_params != "none" else []
     return base + "".join(mods)
 
-def _result(job: PlanJob, model_args: dict, passthrough: dict, out: S.Outcome, candidates: list[S.Candidate],
-            reasons: Counter, offload: bool, seconds: float) -> PlanResult:  # fmt: skip
-    runs = {id(c): _run(i + 1, c, job, model_args) for i, c in enumerate(out.kept)}
+
+def plan_result(job: PlanJob, model_args: dict, out: S.Outcome, candidates: list[S.Candidate],
+                reasons: Counter, offload: bool, seconds: float) -> PlanResult:  # fmt: skip
+    runs = {id(c): estimate_again(i + 1, c, job, model_args) for i, c in enumerate(out.kept)}
     best = []
     for c in out.best_per_bucket.values():
         if id(c) not in runs:
-            runs[id(c)] = _run(0, c, job, model_args)
+            runs[id(c)] = estimate_again(0, c, job, model_args)
         best.append(runs[id(c)])
     best.sort(key=lambda r: (job.gpu.index(r.gpu), r.gpus))
     plans = [runs[id(c)] for c in out.kept]
@@ -85,15 +87,17 @@ def _result(job: PlanJob, model_args: dict, passthrough: dict, out: S.Outcome, c
                       plans=plans, best_per_gpu=best, fastest=fastest, cheapest=cheapest, closest_miss=miss,
                       offload=offload, notes=notes)
 
+
 def _closest_miss(out: S.Outcome, job: PlanJob, model_args: dict) -> Miss | None:
     """The checked candidate that comes closest to fitting: least over the GPU (its exact estimate)."""
     seen = [c for c in out.misses if c.exact] or [c for c in out.misses if c.peak is not None]
     if not seen:
         return None
     c = min(seen, key=lambda c: (c.peak - c.plan.usable_bytes, c.step_s))  # type: ignore[operator]
-    run = _run(0, c, job, model_args)
+    run = estimate_again(0, c, job, model_args)
     usable = run.memory.headroom_bytes
     return Miss(plan=run, over_bytes=-usable)
+
 
 def _notes(job: PlanJob, plans: list[PlannedRun], out: S.Outcome, paper: int, offload: bool,
            miss: Miss | None) -> list[str]:  # fmt: skip
@@ -119,7 +123,8 @@ def _notes(job: PlanJob, plans: list[PlannedRun], out: S.Outcome, paper: int, of
                      "their verdicts are the paper's")
     return notes
 
-def _unheld_note(res: PlanResult, free: PlannedRun, held: dict) -> list[str]:
+
+def unheld_note(res: PlanResult, free: PlannedRun, held: dict) -> list[str]:
     given = " ".join(f"{flag(k)} {v}" if v is not True else flag(k) for k, v in held.items())
     if not res.plans:
         return [f"held to {given}, nothing fits; without it: {_describe(free)}"]
@@ -137,6 +142,7 @@ def _unheld_note(res: PlanResult, free: PlannedRun, held: dict) -> list[str]:
     return [f"held to {given}: the free search's best is {100 * (a / b - 1):.1f} % better by {what} "
             f"({_describe(free)}; it differs in {', '.join(differs) or 'nothing shown'}; bound by {free.bound}, the "
             f"held plan by {best.bound})"]
+
 
 def _describe(r: PlannedRun) -> str:
     return (f"{r.gpus} x {r.gpu} {r.framework} {layout_text(r)} {r.strategy} recompute {r.recompute} micro-batch "

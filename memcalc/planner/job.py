@@ -14,9 +14,12 @@ from memcalc.report.planned import PlanJob
 
 MAX_GPUS = 1 << 20
 
+
 MODEL_KEYS = ("params", "model", "hf_config", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
 
+
 OBJECTIVES = ("time", "cost", "memory")
+
 
 def parse_gpus(value: int | str | Sequence[int]) -> list[int]:
     """``64``, ``64,128,256`` or ``32..512`` (the powers of two from 32 to 512)."""
@@ -40,6 +43,7 @@ def parse_gpus(value: int | str | Sequence[int]) -> list[int]:
         raise InputError(f"--gpus {shown(value)}: every count must be from 1 to {MAX_GPUS:,}")
     return sorted(set(counts))
 
+
 def _whole(name: str, x: object) -> int:
     s = x.strip() if isinstance(x, str) else x
     if isinstance(s, str) and s.isdigit() and len(s) < 10:
@@ -50,11 +54,13 @@ def _whole(name: str, x: object) -> int:
         "a whole number of 1 or more"
     raise InputError(f"{name} {shown(x)} is not a whole number; accepted: {forms}")
 
+
 def _names(value: str | Sequence[str] | None, default: Sequence[str]) -> list[str]:
     if value is None:
         return list(default)
     items = value.split(",") if isinstance(value, str) else list(value)
     return [x.strip() for x in items if isinstance(x, str) and x.strip()] or list(default)
+
 
 def parse_prices(price: float | str | dict | None, gpus: list[str]) -> dict[str, float]:
     """One price for every GPU, or ``h100=2.5,b200=5.0`` (GPU names or aliases, each one of the searched GPUs)."""
@@ -85,6 +91,7 @@ def parse_prices(price: float | str | dict | None, gpus: list[str]) -> dict[str,
             raise InputError(f"--price {k}={v} must be a non-negative number")
     return pairs
 
+
 def _global_batch(seq_len: int, global_batch: int | None, tokens: float | str | None) -> int:
     if (global_batch is None) == (tokens is None):
         raise InputError("give the global batch: --global-batch N (sequences) or --global-batch-tokens 1M, one of them")
@@ -105,6 +112,7 @@ def _global_batch(seq_len: int, global_batch: int | None, tokens: float | str | 
         raise InputError(f"--global-batch {b} must be 1 or more sequences")
     return b
 
+
 def _binary(tokens: object) -> int | None:
     """``1M`` read as 2^20 tokens (how batch sizes in tokens are quoted: Llama 2's "4M tokens" is 1,024 x 4,096)."""
     if not isinstance(tokens, str) or not tokens.strip() or tokens.strip()[-1].lower() not in "kmgb":
@@ -115,9 +123,10 @@ def _binary(tokens: object) -> int | None:
     except ValueError:
         return None
 
-def _job(params: Any, seq_len: Any, global_batch: Any, global_batch_tokens: Any, gpus: Any, gpu: Any,
-         gpus_per_node: Any, framework: Any, objective: Any, tokens: Any, price: Any, top: Any,
-         fixed: dict) -> tuple[PlanJob, Any, dict, dict, dict, dict]:  # fmt: skip
+
+def read_job(params: Any, seq_len: Any, global_batch: Any, global_batch_tokens: Any, gpus: Any, gpu: Any,
+             gpus_per_node: Any, framework: Any, objective: Any, tokens: Any, price: Any, top: Any,
+             fixed: dict) -> tuple[PlanJob, Any, dict, dict, dict, dict]:  # fmt: skip
     """The job, validated once: (job, architecture, the model's keywords, the held ones, the passed-through ones,
     each GPU's argument by its key: the preset's key, or the path of the user's file)."""
     import inspect
@@ -179,6 +188,7 @@ def _job(params: Any, seq_len: Any, global_batch: Any, global_batch_tokens: Any,
                   fixed={**held, **{k: v for k, v in passthrough.items() if isinstance(v, (int, float, str, bool))}})
     return job, arch, model_args, held, passthrough, records
 
+
 def _timed_gpu(key: str) -> None:
     """The planner ranks by step time: a GPU without one is refused in one line."""
     from memcalc.time.datasheet import gpu_machine
@@ -188,6 +198,7 @@ def _timed_gpu(key: str) -> None:
     except InputError as e:
         raise InputError(f"--gpu {key} has no step time, which memcalc plan ranks by ({' '.join(str(e).split())})") \
             from None
+
 
 def _frameworks(value: str | Sequence[str]) -> list[str]:
     names = [n.lower() for n in _names(value, ["any"])]

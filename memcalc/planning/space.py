@@ -17,8 +17,8 @@ Sources, per framework:
   memcalc's ``--stage 1`` under ``--framework megatron``), ``--sequence-parallel`` with TP, interleaved pipelines
   (``--num-layers-per-virtual-pipeline-stage``), context parallelism, ``--recompute-granularity selective|full``.
 - DeepSpeed (deepspeed/runtime/zero/config.py): ZeRO stages 0-3 over the data-parallel ranks,
-  ``activation_checkpointing`` (full); its pipeline engine needs a ``PipelineModule`` and its tensor parallelism another library, so neither is
-  searched.
+  ``activation_checkpointing`` (full); its pipeline engine needs a ``PipelineModule`` and its tensor parallelism
+  another library, so neither is searched.
 - Hugging Face Trainer through accelerate (accelerate/utils/dataclasses.py FullyShardedDataParallelPlugin,
   accelerate/parallelism_config.py): DDP, FSDP1 FULL_SHARD / SHARD_GRAD_OP, FSDP2 FULL_SHARD / HYBRID_SHARD, DTensor
   tensor parallelism (``tp_size``) and context parallelism under FSDP2, ``gradient_checkpointing`` (full); no pipeline
