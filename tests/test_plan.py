@@ -150,10 +150,15 @@ def test_a_pipeline_never_needs_less_with_more_micro_batches() -> None:
     for g in _groups("torchtitan", gpus=16, batch=64):
         if g.plan.pp == 1 or g.plan.accounting != "realistic":
             continue
+        from memcalc.memory import realistic
+
         mb = g.pairs[0][0]
         counts = [n for n in (g.plan.pp, 2 * g.plan.pp, 4 * g.plan.pp, 8 * g.plan.pp)]
         totals = [evaluate(S.with_batch(g.plan, mb, n)).total for n in counts]
         assert totals == sorted(totals), (g.kwargs, counts, totals)
+        for stage in (0, g.plan.pp - 1):  # each rank alone, as the search's probe replays them
+            peaks = [realistic.evaluate(S.with_batch(g.plan, mb, n), stage).peak_allocated for n in counts]
+            assert peaks == sorted(peaks), (g.kwargs, stage, peaks)
         seen += 1
         if seen == 8:
             break

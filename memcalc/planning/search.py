@@ -27,6 +27,7 @@ import heapq
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from memcalc.errors import InputError
 from memcalc.evaluate import Evaluation, evaluate
@@ -169,19 +170,26 @@ def _settled(c: Candidate, seen: list[tuple[int, int, str]]) -> str | None:
     return None
 
 
-def _probe(plan: Plan) -> Evaluation | None:
-    """A pipeline step with fewer micro-batches, as a bound: at one micro-batch size, each further micro-batch adds a
-    receive buffer and an input slice and keeps as many in flight or more (1F1B holds min(n, pp - rank)), so the peak
-    never falls as n grows (a test holds it). A replay's cost grows with n; one of 2 x pp micro-batches (a multiple of
-    pp, as the interleaved schedule needs) that is already out of memory settles the real one. None: nothing to
-    gain."""
-    n = 2 * plan.pp
-    if plan.pp == 1 or plan.grad_accum <= n or plan.accounting != "realistic":
+def _probe(plan: Plan) -> Any:
+    """A pipeline's first and last ranks replayed alone with pp micro-batches, as a bound. A plan is out of memory when
+    one rank is (the verdict is its most loaded rank's), and at one micro-batch size each further micro-batch adds a
+    receive buffer and an input slice and keeps as many in flight or more (1F1B holds min(n, pp - rank)), so no rank's
+    peak falls as n grows (a test holds it). A replay costs in proportion to the ranks and micro-batches it runs: two
+    ranks of pp micro-batches settle most of the pipelines that do not fit for a fraction of one whole replay. Returns
+    the first rank found out of memory, else None."""
+    if plan.pp == 1 or plan.accounting != "realistic":
         return None
-    try:
-        return evaluate(replace(plan, grad_accum=n))
-    except InputError:
-        return None
+    from memcalc.memory import realistic
+
+    small = replace(plan, grad_accum=min(plan.grad_accum, plan.pp))
+    for stage in (0, plan.pp - 1):
+        try:
+            r = realistic.evaluate(small, stage)
+        except InputError:
+            return None
+        if r.verdict == "oom":
+            return r
+    return None
 
 
 def _check(c: Candidate, known: dict[tuple, list[tuple[int, int, str]]], out: Outcome) -> None:
@@ -199,7 +207,7 @@ def _check(c: Candidate, known: dict[tuple, list[tuple[int, int, str]]], out: Ou
         out.pruned += 1
         return
     probe = _probe(c.plan)
-    if probe is not None and probe.realistic.verdict == "oom":
+    if probe is not None:
         c.verdict, c.peak = "oom", probe.total
         out.pruned += 1
         return
