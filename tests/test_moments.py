@@ -76,3 +76,10 @@ def test_moments_only_when_asked():
     assert r.memory.timeline.moments == []
     with pytest.raises(memcalc.errors.InputError, match="timeline"):
         memcalc.estimate(**PEAKS["FSDP2"], timeline="yes")
+
+
+def test_the_largest_micro_batch_that_fits_comes_with_its_moments():
+    r = memcalc.estimate(model="qwen3-0.6b", gpus=1, seq_len=1024, precision="bf16", gpu="h100", micro_batch="auto",
+                         timeline=True)
+    assert r.training.micro_batch_auto and r.memory.timeline.moments
+    assert max(sum(m.bytes.values()) for m in r.memory.timeline.moments) == r.memory.per_gpu.peak_allocated
