@@ -83,3 +83,15 @@ def test_the_largest_micro_batch_that_fits_comes_with_its_moments():
                          timeline=True)
     assert r.training.micro_batch_auto and r.memory.timeline.moments
     assert max(sum(m.bytes.values()) for m in r.memory.timeline.moments) == r.memory.per_gpu.peak_allocated
+
+
+def test_a_part_no_rule_names_is_other_and_shows_as_its_own_column():
+    from memcalc.memory.moments import StepMoment
+    from memcalc.report.timeline import kinds
+
+    assert kind_of("a buffer nobody named yet") == OTHER
+    assert kind_of("layer activations (layers 0..3)") == "activations"
+    m = StepMoment("forward", "x", (("parameters", 10), ("a buffer nobody named yet", 5)))
+    assert m.by_kind()[OTHER] == 5 and sum(m.by_kind().values()) == m.total == 15
+    r = memcalc.estimate(**PEAKS["FSDP2"], timeline=True)
+    assert kinds(r.memory.timeline.moments) == list(KINDS)
