@@ -29,31 +29,47 @@ __all__ = ["DEFAULT_COMPARE", "DEFAULT_GPU", "MAX_COMPARE", "build_input", "comp
            "estimate_from_input", "largest_micro_batch", "parse_strategy", "resolve_architecture"]
 
 
-def estimate_from_input(inp: EstimateInput, micro_batch_auto: bool = False) -> Estimate:
-    """The estimate of one validated input: to the core's plain plan, evaluated, built into the result once."""
+def estimate_from_input(inp: EstimateInput, micro_batch_auto: bool = False, timeline: bool = False) -> Estimate:
+    """The estimate of one validated input: to the core's plain plan, evaluated, built into the result once;
+    ``timeline``: with every moment of the step (``memory.timeline.moments``, realistic accounting)."""
     from memcalc.evaluate import evaluate
     from memcalc.inputs.plan import to_plan
     from memcalc.report import build
 
-    return build.estimate(inp, evaluate(to_plan(inp)), micro_batch_auto)
+    if type(timeline) is not bool:
+        raise InputError(f"timeline {shown(timeline)} is not accepted; accepted: True or False")
+    return build.estimate(inp, evaluate(to_plan(inp)), micro_batch_auto, timeline=timeline)
 
 
-@_keywords(_build_input_names, values=False)
-def estimate(params: int | float | str | Model | EstimateInput | None = None, **kwargs: object) -> Estimate:
+@_keywords(lambda: [*_build_input_names(), "timeline"], values=False)
+def estimate(params: int | float | str | Model | EstimateInput | None = None, timeline: bool = False,
+             **kwargs: object) -> Estimate:
     """Per-GPU memory and per-step communication of one strategy.
 
     ``memcalc.estimate(params=175e9, stage=3, gpus=128)``; ``fsdp="FULL_SHARD"``, ``ddp=True`` or
     ``strategy="zero-3+opt-cpu"`` pick other strategies; ``model="llama-2-7b", seq_len=4096`` adds
     activations; ``micro_batch="auto"`` finds the largest micro-batch that fits. An ``EstimateInput`` is
-    taken as it is.
+    taken as it is. ``timeline=True``: every moment of the step by kind in ``memory.timeline.moments`` (realistic
+    accounting; a replay of every decoder layer beside the estimate's own).
     """
     if isinstance(params, EstimateInput):
         if kwargs:
             raise InputError("pass either an EstimateInput or keyword arguments, not both")
-        return estimate_from_input(params)
+        return estimate_from_input(params, timeline=timeline)
     if kwargs.get("micro_batch") == "auto":
-        return largest_micro_batch(params, **{k: v for k, v in kwargs.items() if k != "micro_batch"})
-    return estimate_from_input(build_input(params, **kwargs))  # type: ignore[arg-type]
+        best = largest_micro_batch(params, **{k: v for k, v in kwargs.items() if k != "micro_batch"})
+        return _with_timeline(best) if timeline is True else best
+    return estimate_from_input(build_input(params, **kwargs), timeline=timeline)  # type: ignore[arg-type]
+
+
+def _with_timeline(r: Estimate) -> Estimate:
+    """``r`` with every moment of its step (``memory.timeline.moments``)."""
+    from memcalc.evaluate import evaluate
+    from memcalc.inputs.plan import to_plan
+    from memcalc.report.build import step_timeline
+
+    tl = step_timeline(evaluate(to_plan(r.input)), moments=True)
+    return dataclasses.replace(r, memory=dataclasses.replace(r.memory, timeline=tl))
 
 
 def largest_micro_batch(params: object = None, limit: int = 1 << 16, **kwargs: object) -> Estimate:

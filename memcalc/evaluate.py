@@ -279,13 +279,21 @@ def notes(plan: Plan) -> list[str]:
                    "the forward's start to the backward's end and its unsharded gradients are not among them (the "
                    "verdict's at-risk band counts the gathered model: memory/paper.py uncounted)")
     if plan.arch is not None and plan.work is not None:
-        from memcalc.memory.scope import why_not
-
-        why = why_not(plan.arch, plan.precision.name, plan.optimizer.name, plan.spec.name, plan.work, plan.tp,
-                      plan.pp, plan.cp, plan.ep, plan.fsdp_version, lora=plan.lora, framework=plan.framework,
-                      sequence_parallel=plan.sequence_parallel,
-                      offload=plan.offload, overlap_comm=plan.overlap_comm, fsdp_wrap=plan.fsdp_wrap,
-                      fsdp_auto_wrap=plan.fsdp_auto_wrap)
+        why = realistic_why_not(plan)
         if why is not None:
             out.append(f"realistic accounting (the peak of a real step) not used: {why}")
     return out
+
+
+def realistic_why_not(plan: Plan) -> str | None:
+    """Why the realistic accounting cannot replay ``plan`` (``memcalc.memory.scope.why_not``); None where it can."""
+    if plan.arch is None or plan.work is None:
+        return ("a bare parameter count has no layers to replay: give the model's shape (--model, --hf-config) and "
+                "--seq-len")
+    from memcalc.memory.scope import why_not
+
+    return why_not(plan.arch, plan.precision.name, plan.optimizer.name, plan.spec.name, plan.work, plan.tp,
+                   plan.pp, plan.cp, plan.ep, plan.fsdp_version, lora=plan.lora, framework=plan.framework,
+                   sequence_parallel=plan.sequence_parallel,
+                   offload=plan.offload, overlap_comm=plan.overlap_comm, fsdp_wrap=plan.fsdp_wrap,
+                   fsdp_auto_wrap=plan.fsdp_auto_wrap)

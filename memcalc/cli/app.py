@@ -165,11 +165,11 @@ def units_arg(units: str) -> str:
 FORMATS = ("table", "json", "csv", "markdown")
 
 
-def output_format(fmt: str, as_json: bool) -> str:
-    """--format table|json|csv|markdown (``--json`` is short for ``--format json``)."""
+def output_format(fmt: str, as_json: bool, more: tuple[str, ...] = ()) -> str:
+    """--format table|json|csv|markdown and the command's ``more`` (``--json`` is short for ``--format json``)."""
     f = fmt.strip().lower()
-    if f not in FORMATS:
-        raise InputError(f"--format {fmt!r} is not accepted; accepted: {', '.join(FORMATS)}")
+    if f not in FORMATS + more:
+        raise InputError(f"--format {fmt!r} is not accepted; accepted: {', '.join(FORMATS + more)}")
     if as_json and f not in ("table", "json"):
         raise InputError(f"--json and --format {f} cannot be combined; choose one")
     return "json" if as_json else f

@@ -85,6 +85,9 @@ from memcalc.cli.options import (
     Reserve,
     Units,
     Format,
+    EstimateFormat,
+    Timeline,
+    MemorySnapshot,
     Check,
     Json,
     LoraRank,
@@ -169,7 +172,9 @@ def estimate(
     zero3_step: Zero3Step = "steady",
     units: Units = "gib",
     json: Json = False,
-    fmt: Format = "table",
+    fmt: EstimateFormat = "table",
+    timeline: Timeline = False,
+    memory_snapshot: MemorySnapshot = None,
     check: Check = False,
     cluster: ClusterOpt = None,
     tokens: Tokens = None,
@@ -234,21 +239,42 @@ def estimate(
         assumed: list[str] = []
         arguments = with_config(ctx, kwargs, deepspeed, accelerate_config, torchtitan_config, megatron=megatron_args,
                                 origin=origin, said=said, assumed=assumed)  # fmt: skip
+        out = output_format(fmt, json, ("timeline-csv",))
+        moments = timeline or out == "timeline-csv" or memory_snapshot is not None
         try:
-            result = run(**arguments)
+            result = run(**arguments, timeline=moments)
         except InputError as e:
             raise blame(e, arguments, origin) from None
-        out = output_format(fmt, json)
+        if moments:
+            _has_moments(result)
         if assumed:  # shown in the output's header, where the answer is read (CSV has none: said with the notes)
             result = result.model_copy(update={"assumed": assumed})
             said += [f"memcalc: assumed: {a}\n" for a in assumed] if out == "csv" else []
         write_files(result, write_config, force)
         sys.stderr.writelines(said)  # the file's notes, once the estimate stands (an error prints its line alone)
-        show(result, out, u)
+        if memory_snapshot is not None:
+            from memcalc.report.snapshot import write_snapshot
+
+            sys.stderr.write(f"wrote {write_snapshot(result, memory_snapshot)}\n")
+        if out == "timeline-csv":
+            from memcalc.report.timeline import timeline_csv
+
+            sys.stdout.write(timeline_csv(result))
+        else:
+            show(result, out, u)
         if check and result.memory.fit.verdict != "fits":
             raise typer.Exit(EXIT_DOES_NOT_FIT)
 
     run_or_fail(go)
+
+
+def _has_moments(result: Any) -> None:
+    """Nothing where ``result`` has the moments of its step, else one line saying why it has none (exit 2)."""
+    from memcalc.report.timeline import why_no_timeline
+
+    why = why_no_timeline(result)
+    if why is not None:
+        raise InputError(why)
 
 
 @app.command(

@@ -9,7 +9,8 @@ from typing import Annotated
 import typer
 
 from memcalc.cli.app import Command, app, console, fail, output_format, run_or_fail, show_rows
-from memcalc.cli.options import Format, Gpu, Gpus, HfConfig, Json, ModelOpt, Params, SeqLen, Units
+from memcalc.cli.options import (AttentionOpt, Cp, Format, FrameworkOpt, FsdpVersion, Gpu, Gpus, GradAccum, HfConfig, Json,
+                                 ModelOpt, Params, Pp, PrecisionOpt, SeqLen, ShardGroup, Sp, Tp, Units, Vp)
 from memcalc.errors import InputError
 
 
@@ -216,9 +217,11 @@ def trace(
     run_or_fail(go)
 
 
-@app.command(cls=Command, epilog="Example: memcalc plot memory --model llama-2-7b --gpus 8 --out memory.png")
+@app.command(cls=Command, epilog="Examples: memcalc plot memory --model llama-2-7b --gpus 8 --out memory.png; memcalc plot "
+                                  "timeline --model llama-3-8b --fsdp FULL_SHARD --fsdp-version 2 --gpus 8 --seq-len 4096 "
+                                  "--out timeline.png")
 def plot(
-    kind: Annotated[str, typer.Argument(help="memory (per-GPU memory by part, per strategy), scaling (per-GPU memory vs GPU count) or time (a step's seconds by part, per strategy).")],
+    kind: Annotated[str, typer.Argument(help="memory (per-GPU memory by part, per strategy), scaling (per-GPU memory vs GPU count), time (a step's seconds by part, per strategy) or timeline (one strategy's step moment by moment, stacked by kind: realistic accounting).")],
     out: Annotated[str, typer.Option("--out", "-o", help="The picture to write: .png or .svg.")],
     params: Params = None,
     model: ModelOpt = None,
@@ -230,9 +233,25 @@ def plot(
     seq_len: SeqLen = None,
     micro_batch: Annotated[int | None, typer.Option("--micro-batch", help="Sequences per micro-batch (with --seq-len).")] = None,
     units: Units = "gib",
+    stage: Annotated[str | None, typer.Option("--stage", "-s", help="timeline: DeepSpeed ZeRO stage 0-3.")] = None,
+    fsdp: Annotated[str | None, typer.Option("--fsdp", help="timeline: FSDP sharding strategy (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, ...).")] = None,
+    ddp: Annotated[bool, typer.Option("--ddp", help="timeline: plain PyTorch DDP (the default when no strategy is given).")] = False,
+    strategy: Annotated[str | None, typer.Option("--strategy", help="timeline: a strategy by name with modifiers, e.g. zero-3+opt-cpu.")] = None,
+    fsdp_version: FsdpVersion = None,
+    precision: Annotated[str | None, PrecisionOpt.__metadata__[0]] = None,
+    recompute: Annotated[str | None, typer.Option("--recompute", help="Activation recomputation: none, selective, full, every:K, op-sac.")] = None,
+    attention: AttentionOpt = None,
+    framework: FrameworkOpt = None,
+    tp: Annotated[int | None, Tp.__metadata__[0]] = None,
+    pp: Annotated[int | None, Pp.__metadata__[0]] = None,
+    cp: Annotated[int | None, Cp.__metadata__[0]] = None,
+    sequence_parallel: Sp = False,
+    virtual_stages: Annotated[int | None, Vp.__metadata__[0]] = None,
+    grad_accum: GradAccum = None,
+    shard_group: ShardGroup = None,
 ) -> None:
-    """Draw per-GPU memory (stacked by part, per strategy), how it scales with the GPU count, or a step's time by
-    part (needs matplotlib)."""
+    """Draw per-GPU memory (stacked by part, per strategy), how it scales with the GPU count, a step's time by
+    part, or one strategy's step moment by moment (needs matplotlib)."""
 
     def go() -> None:
         from memcalc.cli.app import units_arg
@@ -240,10 +259,21 @@ def plot(
         u = units_arg(units)
         chosen = None if strategies is None else [s.strip() for s in strategies.split(",") if s.strip()]
         shape = {k: v for k, v in (("params", params), ("model", model), ("hf_config", hf_config), ("gpu", gpu),
-                                   ("seq_len", seq_len), ("micro_batch", micro_batch)) if v is not None}
+                                   ("seq_len", seq_len), ("micro_batch", micro_batch), ("precision", precision),
+                                   ("recompute", recompute), ("attention", attention), ("framework", framework),
+                                   ("tp", tp), ("pp", pp), ("cp", cp), ("sequence_parallel", sequence_parallel or None),
+                                   ("grad_accum", grad_accum), ("shard_group", shard_group))
+                 if v is not None}  # fmt: skip
+        one = {k: v for k, v in (("stage", stage), ("fsdp", fsdp), ("ddp", ddp or None), ("strategy", strategy),
+                                 ("fsdp_version", fsdp_version), ("virtual_stages", virtual_stages)) if v is not None}
         from memcalc.report import plot as p
 
-        if kind in ("memory", "time"):
+        if kind == "timeline":
+            fig = _timeline(chosen, shape | one, gpus, u)
+        elif one:
+            flags = ", ".join("--" + k.replace("_", "-") for k in one)
+            raise InputError(f"{flags}: one strategy's flags, for plot timeline; plot {kind} takes --strategies")
+        elif kind in ("memory", "time"):
             import memcalc
 
             cmp = memcalc.compare(gpus=gpus, strategies=chosen, **shape)
@@ -256,8 +286,18 @@ def plot(
             extra = {"strategies": chosen} if chosen else {}
             fig = p.plot_scaling(gpus=counts, unit=u, **extra, **shape)
         else:
-            raise InputError(f"plot {kind!r} is not a plot; accepted: memory, scaling, time")
+            raise InputError(f"plot {kind!r} is not a plot; accepted: memory, scaling, time, timeline")
         written = p.save(fig, out)
         sys.stdout.write(f"wrote {written}\n")
 
     run_or_fail(go)
+
+
+def _timeline(chosen: list[str] | None, flags: dict, gpus: int, unit: str):
+    """The timeline figure of one strategy's estimate, or one line saying why there is none."""
+    import memcalc
+    from memcalc.report.plot_timeline import plot_timeline
+
+    if chosen:
+        raise InputError("plot timeline draws one strategy: give --stage, --fsdp, --ddp or --strategy, not --strategies")
+    return plot_timeline(memcalc.estimate(gpus=gpus, timeline=True, **flags), unit=unit)

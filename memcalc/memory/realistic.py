@@ -102,6 +102,13 @@ def evaluate(plan: Plan, stage: int = 0, every_layer: bool = False) -> Realistic
     """The realistic peak of one GPU for ``plan`` (which ``memcalc.memory.scope.why_not`` accepts); under pipeline
     parallelism, of pipeline rank ``stage``. ``every_layer``: replay every decoder layer's moments (the reference);
     else only those of the layers that bound the rest (``memcalc.memory.stack``), the same answer."""
+    tl, ddp_buckets, comm_groups = replay(plan, stage, every_layer)
+    return _finish(plan, tl, tl.peak.live_bytes, ddp_buckets, comm_groups)
+
+
+def replay(plan: Plan, stage: int = 0, every_layer: bool = False) -> tuple[Any, int, int]:
+    """The step's timeline on one GPU (pipeline rank ``stage``), the bytes of DDP's gradient buckets alive all step
+    beside it (0 where there are none) and the number of NCCL communicators the rank joins."""
     from memcalc.memory.timeline import timeline
 
     arch, w, p = plan.arch, plan.work, plan.precision
@@ -119,7 +126,7 @@ def evaluate(plan: Plan, stage: int = 0, every_layer: bool = False) -> Realistic
                            bucket=plan.reduce_bucket_size, rank=worst_rank(arch, plan.dp, plan.lora), use_cache=False,
                            overlap_comm=plan.overlap_comm, offload=plan.offload_optimizer != "none", lora=plan.lora,
                            precision="fp32" if p.name == "fp32" else "bf16")
-        return _finish(plan, tl, tl.peak.live_bytes, 0, comm_groups=int(plan.dp > 1))
+        return tl, 0, int(plan.dp > 1)
     if plan.spec.name == "zero-3":
         from memcalc.memory.timeline_zero3 import zero3_timeline
 
@@ -130,7 +137,7 @@ def evaluate(plan: Plan, stage: int = 0, every_layer: bool = False) -> Realistic
                             offload_params=plan.offload_params != "none", lora=plan.lora,
                             sub_group_size=plan.zero3.sub_group_size,
                             precision="fp32" if p.name == "fp32" else "bf16")
-        return _finish(plan, tl, tl.peak.live_bytes, 0, comm_groups=int(plan.dp > 1))
+        return tl, 0, int(plan.dp > 1)
     sharded = plan.spec.name in FSDP_SHARDED
     whole = sharded and plan.fsdp_auto_wrap == "none"
     # FSDP's mixed precision (bf16-mixed: fp32 sharded parameters, the master copy, gathered and computed in bf16)
@@ -163,7 +170,6 @@ def evaluate(plan: Plan, stage: int = 0, every_layer: bool = False) -> Realistic
         else:
             moved = offload_fsdp(tl.moments, arch, plan.shard_group_size)
         tl = with_loss(tl, [_moment(*m) for m in moved])
-    allocated = tl.peak.live_bytes
     extra = 0
     if plan.dp > 1 and not plan.bucket_view and not sharded:
         # torch DDP (torch/nn/parallel/distributed.py): gradient buckets are a second copy of the gradients, made at
@@ -172,7 +178,7 @@ def evaluate(plan: Plan, stage: int = 0, every_layer: bool = False) -> Realistic
     # NCCL: one communicator for DDP's ring (FSDP: the data-parallel group's, not measured). Under tensor parallelism
     # the tensor-parallel group is one more communicator (its all-reduces).
     hsdp = plan.spec.name in HSDP and plan.dp > plan.shard_group_size  # a second communicator: the replicas'
-    return _finish(plan, tl, allocated, extra, comm_groups=(plan.dp > 1) + (plan.tp > 1) + hsdp)
+    return tl, extra, (plan.dp > 1) + (plan.tp > 1) + hsdp
 
 
 @per_architecture
@@ -184,7 +190,7 @@ def _with_dropout(arch: Any, dropout: float) -> Any:
     return dataclasses.replace(arch, dropout=dropout)
 
 
-def _pipeline_rank(plan: Plan, stage: int, every_layer: bool = False) -> Realistic:
+def _pipeline_rank(plan: Plan, stage: int, every_layer: bool = False) -> tuple[Any, int, int]:
     """Pipeline rank ``stage`` with FSDP2 inside its stages (``memcalc.memory.timeline_pp``): its chunks' layers
     (``--stage-layers``, else the framework's split), its schedule (1F1B, or interleaved with --virtual-stages)."""
     from memcalc.memory.timeline_pp import stage_timeline
@@ -202,7 +208,7 @@ def _pipeline_rank(plan: Plan, stage: int, every_layer: bool = False) -> Realist
                         fsdp_param_dtype=policy, fsdp_reduce_fp32=_reduce_fp32(plan),
                         every_layer=every_layer)  # fmt: skip
     # communicators: the data-parallel (shard) group's, the tensor-parallel group's, the pipeline's
-    return _finish(plan, tl, tl.peak.live_bytes, 0, comm_groups=(plan.shard_group_size > 1) + (plan.tp > 1) + 1)
+    return tl, 0, (plan.shard_group_size > 1) + (plan.tp > 1) + 1
 
 
 def _rank_chunks(plan: Plan, stage: int) -> tuple[range, ...]:

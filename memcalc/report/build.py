@@ -23,6 +23,7 @@ from memcalc.report.results import (
     StageMemory,
     StepTimeInfo,
     StepTimeline,
+    TimelineMoment,
     StrategyInfo,
     TensorBytes,
     TimeBreakdown,
@@ -216,8 +217,27 @@ def _layout_notes(ev: Evaluation) -> list[str]:
     return out
 
 
-def estimate(inp: EstimateInput, ev: Evaluation, micro_batch_auto: bool = False, timing: dict | None = None) -> Estimate:
-    """The public result of one evaluation, with the input it was computed from and the step's time."""
+def step_timeline(ev: Evaluation, moments: bool = False) -> StepTimeline | None:
+    """The realistic accounting's peak moment and phase peaks; with ``moments``, every moment of the most loaded
+    GPU's step by kind, from a replay of every decoder layer (the estimate's own replay keeps only the layers that
+    bound the rest)."""
+    real = ev.realistic
+    if real is None:
+        return None
+    listed: list[TimelineMoment] = []
+    if moments:
+        from memcalc.memory.moments import step_moments
+
+        listed = [TimelineMoment(phase=m.phase, label=m.label, bytes=m.by_kind())
+                  for m in step_moments(ev.plan, ev.top)]
+    return StepTimeline(peak_phase=real.peak_phase, peak_moment=real.peak_moment, phases=dict(real.phases),
+                        moments=listed)
+
+
+def estimate(inp: EstimateInput, ev: Evaluation, micro_batch_auto: bool = False, timing: dict | None = None,
+             timeline: bool = False) -> Estimate:
+    """The public result of one evaluation, with the input it was computed from and the step's time; ``timeline``:
+    with every moment of the step (``StepTimeline.moments``)."""
     plan = ev.plan
     if timing is None:
         tm = inp.timing
@@ -263,8 +283,7 @@ def estimate(inp: EstimateInput, ev: Evaluation, micro_batch_auto: bool = False,
         training=training(plan, micro_batch_auto),
         memory=Memory(per_gpu=per_gpu, per_node=per_node, fit=fit, stages=stages, most_loaded_stage=ev.top,
                       activations=_activations(plan) if plan.accounting != "realistic" else None,
-                      timeline=StepTimeline(peak_phase=ev.realistic.peak_phase, peak_moment=ev.realistic.peak_moment,
-                                            phases=dict(ev.realistic.phases)) if ev.realistic else None),
+                      timeline=step_timeline(ev, timeline)),
         communication=_communication(ev),
         notes=notes(plan) + _layout_notes(ev) + _verdict_notes(paper_fit) + ([f"step time: {why}"] if why else [])
         + _time_notes(time),

@@ -139,6 +139,19 @@ class ActivationDetail(_Result):
 
 
 @record
+class TimelineMoment(_Result):
+    """One moment of the step (realistic accounting, every decoder layer replayed): live bytes by kind."""
+
+    phase: str
+    """baseline, input, forward.layer.i, loss, backward.layer.i, optimizer, zero_grad, ... (the tracer's names)."""
+    label: str
+    """What happens at that moment."""
+    bytes: dict[str, int]
+    """Live bytes by kind (``memcalc.memory.moments.KINDS``: parameters, gradients, optimizer_states, activations,
+    temporaries, communication_buffers; ``other`` for a part no rule names). Their sum is the moment's total."""
+
+
+@record
 class StepTimeline(_Result):
     """When in the step the peak happens (realistic accounting)."""
 
@@ -148,6 +161,9 @@ class StepTimeline(_Result):
     """What happens at that moment (e.g. log_softmax's backward)."""
     phases: dict[str, int]
     """Each phase's own peak of allocated bytes (forward and backward over all their layers)."""
+    moments: list[TimelineMoment] = field(default_factory=list)
+    """Every moment of the step in order, when asked for (``--timeline``, ``timeline=True``); empty otherwise. The
+    largest sum of a moment's bytes is ``per_gpu.peak_allocated``."""
 
 
 @record
