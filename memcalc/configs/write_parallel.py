@@ -98,10 +98,10 @@ def torchtitan(e: Any) -> Written:
         framework="torchtitan", files=files,
         read_back=(*read_back, ("--torchtitan-config", "torchtitan_args.txt")), flags={},
         launch=f"# torchtitan 0.3: a registered config and its overrides. For v0.1/v0.2 run instead:\n#   {v02}\n"
-               f"{_torchrun(inp)} -m torchtitan.train $(grep -v '^#' torchtitan_args.txt) \\\n"
-               "    --hf_assets_path ./assets/hf/FILL_IN",
-        fill_in=[*fill_in, "torchtitan 0.3 (launch.sh): --hf_assets_path; the dataset, steps, checkpoint, lr and "
-                           "schedule as overrides (--dataloader.dataset, --training.steps, --checkpoint.enable, ...)"],
+               f"{_torchrun(inp)} -m torchtitan.train $(grep -v '^#' torchtitan_args.txt)",
+        fill_in=[*fill_in, "torchtitan 0.3 (torchtitan_args.txt): --hf_assets_path; the dataset, steps, checkpoint, "
+                           "lr and schedule as overrides before the activation_checkpoint line (--dataloader.dataset, "
+                           "--training.steps, --checkpoint.enable, ...)"],
     )  # fmt: skip
 
 
@@ -123,7 +123,8 @@ def _args_03(inp: Any, w: Any, sections: dict[str, dict[str, Any]]) -> tuple[str
     if policy is None:
         return None, f"its selective AC is per-op only (this run: recompute {w.recompute})"
     t, par = sections["training"], sections["parallelism"]
-    over: list[tuple[str, Any]] = [(f"parallelism.{k}", v) for k, v in par.items()]
+    over: list[tuple[str, Any]] = [("hf_assets_path", "./assets/hf/FILL_IN")]
+    over += [(f"parallelism.{k}", v) for k, v in par.items()]
     over += [(f"training.{k}", t[k]) for k in ("local_batch_size", "global_batch_size", "seq_len")]
     over += [(f"training.{k}", v) for k, v in t.items() if k in ("dtype", "mixed_precision_param", "enable_cpu_offload")]
     over += [("training.disable_cuda_graphs", True), ("compile.enable", sections["compile"]["enable"]),
