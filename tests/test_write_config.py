@@ -53,6 +53,9 @@ CASES = {
     "titan-pp-zero2": dict(fsdp="SHARD_GRAD_OP", fsdp_version=2, framework="torchtitan", pp=2, grad_accum=4),
     "titan-rowwise": dict(fsdp="FULL_SHARD", fsdp_version=2, framework="torchtitan", float8="rowwise", compile=True,
                           compile_loss=False),
+    "titan-405b-rowwise": dict(model="llama-3-405b", seq_len=8192, gpus=256, fsdp="FULL_SHARD", fsdp_version=2, tp=8,
+                               framework="torchtitan", recompute="full", float8="rowwise", compile=True,
+                               sequence_parallel=True, grad_accum=2),
     "megatron-fp8": dict(stage=1, tp=2, framework="megatron", float8="tensorwise", sequence_parallel=True),
     "megatron-fp16": dict(stage=1, framework="megatron", precision="fp16-mixed", recompute="full"),
     "megatron-cp": dict(model="llama-3-70b", gpus=64, ddp=True, tp=8, pp=2, cp=2, framework="megatron",
@@ -66,15 +69,18 @@ FILES = {"deepspeed": {"ds_config.json", "accelerate_config.yaml", "training_arg
          "accelerate": {"accelerate_config.yaml", "training_args.json"}, "torchtitan": {"torchtitan.toml"},
          "megatron": {"megatron_args.txt"}}  # fmt: skip
 
+TITAN_03 = {"torchtitan_args.txt"}  # beside torchtitan.toml where torchtitan 0.3's registered configs hold the run
+WRITES_03 = {"titan-3d", "titan-interleaved", "titan-ddp", "titan-bf16", "titan-pp-zero2", "titan-405b-rowwise"}
+
 
 def _estimate(case: str) -> memcalc.Estimate:
     return memcalc.estimate(**{**BASE, **(CASES.get(case) or UNWRITABLE[case])})
 
 
-def _read_back(folder: Path) -> dict:
-    """The README's check command, run in the folder."""
+def _read_back(folder: Path, line: int = 0) -> dict:
+    """The README's check command (its ``line``-th), run in the folder."""
     readme = (folder / "README.txt").read_text()
-    command = readme.split("Read back by memcalc (the same peak and step time):\n", 1)[1].strip()
+    command = readme.split("Read back by memcalc (the same peak and step time):\n", 1)[1].strip().splitlines()[line]
     args = shlex.split(command)[2:]
     cwd = os.getcwd()
     os.chdir(folder)
@@ -91,14 +97,23 @@ def test_written_files_read_back_give_the_same_peak_and_step_time(case: str, tmp
     e = _estimate(case)
     paths = memcalc.write_config(e, directory=tmp_path / "run")
     names = {p.name for p in paths}
-    framework = next(f for f, files in FILES.items() if files <= names and len(files) == len(names) - 2)
-    assert names == FILES[framework] | {"launch.sh", "README.txt"}
+    framework = next(f for f, files in FILES.items() if files <= names and len(files) == len(names - TITAN_03) - 2)
+    assert names - TITAN_03 == FILES[framework] | {"launch.sh", "README.txt"}
+    assert (case in WRITES_03) == ("torchtitan_args.txt" in names)
     d = _read_back(tmp_path / "run")
     assert d["memory"]["per_gpu"]["peak_reserved"] == e.memory.per_gpu.peak_reserved
     assert d["memory"]["per_gpu"]["peak_allocated"] == e.memory.per_gpu.peak_allocated
     assert d["time"]["step_s"] == e.time.step_s
     assert os.access(tmp_path / "run" / "launch.sh", os.X_OK)
     assert subprocess.run(["bash", "-n", str(tmp_path / "run" / "launch.sh")]).returncode == 0  # it parses
+    if "torchtitan_args.txt" in names:  # torchtitan 0.3's arguments, read back by the README's second line
+        d = _read_back(tmp_path / "run", 1)
+        assert d["memory"]["per_gpu"]["peak_reserved"] == e.memory.per_gpu.peak_reserved
+        assert d["memory"]["per_gpu"]["peak_allocated"] == e.memory.per_gpu.peak_allocated
+        assert d["time"]["step_s"] == e.time.step_s
+        # the file's words are all torchrun passes (tyro takes nothing after the activation_checkpoint subcommand)
+        assert (tmp_path / "run" / "launch.sh").read_text().endswith(" -m torchtitan.train $(grep -v '^#' "
+                                                                      "torchtitan_args.txt)\n")
 
 
 @pytest.mark.parametrize("framework", ["hf", "deepspeed", "torchtitan", "megatron"])
@@ -288,3 +303,70 @@ def test_torchtitans_config_manager_parses_the_written_toml(tmp_path: Path) -> N
         par = e.input.parallelism
         assert (cfg.parallelism.tensor_parallel_degree, cfg.parallelism.pipeline_parallel_degree) == (par.tp, par.pp)
         assert cfg.training.seq_len == e.input.workload.seq_len
+
+
+@pytest.mark.parametrize(("case", "why"), [
+    ("titan-hsdp-float8", "its llama3_8b has no float8, fixed by the registered config (this run: float8 tensorwise)"),
+    ("titan-rowwise", "its llama3_8b has no float8, fixed by the registered config (this run: float8 rowwise)"),
+])  # fmt: skip
+def test_torchtitan_03_arguments_are_left_out_where_its_registered_configs_cannot_hold_the_run(case: str,
+                                                                                                why: str) -> None:
+    files = memcalc.config_text(_estimate(case))
+    assert "torchtitan_args.txt" not in files and "--job.config_file torchtitan.toml" in files["launch.sh"]
+    assert f"torchtitan_args.txt (torchtitan 0.3) is not written: {why}" in files["README.txt"]
+    e = memcalc.estimate(**{**BASE, "fsdp": "FULL_SHARD", "fsdp_version": 2, "framework": "torchtitan",
+                            "recompute": "every:2"})  # fmt: skip
+    assert "its selective AC is per-op only (this run: recompute every:2)" in memcalc.config_text(e)["README.txt"]
+
+
+def _args(tmp_path: Path, *words: str, name: str = "args.txt") -> Path:
+    path = tmp_path / name
+    path.write_text("# a comment\n" + "\n".join(words) + "\n")
+    return path
+
+
+def test_torchtitan_03_arguments_read_over_the_registered_configs_values(tmp_path: Path) -> None:
+    from memcalc.configs import read_torchtitan
+
+    r = read_torchtitan(_args(tmp_path, "--module llama3", "--config llama3_70b",
+                              "--parallelism.data_parallel_shard_degree 4"))  # fmt: skip
+    a = r.arguments
+    assert (a["model"], a["tp"], a["gpus"], a["recompute"], a["seq_len"], a["micro_batch"]) == \
+        ("llama-3-70b", 8, 32, "full", 8192, 8)  # llama3_70b's own: tp 8, full AC, local batch 8, seq_len 8192
+    assert any("CUDA graphs capture forward + backward" in x for x in r.unmodelled)
+    # told apart from a TOML by content, whatever the file's name; "-" and "_" alike; --key=value
+    r = read_torchtitan(_args(tmp_path, "--module=llama3 --config=llama3_8b --training.local-batch-size=2",
+                              "--parallelism.data_parallel_shard_degree 8 --training.disable_cuda_graphs",
+                              "--parallelism.tensor_parallel_degree 2 --parallelism.no_enable_sequence_parallel",
+                              name="job.toml"))  # fmt: skip
+    a = r.arguments
+    assert (a["model"], a["micro_batch"], a["recompute"], a["sequence_parallel"]) == ("llama-3-8b", 2, "op-sac", False)
+    assert not r.unmodelled
+    r = read_torchtitan(_args(tmp_path, "--module llama3 --config llama3_405b --parallelism.data_parallel_shard_degree 2"))
+    assert (r.arguments["float8"], r.arguments["compile"]) == ("rowwise", True)
+    assert any("async TP" in x for x in r.unmodelled)
+
+
+@pytest.mark.parametrize(("words", "message"), [
+    (["--module llama3 --config llama3_8b --parallelism.bogus 2"],
+     "args.txt: parallelism.bogus: unknown option"),
+    (["--module llama3 --config llama3_8b activation_checkpoint:full --training.seq_len 4096"],
+     "--training.seq_len: follows the activation_checkpoint subcommand"),
+    (["--module llama3 --config llama3_8b --compile.enable true"], "true: is not an option"),
+    (["--module llama3 --config llama3_8b --compile.enable=true"], "compile.enable: is a switch and takes no value"),
+    (["--module llama3 --config llama3_1b"], "--config: 'llama3_1b' is not one memcalc knows; accepted: llama3_8b"),
+    (["--config llama3_8b"], "--module: is missing"),
+    (["--module llama3 --config llama3_8b --training.seq_len"], "training.seq_len: needs a value"),
+    (["--module llama3 --config llama3_8b activation_checkpoint:sometimes"], "'sometimes' is not accepted"),
+    (["--module llama3 --config llama3_405b --compile.no_enable"], "off with async TP on (llama3_405b's)"),
+    (["--module llama3 --config llama3_8b --training.seq_len 1 --training.seq_len 2"], "given twice"),
+    (["--module llama3 --config llama3_8b --training.seq_len 4k"], "training.seq_len: '4k' is not accepted"),
+    (["--module llama3 --config llama3_8b --parallelism.pipeline_parallel_degree 2"],
+     "above 1 with CUDA graphs on: torchtitan refuses it"),
+])  # fmt: skip
+def test_torchtitan_03_arguments_it_would_refuse_are_one_line(tmp_path: Path, words: list[str], message: str) -> None:
+    from memcalc.configs import read_torchtitan
+
+    with pytest.raises(InputError) as info:
+        read_torchtitan(_args(tmp_path, *words), world_size=8)
+    assert message in str(info.value) and "\n" not in str(info.value)

@@ -17,7 +17,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from memcalc.configs.reading import Collector, ConfigReading, load_toml, near
+from memcalc.configs.reading import Collector, ConfigReading, load_toml, near, read_text
 from memcalc.configs.torchtitan_keys import KEYS
 
 RELEASES = ("0.1.0", "0.2.0", "0.2.1", "0.2.2")
@@ -37,14 +37,24 @@ IGNORED_SECTIONS = {
 
 
 def read_torchtitan(path: str | os.PathLike[str], *, world_size: int | None = None) -> ConfigReading:
-    """Read a torchtitan job TOML into ``memcalc.estimate`` arguments.
+    """Read a torchtitan job TOML (v0.1, v0.2), or torchtitan 0.3's run arguments (``--module llama3 --config
+    llama3_8b --parallelism.tensor_parallel_degree 2 ...``: told apart by content), into ``memcalc.estimate``
+    arguments.
 
     ``world_size``: GPUs in the job (NGPU x nodes); needed when ``data_parallel_shard_degree`` is -1.
     """
-    data, name = load_toml(path)
-    c = Collector(name, "torchtitan")
-    flat = _flatten(data)
-    releases = _check_keys(c, flat)
+    from memcalc.configs.torchtitan_args import RELEASE, is_args_file, read_args
+
+    text, name = read_text(path, "torchtitan config")
+    if is_args_file(text):
+        c = Collector(name, "torchtitan")
+        flat = read_args(c, text)
+        releases: tuple[str, ...] = (RELEASE,)
+    else:
+        data, name = load_toml(path)
+        c = Collector(name, "torchtitan")
+        flat = _flatten(data)
+        releases = _check_keys(c, flat)
     get = flat.get
     dims = _parallel(c, flat, world_size)
     replicate, shard, tp, pp, cp = dims
@@ -80,9 +90,12 @@ def read_torchtitan(path: str | os.PathLike[str], *, world_size: int | None = No
     for value, arg in ((tp, "tp"), (pp, "pp"), (cp, "cp")):
         if value > 1:
             c.arguments[arg] = value
-    if tp > 1:
+    if tp > 1 and get("parallelism.enable_sequence_parallel") is False:  # 0.3's switch
+        c.arguments["sequence_parallel"] = False
+        c.used("parallelism.enable_sequence_parallel")
+    elif tp > 1:
         c.arguments["sequence_parallel"] = True
-        c.note("torchtitan's tensor parallelism always shards norms and dropouts over the sequence (sequence parallel)")
+        c.note("torchtitan's tensor parallelism shards norms and dropouts over the sequence (sequence parallel)")
     if cp > 1:
         c.note(f"FSDP shards over dp_shard x cp = {shard * cp} ranks (torchtitan's dp_shard_cp mesh dimension)")
     c.arguments["framework"] = "torchtitan"

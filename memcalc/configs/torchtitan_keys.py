@@ -4,6 +4,10 @@ Generated from the ``JobConfig`` dataclasses of pytorch/torchtitan at tags v0.1.
 and v0.2.0, v0.2.1, v0.2.2 (torchtitan/config/job_config.py): the dotted path of each field, its kind
 (bool, int, float, number, str, list), and the releases ("all" = every one of the four) that define it.
 torchtitan's ConfigManager._dict_to_dataclass refuses a key its release does not define.
+
+``KEYS_03`` and ``BOOLS_03``: torchtitan 0.3.0 has no job TOML; its ConfigManager takes ``--module``/``--config`` (a
+registered Python config) and dotted overrides. Listed from its own parser's ``--help`` for llama3's 8B, 70B and
+405B configs (tyro 1.0), ``-`` written ``_``.
 """
 
 from __future__ import annotations
@@ -185,3 +189,60 @@ KEYS: dict[str, tuple[str, str]] = {
     "validation.seq_len": ("int", "0.2.0,0.2.1,0.2.2"),
     "validation.steps": ("int", "0.2.0,0.2.1,0.2.2"),
 }
+
+
+KEYS_03: frozenset[str] = frozenset({
+    # torchtitan 0.3.0: the dotted overrides ConfigManager.parse_args accepts after --module llama3 --config
+    # llama3_8b / llama3_70b / llama3_405b (tyro, from Trainer.Config; "-" and "_" are the same to it), with
+    # optimizer.param_groups.* and the activation_checkpoint subcommand's own options besides.
+    "checkpoint.async_mode", "checkpoint.create_seed_checkpoint", "checkpoint.enable",
+    "checkpoint.enable_first_step_checkpoint", "checkpoint.exclude_from_loading", "checkpoint.export_dtype",
+    "checkpoint.folder", "checkpoint.initial_load_in_hf", "checkpoint.initial_load_in_hf_quantized",
+    "checkpoint.initial_load_model_only", "checkpoint.initial_load_path", "checkpoint.interval",
+    "checkpoint.keep_latest_k", "checkpoint.last_save_in_hf", "checkpoint.last_save_model_only",
+    "checkpoint.load_only", "checkpoint.load_step", "comm.init_timeout_seconds", "comm.mode",
+    "comm.save_traces_file_prefix", "comm.save_traces_folder", "comm.trace_buf_size", "comm.train_timeout_seconds",
+    "compile.backend", "compile.components", "compile.enable", "compile.enable_async_tensor_parallel",
+    "dataloader.dataset", "dataloader.dataset_path", "dataloader.infinite", "dataloader.num_workers",
+    "dataloader.persistent_workers", "dataloader.pin_memory", "dataloader.prefetch_factor", "debug.batch_invariant",
+    "debug.detect_anomaly", "debug.deterministic", "debug.deterministic_warn_only", "debug.enable_structured_logging",
+    "debug.moe_force_load_balance", "debug.print_config", "debug.save_config_file", "debug.seed",
+    "debug.spmd_typechecking", "dump_folder", "hf_assets_path", "loss.loss_fn.global_vocab_size", "loss.num_chunks",
+    "lr_scheduler.decay_ratio", "lr_scheduler.decay_type", "lr_scheduler.min_lr_factor", "lr_scheduler.total_steps",
+    "lr_scheduler.warmup_steps", "metrics.disable_color_printing", "metrics.enable_tensorboard",
+    "metrics.enable_wandb", "metrics.log_freq", "metrics.save_for_all_ranks", "metrics.save_tb_folder",
+    "optimizer.implementation", "override.imports", "parallelism.context_parallel_degree",
+    "parallelism.context_parallel_load_balancer", "parallelism.context_parallel_ptrr_mask_key",
+    "parallelism.data_parallel_replicate_degree", "parallelism.data_parallel_shard_degree",
+    "parallelism.enable_fsdp_symm_mem", "parallelism.enable_sequence_parallel", "parallelism.expert_parallel_degree",
+    "parallelism.fsdp_reshard_after_forward", "parallelism.module_fqns_per_model_part",
+    "parallelism.pipeline_parallel_degree", "parallelism.pipeline_parallel_first_stage_less_layers",
+    "parallelism.pipeline_parallel_last_stage_less_layers", "parallelism.pipeline_parallel_layers_per_stage",
+    "parallelism.pipeline_parallel_microbatch_size", "parallelism.pipeline_parallel_schedule",
+    "parallelism.pipeline_parallel_schedule_csv", "parallelism.spmd_backend", "parallelism.tensor_parallel_degree",
+    "profiler.enable_memory_snapshot", "profiler.enable_profiling", "profiler.memory_snapshot_freq",
+    "profiler.memory_snapshot_max_entries", "profiler.profile_freq", "profiler.profiler_active",
+    "profiler.profiler_repeat", "profiler.profiler_skip_first", "profiler.profiler_skip_first_wait",
+    "profiler.profiler_warmup", "profiler.save_memory_snapshot_folder", "profiler.save_traces_folder",
+    "training.disable_cuda_graphs", "training.dtype", "training.enable_cpu_offload", "training.gc_debug",
+    "training.gc_freq", "training.global_batch_size", "training.local_batch_size", "training.max_norm",
+    "training.mixed_precision_param", "training.mixed_precision_reduce", "training.seq_len", "training.steps",
+    "validator.dataloader.dataset", "validator.dataloader.dataset_path", "validator.dataloader.infinite",
+    "validator.dataloader.num_workers", "validator.dataloader.persistent_workers", "validator.dataloader.pin_memory",
+    "validator.dataloader.prefetch_factor", "validator.enable", "validator.freq", "validator.steps",
+})
+BOOLS_03: frozenset[str] = frozenset({
+    # the switches among them: --key sets it, --key.no_<name> (or no-<name>) clears it; they take no value
+    "checkpoint.create_seed_checkpoint", "checkpoint.enable", "checkpoint.enable_first_step_checkpoint",
+    "checkpoint.initial_load_in_hf", "checkpoint.initial_load_in_hf_quantized", "checkpoint.initial_load_model_only",
+    "checkpoint.last_save_in_hf", "checkpoint.last_save_model_only", "checkpoint.load_only", "compile.enable",
+    "compile.enable_async_tensor_parallel", "dataloader.infinite", "dataloader.persistent_workers",
+    "dataloader.pin_memory", "debug.batch_invariant", "debug.detect_anomaly", "debug.deterministic",
+    "debug.deterministic_warn_only", "debug.enable_structured_logging", "debug.moe_force_load_balance",
+    "debug.print_config", "debug.spmd_typechecking", "metrics.disable_color_printing", "metrics.enable_tensorboard",
+    "metrics.enable_wandb", "metrics.save_for_all_ranks", "parallelism.enable_fsdp_symm_mem",
+    "parallelism.enable_sequence_parallel", "profiler.enable_memory_snapshot", "profiler.enable_profiling",
+    "training.disable_cuda_graphs", "training.enable_cpu_offload", "training.gc_debug",
+    "validator.dataloader.infinite", "validator.dataloader.persistent_workers", "validator.dataloader.pin_memory",
+    "validator.enable",
+})

@@ -1,4 +1,5 @@
-"""The model-parallel frameworks' files: a torchtitan job TOML and a Megatron-LM argument list.
+"""The model-parallel frameworks' files: a torchtitan job TOML and torchtitan 0.3's run arguments, and a Megatron-LM
+argument list.
 
 torchtitan: the v0.2 key names (config/job_config.py: ``[compile] enable``, ``[quantize.linear.float8]``, converters
 ``quantize.linear.float8``), which memcalc's reader checks against the releases it knows
@@ -81,14 +82,56 @@ def torchtitan(e: Any) -> Written:
     _float8(inp, sections, shard * par.cp > 1)
     if inp.optimizer.name != "adamw":
         raise _refuse("torchtitan's file", f"the optimizer {inp.optimizer.name} (written: AdamW)", "give --optimizer adamw")
+    files = {"torchtitan.toml": _toml(sections)}
+    read_back: tuple[tuple[str, str], ...] = (("--torchtitan-config", "torchtitan.toml"),)
+    v02 = f"{_torchrun(inp)} -m torchtitan.train --job.config_file torchtitan.toml"
+    fill_in = ["[model] hf_assets_path: the tokenizer (and weights) torchtitan's download_hf_assets.py fetched",
+               "[training] dataset and steps; [checkpoint] enable and folder to save or resume",
+               "[optimizer] lr and [lr_scheduler] as your recipe has them"]  # fmt: skip
+    args, why = _args_03(inp, w, sections)
+    if args is None:
+        return Written(framework="torchtitan", files=files, read_back=read_back, flags={}, launch=v02, fill_in=fill_in,
+                       notes=[f"torchtitan_args.txt (torchtitan 0.3) is not written: {why}; torchtitan.toml runs "
+                              "under v0.1/v0.2"])  # fmt: skip
+    files["torchtitan_args.txt"] = args
     return Written(
-        framework="torchtitan", files={"torchtitan.toml": _toml(sections)},
-        read_back=(("--torchtitan-config", "torchtitan.toml"),), flags={},
-        launch=f"{_torchrun(inp)} -m torchtitan.train --job.config_file torchtitan.toml",
-        fill_in=["[model] hf_assets_path: the tokenizer (and weights) torchtitan's download_hf_assets.py fetched",
-                 "[training] dataset and steps; [checkpoint] enable and folder to save or resume",
-                 "[optimizer] lr and [lr_scheduler] as your recipe has them"],
+        framework="torchtitan", files=files,
+        read_back=(*read_back, ("--torchtitan-config", "torchtitan_args.txt")), flags={},
+        launch=f"# torchtitan 0.3: a registered config and its overrides. For v0.1/v0.2 run instead:\n#   {v02}\n"
+               f"{_torchrun(inp)} -m torchtitan.train $(grep -v '^#' torchtitan_args.txt)",
+        fill_in=[*fill_in, "torchtitan 0.3 (torchtitan_args.txt): --hf_assets_path; the dataset, steps, checkpoint, "
+                           "lr and schedule as overrides before the activation_checkpoint line (--dataloader.dataset, "
+                           "--training.steps, --checkpoint.enable, ...)"],
     )  # fmt: skip
+
+
+def _args_03(inp: Any, w: Any, sections: dict[str, dict[str, Any]]) -> tuple[str | None, str]:
+    """torchtitan 0.3's arguments for the same run (``memcalc.configs.torchtitan_args``), or None and why not:
+    its llama3 configs fix float8 (405B's rowwise linears, the others none) and its selective AC is per-op only."""
+    from memcalc.configs.torchtitan_args import CONFIG_OF, write_args
+
+    config = CONFIG_OF.get(inp.model.name or "")
+    if config is None:
+        return None, f"torchtitan 0.3 registers no config memcalc reads for {inp.model.name}"
+    if (inp.float8 != "none") != (config == "llama3_405b") or inp.float8 not in ("none", "rowwise"):
+        return None, (f"its {config} has {'rowwise float8 linears' if config == 'llama3_405b' else 'no float8'}, "
+                      f"fixed by the registered config (this run: float8 {inp.float8})")
+    ac = sections["activation_checkpoint"]
+    policy = {"none": "none", "full": "full"}.get(ac["mode"])
+    if ac["mode"] == "selective":
+        policy = {"op": "selective", "1": "full"}.get(str(ac.get("selective_ac_option")))
+    if policy is None:
+        return None, f"its selective AC is per-op only (this run: recompute {w.recompute})"
+    t, par = sections["training"], sections["parallelism"]
+    over: list[tuple[str, Any]] = [("hf_assets_path", "./assets/hf/FILL_IN")]
+    over += [(f"parallelism.{k}", v) for k, v in par.items()]
+    over += [(f"training.{k}", t[k]) for k in ("local_batch_size", "global_batch_size", "seq_len")]
+    over += [(f"training.{k}", v) for k, v in t.items() if k in ("dtype", "mixed_precision_param", "enable_cpu_offload")]
+    over += [("training.disable_cuda_graphs", True), ("compile.enable", sections["compile"]["enable"]),
+             ("compile.components", sections["compile"]["components"])]  # fmt: skip
+    if config == "llama3_405b":
+        over.append(("compile.enable_async_tensor_parallel", False))  # counted as plain TP
+    return write_args(config, over, policy), ""
 
 
 def _mesh(e: Any, s: Any, dp: int, cp: int) -> tuple[int, int, str]:

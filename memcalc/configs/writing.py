@@ -309,15 +309,15 @@ def _launch_sh(estimate: Any, w: Written) -> str:
     return f"#!/usr/bin/env bash\n# Written by memcalc. {where}\nset -euo pipefail\n{w.launch}\n"
 
 
-def check_command(estimate: Any, written: Written) -> str:
-    """The ``memcalc estimate`` command that reads the files back (the model and GPU flags, the file, and the
-    values the files leave to the training script)."""
+def check_command(estimate: Any, written: Written, which: int = 0) -> str:
+    """The ``memcalc estimate`` command that reads the files back (the model and GPU flags, the file of
+    ``written.read_back[which]``, and the values the files leave to the training script)."""
     from memcalc.inputs.arguments import flag
 
     inp = estimate.input
     model = f"--model {inp.model.name}" if inp.model.name else "<your model flags>"
     parts = [f"memcalc estimate {model} --gpu {inp.gpu.key} --gpus-per-node {inp.cluster.gpus_per_node}",
-             f"{written.read_back[0][0]} {written.read_back[0][1]}"]
+             f"{written.read_back[which][0]} {written.read_back[which][1]}"]
     for name, value in written.flags.items():
         if isinstance(value, bool):
             parts.append(flag(name) if value else "--no-" + flag(name)[2:])
@@ -354,5 +354,7 @@ def _readme(estimate: Any, w: Written) -> str:
     lines += ["", "Fill in before running:"] + [f"  - {x}" for x in w.fill_in]
     if w.notes:
         lines += ["", "Notes:"] + [f"  - {x}" for x in w.notes]
-    lines += ["", "Read back by memcalc (the same peak and step time):", f"  {check_command(estimate, w)}", ""]
+    # one line per file the first file's reader reads (torchtitan's TOML and its 0.3 arguments)
+    commands = [check_command(estimate, w, i) for i, (flag, _) in enumerate(w.read_back) if flag == w.read_back[0][0]]
+    lines += ["", "Read back by memcalc (the same peak and step time):", *[f"  {c}" for c in commands], ""]
     return "\n".join(lines)
