@@ -41,7 +41,6 @@ buffers too: one per micro-batch, made when the schedule first runs and kept for
 GRADIENT_KEYS = ("gradients",)
 """The paper's gradient row (shards where the strategy shards them), alive beside the states when the optimizer
 steps (unless the optimizer runs inside the backward: torchtune's optimizer-in-backward frees each gradient there)."""
-VERDICTS = ("fits", "at-risk", "oom")
 
 
 @dataclass(frozen=True, eq=False)
@@ -77,7 +76,6 @@ class Candidate:
     verdict: str | None = None
     peak: int | None = None
     """The accounting's per-GPU total (realistic: the reserved peak with the context), once checked."""
-    replayed: bool = False
     exact: bool = False
     """``peak`` is the accounting's own figure (False: the model-state bound stands in for it)."""
 
@@ -91,8 +89,6 @@ class Outcome:
     best_per_bucket: dict[tuple[str, int], Candidate] = field(default_factory=dict)
     evaluated: int = 0
     replays: int = 0
-    pruned: int = 0
-    """Settled without a replay: by the model-state bound or by a neighbouring micro-batch's verdict."""
     misses: list[Candidate] = field(default_factory=list)
     """Checked candidates that do not fit."""
     refused: Counter[str] = field(default_factory=Counter)
@@ -200,16 +196,13 @@ def _check(c: Candidate, known: dict[tuple, list[tuple[int, int, str]]], out: Ou
     v = _settled(c, seen)
     if v is not None:
         c.verdict = v
-        out.pruned += 1
         return
     if c.lower > c.plan.usable_bytes:
         c.verdict, c.peak = "oom", c.lower
-        out.pruned += 1
         return
     probe = _probe(c.plan)
     if probe is not None:
         c.verdict, c.peak = "oom", probe.total
-        out.pruned += 1
         return
     try:
         ev = evaluate(c.plan)
@@ -218,7 +211,6 @@ def _check(c: Candidate, known: dict[tuple, list[tuple[int, int, str]]], out: Ou
         out.refused[str(e).split(";")[0]] += 1
         return
     out.replays += 1
-    c.replayed = True
     c.verdict, c.peak, c.exact = ev.realistic.verdict, ev.total, True
     seen.append((SAVES.get(c.group.kwargs.get("recompute", "none"), 0), c.micro_batch, c.verdict))
 
