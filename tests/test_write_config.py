@@ -370,3 +370,29 @@ def test_torchtitan_03_arguments_it_would_refuse_are_one_line(tmp_path: Path, wo
     with pytest.raises(InputError) as info:
         read_torchtitan(_args(tmp_path, *words), world_size=8)
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_megatron_args_carry_the_model_shape_megatron_builds():
+    """Llama-like families get Megatron-LM's network-size options from the architecture; a family Megatron-Core's
+    GPT layer does not build as it is (GPT-2: LayerNorm, learned positions, GELU) keeps the FILL_IN lines."""
+    r = memcalc.estimate(model="llama-3-70b", seq_len=8192, gpus=64, gpu="h100", stage=1, tp=8, pp=2,
+                         framework="megatron", precision="bf16-mixed", sequence_parallel=True, grad_accum=4)
+    text = memcalc.config_text(r, framework="megatron")
+    words = text["megatron_args.txt"].split()
+    got = {words[i]: words[i + 1] for i in range(len(words) - 1) if not words[i + 1].startswith("--")}
+    assert {k: got[k] for k in ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
+                                "--num-query-groups", "--max-position-embeddings")} == {
+        "--num-layers": "80", "--hidden-size": "8192", "--ffn-hidden-size": "28672", "--num-attention-heads": "64",
+        "--num-query-groups": "8", "--max-position-embeddings": "8192"}
+    assert {"--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights",
+            "--disable-bias-linear"} <= set(words)
+    assert "--add-qkv-bias" not in words and "--num-experts" not in words
+    assert "FILL_IN --hidden-size" not in text["launch.sh"]
+    moe = memcalc.config_text(memcalc.estimate(model="mixtral-8x7b", seq_len=4096, gpus=64, gpu="h100", tp=2, pp=4,
+                                               ep=8, framework="megatron", stage=1, precision="bf16-mixed",
+                                               grad_accum=8, recompute="full"), framework="megatron")
+    assert "--num-experts 8\n--moe-router-topk 2\n" in moe["megatron_args.txt"]
+    gpt2 = memcalc.config_text(memcalc.estimate(model="gpt2", seq_len=1024, gpus=8, gpu="h100", stage=1,
+                                                framework="megatron", precision="bf16-mixed"), framework="megatron")
+    assert "--num-layers" not in gpt2["megatron_args.txt"]
+    assert "--num-layers FILL_IN --hidden-size FILL_IN" in gpt2["launch.sh"]

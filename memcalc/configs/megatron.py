@@ -39,7 +39,8 @@ IGNORED = {
     "--num-layers": 1, "--hidden-size": 1, "--ffn-hidden-size": 1, "--num-attention-heads": 1,
     "--group-query-attention": 0, "--num-query-groups": 1, "--max-position-embeddings": 1,
     "--position-embedding-type": 1, "--normalization": 1, "--swiglu": 0, "--untie-embeddings-and-output-weights": 0,
-    "--disable-bias-linear": 0, "--rotary-base": 1, "--make-vocab-size-divisible-by": 1,
+    "--disable-bias-linear": 0, "--rotary-base": 1, "--make-vocab-size-divisible-by": 1, "--kv-channels": 1,
+    "--add-qkv-bias": 0, "--qk-layernorm": 0, "--num-experts": 1, "--moe-router-topk": 1, "--moe-ffn-hidden-size": 1,
 }  # fmt: skip
 """Options read past (1: takes a value, 0: a bare flag)."""
 KNOWN = (*INT, *FLAGS, *CHOICES, *IGNORED)
@@ -125,7 +126,8 @@ def _value(c: Collector, opt: str, value: Any) -> Any:
 _SHAPE = ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--group-query-attention",
           "--num-query-groups", "--max-position-embeddings", "--position-embedding-type", "--normalization",
           "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--rotary-base",
-          "--make-vocab-size-divisible-by")  # fmt: skip
+          "--make-vocab-size-divisible-by", "--kv-channels", "--add-qkv-bias", "--qk-layernorm", "--num-experts",
+          "--moe-router-topk", "--moe-ffn-hidden-size")  # fmt: skip
 
 
 def _virtual(c: Collector, values: dict[str, Any], pp: int, layers: int | None) -> None:

@@ -233,19 +233,57 @@ def megatron(e: Any) -> Written:
     args += _megatron_recompute(w.recompute)
     args += [("--micro-batch-size", mb), ("--global-batch-size", mb * ga * dp), ("--seq-length", w.seq_len)]
     args += _megatron_precision(inp)
+    shape = _megatron_shape(inp.model.architecture, w.seq_len)
+    args += shape
     text = ("# Megatron-LM pretrain_gpt.py options written by memcalc (megatron/training/arguments.py names)\n"
             + "".join(f"{k}\n" if v is None else f"{k} {v}\n" for k, v in args))
+    shape_fill = "" if shape else "    --num-layers FILL_IN --hidden-size FILL_IN --num-attention-heads FILL_IN \\\n"
     return Written(
         framework="megatron", files={"megatron_args.txt": text},
         read_back=(("--megatron-args", "megatron_args.txt"),), flags={"gpus": inp.cluster.gpus},
         launch=f"{_torchrun(inp)} pretrain_gpt.py $(grep -v '^#' megatron_args.txt) \\\n"
-               "    --num-layers FILL_IN --hidden-size FILL_IN --num-attention-heads FILL_IN \\\n"
-               "    --data-path FILL_IN --tokenizer-type FILL_IN --save FILL_IN --load FILL_IN",
-        fill_in=["the model's shape (--num-layers, --hidden-size, --num-attention-heads, ...) in launch.sh",
+               f"{shape_fill}    --data-path FILL_IN --tokenizer-type FILL_IN --save FILL_IN --load FILL_IN",
+        fill_in=[*([] if shape else ["the model's shape (--num-layers, --hidden-size, --num-attention-heads, ...) "
+                                     "in launch.sh"]),
                  "--data-path, the tokenizer, --train-iters and the learning-rate schedule",
                  "--save / --load: the checkpoint folder"],
         notes=["the world size is torchrun's (nodes x GPUs per node); memcalc reads it from --gpus"],
     )  # fmt: skip
+
+
+MEGATRON_SHAPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral")
+"""Families whose decoder layer Megatron-Core's GPT layer builds as it is: pre-RMSNorm, rotary, SwiGLU (SiLU-gated)
+MLP, optional QKV bias (qwen2) and per-head QK norm (qwen3), MoE with a top-k router (mixtral)."""
+
+
+def _megatron_shape(arch: Any, seq_len: int) -> list[tuple[str, Any]]:
+    """The model's shape as Megatron-LM's options (megatron/training/arguments.py ``_add_network_size_args``,
+    ``_add_moe_args``), where its GPT layer builds this model as it is; else nothing (launch.sh asks for it)."""
+    if (arch is None or arch.family not in MEGATRON_SHAPES or arch.norm != "rmsnorm" or arch.norm_placement != "pre"
+            or arch.position != "rotary" or not arch.gated_mlp or arch.sliding_layers or arch.parallel_block
+            or arch.attention_softcap or arch.logit_softcap or arch.out_bias or arch.mlp_bias or arch.nope_layers
+            or arch.rotary_dims is not None or arch.embedding_norm or arch.shared_experts or arch.moe_every != 1):
+        return []
+    out: list[tuple[str, Any]] = [("--num-layers", arch.layers), ("--hidden-size", arch.hidden),
+                                  ("--ffn-hidden-size", arch.ffn), ("--num-attention-heads", arch.heads)]
+    if arch.kv_heads != arch.heads:
+        out += [("--group-query-attention", None), ("--num-query-groups", arch.kv_heads)]
+    if arch.head_dim is not None and arch.head_dim * arch.heads != arch.hidden:
+        out.append(("--kv-channels", arch.head_dim))
+    out += [("--max-position-embeddings", max(seq_len, arch.max_positions)), ("--position-embedding-type", "rope"),
+            ("--normalization", "RMSNorm"), ("--swiglu", None)]
+    if not arch.tied_embeddings:
+        out.append(("--untie-embeddings-and-output-weights", None))
+    out.append(("--disable-bias-linear", None))
+    if arch.qkv_bias:
+        out.append(("--add-qkv-bias", None))
+    if arch.qk_norm:
+        out.append(("--qk-layernorm", None))
+    if arch.experts:
+        out += [("--num-experts", arch.experts), ("--moe-router-topk", arch.top_k)]
+        if arch.expert_ffn is not None and arch.expert_ffn != arch.ffn:
+            out.append(("--moe-ffn-hidden-size", arch.expert_ffn))
+    return out
 
 
 def _megatron_recompute(recompute: str) -> list[tuple[str, Any]]:
