@@ -20,7 +20,9 @@ exit 2, nothing on stdout, one line on stderr; that line is the output shown), `
 run), ``<!-- readme: run -->`` (a runnable python block), ``<!-- readme: file NAME -->`` (the block is a file the
 commands read, written as NAME into their directory first: a ds_config.json, a config.json), ``<!-- readme: head N
 -->`` (on a bash or console block: the output shown is the first N lines of each command's output; the commands
-still run whole and must succeed). A console transcript whose output starts with ``memcalc: error:`` is an error
+still run whole and must succeed), ``<!-- readme: stderr -->`` (the output shown is what the commands print on
+stderr, for commands whose stdout is shown elsewhere: ``--write-config``'s files written, a config file's notes; they
+must exit 0). A console transcript whose output starts with ``memcalc: error:`` is an error
 example too.
 
 Each page runs in a directory of its own, so a command can read what an earlier command of the same page wrote
@@ -51,7 +53,7 @@ WIDTH = 160
 TIMEOUT_S = 120
 
 _FENCE = re.compile(r"^\s*```\s*([\w+-]*)\s*$")
-_MARKER = re.compile(r"^\s*<!--\s*readme:\s*(run|error|skip|head\s+[1-9]\d*|file\s+[\w.-][\w./-]*)\s*-->\s*$")
+_MARKER = re.compile(r"^\s*<!--\s*readme:\s*(run|error|skip|stderr|head\s+[1-9]\d*|file\s+[\w.-][\w./-]*)\s*-->\s*$")
 _SHELL_SYNTAX = {"|", "||", "&&", ";", ">", ">>", "<", "&", "2>", "2>&1"}
 
 # Runs a python example statement by statement; a one-line expression commented with a literal must equal it.
@@ -105,6 +107,8 @@ class Example:
     """Indices (in the example list) of the commands whose outputs, concatenated, fill ``output``."""
     head: int | None = None
     """``<!-- readme: head N -->``: only the first N lines of each command's output are shown."""
+    stderr: bool = False
+    """``<!-- readme: stderr -->``: the output shown is stderr, of a command that succeeds."""
     page: str = "README"
     """Where the example is, as problems name it: ``README`` or the page's path (``docs/cli.md``)."""
 
@@ -119,10 +123,11 @@ class Result:
 
     @property
     def shown_output(self) -> str:
-        """What the page should show for this example: stderr for an error example, else stdout (its first
-        ``head`` lines under a head marker)."""
-        text = normalize(self.stderr if self.example.expect_error else self.stdout)
-        return text if self.example.head is None else "\n".join(text.splitlines()[: self.example.head])
+        """What the page should show for this example: stderr for an error example or under a stderr marker, else
+        stdout (its first ``head`` lines under a head marker)."""
+        ex = self.example
+        text = normalize(self.stderr if ex.expect_error or ex.stderr else self.stdout)
+        return text if ex.head is None else "\n".join(text.splitlines()[: ex.head])
 
 
 def normalize(text: str) -> str:
@@ -219,13 +224,14 @@ def examples(text: str, page: str = "README") -> list[Example]:
             continue
         error = b.marker == "error"
         head = int(b.marker.split()[1]) if b.marker is not None and b.marker.startswith("head") else None
+        stderr = b.marker == "stderr"
         if b.lang in ("bash", "sh", "shell"):
             shown = _next_text_block(bs, k, lines)
             out = (shown.open + 1, shown.close) if shown else None
             cmds = [(ln, t.strip()) for ln, t, _ in _joined(b.body(lines), b.open + 1) if _is_memcalc(t.strip())]
             group = tuple(range(len(found), len(found) + len(cmds)))
             for ln, t in cmds:
-                found.append(Example("shell", ln + 1, t, error, out, group if out else (), head, page))
+                found.append(Example("shell", ln + 1, t, error, out, group if out else (), head, stderr, page))
         elif b.lang == "console":
             body = _joined(b.body(lines), b.open + 1)
             for n, (ln, t, last) in enumerate(body):
@@ -236,12 +242,12 @@ def examples(text: str, page: str = "README") -> list[Example]:
                     continue  # an illustration: no output shown under it
                 shown_error = lines[last + 1].startswith("memcalc: error:")
                 found.append(Example("shell", ln + 1, t[2:].strip(), error or shown_error, (last + 1, end),
-                                     (len(found),), head, page))  # fmt: skip
+                                     (len(found),), head, stderr, page))  # fmt: skip
         elif b.lang in ("python", "py") and b.marker == "run":
             shown = _next_text_block(bs, k, lines)
             out = (shown.open + 1, shown.close) if shown else None
             found.append(Example("python", b.open + 1, "\n".join(b.body(lines)), error, out,
-                                 (len(found),) if out else (), None, page))  # fmt: skip
+                                 (len(found),) if out else (), None, False, page))  # fmt: skip
     return found
 
 

@@ -212,3 +212,18 @@ def test_every_docs_page_example_runs_and_shows_what_memcalc_prints(page):
         f"{rx.page_name(page)} is out of date; regenerate with `python docs/readme_examples.py --write`:\n"
         + "\n".join(problems)
     )
+
+
+def test_a_stderr_marker_shows_what_a_succeeding_command_prints_on_stderr(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "<!-- readme: stderr -->\n```bash\nmemcalc estimate --model llama-2-7b --gpus 8 --stage 2 --seq-len 4096 --write-config run\n```\n\n"
+        "```text\nx\n```\n",
+        encoding="utf-8",
+    )
+    (ex,) = rx.examples(readme.read_text(encoding="utf-8"))
+    assert ex.stderr and not ex.expect_error
+    assert rx.write(readme) == [7]
+    shown = readme.read_text(encoding="utf-8").split("```text\n", 1)[1].split("\n```", 1)[0]
+    assert shown.startswith("memcalc: wrote ds_config.json") and shown.endswith("to run")
+    assert rx.check(readme) == []
