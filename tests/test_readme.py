@@ -1,4 +1,5 @@
-"""README.md's examples run with this checkout's memcalc and print what the README shows (docs/readme_examples.py)."""
+"""The examples of README.md and of every docs/*.md page run with this checkout's memcalc and print what the page shows
+(docs/readme_examples.py)."""
 
 from __future__ import annotations
 
@@ -217,7 +218,8 @@ def test_every_docs_page_example_runs_and_shows_what_memcalc_prints(page):
 def test_a_stderr_marker_shows_what_a_succeeding_command_prints_on_stderr(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(
-        "<!-- readme: stderr -->\n```bash\nmemcalc estimate --model llama-2-7b --gpus 8 --stage 2 --seq-len 4096 --write-config run\n```\n\n"
+        "<!-- readme: stderr -->\n```bash\n"
+        "memcalc estimate --model llama-2-7b --gpus 8 --stage 2 --seq-len 4096 --write-config run\n```\n\n"
         "```text\nx\n```\n",
         encoding="utf-8",
     )
