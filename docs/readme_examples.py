@@ -1,7 +1,9 @@
-"""Run README.md's examples with this checkout's memcalc; check, or rewrite, the output shown under them.
+"""Run the examples of README.md and of every docs/*.md page with this checkout's memcalc; check, or rewrite, the
+output shown under them.
 
     python docs/readme_examples.py --check     # exit 1 naming, per example, the first line that differs
-    python docs/readme_examples.py --write     # regenerate the shown outputs in README.md
+    python docs/readme_examples.py --write     # regenerate the shown outputs in README.md and docs/*.md
+    python docs/readme_examples.py --check --readme docs/cli.md    # one page (the option repeats)
 
 What runs:
 - in a ```bash block, every line that starts with ``memcalc`` (``\\`` continuations joined, ``#`` comments
@@ -16,8 +18,15 @@ What runs:
 Markers, an HTML comment on the line before a block: ``<!-- readme: error -->`` (its commands show a mistake:
 exit 2, nothing on stdout, one line on stderr; that line is the output shown), ``<!-- readme: skip -->`` (not
 run), ``<!-- readme: run -->`` (a runnable python block), ``<!-- readme: file NAME -->`` (the block is a file the
-commands read, written as NAME into their directory first: a ds_config.json, a config.json). A console transcript
-whose output starts with ``memcalc: error:`` is an error example too.
+commands read, written as NAME into their directory first: a ds_config.json, a config.json), ``<!-- readme: head N
+-->`` (on a bash or console block: the output shown is the first N lines of each command's output; the commands
+still run whole and must succeed), ``<!-- readme: stderr -->`` (the output shown is what the commands print on
+stderr, for commands whose stdout is shown elsewhere: ``--write-config``'s files written, a config file's notes; they
+must exit 0). A console transcript whose output starts with ``memcalc: error:`` is an error
+example too.
+
+Each page runs in a directory of its own, so a command can read what an earlier command of the same page wrote
+(``--write-config run`` then ``--torchtitan-config run/torchtitan.toml``).
 
 Commands run as ``python -m memcalc`` with this checkout first on PYTHONPATH, in a fresh temporary directory that
 links to the checkout's top-level entries (so ``tests/data/...`` paths resolve; what commands write stays there),
@@ -39,11 +48,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 WIDTH = 160
 TIMEOUT_S = 120
 
 _FENCE = re.compile(r"^\s*```\s*([\w+-]*)\s*$")
-_MARKER = re.compile(r"^\s*<!--\s*readme:\s*(run|error|skip|file\s+[\w.-][\w./-]*)\s*-->\s*$")
+_MARKER = re.compile(r"^\s*<!--\s*readme:\s*(run|error|skip|stderr|head\s+[1-9]\d*|file\s+[\w.-][\w./-]*)\s*-->\s*$")
 _SHELL_SYNTAX = {"|", "||", "&&", ";", ">", ">>", "<", "&", "2>", "2>&1"}
 
 # Runs a python example statement by statement; a one-line expression commented with a literal must equal it.
@@ -63,7 +73,7 @@ for node in ast.parse(src, path).body:
     got = eval(compile(ast.Expression(node.value), path, "eval"), ns)
     want = ast.literal_eval(m.group(1))
     if got != want or isinstance(got, bool) != isinstance(want, bool):
-        sys.stderr.write(f"line {node.lineno}: {ast.unparse(node.value)} is {got!r}; the README says {want!r}\n")
+        sys.stderr.write(f"line {node.lineno}: {ast.unparse(node.value)} is {got!r}; the page says {want!r}\n")
         sys.exit(1)
 """
 
@@ -83,18 +93,24 @@ class Block:
 
 @dataclass(frozen=True)
 class Example:
-    """One command (or python block) of the README and where its shown output lies."""
+    """One command (or python block) of a page and where its shown output lies."""
 
     kind: str
     """``shell`` or ``python``."""
     line: int
-    """1-based README line of the command (of the fence, for python)."""
+    """1-based line of the command (of the fence, for python) in its page."""
     source: str
     expect_error: bool = False
     output: tuple[int, int] | None = None
-    """README lines [start, end) (0-based) of the output shown, shared by the commands of one bash block."""
+    """Lines [start, end) (0-based) of the output shown, shared by the commands of one bash block."""
     group: tuple[int, ...] = ()
     """Indices (in the example list) of the commands whose outputs, concatenated, fill ``output``."""
+    head: int | None = None
+    """``<!-- readme: head N -->``: only the first N lines of each command's output are shown."""
+    stderr: bool = False
+    """``<!-- readme: stderr -->``: the output shown is stderr, of a command that succeeds."""
+    page: str = "README"
+    """Where the example is, as problems name it: ``README`` or the page's path (``docs/cli.md``)."""
 
 
 @dataclass
@@ -107,8 +123,11 @@ class Result:
 
     @property
     def shown_output(self) -> str:
-        """What the README should show for this example: stderr for an error example, else stdout."""
-        return normalize(self.stderr if self.example.expect_error else self.stdout)
+        """What the page should show for this example: stderr for an error example or under a stderr marker, else
+        stdout (its first ``head`` lines under a head marker)."""
+        ex = self.example
+        text = normalize(self.stderr if ex.expect_error or ex.stderr else self.stdout)
+        return text if ex.head is None else "\n".join(text.splitlines()[: ex.head])
 
 
 def normalize(text: str) -> str:
@@ -123,7 +142,23 @@ def steady(text: str) -> str:
     return _WALL.sub("searched in (wall time)", text)
 
 
-def blocks(lines: list[str]) -> list[Block]:
+def page_name(path: Path) -> str:
+    """How problems name a page: ``README`` for README.md, else its path from the repository (``docs/cli.md``)."""
+    path = path.resolve()
+    if path.name == "README.md" and path.parent != DOCS:
+        return "README"
+    try:
+        return path.relative_to(ROOT).as_posix()
+    except ValueError:
+        return path.name
+
+
+def pages() -> list[Path]:
+    """README.md and every Markdown page under docs/, the pages whose examples are checked."""
+    return [README, *sorted(DOCS.glob("*.md"))]
+
+
+def blocks(lines: list[str], page: str = "README") -> list[Block]:
     found: list[Block] = []
     i = 0
     while i < len(lines):
@@ -133,7 +168,7 @@ def blocks(lines: list[str]) -> list[Block]:
             continue
         close = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == "```"), None)
         if close is None:
-            raise ValueError(f"README line {i + 1}: a ``` block that never closes")
+            raise ValueError(f"{page} line {i + 1}: a ``` block that never closes")
         above = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
         marker = _MARKER.match(above)
         found.append(Block(m.group(1).lower(), i, close, marker.group(1) if marker else None))
@@ -166,35 +201,37 @@ def _next_text_block(bs: list[Block], k: int, lines: list[str]) -> Block | None:
     return nxt if all(not s.strip() for s in between) else None
 
 
-def files(text: str) -> dict[str, str]:
+def files(text: str, page: str = "README") -> dict[str, str]:
     """The blocks marked ``<!-- readme: file NAME -->``: NAME -> contents."""
     lines = text.splitlines()
     found = {}
-    for b in blocks(lines):
+    for b in blocks(lines, page):
         if b.marker is not None and b.marker.startswith("file"):
             name = b.marker.split(None, 1)[1]
             if name.startswith("/") or ".." in name.split("/"):
-                raise ValueError(f"README line {b.open}: a file example must be a relative path inside the directory, not {name!r}")
+                raise ValueError(f"{page} line {b.open}: a file example must be a relative path inside the directory, not {name!r}")
             found[name] = "\n".join(b.body(lines)) + "\n"
     return found
 
 
-def examples(text: str) -> list[Example]:
-    """Every example README text holds, in order."""
+def examples(text: str, page: str = "README") -> list[Example]:
+    """Every example a page's text holds, in order."""
     lines = text.splitlines()
-    bs = blocks(lines)
+    bs = blocks(lines, page)
     found: list[Example] = []
     for k, b in enumerate(bs):
         if b.marker == "skip":
             continue
         error = b.marker == "error"
+        head = int(b.marker.split()[1]) if b.marker is not None and b.marker.startswith("head") else None
+        stderr = b.marker == "stderr"
         if b.lang in ("bash", "sh", "shell"):
             shown = _next_text_block(bs, k, lines)
             out = (shown.open + 1, shown.close) if shown else None
             cmds = [(ln, t.strip()) for ln, t, _ in _joined(b.body(lines), b.open + 1) if _is_memcalc(t.strip())]
             group = tuple(range(len(found), len(found) + len(cmds)))
             for ln, t in cmds:
-                found.append(Example("shell", ln + 1, t, error, out, group if out else ()))
+                found.append(Example("shell", ln + 1, t, error, out, group if out else (), head, stderr, page))
         elif b.lang == "console":
             body = _joined(b.body(lines), b.open + 1)
             for n, (ln, t, last) in enumerate(body):
@@ -205,12 +242,12 @@ def examples(text: str) -> list[Example]:
                     continue  # an illustration: no output shown under it
                 shown_error = lines[last + 1].startswith("memcalc: error:")
                 found.append(Example("shell", ln + 1, t[2:].strip(), error or shown_error, (last + 1, end),
-                                     (len(found),)))  # fmt: skip
+                                     (len(found),), head, stderr, page))  # fmt: skip
         elif b.lang in ("python", "py") and b.marker == "run":
             shown = _next_text_block(bs, k, lines)
             out = (shown.open + 1, shown.close) if shown else None
             found.append(Example("python", b.open + 1, "\n".join(b.body(lines)), error, out,
-                                 (len(found),) if out else ()))  # fmt: skip
+                                 (len(found),) if out else (), None, False, page))  # fmt: skip
     return found
 
 
@@ -234,8 +271,8 @@ def environment(workdir: Path) -> dict[str, str]:
 
 
 def prepare(workdir: Path, contents: dict[str, str]) -> None:
-    """Fills ``workdir``: links to the checkout's top-level folders and files (README paths such as
-    ``tests/data/...`` are relative to the repository), then the README's file blocks."""
+    """Fills ``workdir``: links to the checkout's top-level folders and files (the pages' paths such as
+    ``tests/data/...`` are relative to the repository), then the page's file blocks."""
     own = {name.split("/")[0] for name in contents}  # never written through a link into the checkout
     for entry in ROOT.iterdir():
         if not entry.name.startswith(".") and entry.name not in own:
@@ -256,7 +293,7 @@ def run(example: Example, workdir: Path) -> Result:
         words = shlex.split(example.source, comments=True)
         odd = [w for w in words if w in _SHELL_SYNTAX]
         if odd:
-            return Result(example, -1, "", "", [f"README line {example.line}: only plain memcalc commands run "
+            return Result(example, -1, "", "", [f"{example.page} line {example.line}: only plain memcalc commands run "
                                                  f"here, not shell syntax {odd[0]!r}: {example.source}"])  # fmt: skip
         argv = [sys.executable, "-m", "memcalc", *words[1:]]
     proc = subprocess.run(argv, cwd=workdir, env=environment(workdir), capture_output=True, text=True,
@@ -269,7 +306,7 @@ def run(example: Example, workdir: Path) -> Result:
 def _exit_problems(res: Result) -> list[str]:
     ex = res.example
     shown = shlex.join(shlex.split(ex.source, comments=True)) if ex.kind == "shell" else "the python block"
-    where = f"README line {ex.line}: {shown}"
+    where = f"{ex.page} line {ex.line}: {shown}"
     if ex.expect_error:
         err = res.stderr.rstrip("\n")
         bad = []
@@ -301,12 +338,13 @@ def first_difference(shown: str, actual: str) -> tuple[int, str, str] | None:
 
 
 def run_all(readme: Path = README) -> list[Result]:
-    """Runs every example of ``readme`` and compares each shown output block with the real output."""
+    """Runs every example of the page ``readme`` and compares each shown output block with the real output."""
     text = readme.read_text(encoding="utf-8")
     lines = text.splitlines()
-    exs = examples(text)
+    page = page_name(readme)
+    exs = examples(text, page)
     with tempfile.TemporaryDirectory(prefix="memcalc-readme-") as tmp:
-        prepare(Path(tmp), files(text))
+        prepare(Path(tmp), files(text, page))
         results = [run(ex, Path(tmp)) for ex in exs]
     for n, res in enumerate(results):
         ex = res.example
@@ -317,8 +355,8 @@ def run_all(readme: Path = README) -> list[Result]:
         diff = first_difference(steady(shown), steady(expected_output(results, ex)))
         if diff is not None:
             i, x, y = diff
-            res.problems.append(f"README line {start + i + 1} (output of line {ex.line}) differs:\n"
-                                f"    README: {x}\n    actual: {y}")  # fmt: skip
+            res.problems.append(f"{page} line {start + i + 1} (output of line {ex.line}) differs:\n"
+                                f"    {page}: {x}\n    actual: {y}")  # fmt: skip
     return results
 
 
@@ -359,17 +397,23 @@ def main(argv: list[str] | None = None) -> int:
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--check", action="store_true", help="compare shown outputs with real ones; exit 1 on a difference")
     mode.add_argument("--write", action="store_true", help="regenerate the shown outputs in place")
-    p.add_argument("--readme", type=Path, default=README, help="the Markdown file (default: README.md)")
+    p.add_argument("--readme", type=Path, action="append",
+                   help="a Markdown page (repeatable; default: README.md and every docs/*.md page)")  # fmt: skip
     args = p.parse_args(argv)
+    paths = args.readme or pages()
     if args.write:
-        done = write(args.readme)
-        print(f"rewrote {len(done)} output block(s)" + (f" at lines {', '.join(map(str, done))}" if done else ""))
+        for path in paths:
+            done = write(path)
+            print(f"{page_name(path)}: rewrote {len(done)} output block(s)"
+                  + (f" at lines {', '.join(map(str, done))}" if done else ""))  # fmt: skip
         return 0
-    problems = check(args.readme)
+    problems, n = [], 0
+    for path in paths:
+        problems += check(path)
+        n += len(examples(path.read_text(encoding="utf-8"), page_name(path)))
     for prob in problems:
         print(prob, file=sys.stderr)
-    n = len(examples(args.readme.read_text(encoding="utf-8")))
-    print(f"{n} examples, {len(problems)} problem(s)", file=sys.stderr)
+    print(f"{n} examples in {len(paths)} page(s), {len(problems)} problem(s)", file=sys.stderr)
     return 1 if problems else 0
 
 

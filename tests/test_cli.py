@@ -267,13 +267,14 @@ def test_trace_refuses_a_bad_config_value_in_one_line(tmp_path) -> None:
     assert res.exit_code == 2 and "num_attention_heads 0 is out of range" in res.stderr, res.output
 
 
-def test_readme_names_every_test_file_that_skips_without_deepspeed_torchtitan_or_bitsandbytes():
+def test_testing_page_names_every_test_file_that_skips_without_deepspeed_torchtitan_or_bitsandbytes():
     root = README.parent
     marks = ('importorskip("deepspeed")', "skipif(not suite.deepspeed_available()", 'skip("torchtitan is not installed")',
              'importorskip("bitsandbytes')  # fmt: skip
     files = sorted(p.relative_to(root).as_posix() for p in (root / "tests").rglob("test_*.py")
                    if any(m in p.read_text() for m in marks) and p.name != "test_cli.py")  # fmt: skip
-    text = README.read_text()
+    text = (root / "docs" / "testing.md").read_text()  # the README links to it for what the tests need and skip
+    assert "docs/testing.md" in README.read_text()
     assert files == ["tests/test_compile.py", "tests/test_configs.py", "tests/test_deepspeed_estimator.py",
                      "tests/test_lora.py", "tests/test_torchtitan_code.py", "tests/validation/test_deepspeed_timeline.py",
                      "tests/validation/test_frameworks.py", "tests/validation/test_write_deepspeed.py"]  # fmt: skip

@@ -1,4 +1,5 @@
-"""README.md's examples run with this checkout's memcalc and print what the README shows (docs/readme_examples.py)."""
+"""The examples of README.md and of every docs/*.md page run with this checkout's memcalc and print what the page shows
+(docs/readme_examples.py)."""
 
 from __future__ import annotations
 
@@ -136,7 +137,7 @@ def test_a_wrong_figure_in_a_python_comment_fails(tmp_path):
     problems = rx.check(_small(tmp_path, total=_ZERO1_BYTES + 1))
     wrong = [p for p in problems if p.startswith("README line 21")]
     assert len(wrong) == 1 and "exits 1" in wrong[0]
-    assert f"is {_ZERO1_BYTES}; the README says {_ZERO1_BYTES + 1}" in wrong[0]
+    assert f"is {_ZERO1_BYTES}; the page says {_ZERO1_BYTES + 1}" in wrong[0]
 
 
 def test_a_failing_command_is_reported_and_blocks_write(tmp_path):
@@ -176,3 +177,55 @@ def test_a_file_block_is_written_where_the_commands_run(tmp_path):
     # GPT-2, h = 64, 2 layers, v = 1000, 128 positions: wte 64,000 + wpe 8,192 + 2 x 49,984 per layer
     # (ln 128 + c_attn 12,480 + attn c_proj 4,160 + ln 128 + c_fc 16,640 + mlp c_proj 16,448) + ln_f 128
     assert json.loads(res.stdout)["model"]["parameters"] == 172_288
+
+
+def test_a_head_marker_shows_the_first_lines_of_each_output(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- readme: head 2 -->\n```bash\nmemcalc gpus\nmemcalc strategies\n```\n\n```text\nx\n```\n",
+                      encoding="utf-8")  # fmt: skip
+    (a, b) = rx.examples(readme.read_text(encoding="utf-8"))
+    assert a.head == b.head == 2 and a.output == b.output == (7, 8)
+    assert rx.write(readme) == [8]
+    shown = readme.read_text(encoding="utf-8").split("```text\n", 1)[1].split("\n```", 1)[0].splitlines()
+    results = rx.run_all(readme)
+    full = [r.stdout.rstrip().splitlines() for r in results]
+    assert all(len(lines) > 2 for lines in full)  # the outputs are longer than what is shown
+    assert shown == [s.rstrip() for s in full[0][:2] + full[1][:2]]
+    assert rx.check(readme) == []
+
+
+def test_pages_are_the_readme_and_every_docs_page_and_problems_name_their_page():
+    pages = rx.pages()
+    assert pages[0] == rx.README and rx.DOCS / "cli.md" in pages and rx.DOCS / "planning.md" in pages
+    assert all(p.suffix == ".md" for p in pages)
+    assert rx.page_name(rx.README) == "README" and rx.page_name(rx.DOCS / "cli.md") == "docs/cli.md"
+    exs = rx.examples("```bash\nmemcalc estimate --params 7b --stage 9\n```\n", "docs/cli.md")
+    assert [(e.page, e.line) for e in exs] == [("docs/cli.md", 2)]
+
+
+_DOCS_WITH_EXAMPLES = [p for p in rx.pages()[1:] if rx.examples(p.read_text(encoding="utf-8"), rx.page_name(p))]
+
+
+@pytest.mark.parametrize("page", _DOCS_WITH_EXAMPLES, ids=lambda p: p.name)
+def test_every_docs_page_example_runs_and_shows_what_memcalc_prints(page):
+    problems = rx.check(page)
+    assert not problems, (
+        f"{rx.page_name(page)} is out of date; regenerate with `python docs/readme_examples.py --write`:\n"
+        + "\n".join(problems)
+    )
+
+
+def test_a_stderr_marker_shows_what_a_succeeding_command_prints_on_stderr(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "<!-- readme: stderr -->\n```bash\n"
+        "memcalc estimate --model llama-2-7b --gpus 8 --stage 2 --seq-len 4096 --write-config run\n```\n\n"
+        "```text\nx\n```\n",
+        encoding="utf-8",
+    )
+    (ex,) = rx.examples(readme.read_text(encoding="utf-8"))
+    assert ex.stderr and not ex.expect_error
+    assert rx.write(readme) == [7]
+    shown = readme.read_text(encoding="utf-8").split("```text\n", 1)[1].split("\n```", 1)[0]
+    assert shown.startswith("memcalc: wrote ds_config.json") and shown.endswith("to run")
+    assert rx.check(readme) == []
