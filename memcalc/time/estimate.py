@@ -24,6 +24,13 @@ from memcalc.memory.paper import param_groups
 from memcalc.time.datasheet import gpu_machine
 from memcalc.time.hardware import Machine, cluster_names, load_cluster, load_machine
 from memcalc.time.flops import policy_name
+from memcalc.time.kernels import (
+    DTENSOR_TP_LAYER_HOST_S,
+    FSDP2_UNIT_HOST_S,
+    HOST_PER_LAUNCH_S,
+    OPTIMIZER_LAUNCHES,
+    host_launches,
+)
 from memcalc.time.step import Plan, StepTime, step_time
 from memcalc.units import ceil_div
 
@@ -204,7 +211,27 @@ def step_plan(plan: LayoutPlan, optimizer_impl: str = "foreach", flops_attention
         float8=plan.float8, elementwise=_elementwise(plan), residual_bytes=4 if plan.precision.autocast else 0,
         sliding="masked" if w.attention == "sdpa" else "window", **_lora_fields(plan),
         gather_units=1 if plan.fsdp_auto_wrap == "none" and plan.spec.shards_params else 0,
+        **_host_fields(plan, optimizer_impl),
     )  # fmt: skip
+
+
+def _host_fields(plan: LayoutPlan, optimizer_impl: str) -> dict[str, float]:
+    """The host's seconds per decoder layer and micro-batch (forward, backward) and per optimizer step, from the
+    framework's row of ``memcalc.time.kernels``: its launches at the host's cost per launch, FSDP2's hooks per unit
+    (a third in forward, like the work), eager DTensor's measured cost per block where tensor parallelism runs
+    through DTensor uncompiled."""
+    w = plan.work
+    assert w is not None
+    fw = composition(plan.framework)
+    f, b = host_launches(fw.model_code, w.compile, plan.precision.autocast, w.attention == "eager")
+    fwd, bwd = f * HOST_PER_LAUNCH_S, b * HOST_PER_LAUNCH_S
+    if plan.tp > 1 and fw.dtensor_tp and not w.compile:
+        fwd, bwd = DTENSOR_TP_LAYER_HOST_S / 3, 2 * DTENSOR_TP_LAYER_HOST_S / 3
+    if plan.spec.shards_params and plan.fsdp_version == 2:
+        fwd, bwd = fwd + FSDP2_UNIT_HOST_S / 3, bwd + 2 * FSDP2_UNIT_HOST_S / 3
+    impl = "cpu" if plan.optimizer_device != "none" else optimizer_impl
+    return {"host_forward_s": fwd, "host_backward_s": bwd,
+            "host_optimizer_s": OPTIMIZER_LAUNCHES[impl] * HOST_PER_LAUNCH_S}
 
 
 def _elementwise(plan: LayoutPlan) -> str:
@@ -313,6 +340,7 @@ def time_fields(st: StepTime | None, *, flops_attention: str = "full", tokens: f
             "bubble_s": float(st.bubble_s),
             "optimizer_s": float(st.optimizer_s),
             "offload_s": float(st.offload_s),
+            "host_s": float(st.host_s),
         },
         "time_to_train_s": train_s,
         "cost": cost,

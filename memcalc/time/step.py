@@ -14,6 +14,9 @@ Sources and rules (each also in docs/performance-model.md):
   micro-batch; context-parallel K/V exchange hides behind attention; DDP/ZeRO-1/2 gradient buckets hide behind the
   last micro-batch's backward except the last bucket; FSDP/ZeRO-3 prefetch one unit (layer) ahead, exposing
   max(0, comm - compute) per unit plus the first gather and last reduce-scatter.
+- Host (memcalc.time.kernels): the launches of each layer's kernels, FSDP2's hooks and eager DTensor's dispatch are
+  a floor under the GPU's time: exposed = max(0, host - GPU) over forward + backward, the same for the optimizer
+  step, plus the first layer's launches after the step's sync.
 - Optimizer: AdamW moves 28 B/param (read p, g, m, v; write p, m, v: 16 + 12) at the measured fraction of HBM
   bandwidth (fused vs foreach); on the CPU (offload) at the node's host-memory bandwidth shared by its GPUs.
 """
@@ -106,6 +109,13 @@ class Plan:
     """The units sharded parameters are gathered and reduced in; 0: one per decoder layer, each gathered while the
     one before it computes. 1: the whole model (FSDP without an auto-wrap policy): its all-gather before the
     forward and its reduce-scatter after the backward have nothing to hide behind."""
+    host_forward_s: float = 0.0
+    """Host seconds to launch one decoder layer's forward for one micro-batch (``memcalc.time.kernels``: launches x
+    host per launch, FSDP2's hooks, eager DTensor); 0: the host is not modelled."""
+    host_backward_s: float = 0.0
+    """The same for its backward."""
+    host_optimizer_s: float = 0.0
+    """Host seconds to launch the optimizer step."""
 
     @property
     def dp(self) -> int:
@@ -157,6 +167,9 @@ class StepTime:
     model_flops: int
     hardware_flops: int
     peak_flops: float
+    host_s: float = 0.0
+    """Time the GPU waits for the host to launch its kernels (``memcalc.time.kernels``): max(0, host - GPU) over the
+    forward and backward and over the optimizer step, plus the first layer's launches after the step's sync."""
 
     @property
     def exposed_communication_s(self) -> float:
@@ -165,7 +178,7 @@ class StepTime:
     @property
     def step_s(self) -> float:
         return (self.compute_s + self.memory_bound_s + self.recompute_s + self.exposed_communication_s + self.bubble_s
-                + self.optimizer_s + self.offload_s)  # fmt: skip
+                + self.optimizer_s + self.offload_s + self.host_s)  # fmt: skip
 
     @property
     def tokens_per_s(self) -> float:
@@ -436,10 +449,20 @@ def step_time(arch: Architecture, plan: Plan, machine: Machine, collectives: Ite
         opt = n_opt * ADAMW_BYTES_PER_PARAM * p.optimizer_state_bytes / 4 / (cal.hbm_peak_bytes_per_s * cal.adamw(p.optimizer))
 
     bubble = (p.pp - 1) / p.virtual * (per_mb + critical / m) if p.pp > 1 else 0.0
+    host = 0.0
+    if p.host_forward_s or p.host_backward_s:
+        # the host queues kernels ahead of the GPU and only shows where it falls behind: its launches for the
+        # stage's layers (a fully recomputed forward launched again) against the GPU's time for the same work; and
+        # after the step's sync (loss.item(), the optimizer) the queue is empty until the first layer is launched
+        again = p.host_forward_s if p.recompute == "full" else 0.0
+        launched = m * profile[6] * (p.host_forward_s + p.host_backward_s + again)
+        host = max(0.0, launched - (m * per_mb + critical)) + p.host_forward_s
+    if p.host_optimizer_s:
+        host += max(0.0, p.host_optimizer_s - opt)
     sequences = p.dp * p.micro_batch * m
     return StepTime(
         compute_s=m * comp, memory_bound_s=m * mem, recompute_s=m * rec,
         communication_s=tuple(sorted(exposed.items())), bubble_s=bubble, optimizer_s=opt, offload_s=offload,
         tokens_per_step=sequences * p.seq, gpus=p.gpus, model_flops=model_fl, hardware_flops=hardware_fl,
-        peak_flops=peak,
+        peak_flops=peak, host_s=host,
     )  # fmt: skip
