@@ -29,6 +29,7 @@ from memcalc.time.kernels import (
     FSDP2_UNIT_HOST_S,
     HOST_PER_LAUNCH_S,
     OPTIMIZER_LAUNCHES,
+    expands_kv,
     host_launches,
 )
 from memcalc.time.step import Plan, StepTime, step_time
@@ -212,6 +213,7 @@ def step_plan(plan: LayoutPlan, optimizer_impl: str = "foreach", flops_attention
         sliding="masked" if w.attention == "sdpa" else "window", **_lora_fields(plan),
         gather_units=1 if plan.fsdp_auto_wrap == "none" and plan.spec.shards_params else 0,
         **_host_fields(plan, optimizer_impl),
+        cp_kv_factor=plan.arch.heads / plan.arch.n_kv if expands_kv(composition(plan.framework).model_code) else 1.0,
     )  # fmt: skip
 
 

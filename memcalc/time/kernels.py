@@ -68,16 +68,26 @@ class Kernels:
     launches_backward_autocast: int
     launches_eager_attention: tuple[int, int]
     """Extra launches (forward, backward) of eager attention over SDPA (scale, mask, softmax, casts)."""
+    expands_kv: bool = False
+    """K and V expanded to the query heads before the attention call, so a context-parallel ring passes heads /
+    kv_heads times the bytes: torchtitan's Llama (torchtitan/models/llama3/model.py: ``repeat_kv(xk, self.n_rep)``
+    before ``sdpa``); transformers' SDPA path hands the KV heads to the kernel (``enable_gqa``) when no mask is
+    given; Megatron-LM / Transformer Engine pass the KV heads (``num_query_groups``)."""
 
 
 EAGER = Kernels("hf", "hf", "flash", 40, 82, 50, 98, (8, 10))
 FUSED = Kernels("megatron", "fused", "flash", 13, 24, 13, 24, (2, 3))
 KERNELS: dict[str, Kernels] = {
     "hf": EAGER,
-    "torchtitan": Kernels("torchtitan", "torchtitan", "flash", 40, 82, 50, 98, (8, 10)),
+    "torchtitan": Kernels("torchtitan", "torchtitan", "flash", 40, 82, 50, 98, (8, 10), expands_kv=True),
     "megatron": FUSED,
 }
 """Per model code (``memcalc.layout.compose.Framework.model_code``); under torch.compile every code is ``FUSED``."""
+
+
+def expands_kv(code: str) -> bool:
+    """Whether ``code`` expands K and V to the query heads before attention (``Kernels.expands_kv``)."""
+    return KERNELS.get(code, EAGER).expands_kv
 
 
 def host_launches(code: str, compiled: bool, autocast: bool, eager_attention: bool) -> tuple[int, int]:

@@ -109,6 +109,9 @@ class Plan:
     """The units sharded parameters are gathered and reduced in; 0: one per decoder layer, each gathered while the
     one before it computes. 1: the whole model (FSDP without an auto-wrap policy): its all-gather before the
     forward and its reduce-scatter after the backward have nothing to hide behind."""
+    cp_kv_factor: float = 1.0
+    """K and V as the context-parallel ring passes them, against the model's KV heads: heads / kv_heads where the
+    model code expands K/V to the query heads before attention (``memcalc.time.kernels.Kernels.expands_kv``)."""
     host_forward_s: float = 0.0
     """Host seconds to launch one decoder layer's forward for one micro-batch (``memcalc.time.kernels``: launches x
     host per launch, FSDP2's hooks, eager DTensor); 0: the host is not modelled."""
@@ -240,7 +243,10 @@ def layer_time(arch: Architecture, moe: bool, cal: Calibration, dtype: str, seq:
             fwd = micro_batch * attention_core_flops(arch, seq, "full", tp) / cp
         else:  # causal: the blocks above the diagonal (and, with a window, left of it) are skipped
             fwd = micro_batch * attention_core_flops(arch, seq, "causal", tp, window) / cp
-        eff = cal.attention(attention, 3.5 * fwd)  # curve keyed, as measured, by fwd+bwd FLOPs = 3.5 x forward
+        # curve keyed, as measured, by one kernel call's fwd+bwd FLOPs = 3.5 x forward; under context parallelism
+        # the ring calls the kernel once per step, each on 1/cp of this rank's pairs (torch's
+        # _templated_ring_attention, Transformer Engine's attn_forward_func_with_cp: one call per ring step)
+        eff = cal.attention(attention, 3.5 * fwd / cp)
         attn_f, attn_b = fwd / (peak * eff), 2.5 * fwd / (peak * eff)
     elif attention == "eager":
         fwd = micro_batch * attention_core_flops(arch, seq, "full", tp) / cp  # batched GEMMs skip nothing
@@ -401,7 +407,8 @@ def step_time(arch: Architecture, plan: Plan, machine: Machine, collectives: Ite
             exposed[c.group] = exposed.get(c.group, 0.0) + t
             critical += t
         elif c.group == "context-parallel":
-            cp_total += _time(c, machine) * c.calls_per_step
+            size = c.payload_bytes_per_call if p.cp_kv_factor == 1 else int(c.payload_bytes_per_call * p.cp_kv_factor)
+            cp_total += _time(c, machine, size) * c.calls_per_step
         elif c.group in _DP_GROUPS:
             dp_rows.append(c)
         else:
