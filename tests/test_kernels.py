@@ -55,3 +55,22 @@ def test_a_ring_step_runs_at_the_efficiency_of_its_own_block():
     assert st.compute_s > 0
     assert pytest.approx(st.step_s) == sum((st.compute_s, st.memory_bound_s, st.recompute_s, st.bubble_s,
                                             st.optimizer_s, st.offload_s, st.host_s, st.exposed_communication_s))
+
+
+@pytest.mark.parametrize("gpu, faster", [("h100", True), ("a100-80g", False)])
+def test_megatron_runs_cudnn_attention_on_hopper_and_flash_before(gpu, faster):
+    # Transformer Engine prefers cuDNN's fused attention on Hopper+ (get_attention_backend); torch's SDPA of late
+    # 2024 picked FlashAttention-2. Same job, same GPU: only the attention kernel differs between the two codes.
+    from memcalc.time.kernels import attention_kernel
+
+    assert attention_kernel("megatron", "flash") == "te"
+    assert attention_kernel("torchtitan", "flash") == "flash"
+    assert attention_kernel("megatron", "eager") == "eager"
+    kw = dict(model="llama-3-8b", gpus=1, precision="bf16", seq_len=8192, micro_batch=1, gpu=gpu, attention="flash",
+              ddp=True)  # fmt: skip
+    te = step_plan(evaluate(to_plan(memcalc.build_input(**kw, framework="megatron"))).plan)
+    sdpa = replace(te, attention="flash")
+    ev = evaluate(to_plan(memcalc.build_input(**kw, framework="megatron")))
+    machine = machine_for(gpu_machine(gpu), 1)
+    a, b = step_time(ev.plan.arch, te, machine), step_time(ev.plan.arch, sdpa, machine)
+    assert (a.compute_s < 0.97 * b.compute_s) if faster else a.compute_s == pytest.approx(b.compute_s, rel=1e-12)

@@ -29,6 +29,8 @@ from memcalc.time.kernels import (
     FSDP2_UNIT_HOST_S,
     HOST_PER_LAUNCH_S,
     OPTIMIZER_LAUNCHES,
+    attention_kernel,
+    elementwise_code,
     expands_kv,
     host_launches,
 )
@@ -205,7 +207,7 @@ def step_plan(plan: LayoutPlan, optimizer_impl: str = "foreach", flops_attention
         gpus=plan.gpus, seq=w.seq_len, micro_batch=w.micro_batch, micro_batches=plan.grad_accum, tp=plan.tp,
         pp=plan.pp, cp=plan.cp, ep=plan.ep, virtual=plan.virtual_stages, sp=plan.sequence_parallel,
         recompute=w.recompute if recompute is None else recompute,
-        attention=_ATTENTION[w.attention], dtype=_MATMUL_DTYPE[plan.precision.compute_dtype],
+        attention=attention_kernel(composition(plan.framework).model_code, _ATTENTION[w.attention]), dtype=_MATMUL_DTYPE[plan.precision.compute_dtype],
         dropout=w.dropout > 0, optimizer="cpu" if plan.optimizer_device != "none" else optimizer_impl,
         optimizer_params=optimizer_params(plan), optimizer_state_bytes=plan.precision.state_bytes,
         flops_attention=flops_attention, stage_layers=plan.stage_layers,
@@ -241,10 +243,9 @@ def _elementwise(plan: LayoutPlan) -> str:
     rms_norm, eager complex rotary), else Hugging Face's eager modeling code (the Trainer, accelerate, DeepSpeed and
     torchtune users run it, or code that computes alike: torchtune's RMSNorm upcasts the same way). Under
     torch.compile inductor fuses them (one read and one write per element)."""
-    code = composition(plan.framework).model_code
-    if code == "megatron" or (plan.work is not None and plan.work.compile):
+    if plan.work is not None and plan.work.compile:
         return "fused"
-    return code
+    return elementwise_code(composition(plan.framework).model_code)
 
 
 def _lora_fields(plan: LayoutPlan) -> dict:

@@ -56,10 +56,15 @@ class Kernels:
     elementwise: str
     """Norms and rotary embedding as ``memcalc.time.moved.elementwise_bytes`` counts them: hf (eager ops), torchtitan
     (torch's fused rms_norm, eager complex rotary), fused (one kernel each)."""
-    sdpa: str
-    """The kernel SDPA's dispatch picks on Hopper for a causal bf16 call of head size 128: FlashAttention-2 ("flash")
-    in the torch of late 2024 (its order flash, efficient, math, cuDNN: pytorch#138907; cuDNN made opt-in after the
-    2.5 bugs, pytorch#138522); the published runs memcalc replays ran there (published-kernels.md §0)."""
+    attention: str
+    """The kernel behind flash/SDPA attention in this code. flash: torch's SDPA, whose dispatch picked
+    FlashAttention-2 in the torch of late 2024 (order flash, efficient, math, cuDNN: pytorch#138907; cuDNN made
+    opt-in after the 2.5 bugs, pytorch#138522), where the published runs memcalc replays ran (published-kernels.md
+    §0). te: Transformer Engine's ``DotProductAttention`` (Megatron-LM's default ``--transformer-impl
+    transformer_engine``), which on Hopper and later prefers cuDNN's fused attention over FlashAttention
+    (transformer_engine/pytorch/attention/dot_product_attention/utils.py ``get_attention_backend``: "Disabling
+    FlashAttention to give FusedAttention preference on Hopper+ for performance reasons"): timed on the GPU's cuDNN
+    curve where it has one (measured on the H100: 1.7-1.9x the flash kernel, h100-kernels.md), else flash."""
     launches_forward: int
     """Kernels one decoder layer's forward launches for one micro-batch (pure bf16 or under a master copy)."""
     launches_backward: int
@@ -76,13 +81,24 @@ class Kernels:
 
 
 EAGER = Kernels("hf", "hf", "flash", 40, 82, 50, 98, (8, 10))
-FUSED = Kernels("megatron", "fused", "flash", 13, 24, 13, 24, (2, 3))
+FUSED = Kernels("megatron", "fused", "te", 13, 24, 13, 24, (2, 3))
 KERNELS: dict[str, Kernels] = {
     "hf": EAGER,
     "torchtitan": Kernels("torchtitan", "torchtitan", "flash", 40, 82, 50, 98, (8, 10), expands_kv=True),
     "megatron": FUSED,
 }
 """Per model code (``memcalc.layout.compose.Framework.model_code``); under torch.compile every code is ``FUSED``."""
+
+
+def elementwise_code(code: str) -> str:
+    """How ``code`` runs its norms and rotary embedding (``Kernels.elementwise``)."""
+    return KERNELS.get(code, EAGER).elementwise
+
+
+def attention_kernel(code: str, asked: str) -> str:
+    """The step model's attention kernel for ``asked`` (flash, cudnn or eager) in ``code``: flash becomes the code's
+    own (``Kernels.attention``)."""
+    return KERNELS.get(code, EAGER).attention if asked == "flash" else asked
 
 
 def expands_kv(code: str) -> bool:

@@ -70,7 +70,8 @@ class Plan:
     sp: bool = False
     recompute: str = "none"
     attention: str = "flash"
-    """flash | cudnn | eager (materialised scores, softmax in HBM)."""
+    """flash | cudnn | te (cuDNN where the GPU has its curve, else flash: ``memcalc.time.kernels``) | eager
+    (materialised scores, softmax in HBM)."""
     dtype: str = "bf16"
     dropout: bool = False
     optimizer: str = "fused"
@@ -237,6 +238,8 @@ def layer_time(arch: Architecture, moe: bool, cal: Calibration, dtype: str, seq:
             t = g.count * _gemm_s(cal, peak, 2 * m * g.k * g.n)
         mm += t
         op += t if g in again else 0.0
+    if attention == "te":  # Transformer Engine: cuDNN's fused attention where the GPU has that curve (Hopper on)
+        attention = "cudnn" if any(k == "cudnn" for k, _ in cal.attention_efficiency) else "flash"
     # Context parallelism: this rank's s/cp queries against the whole sequence = 1/cp of the pairs.
     if attention in ("flash", "cudnn"):
         if window is not None and sliding == "masked" and seq >= window:  # every pair, the mask applied to each
@@ -257,7 +260,7 @@ def layer_time(arch: Architecture, moe: bool, cal: Calibration, dtype: str, seq:
         attn_f = _gemm_s(cal, peak, fwd) + scores * soft_f / cal.hbm_bytes_per_s
         attn_b = 2 * _gemm_s(cal, peak, fwd) + scores * soft_b / cal.hbm_bytes_per_s
     else:
-        raise InputError(f"attention {attention!r} is not one of flash, cudnn, eager")
+        raise InputError(f"attention {attention!r} is not one of flash, cudnn, te, eager")
     h = arch.hidden
     f = (arch.expert_ffn_size * arch.top_k + arch.ffn_size * arch.shared_experts) if moe else arch.ffn_size
     norm_b, rot_b = elementwise_bytes(elementwise, e, residual_bytes or e)
