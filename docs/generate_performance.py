@@ -219,6 +219,36 @@ TITAN_TPS = {"Table 1: FSDP, 8 GPUs, op AC": 5762, "Table 1: + torch.compile": 6
              "Table 6: FSDP 1, CP 8, seq 262144": 16}  # fmt: skip
 
 
+# Pairs of the benchmark's runs that differ in one choice (tests/test_ranking.py holds their order):
+# (what differs, the run published slower, the run published faster).
+PAIRS = [
+    # (what differs, slower run, faster run): published TPS/GPU slower < faster
+    ("pipeline schedule", "Table 5: 1F1B, local batch 32", "Table 5: interleaved 1F1B"),
+    ("context parallel 1 -> 2 (405B, 4D)", "Table 6: FSDP 4, CP 2, seq 65536", "Table 6: FSDP 8, CP 1, seq 32768"),
+    ("context parallel 2 -> 4 (405B, 4D)", "Table 6: FSDP 2, CP 4, seq 131072", "Table 6: FSDP 4, CP 2, seq 65536"),
+    ("context parallel 4 -> 8 (405B, 4D)", "Table 6: FSDP 1, CP 8, seq 262144", "Table 6: FSDP 2, CP 4, seq 131072"),
+    ("context parallel 1 -> 2 (8B)", "Table 2: FSDP 4 x CP 2, seq 65536",
+     "Table 2: FSDP 8, seq 32768, full AC, compile, float8"),
+    ("context parallel 2 -> 4 (8B)", "Table 2: FSDP 2 x CP 4, seq 131072", "Table 2: FSDP 4 x CP 2, seq 65536"),
+    ("context parallel 4 -> 8 (8B)", "Table 2: FSDP 1 x CP 8, seq 262144", "Table 2: FSDP 2 x CP 4, seq 131072"),
+    ("eager -> torch.compile, 8 GPUs", "Table 1: FSDP, 8 GPUs, op AC", "Table 1: + torch.compile"),
+    ("eager -> torch.compile, 128 GPUs", "Table 3: FSDP, 128 GPUs, op AC", "Table 3: + torch.compile"),
+    ("bf16 -> float8, 8 GPUs", "Table 1: + torch.compile", "Table 1: + torch.compile + Float8"),
+    ("bf16 -> float8, 128 GPUs", "Table 3: + torch.compile", "Table 3: + torch.compile + Float8"),
+]  # fmt: skip
+
+
+def ranking() -> str:
+    """Each published pair: the published and predicted speed-up of the faster run, and whether the order holds."""
+    runs = dict(titan_runs())
+    lines = ["| pair (torchtitan benchmark) | published speed-up | predicted | order |", "|---|---|---|---|"]
+    for what, slower, faster in PAIRS:
+        a, b = (memcalc.estimate(**runs[n]).time.tokens_per_s_per_gpu for n in (slower, faster))
+        pub = TITAN_TPS[faster] / TITAN_TPS[slower]
+        lines.append(f"| {what} | {pub:.2f}x | {b / a:.2f}x | {'as measured' if b > a else 'REVERSED'} |")
+    return "\n".join(lines)
+
+
 def titan_runs() -> list[tuple[str, dict]]:
     """The benchmark's runs as docs/generate_published.py configures them, with Table 2's CP 4 and CP 8 rows (whose
     memory it does not compare) configured alike."""
@@ -296,20 +326,57 @@ def summary() -> str:
     return "\n".join(lines)
 
 
-def write(text: str) -> None:
-    """Replace the block between the markers of docs/performance-model.md with ``text``."""
+def _tables(text: str) -> list[list[str]]:
+    """The Markdown tables of ``text``: runs of lines that start with ``|``."""
+    tables, run = [], []
+    for line in [*text.splitlines(), ""]:
+        if line.startswith("|"):
+            run.append(line)
+        elif run:
+            tables.append(run)
+            run = []
+    return tables
+
+
+def _first_cell(header: str) -> str:
+    return header.split("|")[1].strip()
+
+
+def write(printed: str, replays: str) -> None:
+    """Regenerate docs/performance-model.md's tables: each table whose first header cell is that of a printed one
+    becomes the printed one, and the block between the markers becomes ``replays``."""
     doc = DOC.read_text()
     head, rest = doc.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    DOC.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+    fresh = {_first_cell(t[0]): t for t in _tables(printed)}
+
+    def regenerate(part: str) -> str:
+        lines, out, i = part.splitlines(), [], 0
+        while i < len(lines):
+            if lines[i].startswith("|") and (i == 0 or not lines[i - 1].startswith("|")):
+                j = i
+                while j < len(lines) and lines[j].startswith("|"):
+                    j += 1
+                out += fresh.get(_first_cell(lines[i]), lines[i:j])
+                i = j
+            else:
+                out.append(lines[i])
+                i += 1
+        return "\n".join(out) + ("\n" if part.endswith("\n") else "")
+
+    DOC.write_text(f"{regenerate(head)}{BEGIN}\n{replays}\n{END}{regenerate(tail)}")
 
 
 if __name__ == "__main__":
+    import contextlib
+    import io
     import sys
 
-    main()
-    print()
-    table = summary()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main()
+    table = summary() + "\n\n" + ranking()
+    print(out.getvalue())
     print(table)
     if "--write" in sys.argv[1:]:
-        write(table)
+        write(out.getvalue(), table)
