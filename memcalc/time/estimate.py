@@ -24,16 +24,7 @@ from memcalc.memory.paper import param_groups
 from memcalc.time.datasheet import gpu_machine
 from memcalc.time.hardware import Machine, cluster_names, load_cluster, load_machine
 from memcalc.time.flops import policy_name
-from memcalc.time.kernels import (
-    DTENSOR_TP_LAYER_HOST_S,
-    FSDP2_UNIT_HOST_S,
-    HOST_PER_LAUNCH_S,
-    OPTIMIZER_LAUNCHES,
-    attention_kernel,
-    elementwise_code,
-    expands_kv,
-    host_launches,
-)
+from memcalc.time.kernels import framework_kernels
 from memcalc.time.step import Plan, StepTime, step_time
 from memcalc.units import ceil_div
 
@@ -203,49 +194,25 @@ def step_plan(plan: LayoutPlan, optimizer_impl: str = "foreach", flops_attention
                          f"{', '.join(OPTIMIZER_IMPLS)}{did_you_mean(optimizer_impl, OPTIMIZER_IMPLS)}")  # fmt: skip
     w = plan.work
     assert w is not None
+    fw = composition(plan.framework)
+    autocast, impl = plan.precision.autocast, "cpu" if plan.optimizer_device != "none" else optimizer_impl
+    attention, elementwise, host_f, host_b, host_o, expands = framework_kernels(
+        fw.model_code, w.compile, autocast, _ATTENTION[w.attention], plan.tp > 1 and fw.dtensor_tp,
+        plan.spec.shards_params and plan.fsdp_version == 2, impl)  # fmt: skip
     return Plan(
         gpus=plan.gpus, seq=w.seq_len, micro_batch=w.micro_batch, micro_batches=plan.grad_accum, tp=plan.tp,
         pp=plan.pp, cp=plan.cp, ep=plan.ep, virtual=plan.virtual_stages, sp=plan.sequence_parallel,
         recompute=w.recompute if recompute is None else recompute,
-        attention=attention_kernel(composition(plan.framework).model_code, _ATTENTION[w.attention]), dtype=_MATMUL_DTYPE[plan.precision.compute_dtype],
-        dropout=w.dropout > 0, optimizer="cpu" if plan.optimizer_device != "none" else optimizer_impl,
+        attention=attention, dtype=_MATMUL_DTYPE[plan.precision.compute_dtype],
+        dropout=w.dropout > 0, optimizer=impl,
         optimizer_params=optimizer_params(plan), optimizer_state_bytes=plan.precision.state_bytes,
         flops_attention=flops_attention, stage_layers=plan.stage_layers,
-        float8=plan.float8, elementwise=_elementwise(plan), residual_bytes=4 if plan.precision.autocast else 0,
+        float8=plan.float8, elementwise=elementwise, residual_bytes=4 if autocast else 0,
         sliding="masked" if w.attention == "sdpa" else "window", **_lora_fields(plan),
         gather_units=1 if plan.fsdp_auto_wrap == "none" and plan.spec.shards_params else 0,
-        **_host_fields(plan, optimizer_impl),
-        cp_kv_factor=plan.arch.heads / plan.arch.n_kv if expands_kv(composition(plan.framework).model_code) else 1.0,
+        host_forward_s=host_f, host_backward_s=host_b, host_optimizer_s=host_o,
+        cp_kv_factor=plan.arch.heads / plan.arch.n_kv if expands else 1.0,
     )  # fmt: skip
-
-
-def _host_fields(plan: LayoutPlan, optimizer_impl: str) -> dict[str, float]:
-    """The host's seconds per decoder layer and micro-batch (forward, backward) and per optimizer step, from the
-    framework's row of ``memcalc.time.kernels``: its launches at the host's cost per launch, FSDP2's hooks per unit
-    (a third in forward, like the work), eager DTensor's measured cost per block where tensor parallelism runs
-    through DTensor uncompiled."""
-    w = plan.work
-    assert w is not None
-    fw = composition(plan.framework)
-    f, b = host_launches(fw.model_code, w.compile, plan.precision.autocast, w.attention == "eager")
-    fwd, bwd = f * HOST_PER_LAUNCH_S, b * HOST_PER_LAUNCH_S
-    if plan.tp > 1 and fw.dtensor_tp and not w.compile:
-        fwd, bwd = DTENSOR_TP_LAYER_HOST_S / 3, 2 * DTENSOR_TP_LAYER_HOST_S / 3
-    if plan.spec.shards_params and plan.fsdp_version == 2:
-        fwd, bwd = fwd + FSDP2_UNIT_HOST_S / 3, bwd + 2 * FSDP2_UNIT_HOST_S / 3
-    impl = "cpu" if plan.optimizer_device != "none" else optimizer_impl
-    return {"host_forward_s": fwd, "host_backward_s": bwd,
-            "host_optimizer_s": OPTIMIZER_LAUNCHES[impl] * HOST_PER_LAUNCH_S}
-
-
-def _elementwise(plan: LayoutPlan) -> str:
-    """Whose code runs the norms and rotary embedding: Megatron-LM's fused kernels, torchtitan's (torch's fused
-    rms_norm, eager complex rotary), else Hugging Face's eager modeling code (the Trainer, accelerate, DeepSpeed and
-    torchtune users run it, or code that computes alike: torchtune's RMSNorm upcasts the same way). Under
-    torch.compile inductor fuses them (one read and one write per element)."""
-    if plan.work is not None and plan.work.compile:
-        return "fused"
-    return elementwise_code(composition(plan.framework).model_code)
 
 
 def _lora_fields(plan: LayoutPlan) -> dict:

@@ -36,6 +36,8 @@ Every figure here is a count read from the code or a measurement of the host, ea
 
 from __future__ import annotations
 
+from functools import cache
+
 from memcalc.frozen import frozen
 
 HOST_PER_LAUNCH_S = 13.3e-6
@@ -114,3 +116,29 @@ def host_launches(code: str, compiled: bool, autocast: bool, eager_attention: bo
     if eager_attention:
         f, b = f + k.launches_eager_attention[0], b + k.launches_eager_attention[1]
     return f, b
+
+
+@cache
+def host_seconds(code: str, compiled: bool, autocast: bool, eager_attention: bool, dtensor_tp: bool, fsdp2: bool,
+                 optimizer: str) -> tuple[float, float, float]:  # fmt: skip
+    """Host seconds (forward, backward) per decoder layer and micro-batch, and per optimizer step: the layer's
+    launches at ``HOST_PER_LAUNCH_S``; under eager DTensor tensor parallelism the measured cost per block instead;
+    FSDP2's hooks per unit on top (a third of each in forward, like the work); ``optimizer``: fused, foreach or cpu."""
+    f, b = host_launches(code, compiled, autocast, eager_attention)
+    fwd, bwd = f * HOST_PER_LAUNCH_S, b * HOST_PER_LAUNCH_S
+    if dtensor_tp and not compiled:
+        fwd, bwd = DTENSOR_TP_LAYER_HOST_S / 3, 2 * DTENSOR_TP_LAYER_HOST_S / 3
+    if fsdp2:
+        fwd, bwd = fwd + FSDP2_UNIT_HOST_S / 3, bwd + 2 * FSDP2_UNIT_HOST_S / 3
+    return fwd, bwd, OPTIMIZER_LAUNCHES[optimizer] * HOST_PER_LAUNCH_S
+
+
+@cache
+def framework_kernels(code: str, compiled: bool, autocast: bool, attention: str, dtensor_tp: bool, fsdp2: bool,
+                      optimizer: str) -> tuple[str, str, float, float, float, bool]:  # fmt: skip
+    """Everything the step model takes from the table for one framework and its choices, computed once: (attention
+    kernel, element-wise code, host seconds forward, backward and optimizer, K/V expanded before attention).
+    Under torch.compile the norms and rotary are fused (inductor: one read and one write per element)."""
+    host = host_seconds(code, compiled, autocast, attention == "eager", dtensor_tp, fsdp2, optimizer)
+    return (attention_kernel(code, attention), "fused" if compiled else elementwise_code(code), *host,
+            expands_kv(code))
