@@ -146,8 +146,8 @@ def main() -> None:
         hw = st.hardware_flops / st.step_s / gpus / 1e12
         print(f"| GPT {name} | {gpus} | {tp} x {pp} | {batch} | {pub} | {hw:.0f} | {100 * (hw / pub - 1):+.0f} % |")
     print()
-    print("| Korthikanti et al. 2022 (SP + selective) | GPUs | t x p | batch | published MFU / HFU | predicted MFU / HFU "
-          "| MFU error | predicted step s |")  # fmt: skip
+    print("| Korthikanti et al. 2022 (SP + selective) | GPUs | t x p | batch | published MFU / HFU "
+          "| predicted MFU / HFU | MFU error | predicted step s |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
     for name, L, h, a, tp, pp, batch, mfu, hfu in KORTHIKANTI:
         st = predict(gpt(L, h, a, 50257, 128 * tp), tp * pp, tp, pp, batch, "selective", True, "dgx-a100")
