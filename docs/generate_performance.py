@@ -1,17 +1,20 @@
 """Regenerate the predicted-vs-published table of docs/performance-model.md.
 
-    python docs/generate_performance.py
+    python docs/generate_performance.py [--write]
 
 Each row is configured from its paper (model shape, GPUs, TP x PP, batch) and run through
 ``memcalc.time.step.step_time`` with the tensor/pipeline traffic of ``memcalc.comm.traffic`` and one data-parallel
 gradient all-reduce. Prints Markdown tables. The data-parallel runs at the end go through the bridge
 (``memcalc.build_input`` -> ``to_plan`` -> ``evaluate`` -> ``memcalc.time.estimate.time_evaluation``), so their traffic
 is memcalc's own (``Evaluation.collectives``) and each group is placed in nodes from the plan's layout.
+Every run compared is recorded (``replayed``) and printed last in one table with its error; ``--write`` puts that
+table into docs/performance-model.md between its markers.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import memcalc
@@ -23,6 +26,15 @@ from memcalc.model.params import Shard, stage_params
 from memcalc.time.estimate import machine_for, placed, step_plan, time_evaluation
 from memcalc.time.hardware import cluster_for_gpu, load_calibration, load_machine
 from memcalc.time.step import Plan, step_time
+
+REPLAYS: list[tuple[str, str, str, float, float]] = []
+"""Every published run replayed: (set, run, figure compared, published, predicted); filled as the tables print."""
+
+
+def replayed(group: str, name: str, figure: str, published: float, predicted: float) -> str:
+    """Record one replay and return its error, signed, as the tables print it."""
+    REPLAYS.append((group, name, figure, float(published), float(predicted)))
+    return f"{100 * (predicted / published - 1):+.0f} %"
 
 # Narayanan et al. 2021 (arXiv 2104.04473) Table 1, as recorded in /work/shared/measurements/published.md
 # (rows MEG21-*, from NVIDIA/Megatron-LM README images/cases_april2021.png): name, layers, hidden, heads, GPUs, tp,
@@ -134,13 +146,14 @@ def main() -> None:
         hw = st.hardware_flops / st.step_s / gpus / 1e12
         print(f"| GPT {name} | {gpus} | {tp} x {pp} | {batch} | {pub} | {hw:.0f} | {100 * (hw / pub - 1):+.0f} % |")
     print()
-    print("| Korthikanti et al. 2022 (SP + selective) | GPUs | t x p | batch | published MFU / HFU | predicted MFU / HFU "
-          "| predicted step s |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+    print("| Korthikanti et al. 2022 (SP + selective) | GPUs | t x p | batch | published MFU / HFU "
+          "| predicted MFU / HFU | MFU error | predicted step s |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     for name, L, h, a, tp, pp, batch, mfu, hfu in KORTHIKANTI:
         st = predict(gpt(L, h, a, 50257, 128 * tp), tp * pp, tp, pp, batch, "selective", True, "dgx-a100")
+        err = replayed("Megatron-LM (Korthikanti 2022), A100", f"{name}, {tp * pp} GPUs", "MFU", mfu, 100 * st.mfu)
         print(f"| {name} | {tp * pp} | {tp} x {pp} | {batch} | {mfu} % / {hfu} % | {100 * st.mfu:.1f} % / "
-              f"{100 * st.hfu:.1f} % | {st.step_s:.2f} |")
+              f"{100 * st.hfu:.1f} % | {err} | {st.step_s:.2f} |")
 
     print()
     print("| Narayanan et al. 2021, Table 1, through `time_evaluation` | GPUs | t x p | published TFLOP/s/GPU "
@@ -150,16 +163,18 @@ def main() -> None:
         st = narayanan_bridge(L, h, a, gpus, tp, pp, batch)
         hw = st.hardware_flops / st.step_s / gpus / 1e12
         dp = dict(st.communication_s).get("data-parallel", 0.0)
-        print(f"| GPT {name} | {gpus} | {tp} x {pp} | {pub} | {hw:.0f} | {100 * (hw / pub - 1):+.0f} % | {dp:.3f} | "
-              f"{st.step_s:.2f} |")  # fmt: skip
+        err = replayed("Megatron-LM (Narayanan 2021), A100", f"GPT {name}, {gpus} GPUs", "TFLOP/s per GPU", pub, hw)
+        print(f"| GPT {name} | {gpus} | {tp} x {pp} | {pub} | {hw:.0f} | {err} | {dp:.3f} | {st.step_s:.2f} |")
     print()
     print("| torchtitan run | source | published tokens/s/GPU | predicted | error | predicted MFU | step s |")
     print("|---|---|---|---|---|---|---|")
     for name, source, model, gpus, b, rc, gpu, pub in TORCHTITAN:
         st = torchtitan_bridge(model, gpus, b, rc, gpu)
         tps = st.tokens_per_s_per_gpu
-        print(f"| {name} | {source} | {pub:,} | {tps:,.0f} | {100 * (tps / pub - 1):+.0f} % | {100 * st.mfu:.1f} % | "
-              f"{st.step_s:.2f} |")  # fmt: skip
+        err = f"{100 * (tps / pub - 1):+.0f} %"
+        if gpu != "h100":  # the H100 rows are replayed with the benchmark's own inputs in torchtitan_parallel()
+            err = replayed("torchtitan, A100", name, "tokens/s per GPU", pub, tps)
+        print(f"| {name} | {source} | {pub:,} | {tps:,.0f} | {err} | {100 * st.mfu:.1f} % | {st.step_s:.2f} |")
     print()
     print("| torchtitan H100 run, corrected inputs | published tokens/s/GPU | memcalc selective, h100-sxm | op AC, "
           "h100-sxm | op AC, h100-sxm-hbm2e-500w | error | recompute s | memory-bound s | step s |")  # fmt: skip
@@ -192,27 +207,74 @@ def main() -> None:
 
 # torchtitan's benchmark, Tables 2 and 4-6 (TPS/GPU): the same runs whose memory docs/generate_published.py answers,
 # with the same arguments (compile and Float8, which memcalc times as eager layers with fp8 GEMMs)
-TITAN_TPS = {"Table 2: FSDP 8, seq 32768, full AC, compile, float8": 3890, "Table 2: FSDP 4 x CP 2, seq 65536": 2540,
-             "Table 4: 70B, FSDP 32 x TP 8, full AC, compile, float8": 829, "Table 5: 1F1B, local batch 32": 100,
+TITAN_TPS = {"Table 1: FSDP, 8 GPUs, op AC": 5762, "Table 1: + torch.compile": 6667,
+             "Table 1: + torch.compile + Float8": 8532, "Table 3: FSDP, 128 GPUs, op AC": 5605,
+             "Table 3: + torch.compile": 6514, "Table 3: + torch.compile + Float8": 8380,
+             "Table 2: FSDP 8, seq 32768, full AC, compile, float8": 3890, "Table 2: FSDP 4 x CP 2, seq 65536": 2540,
+             "Table 2: FSDP 2 x CP 4, seq 131072": 1071, "Table 2: FSDP 1 x CP 8, seq 262144": 548,
+             "Table 4: 70B, FSDP 32 x TP 8, full AC, compile, float8": 829,
+             "Table 4: + AsyncTP (answered as plain TP)": 876, "Table 5: 1F1B, local batch 32": 100,
              "Table 5: interleaved 1F1B": 128, "Table 6: FSDP 8, CP 1, seq 32768": 76,
              "Table 6: FSDP 4, CP 2, seq 65536": 47, "Table 6: FSDP 2, CP 4, seq 131072": 31,
              "Table 6: FSDP 1, CP 8, seq 262144": 16}  # fmt: skip
 
 
-def torchtitan_parallel() -> None:
+# Pairs of the benchmark's runs that differ in one choice (tests/test_ranking.py holds their order):
+# (what differs, the run published slower, the run published faster).
+PAIRS = [
+    # (what differs, slower run, faster run): published TPS/GPU slower < faster
+    ("pipeline schedule", "Table 5: 1F1B, local batch 32", "Table 5: interleaved 1F1B"),
+    ("context parallel 1 -> 2 (405B, 4D)", "Table 6: FSDP 4, CP 2, seq 65536", "Table 6: FSDP 8, CP 1, seq 32768"),
+    ("context parallel 2 -> 4 (405B, 4D)", "Table 6: FSDP 2, CP 4, seq 131072", "Table 6: FSDP 4, CP 2, seq 65536"),
+    ("context parallel 4 -> 8 (405B, 4D)", "Table 6: FSDP 1, CP 8, seq 262144", "Table 6: FSDP 2, CP 4, seq 131072"),
+    ("context parallel 1 -> 2 (8B)", "Table 2: FSDP 4 x CP 2, seq 65536",
+     "Table 2: FSDP 8, seq 32768, full AC, compile, float8"),
+    ("context parallel 2 -> 4 (8B)", "Table 2: FSDP 2 x CP 4, seq 131072", "Table 2: FSDP 4 x CP 2, seq 65536"),
+    ("context parallel 4 -> 8 (8B)", "Table 2: FSDP 1 x CP 8, seq 262144", "Table 2: FSDP 2 x CP 4, seq 131072"),
+    ("eager -> torch.compile, 8 GPUs", "Table 1: FSDP, 8 GPUs, op AC", "Table 1: + torch.compile"),
+    ("eager -> torch.compile, 128 GPUs", "Table 3: FSDP, 128 GPUs, op AC", "Table 3: + torch.compile"),
+    ("bf16 -> float8, 8 GPUs", "Table 1: + torch.compile", "Table 1: + torch.compile + Float8"),
+    ("bf16 -> float8, 128 GPUs", "Table 3: + torch.compile", "Table 3: + torch.compile + Float8"),
+]  # fmt: skip
+
+
+def ranking() -> str:
+    """Each published pair: the published and predicted speed-up of the faster run, and whether the order holds."""
+    runs = dict(titan_runs())
+    lines = ["| pair (torchtitan benchmark) | published speed-up | predicted | order |", "|---|---|---|---|"]
+    for what, slower, faster in PAIRS:
+        a, b = (memcalc.estimate(**runs[n]).time.tokens_per_s_per_gpu for n in (slower, faster))
+        pub = TITAN_TPS[faster] / TITAN_TPS[slower]
+        lines.append(f"| {what} | {pub:.2f}x | {b / a:.2f}x | {'as measured' if b > a else 'REVERSED'} |")
+    return "\n".join(lines)
+
+
+def titan_runs() -> list[tuple[str, dict]]:
+    """The benchmark's runs as docs/generate_published.py configures them, with Table 2's CP 4 and CP 8 rows (whose
+    memory it does not compare) configured alike."""
+    from generate_published import MODEL_ONLY, TITAN
     from generate_published import TORCHTITAN as MEM
     from generate_published import TORCHTITAN_PP
 
+    cp = [(f"Table 2: FSDP {8 // c} x CP {c}, seq {32768 * c}",
+           TITAN | dict(gpus=8, cp=c, micro_batch=1, seq_len=32768 * c, recompute="full", **MODEL_ONLY,
+                        float8="tensorwise")) for c in (4, 8)]  # fmt: skip
+    return [(name, kw) for name, _, kw in [*MEM, *TORCHTITAN_PP]] + cp
+
+
+def torchtitan_parallel() -> None:
+
     print("| torchtitan run (H100 96GB, 500 W) | published tokens/s/GPU | predicted | error | compute + recompute s "
-          "| bubble s | step s |")
-    print("|---|---|---|---|---|---|---|")
-    for name, _, kw in [*MEM, *TORCHTITAN_PP]:
+          "| bubble s | host s | step s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, kw in titan_runs():
         if name not in TITAN_TPS:
             continue
         t = memcalc.estimate(**kw).time
         pub, tps, b = TITAN_TPS[name], t.tokens_per_s_per_gpu, t.breakdown
+        replayed("torchtitan (Dec 2024), H100 96GB 500 W", name, "tokens/s per GPU", pub, tps)
         print(f"| {name} | {pub:,} | {tps:,.0f} | {100 * (tps / pub - 1):+.1f} % | "
-              f"{b.compute_s + b.recompute_s:.1f} | {b.bubble_s:.1f} | {t.step_s:.2f} |")
+              f"{b.compute_s + b.recompute_s:.1f} | {b.bubble_s:.1f} | {b.host_s:.3f} | {t.step_s:.2f} |")
 
 
 def single_gpu() -> None:
@@ -232,11 +294,89 @@ def single_gpu() -> None:
     for r in (r for r in g.ROWS if r.step_ms is not None):
         ms = g.predict_step_s(r) * 1e3
         errors.append(ms / r.step_ms - 1)
+        # tokens/s: the inverse of the step time, so the error's sign says fast (+) or slow (-) like every other row
+        replayed("one H100, measured (h100-single-gpu.md)", f"{r.model} {r.regime} {r.attention} "
+                 f"{'full' if r.ckpt else 'none'} {r.seq} x {r.batch}", "tokens/s", 1 / r.step_ms, 1 / ms)
         print(f"| {r.model} | {r.regime} | {r.attention} | {'full' if r.ckpt else 'none'} | {r.seq} x {r.batch} | "
               f"{r.step_ms:.0f} | {ms:.0f} | {100 * errors[-1]:+.0f} % |")
     print(f"\nmedian |error| {100 * statistics.median(abs(e) for e in errors):.1f} %, "
           f"largest {100 * max(abs(e) for e in errors):.1f} %")
 
 
+BEGIN, END = "<!-- replays: python docs/generate_performance.py --write -->", "<!-- /replays -->"
+DOC = Path(__file__).resolve().parent / "performance-model.md"
+
+
+def summary() -> str:
+    """Every replay in one table, each with its error, and the median and largest |error| per set and overall."""
+    import statistics
+
+    lines = ["| set | run | figure | published | predicted | error |", "|---|---|---|---|---|---|"]
+    for group, name, figure, pub, pred in REPLAYS:
+        fmt = "{:.3g}" if pub < 1 else "{:,.0f}" if pub >= 100 else "{:.1f}"
+        shown_pub, shown_pred = (fmt.format(pub), fmt.format(pred)) if pub >= 1 else (f"{1 / pub:.0f} ms",
+                                                                                      f"{1 / pred:.0f} ms")
+        lines.append(f"| {group} | {name} | {figure} | {shown_pub} | {shown_pred} | {100 * (pred / pub - 1):+.1f} % |")
+    lines += ["", "| set | runs | median \|error\| | largest \|error\| |", "|---|---|---|---|"]
+    groups: dict[str, list[float]] = {}
+    for group, _, _, pub, pred in REPLAYS:
+        groups.setdefault(group, []).append(abs(pred / pub - 1))
+    for group, errs in [*groups.items(), ("all", [e for v in groups.values() for e in v])]:
+        lines.append(f"| {group} | {len(errs)} | {100 * statistics.median(errs):.1f} % | {100 * max(errs):.1f} % |")
+    return "\n".join(lines)
+
+
+def _tables(text: str) -> list[list[str]]:
+    """The Markdown tables of ``text``: runs of lines that start with ``|``."""
+    tables, run = [], []
+    for line in [*text.splitlines(), ""]:
+        if line.startswith("|"):
+            run.append(line)
+        elif run:
+            tables.append(run)
+            run = []
+    return tables
+
+
+def _first_cell(header: str) -> str:
+    return header.split("|")[1].strip()
+
+
+def write(printed: str, replays: str) -> None:
+    """Regenerate docs/performance-model.md's tables: each table whose first header cell is that of a printed one
+    becomes the printed one, and the block between the markers becomes ``replays``."""
+    doc = DOC.read_text()
+    head, rest = doc.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    fresh = {_first_cell(t[0]): t for t in _tables(printed)}
+
+    def regenerate(part: str) -> str:
+        lines, out, i = part.splitlines(), [], 0
+        while i < len(lines):
+            if lines[i].startswith("|") and (i == 0 or not lines[i - 1].startswith("|")):
+                j = i
+                while j < len(lines) and lines[j].startswith("|"):
+                    j += 1
+                out += fresh.get(_first_cell(lines[i]), lines[i:j])
+                i = j
+            else:
+                out.append(lines[i])
+                i += 1
+        return "\n".join(out) + ("\n" if part.endswith("\n") else "")
+
+    DOC.write_text(f"{regenerate(head)}{BEGIN}\n{replays}\n{END}{regenerate(tail)}")
+
+
 if __name__ == "__main__":
-    main()
+    import contextlib
+    import io
+    import sys
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main()
+    table = summary() + "\n\n" + ranking()
+    print(out.getvalue())
+    print(table)
+    if "--write" in sys.argv[1:]:
+        write(out.getvalue(), table)

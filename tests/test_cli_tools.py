@@ -94,7 +94,7 @@ def test_step_time_in_the_estimate_and_its_json():
     assert t is not None and t.cluster == "dgx-h100"
     b = t.breakdown
     parts = (b.compute_s + b.memory_bound_s + b.recompute_s + sum(b.communication_s.values()) + b.bubble_s
-             + b.optimizer_s + b.offload_s)
+             + b.optimizer_s + b.offload_s + b.host_s)
     assert parts == pytest.approx(t.step_s, rel=1e-9)
     assert t.tokens_per_step == 64 * 8192
     assert t.tokens_per_s == pytest.approx(t.tokens_per_step / t.step_s)

@@ -139,7 +139,9 @@ def test_estimate_csv_carries_the_step_time(timed):
     parts = {r["key"]: float(r["value"]) for r in rows if r["section"] == "time"}
     assert {r["value_unit"] for r in rows if r["section"] == "time"} == {"s"}
     assert parts == {"compute": b.compute_s, "memory_bound": b.memory_bound_s, "optimizer": b.optimizer_s,
-                     "communication:data-parallel": b.communication_s["data-parallel"], "step": st.step_s}
+                     "communication:data-parallel": b.communication_s["data-parallel"], "host": b.host_s,
+                     "step": st.step_s}
+    assert b.host_s > 0  # the first layer's launches after the step's sync, at least
     assert sum(v for k, v in parts.items() if k != "step") == pytest.approx(st.step_s, rel=1e-12)
     got = {r["key"]: (float(r["value"]), r["value_unit"]) for r in rows if r["section"] == "throughput"}
     assert got["tokens_per_s_per_gpu"] == (st.tokens_per_s_per_gpu, "tokens/s")

@@ -145,8 +145,8 @@ def test_compare_ranking_by_time():
 
 def test_narayanan_table_1_through_the_bridge():
     # Narayanan et al. 2021 (arXiv 2104.04473) Table 1, configured as measurements/published.md MEG21-76.1B and
-    # MEG21-145.6B, Megatron-LM's fused softmax: hardware TFLOP/s per GPU (eq. 3) 140 and 148. The model is within 10 % (below: the A100 GEMM
-    # curve is the H100's fraction of peak; see docs/performance-model.md); nothing is tuned to these rows.
+    # MEG21-145.6B, Megatron-LM's fused softmax: hardware TFLOP/s per GPU (eq. 3) 140 and 148. The model is within 10 % (the A100 GEMM
+    # curve is the H100's scaled by their MAMF ratio; see docs/performance-model.md); nothing is tuned to these rows.
     rows = ((60, 10240, 80, 1024, 8, 4, 56, 140), (80, 12288, 96, 1536, 8, 8, 96, 148))
     for L, h, a, gpus, tp, pp, ga, published in rows:
         _, st = run(model="megatron-22b", layers=L, hidden=h, heads=a, ffn=4 * h, vocab=51200, stage=0, gpus=gpus,

@@ -170,7 +170,8 @@ def step_time(inp: EstimateInput, ev: Evaluation, timing: dict | None = None) ->
         hfu=f["hfu"], flop_convention=f["flop_convention"],
         breakdown=TimeBreakdown(compute_s=b["compute_s"], memory_bound_s=b["memory_bound_s"],
                                 recompute_s=b["recompute_s"], communication_s=dict(b["communication_s"]),
-                                bubble_s=b["bubble_s"], optimizer_s=b["optimizer_s"], offload_s=b["offload_s"]),
+                                bubble_s=b["bubble_s"], optimizer_s=b["optimizer_s"], offload_s=b["offload_s"],
+                                host_s=b["host_s"]),
         time_to_train_s=f["time_to_train_s"], cost=f["cost"],
     ), None
 

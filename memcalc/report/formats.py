@@ -49,7 +49,8 @@ def time_parts(st: StepTimeInfo) -> list[tuple[str, str, float, str]]:
              for g, s in b.communication_s.items()]  # fmt: skip
     rows += [("bubble", "pipeline bubble", b.bubble_s, "(p-1) micro-batches' worth, / chunks when interleaved"),
              ("optimizer", "optimizer step", b.optimizer_s, "AdamW on the GPU, or CPU Adam when offloaded"),
-             ("offload", "offload copies", b.offload_s, "exposed PCIe / NVMe transfers")]  # fmt: skip
+             ("offload", "offload copies", b.offload_s, "exposed PCIe / NVMe transfers"),
+             ("host", "host (launches)", b.host_s, "the GPU waiting for the host to launch kernels")]  # fmt: skip
     return [row for row in rows if row[2] or row[0] == "compute"]
 
 

@@ -118,7 +118,8 @@ def time_parts(r: Estimate) -> dict[str, float]:
     b = r.time.breakdown
     parts = {"compute": b.compute_s, "memory-bound ops": b.memory_bound_s, "recompute": b.recompute_s}
     parts |= {f"communication: {g}": s for g, s in b.communication_s.items()}
-    return parts | {"pipeline bubble": b.bubble_s, "optimizer step": b.optimizer_s, "offload copies": b.offload_s}
+    return parts | {"pipeline bubble": b.bubble_s, "optimizer step": b.optimizer_s, "offload copies": b.offload_s,
+                     "host (launches)": b.host_s}
 
 
 def plot_time(comparison_or_estimates: Comparison | Estimate | Iterable[Estimate]) -> Figure:

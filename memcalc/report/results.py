@@ -326,6 +326,9 @@ class TimeBreakdown(_Result):
     """The optimizer step (foreach or fused AdamW on the GPU; CPU Adam when offloaded)."""
     offload_s: float
     """Exposed host copies (PCIe, NVMe)."""
+    host_s: float = 0.0
+    """Time the GPU waits for the host to launch its kernels (eager launches, FSDP2 hooks, DTensor dispatch;
+    ``memcalc.time.kernels``): a floor the GPU cannot go under, shown where the host falls behind."""
 
 
 @record

@@ -24,6 +24,7 @@ from memcalc.memory.paper import param_groups
 from memcalc.time.datasheet import gpu_machine
 from memcalc.time.hardware import Machine, cluster_names, load_cluster, load_machine
 from memcalc.time.flops import policy_name
+from memcalc.time.kernels import framework_kernels
 from memcalc.time.step import Plan, StepTime, step_time
 from memcalc.units import ceil_div
 
@@ -193,29 +194,25 @@ def step_plan(plan: LayoutPlan, optimizer_impl: str = "foreach", flops_attention
                          f"{', '.join(OPTIMIZER_IMPLS)}{did_you_mean(optimizer_impl, OPTIMIZER_IMPLS)}")  # fmt: skip
     w = plan.work
     assert w is not None
+    fw = composition(plan.framework)
+    autocast, impl = plan.precision.autocast, "cpu" if plan.optimizer_device != "none" else optimizer_impl
+    attention, elementwise, host_f, host_b, host_o, expands = framework_kernels(
+        fw.model_code, w.compile, autocast, _ATTENTION[w.attention], plan.tp > 1 and fw.dtensor_tp,
+        plan.spec.shards_params and plan.fsdp_version == 2, impl)  # fmt: skip
     return Plan(
         gpus=plan.gpus, seq=w.seq_len, micro_batch=w.micro_batch, micro_batches=plan.grad_accum, tp=plan.tp,
         pp=plan.pp, cp=plan.cp, ep=plan.ep, virtual=plan.virtual_stages, sp=plan.sequence_parallel,
         recompute=w.recompute if recompute is None else recompute,
-        attention=_ATTENTION[w.attention], dtype=_MATMUL_DTYPE[plan.precision.compute_dtype],
-        dropout=w.dropout > 0, optimizer="cpu" if plan.optimizer_device != "none" else optimizer_impl,
+        attention=attention, dtype=_MATMUL_DTYPE[plan.precision.compute_dtype],
+        dropout=w.dropout > 0, optimizer=impl,
         optimizer_params=optimizer_params(plan), optimizer_state_bytes=plan.precision.state_bytes,
         flops_attention=flops_attention, stage_layers=plan.stage_layers,
-        float8=plan.float8, elementwise=_elementwise(plan), residual_bytes=4 if plan.precision.autocast else 0,
+        float8=plan.float8, elementwise=elementwise, residual_bytes=4 if autocast else 0,
         sliding="masked" if w.attention == "sdpa" else "window", **_lora_fields(plan),
         gather_units=1 if plan.fsdp_auto_wrap == "none" and plan.spec.shards_params else 0,
+        host_forward_s=host_f, host_backward_s=host_b, host_optimizer_s=host_o,
+        cp_kv_factor=plan.arch.heads / plan.arch.n_kv if expands else 1.0,
     )  # fmt: skip
-
-
-def _elementwise(plan: LayoutPlan) -> str:
-    """Whose code runs the norms and rotary embedding: Megatron-LM's fused kernels, torchtitan's (torch's fused
-    rms_norm, eager complex rotary), else Hugging Face's eager modeling code (the Trainer, accelerate, DeepSpeed and
-    torchtune users run it, or code that computes alike: torchtune's RMSNorm upcasts the same way). Under
-    torch.compile inductor fuses them (one read and one write per element)."""
-    code = composition(plan.framework).model_code
-    if code == "megatron" or (plan.work is not None and plan.work.compile):
-        return "fused"
-    return code
 
 
 def _lora_fields(plan: LayoutPlan) -> dict:
@@ -313,6 +310,7 @@ def time_fields(st: StepTime | None, *, flops_attention: str = "full", tokens: f
             "bubble_s": float(st.bubble_s),
             "optimizer_s": float(st.optimizer_s),
             "offload_s": float(st.offload_s),
+            "host_s": float(st.host_s),
         },
         "time_to_train_s": train_s,
         "cost": cost,

@@ -14,6 +14,9 @@ Sources and rules (each also in docs/performance-model.md):
   micro-batch; context-parallel K/V exchange hides behind attention; DDP/ZeRO-1/2 gradient buckets hide behind the
   last micro-batch's backward except the last bucket; FSDP/ZeRO-3 prefetch one unit (layer) ahead, exposing
   max(0, comm - compute) per unit plus the first gather and last reduce-scatter.
+- Host (memcalc.time.kernels): the launches of each layer's kernels, FSDP2's hooks and eager DTensor's dispatch are
+  a floor under the GPU's time: exposed = max(0, host - GPU) over forward + backward, the same for the optimizer
+  step, plus the first layer's launches after the step's sync.
 - Optimizer: AdamW moves 28 B/param (read p, g, m, v; write p, m, v: 16 + 12) at the measured fraction of HBM
   bandwidth (fused vs foreach); on the CPU (offload) at the node's host-memory bandwidth shared by its GPUs.
 """
@@ -67,7 +70,8 @@ class Plan:
     sp: bool = False
     recompute: str = "none"
     attention: str = "flash"
-    """flash | cudnn | eager (materialised scores, softmax in HBM)."""
+    """flash | cudnn | te (cuDNN where the GPU has its curve, else flash: ``memcalc.time.kernels``) | eager
+    (materialised scores, softmax in HBM)."""
     dtype: str = "bf16"
     dropout: bool = False
     optimizer: str = "fused"
@@ -106,6 +110,16 @@ class Plan:
     """The units sharded parameters are gathered and reduced in; 0: one per decoder layer, each gathered while the
     one before it computes. 1: the whole model (FSDP without an auto-wrap policy): its all-gather before the
     forward and its reduce-scatter after the backward have nothing to hide behind."""
+    cp_kv_factor: float = 1.0
+    """K and V as the context-parallel ring passes them, against the model's KV heads: heads / kv_heads where the
+    model code expands K/V to the query heads before attention (``memcalc.time.kernels.Kernels.expands_kv``)."""
+    host_forward_s: float = 0.0
+    """Host seconds to launch one decoder layer's forward for one micro-batch (``memcalc.time.kernels``: launches x
+    host per launch, FSDP2's hooks, eager DTensor); 0: the host is not modelled."""
+    host_backward_s: float = 0.0
+    """The same for its backward."""
+    host_optimizer_s: float = 0.0
+    """Host seconds to launch the optimizer step."""
 
     @property
     def dp(self) -> int:
@@ -157,6 +171,9 @@ class StepTime:
     model_flops: int
     hardware_flops: int
     peak_flops: float
+    host_s: float = 0.0
+    """Time the GPU waits for the host to launch its kernels (``memcalc.time.kernels``): max(0, host - GPU) over the
+    forward and backward and over the optimizer step, plus the first layer's launches after the step's sync."""
 
     @property
     def exposed_communication_s(self) -> float:
@@ -165,7 +182,7 @@ class StepTime:
     @property
     def step_s(self) -> float:
         return (self.compute_s + self.memory_bound_s + self.recompute_s + self.exposed_communication_s + self.bubble_s
-                + self.optimizer_s + self.offload_s)  # fmt: skip
+                + self.optimizer_s + self.offload_s + self.host_s)  # fmt: skip
 
     @property
     def tokens_per_s(self) -> float:
@@ -221,13 +238,18 @@ def layer_time(arch: Architecture, moe: bool, cal: Calibration, dtype: str, seq:
             t = g.count * _gemm_s(cal, peak, 2 * m * g.k * g.n)
         mm += t
         op += t if g in again else 0.0
+    if attention == "te":  # Transformer Engine: cuDNN's fused attention where the GPU has that curve (Hopper on)
+        attention = "cudnn" if any(k == "cudnn" for k, _ in cal.attention_efficiency) else "flash"
     # Context parallelism: this rank's s/cp queries against the whole sequence = 1/cp of the pairs.
     if attention in ("flash", "cudnn"):
         if window is not None and sliding == "masked" and seq >= window:  # every pair, the mask applied to each
             fwd = micro_batch * attention_core_flops(arch, seq, "full", tp) / cp
         else:  # causal: the blocks above the diagonal (and, with a window, left of it) are skipped
             fwd = micro_batch * attention_core_flops(arch, seq, "causal", tp, window) / cp
-        eff = cal.attention(attention, 3.5 * fwd)  # curve keyed, as measured, by fwd+bwd FLOPs = 3.5 x forward
+        # curve keyed, as measured, by one kernel call's fwd+bwd FLOPs = 3.5 x forward; under context parallelism
+        # the ring calls the kernel once per step, each on 1/cp of this rank's pairs (torch's
+        # _templated_ring_attention, Transformer Engine's attn_forward_func_with_cp: one call per ring step)
+        eff = cal.attention(attention, 3.5 * fwd / cp)
         attn_f, attn_b = fwd / (peak * eff), 2.5 * fwd / (peak * eff)
     elif attention == "eager":
         fwd = micro_batch * attention_core_flops(arch, seq, "full", tp) / cp  # batched GEMMs skip nothing
@@ -238,7 +260,7 @@ def layer_time(arch: Architecture, moe: bool, cal: Calibration, dtype: str, seq:
         attn_f = _gemm_s(cal, peak, fwd) + scores * soft_f / cal.hbm_bytes_per_s
         attn_b = 2 * _gemm_s(cal, peak, fwd) + scores * soft_b / cal.hbm_bytes_per_s
     else:
-        raise InputError(f"attention {attention!r} is not one of flash, cudnn, eager")
+        raise InputError(f"attention {attention!r} is not one of flash, cudnn, te, eager")
     h = arch.hidden
     f = (arch.expert_ffn_size * arch.top_k + arch.ffn_size * arch.shared_experts) if moe else arch.ffn_size
     norm_b, rot_b = elementwise_bytes(elementwise, e, residual_bytes or e)
@@ -388,7 +410,8 @@ def step_time(arch: Architecture, plan: Plan, machine: Machine, collectives: Ite
             exposed[c.group] = exposed.get(c.group, 0.0) + t
             critical += t
         elif c.group == "context-parallel":
-            cp_total += _time(c, machine) * c.calls_per_step
+            size = c.payload_bytes_per_call if p.cp_kv_factor == 1 else int(c.payload_bytes_per_call * p.cp_kv_factor)
+            cp_total += _time(c, machine, size) * c.calls_per_step
         elif c.group in _DP_GROUPS:
             dp_rows.append(c)
         else:
@@ -436,10 +459,20 @@ def step_time(arch: Architecture, plan: Plan, machine: Machine, collectives: Ite
         opt = n_opt * ADAMW_BYTES_PER_PARAM * p.optimizer_state_bytes / 4 / (cal.hbm_peak_bytes_per_s * cal.adamw(p.optimizer))
 
     bubble = (p.pp - 1) / p.virtual * (per_mb + critical / m) if p.pp > 1 else 0.0
+    host = 0.0
+    if p.host_forward_s or p.host_backward_s:
+        # the host queues kernels ahead of the GPU and only shows where it falls behind: its launches for the
+        # stage's layers (a fully recomputed forward launched again) against the GPU's time for the same work; and
+        # after the step's sync (loss.item(), the optimizer) the queue is empty until the first layer is launched
+        again = p.host_forward_s if p.recompute == "full" else 0.0
+        launched = m * profile[6] * (p.host_forward_s + p.host_backward_s + again)
+        host = max(0.0, launched - (m * per_mb + critical)) + p.host_forward_s
+    if p.host_optimizer_s:
+        host += max(0.0, p.host_optimizer_s - opt)
     sequences = p.dp * p.micro_batch * m
     return StepTime(
         compute_s=m * comp, memory_bound_s=m * mem, recompute_s=m * rec,
         communication_s=tuple(sorted(exposed.items())), bubble_s=bubble, optimizer_s=opt, offload_s=offload,
         tokens_per_step=sequences * p.seq, gpus=p.gpus, model_flops=model_fl, hardware_flops=hardware_fl,
-        peak_flops=peak,
+        peak_flops=peak, host_s=host,
     )  # fmt: skip
