@@ -322,7 +322,16 @@ def to_text_and_html(obj: Estimate | Comparison, width: int = 120) -> tuple[str,
     console = Console(record=True, width=width, file=_Null(), force_jupyter=False, markup=False, emoji=False,
                       highlight=False)
     console.print(renderable)
-    return console.export_text(clear=False), console.export_html(inline_styles=True)
+    return console.export_text(clear=False), console.export_html(inline_styles=True, code_format=HTML_FRAGMENT)
+
+
+HTML_FRAGMENT = ('<div class="memcalc" style="max-width:100%;overflow:auto">'
+                 '<pre style="margin:0;line-height:1.25;font-family:Menlo,\'DejaVu Sans Mono\',Consolas,monospace">'
+                 '<code style="font-family:inherit">{code}</code></pre></div>')
+"""What a notebook shows: a fragment inside the cell's output (no page, no <style> that restyles the page or sets its
+background: unstyled text keeps the notebook's own colours, light or dark), no wider than the output area (wider
+tables scroll inside it). rich's ``export_html`` fills ``{code}``; its ``{stylesheet}``, ``{foreground}`` and
+``{background}`` are left out on purpose."""
 
 
 class _Null:
