@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from memcalc.cli.app import Command, app, micro_batch_arg, output_format, positive, run_or_fail, show, units_arg
-from memcalc.cli.configs import blame, with_config, write_files
+from memcalc.cli.configs import as_flags, blame, with_config, write_files
 from memcalc.cli.options import (
     ClusterOpt,
     HostGbps,
@@ -119,7 +119,7 @@ def estimate(
     shard_group: ShardGroup = None,
     gpus_per_node: GpusPerNode = 8,
     gpu: Gpu = "a100-sxm-80gb",
-    precision: PrecisionOpt = "bf16-mixed",
+    precision: PrecisionOpt = None,
     optimizer: OptimizerOpt = "adamw",
     grad_accum: GradAccum = None,
     cuda_context_gib: CudaContext = None,
@@ -247,6 +247,7 @@ def estimate(
             raise blame(e, arguments, origin) from None
         if moments:
             _has_moments(result)
+        assumed = [as_flags(a) for a in result.assumed] + assumed  # the estimate's own (the precision), the file's
         if assumed:  # shown in the output's header, where the answer is read (CSV has none: said with the notes)
             result = result.model_copy(update={"assumed": assumed})
             said += [f"memcalc: assumed: {a}\n" for a in assumed] if out == "csv" else []
@@ -288,7 +289,7 @@ def compare(
     shard_group: ShardGroup = None,
     gpus_per_node: GpusPerNode = 8,
     gpu: Gpu = "a100-sxm-80gb",
-    precision: PrecisionOpt = "bf16-mixed",
+    precision: PrecisionOpt = None,
     optimizer: OptimizerOpt = "adamw",
     grad_accum: GradAccum = None,
     cuda_context_gib: CudaContext = None,

@@ -56,7 +56,7 @@ MicroBatches = Annotated[int | None, typer.Option("--micro-batches", help="Micro
 Gpus = Annotated[int, typer.Option("--gpus", "-n", help="World size: GPUs in the job.")]
 GpusPerNode = Annotated[int, typer.Option("--gpus-per-node", help="GPUs per node.")]
 Gpu = Annotated[str, typer.Option("--gpu", help="GPU preset name or alias (a100-80g, h100), or a path to a .toml file.")]
-PrecisionOpt = Annotated[str, typer.Option("--precision", help="bf16-mixed (bf16 params + fp32 master: DeepSpeed, Megatron), fp16-mixed, amp-bf16 / amp-fp16 (fp32 weights under torch.autocast: Trainer(bf16=True)), bf16 (pure), fp32.")]
+PrecisionOpt = Annotated[str | None, typer.Option("--precision", help="bf16-mixed (bf16 params + fp32 master: DeepSpeed, Megatron, FSDP's policy), fp16-mixed, amp-bf16 / amp-fp16 (fp32 weights under torch.autocast: Trainer(bf16=True)), bf16 (pure), fp32. Default: the framework's own (amp-bf16 for DDP and Hugging Face, bf16-mixed under ZeRO, FSDP, Megatron).")]
 OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="adamw (adam), sgd, sgd-momentum, adam-8bit, adafactor, lion.")]
 ShardGroup = Annotated[int | None, typer.Option("--shard-group", help="Hybrid strategies: GPUs per shard group (default: one node).")]
 GradAccum = Annotated[int | None, typer.Option("--grad-accum", help="Micro-batches per optimizer step (gradient accumulation).")]

@@ -18,6 +18,7 @@ from memcalc.inputs import (
     Model,
     Optimizer,
     Overheads,
+    PRECISIONS,
     Parallelism,
     Precision,
     Strategy,
@@ -27,7 +28,7 @@ from memcalc.inputs import (
     resolve_precision,
 )
 from memcalc.inputs.arguments import choice as _choice, elements as _elements, gib_arg as _gib_arg, keywords as _keywords
-from memcalc.inputs.hardware import DEFAULT_GPU, MAX_GPUS
+from memcalc.inputs.hardware import DEFAULT_GPU, MAX_GPUS, check_precision
 from memcalc.inputs.model import parse_params
 from memcalc.layout.strategies import STRATEGIES, resolve_fsdp, resolve_stage, resolve_strategy
 from memcalc.model.architecture import Architecture
@@ -194,7 +195,7 @@ def build_input(
     offload_params: str = "none",
     shard_group: int | None = None,
     gpu: str | GPU = DEFAULT_GPU,
-    precision: str | Precision = "bf16-mixed",
+    precision: str | Precision | None = None,
     optimizer: str | Optimizer = "adamw",
     grad_accum: int | None = None,
     micro_batches: int | None = None,
@@ -307,13 +308,26 @@ def build_input(
                                   shard_over=None if shard_over is None else _shard_over(shard_over.strip().lower() if isinstance(shard_over, str) else shard_over, fw),  # type: ignore[arg-type]
                                   stage_layers=parse_stage_layers(stage_layers))  # fmt: skip
     _choice("--accounting", accounting, ("auto", "realistic", "paper", "implementation", "deepspeed-estimator"))
-    the_precision = precision if isinstance(precision, Precision) else resolve_precision(precision)
     the_optimizer = optimizer if isinstance(optimizer, Optimizer) else resolve_optimizer(optimizer)
     the_strategy = _strategy(stage, fsdp, ddp, strategy, offload_optimizer, offload_params, shard_group)
     the_lora = _lora(lora_rank, lora_targets, quantize)
     from memcalc.layout.compose import fsdp_version as _fsdp_version, framework as _fw
 
     fsdp_version = _fsdp_version(fsdp_version, _fw(parallelism.framework), the_strategy.spec.framework == "fsdp")
+    assumed: tuple[str, ...] = ()
+    if precision is None:  # the framework's own (memcalc.layout.compose.default_precision), said in the header
+        from memcalc.layout.compose import default_precision
+
+        precision, why = default_precision(_fw(parallelism.framework), the_strategy.spec.framework,
+                                           parallelism.tp > 1 or parallelism.pp > 1)
+        assumed = (f"precision {precision}: {why}; pass precision=",)
+        gpu = _gpu(gpu)
+        try:
+            check_precision(gpu, precision, PRECISIONS[precision].compute_dtype)
+        except InputError as e:  # name it as what it is: a default, not a value the user gave
+            raise InputError(str(e).replace(f"--precision {precision} ", f"--precision {precision} (the default: "
+                                            f"{why}) ", 1)) from None
+    the_precision = precision if isinstance(precision, Precision) else resolve_precision(precision)
     knobs = [flag for flag, v in (("--max-reuse-distance", max_reuse_distance),
                                   ("--max-live-parameters", max_live_parameters),
                                   ("--prefetch-bucket-size", prefetch_bucket_size),
@@ -395,6 +409,7 @@ def build_input(
         overheads=overheads,
         grad_accum=grad_accum if grad_accum is not None else micro_batches if micro_batches is not None else 1,
         lora=the_lora,
+        assumed=assumed,
         float8=_float8(float8),  # type: ignore[arg-type]
         float8_all_gather=float8_all_gather,
         timing=Timing(cluster=cluster, tokens=None if tokens is None else float(parse_count(tokens, "--tokens")),

@@ -233,6 +233,21 @@ def step_header(cmp: Comparison) -> str:
     return f"step {step_unit(cmp)}"
 
 
+def precisions(cmp: Comparison) -> str:
+    """The comparison's precision: one name, or each strategy's default where none was given and they differ."""
+    return " / ".join(dict.fromkeys(r.input.precision.name for r in cmp.estimates))
+
+
+def assumed_precision_line(cmp: Comparison) -> str | None:
+    """Where no precision was given: the one each strategy got (its framework's own), and the flag that sets one."""
+    if not any(r.input.assumed for r in cmp.estimates):
+        return None
+    names = dict.fromkeys(r.input.precision.name for r in cmp.estimates)
+    each = "; ".join(f"{n} for {', '.join(r.strategy.label for r in cmp.estimates if r.input.precision.name == n)}"
+                     for n in names)
+    return f"assumed: each strategy's own precision: {each}; --precision sets one for all"
+
+
 def comparison_table(cmp: Comparison, unit: MemoryUnit = "gib") -> Table:
     from memcalc.report.formats import auto_rows, micro_batch_cell, row_label  # not on an estimate's path
 
@@ -240,7 +255,7 @@ def comparison_table(cmp: Comparison, unit: MemoryUnit = "gib") -> Table:
     first = cmp.estimates[0]
     inp = first.input
     t = Table(
-        title=f"{first.model.name} parameters on {inp.cluster.gpus} x {inp.gpu.name} · {inp.precision.name} · "
+        title=f"{first.model.name} parameters on {inp.cluster.gpus} x {inp.gpu.name} · {precisions(cmp)} · "
         f"{inp.optimizer.name} · {label}",
         title_justify="left",
     )
@@ -285,7 +300,9 @@ def renderables(obj: Estimate | Comparison, unit: MemoryUnit = "gib") -> list[Te
         from memcalc.report.formats import accounting_line, auto_line
 
         lines = [x for x in (auto_line(obj), accounting_line(obj)) if x]  # type: ignore[arg-type]
+        told = assumed_precision_line(obj)  # type: ignore[arg-type]
         return ([Fitted(comparison_table(obj, unit), breaks=("host RAM/node", step_header(obj))), ranking_line(obj)]  # type: ignore[arg-type]
+                + ([Text(told, style="bold yellow")] if told else [])
                 + [Text("note: " + text_in_unit(line, unit), style="dim") for line in lines])
     if kind == "Estimate":
         return estimate_parts(obj, unit)  # type: ignore[arg-type]
