@@ -107,14 +107,16 @@ def _rows(r):
 def test_paper_states_adapters_only_and_sharded_base():
     a = 39_976_960
     psi = 6_738_415_616
-    r = memcalc.estimate(model="llama-2-7b", lora_rank=16, accounting="paper")
+    r = memcalc.estimate(model="llama-2-7b", lora_rank=16, accounting="paper", precision="bf16-mixed")
     rows = _rows(r)
     assert rows["parameters_frozen"] == 2 * psi and rows["parameters_adapters"] == 2 * a
     assert (rows["gradients"], rows["master_weights"], rows["optimizer_moments"]) == (2 * a, 4 * a, 8 * a)
     assert r.memory.per_gpu.parameters == 2 * (psi + a)
-    z3 = _rows(memcalc.estimate(model="llama-2-7b", lora_rank=16, accounting="paper", stage=3, gpus=8))
+    z3 = _rows(memcalc.estimate(model="llama-2-7b", lora_rank=16, accounting="paper", stage=3, gpus=8,
+                                precision="bf16-mixed"))
     assert z3["parameters_frozen"] == 2 * psi // 8 and z3["optimizer_moments"] == 8 * a // 8
-    q = _rows(memcalc.estimate(model="llama-2-7b", lora_rank=16, accounting="paper", quantize="nf4"))
+    q = _rows(memcalc.estimate(model="llama-2-7b", lora_rank=16, accounting="paper", quantize="nf4",
+                               precision="bf16-mixed"))
     arch = load_model("llama-2-7b")
     ly = layer_lora(arch, LoraPlan(16, ALL, "nf4"))
     assert q["parameters_frozen"] == 32 * ly.nf4 + 2 * (psi - 32 * ly.linear) == 3_865_836_416

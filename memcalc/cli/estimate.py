@@ -90,6 +90,7 @@ from memcalc.cli.options import (
     MemorySnapshot,
     Check,
     Json,
+    Verbose,
     LoraRank,
     LoraTargets,
     Quantize,
@@ -171,6 +172,7 @@ def estimate(
     sub_group_size: SubGroup = None,
     zero3_step: Zero3Step = "steady",
     units: Units = "gib",
+    verbose: Verbose = False,
     json: Json = False,
     fmt: EstimateFormat = "table",
     timeline: Timeline = False,
@@ -262,7 +264,7 @@ def estimate(
 
             sys.stdout.write(timeline_csv(result))
         else:
-            show(result, out, u)
+            show(result, out, u, verbose)
         if check and result.memory.fit.verdict != "fits":
             raise typer.Exit(EXIT_DOES_NOT_FIT)
 
@@ -313,6 +315,7 @@ def compare(
     price_per_gpu_hour: Price = None,
     network_gbits_per_gpu: NetGbits = None,
     units: Units = "gib",
+    verbose: Verbose = False,
     json: Json = False,
     fmt: Format = "table",
     lora_rank: LoraRank = None,
@@ -344,6 +347,6 @@ def compare(
             lora_rank=lora_rank, lora_targets=lora_targets, quantize=quantize.strip().lower(),
             float8=float8, float8_all_gather=float8_all_gather,
         )  # fmt: skip
-        show(result, output_format(fmt, json), u)
+        show(result, output_format(fmt, json), u, verbose)
 
     run_or_fail(go)

@@ -63,6 +63,7 @@ GradAccum = Annotated[int | None, typer.Option("--grad-accum", help="Micro-batch
 CudaContext = Annotated[float | None, typer.Option("--cuda-context-gib", help="CUDA context per GPU, GiB (default 0.5).")]
 Reserve = Annotated[float | None, typer.Option("--reserve-gib", help="Allocator headroom per GPU, GiB (default 0).")]
 Units = Annotated[str, typer.Option("--units", help="Memory units: gib (2^30, as CUDA reports) or gb (10^9, as papers print).")]
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Every memory row with its formula, the saved tensors, each collective, the step time's table and every note (the default shows the largest rows, the verdict, the step time and the communication total).")]
 Json = Annotated[bool, typer.Option("--json", help="Print the whole result as JSON (integer bytes); same as --format json.")]
 Format = Annotated[str, typer.Option("--format", "-f", help="table (default), json (integer bytes), csv or markdown.")]
 EstimateFormat = Annotated[str, typer.Option("--format", "-f", help="table (default), json (integer bytes), csv, markdown or timeline-csv (one row per moment of the step: index, phase, label, bytes of each kind, total; realistic accounting).")]
@@ -109,6 +110,6 @@ PANELS: dict[str, tuple[str, ...]] = {
     "Step time": ("tokens", "price_per_gpu_hour", "intra_node_gbps", "network_gbits_per_gpu",
                   "intra_node_efficiency", "network_efficiency", "pcie_gbps", "host_memory_gbps"),
     "Config files": ("deepspeed", "accelerate_config", "torchtitan_config"),
-    "Output": ("units", "json", "fmt", "check", "out"),
+    "Output": ("units", "verbose", "json", "fmt", "check", "out"),
 }
 PANEL_OF = {name: panel for panel, names in PANELS.items() for name in names}

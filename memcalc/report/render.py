@@ -248,7 +248,8 @@ def assumed_precision_line(cmp: Comparison) -> str | None:
     return f"assumed: each strategy's own precision: {each}; --precision sets one for all"
 
 
-def comparison_table(cmp: Comparison, unit: MemoryUnit = "gib") -> Table:
+def comparison_table(cmp: Comparison, unit: MemoryUnit = "gib", keep: Sequence[str] | None = None) -> Table:
+    """Every strategy's row; ``keep``: only the columns of those names (the concise view)."""
     from memcalc.report.formats import auto_rows, micro_batch_cell, row_label  # not on an estimate's path
 
     label = memory_label(unit)
@@ -267,7 +268,8 @@ def comparison_table(cmp: Comparison, unit: MemoryUnit = "gib") -> Table:
     names = ["strategy", *(["micro-batch"] if auto else []), "params", "grads", "optimizer",
              *(["activations"] if counted else []), "other", "total",
              "fits", "host RAM/node", "NVMe/node", "sent/step", "network"] + ([step_header(cmp), "tokens/s/GPU"] if timed else [])
-    for name in names:
+    shown = [i for i, name in enumerate(names) if keep is None or name in keep]
+    for name in (names[i] for i in shown):
         t.add_column(name, justify="left" if name == "strategy" else "right", no_wrap=name == "strategy")
     for r in cmp.estimates:
         times = ([format_time(r.time.step_s, step_unit(cmp)), f"{r.time.tokens_per_s_per_gpu:,.0f}"] if r.time is not None else ["-", "-"]
@@ -279,10 +281,11 @@ def comparison_table(cmp: Comparison, unit: MemoryUnit = "gib") -> Table:
         c = r.communication
         acts = [_mem(g.activations, unit)] if counted else []
         mb = [micro_batch_cell(r)] if auto else []
-        t.add_row(row_label(cmp.estimates, r), *mb, _mem(g.parameters, unit), _mem(g.gradients, unit), _mem(g.optimizer_states, unit),
-                  *acts, _mem(other, unit), Text(_mem(g.total, unit), style="bold"), fits,
-                  _mem(r.memory.per_node.cpu, unit), _mem(r.memory.per_node.nvme, unit),
-                  _mem(c.sent_bytes_per_gpu, unit), _mem(c.inter_node_sent_bytes_per_gpu, unit), *times)  # fmt: skip
+        cells = [row_label(cmp.estimates, r), *mb, _mem(g.parameters, unit), _mem(g.gradients, unit), _mem(g.optimizer_states, unit),
+                 *acts, _mem(other, unit), Text(_mem(g.total, unit), style="bold"), fits,
+                 _mem(r.memory.per_node.cpu, unit), _mem(r.memory.per_node.nvme, unit),
+                 _mem(c.sent_bytes_per_gpu, unit), _mem(c.inter_node_sent_bytes_per_gpu, unit), *times]  # fmt: skip
+        t.add_row(*(cells[i] for i in shown))
     return t
 
 
@@ -293,9 +296,15 @@ def ranking_line(cmp: Comparison) -> Text:
     return Text(ranking_text(cmp), style="bold")
 
 
-def renderables(obj: Estimate | Comparison, unit: MemoryUnit = "gib") -> list[Text | Fitted]:
-    """What ``render`` groups: the lines and tables, in order."""
+def renderables(obj: Estimate | Comparison, unit: MemoryUnit = "gib", verbose: bool = True) -> list[Text | Fitted]:
+    """What ``render`` groups: the lines and tables, in order; ``verbose=False``: the concise view
+    (``memcalc.report.concise``), what the command line prints unless --verbose."""
     kind = type(obj).__name__
+    if not verbose and kind in ("Comparison", "Estimate"):
+        from memcalc.report import concise
+
+        return (concise.comparison_parts(obj, unit) if kind == "Comparison"  # type: ignore[arg-type]
+                else concise.estimate_parts(obj, unit))  # type: ignore[arg-type]
     if kind == "Comparison":
         from memcalc.report.formats import accounting_line, auto_line
 
@@ -309,10 +318,10 @@ def renderables(obj: Estimate | Comparison, unit: MemoryUnit = "gib") -> list[Te
     raise TypeError(f"cannot render {type(obj).__name__}")
 
 
-def render(obj: Estimate | Comparison, unit: MemoryUnit = "gib") -> RenderableType:
+def render(obj: Estimate | Comparison, unit: MemoryUnit = "gib", verbose: bool = True) -> RenderableType:
     from rich.console import Group
 
-    return Group(*renderables(obj, unit))
+    return Group(*renderables(obj, unit, verbose))
 
 
 def plain_text(items: Sequence[Text | Fitted], width: int) -> str | None:
