@@ -171,3 +171,10 @@ def test_piped_output_breaks_no_word(verbose):
     broken = [w for w in piped.stdout.split() if w not in words and not re.fullmatch("[\u2500-\u257f]+", w)]
     assert not broken, broken
     assert len(piped.stdout.splitlines()) > 5  # not vacuous
+
+
+def test_the_paper_accounting_keeps_the_papers_precision():
+    r = memcalc.estimate(params=7.5e9, gpus=64, stage=3, accounting="paper")
+    assert r.input.precision.name == "bf16-mixed" and "ZeRO paper" in r.assumed[0]
+    g = r.memory.per_gpu  # ZeRO §5 Figure 1: (2 + 2 + 12) x 7.5e9 / 64 bytes of model states
+    assert g.parameters + g.gradients + g.optimizer_states == 16 * 7_500_000_000 // 64

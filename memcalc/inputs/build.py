@@ -318,8 +318,11 @@ def build_input(
     if precision is None:  # the framework's own (memcalc.layout.compose.default_precision), said in the header
         from memcalc.layout.compose import default_precision
 
-        precision, why = default_precision(_fw(parallelism.framework), the_strategy.spec.framework,
-                                           parallelism.tp > 1 or parallelism.pp > 1)
+        if accounting in ("paper", "deepspeed-estimator"):  # asked for the paper's view: the paper's regime
+            precision, why = "bf16-mixed", "the ZeRO paper's mixed-precision Adam (2 + 2 + 12 bytes per parameter, §3.1)"
+        else:
+            precision, why = default_precision(_fw(parallelism.framework), the_strategy.spec.framework,
+                                               parallelism.tp > 1 or parallelism.pp > 1)
         assumed = (f"precision {precision}: {why}; pass precision=",)
         gpu = _gpu(gpu)
         try:
