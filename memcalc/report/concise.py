@@ -26,9 +26,9 @@ smaller ones are summed into one line (their labels under --verbose)."""
 MOST_ROWS = 8
 """At most this many rows shown on their own (the largest), so the table stays a glance."""
 MATTERS = ("realistic accounting (the peak of a real step) not used", "activations are not counted", "step time:",
-           "sequence parallelism has no effect", "the ZeRO-3 coordinator settings given")
+           "sequence parallelism has no effect", "the ZeRO-3 coordinator settings given", "--micro-batch auto")
 """Notes that change how the answer reads (another accounting, a part not counted, no step time, a setting without
-effect): kept in the concise view. The rest (sources, calibration, how the timeline was modelled) under --verbose."""
+effect, the micro-batch --micro-batch auto chose or that none fits): kept in the concise view. The rest (sources, calibration, how the timeline was modelled) under --verbose."""
 VERBOSE_HINT = "--verbose for all rows and notes"
 
 
