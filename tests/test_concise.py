@@ -154,6 +154,8 @@ def test_compare_is_concise_too():
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
     assert len(lines) <= 40 and "--verbose for all rows and notes" in r.stdout
+    assert ("assumed: each strategy's own precision: amp-bf16 for DDP, bf16-mixed for the others; --precision sets "
+            "one for all") in " ".join(r.stdout.split())
     full = run(*args, "--verbose")
     assert "optimizer" in full.stdout and "optimizer" not in r.stdout.split("least memory")[0]
     cmp = memcalc.compare(model="llama-2-7b", seq_len=4096, gpus=8)

@@ -123,7 +123,9 @@ def comparison_parts(cmp: Comparison, unit: MemoryUnit = "gib") -> list[Text | F
     keep = (*COMPARE_COLUMNS, step_header(cmp), "tokens/s/GPU")
     lines = [x for x in (auto_line(cmp), accounting_line(cmp)) if x]
     told = assumed_precision_line(cmp)
-    return ([Fitted(comparison_table(cmp, unit, keep=keep)), ranking_line(cmp)]
+    table = comparison_table(cmp, unit, keep=keep)
+    title, table.title = Text(str(table.title)), None  # a line as wide as the output, not wrapped to the table's width
+    return ([title, Fitted(table), ranking_line(cmp)]
             + ([Text(told, style="bold yellow")] if told else [])
             + [Text("note: " + text_in_unit(line, unit), style="dim") for line in lines]
             + [Text(f"{VERBOSE_HINT} (each strategy's parameters, gradients, optimizer states, activations, NVMe and "

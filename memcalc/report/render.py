@@ -242,10 +242,15 @@ def assumed_precision_line(cmp: Comparison) -> str | None:
     """Where no precision was given: the one each strategy got (its framework's own), and the flag that sets one."""
     if not any(r.input.assumed for r in cmp.estimates):
         return None
-    names = dict.fromkeys(r.input.precision.name for r in cmp.estimates)
-    each = "; ".join(f"{n} for {', '.join(r.strategy.label for r in cmp.estimates if r.input.precision.name == n)}"
-                     for n in names)
-    return f"assumed: each strategy's own precision: {each}; --precision sets one for all"
+    rows: dict[str, list[str]] = {}
+    for r in cmp.estimates:
+        rows.setdefault(r.input.precision.name, []).append(r.strategy.label)
+    if len(rows) == 1:  # one reason for all of them: the first's
+        said = cmp.estimates[0].input.assumed[0].removesuffix("; pass precision=")
+        return f"assumed: {said}; --precision sets another"
+    most = max(rows, key=lambda n: len(rows[n]))  # the most rows' precision: "the others"
+    each = ", ".join(f"{n} for {', '.join(labels)}" for n, labels in rows.items() if n != most)
+    return f"assumed: each strategy's own precision: {each}, {most} for the others; --precision sets one for all"
 
 
 def comparison_table(cmp: Comparison, unit: MemoryUnit = "gib", keep: Sequence[str] | None = None) -> Table:
