@@ -73,6 +73,11 @@ if TYPE_CHECKING:
     from memcalc.layout.strategies import STRATEGIES
 
 
+def __dir__() -> list[str]:
+    """The public API (``__all__``), not the module's internals or the submodules imported so far."""
+    return list(__all__)
+
+
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:

@@ -9,7 +9,7 @@ from memcalc import Cluster, EstimateInput, Model, Strategy
 
 
 def test_keyword_and_pydantic_inputs_agree():
-    a = memcalc.estimate(params=175e9, stage=3, gpus=128)
+    a = memcalc.estimate(params=175e9, stage=3, gpus=128, precision="bf16-mixed")
     inp = EstimateInput(
         model=Model(parameters=175_000_000_000),
         gpu=memcalc.load_gpu("a100-80g"),

@@ -140,7 +140,7 @@ def test_units_gb_reach_the_notes_and_the_formulas():
 
 def test_the_step_time_table_has_one_unit():
     out = run("estimate", "--model", "llama-2-7b", "--deepspeed", str(HF_ZERO3), "--seq-len", "2048",
-              "--gpus", "8").stdout  # a 7 s step with a 9 ms exposed communication
+              "--gpus", "8", "--verbose").stdout  # a 7 s step with a 9 ms exposed communication
     table = out[out.index("Step time on"):]
     table = table[:table.index("sum of the parts")]
     assert "Step time on dgx-a100 (seconds)" in table and " ms " not in table

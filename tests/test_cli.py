@@ -21,7 +21,7 @@ def run(*args):
 
 
 def test_mission_command_prints_tables_and_verdict():
-    r = run("estimate", "--params", "175e9", "--stage", "3", "--gpus", "128")
+    r = run("estimate", "--params", "175e9", "--stage", "3", "--gpus", "128", "--verbose")
     assert r.exit_code == 0, r.output
     out = r.stdout
     for text in ("Memory per GPU", "master weights (fp32)", "fits", "Communication per optimizer step", "all-gather",

@@ -77,7 +77,8 @@ def test_fsdp_equals_zero_in_memory_and_volume(est, fsdp, zero, n):
 
 
 def test_ddp_zero0_and_no_shard_are_one_thing(est):
-    rs = [est(params=3e9, gpus=16, **kw) for kw in ({"ddp": True}, {"stage": 0}, {"fsdp": "NO_SHARD"})]
+    rs = [est(params=3e9, gpus=16, precision="bf16-mixed", **kw)  # one precision (each framework's own differs)
+          for kw in ({"ddp": True}, {"stage": 0}, {"fsdp": "NO_SHARD"})]
     assert len({r.memory.per_gpu.total for r in rs}) == 1
     assert len({r.communication.sent_bytes_per_gpu for r in rs}) == 1
 

@@ -166,7 +166,7 @@ def test_cli_bad_time_input_is_one_line_exit_2(tmp_path):
 
 def test_cli_times_any_gpu(tmp_path):
     for gpu in ("l40s", str(_user_gpu(tmp_path, "mine"))):
-        r = _cli("--gpu", gpu)
+        r = _cli("--gpu", gpu, "--verbose")  # the step-time efficiencies' sources: a note under --verbose
         assert r.exit_code == 0 and "tokens/s" in r.stdout and "borrowed from" in r.stdout, r.output
     r = _cli("--gpu", "v100")  # bf16 on a GPU without it: refused, naming the precisions it runs
     assert r.exit_code == 2 and "accepted on it: fp32, fp16-mixed, amp-fp16" in r.stderr

@@ -107,14 +107,16 @@ def _rows(r):
 def test_paper_states_adapters_only_and_sharded_base():
     a = 39_976_960
     psi = 6_738_415_616
-    r = memcalc.estimate(model="llama-2-7b", lora_rank=16, accounting="paper")
+    r = memcalc.estimate(model="llama-2-7b", lora_rank=16, accounting="paper", precision="bf16-mixed")
     rows = _rows(r)
     assert rows["parameters_frozen"] == 2 * psi and rows["parameters_adapters"] == 2 * a
     assert (rows["gradients"], rows["master_weights"], rows["optimizer_moments"]) == (2 * a, 4 * a, 8 * a)
     assert r.memory.per_gpu.parameters == 2 * (psi + a)
-    z3 = _rows(memcalc.estimate(model="llama-2-7b", lora_rank=16, accounting="paper", stage=3, gpus=8))
+    z3 = _rows(memcalc.estimate(model="llama-2-7b", lora_rank=16, accounting="paper", stage=3, gpus=8,
+                                precision="bf16-mixed"))
     assert z3["parameters_frozen"] == 2 * psi // 8 and z3["optimizer_moments"] == 8 * a // 8
-    q = _rows(memcalc.estimate(model="llama-2-7b", lora_rank=16, accounting="paper", quantize="nf4"))
+    q = _rows(memcalc.estimate(model="llama-2-7b", lora_rank=16, accounting="paper", quantize="nf4",
+                               precision="bf16-mixed"))
     arch = load_model("llama-2-7b")
     ly = layer_lora(arch, LoraPlan(16, ALL, "nf4"))
     assert q["parameters_frozen"] == 32 * ly.nf4 + 2 * (psi - 32 * ly.linear) == 3_865_836_416
@@ -355,7 +357,8 @@ def test_other_families_and_json_round_trip():
     assert rows["activations_lora"] == 12 * 4 * 128 * 4 * 2  # 4 targets x s·r x 2 bytes, 12 layers
     again = Estimate.model_validate_json(gpt2.model_dump_json())
     assert again.input.lora is not None and again.input.lora.rank == 4
-    custom = memcalc.estimate(layers=2, hidden=64, heads=4, vocab=100, lora_rank=2, lora_targets="q,v")
+    custom = memcalc.estimate(layers=2, hidden=64, heads=4, vocab=100, lora_rank=2, lora_targets="q,v",
+                              precision="bf16-mixed")
     assert _rows(custom)["parameters_adapters"] == 2 * 2 * 2 * (64 + 64) * 2
     cmp = memcalc.compare(model="llama-2-7b", lora_rank=8, seq_len=1024, strategies=["ddp", "FULL_SHARD"], gpus=8,
                           precision="amp-bf16")
@@ -390,7 +393,8 @@ def test_only_adapter_gradients_are_reduced_and_the_frozen_base_is_gathered():
     # Llama-3-8B, r = 16 on q,k,v,o,gate,up,down: 16 x (8,192 + 2 x 5,120 + 8,192 + 2 x 18,432 + 18,432) per layer
     # x 32 layers = 41,943,040 adapter parameters (peft's print_trainable_parameters for this model).
     adapters, psi = 41_943_040, 8_030_261_248
-    kw = dict(hf_config="tests/data/llama-3-8b-config.json", lora_rank=16, gpus=8, gpu="h100", seq_len=2048)
+    kw = dict(hf_config="tests/data/llama-3-8b-config.json", lora_rank=16, gpus=8, gpu="h100", seq_len=2048,
+              precision="bf16-mixed")
     ddp = memcalc.estimate(**kw).communication.collectives
     assert [(c.op, c.payload_bytes_per_call) for c in ddp] == [("all-reduce", 2 * adapters)]
     z3 = {(c.op, c.phase): c.payload_bytes_per_call for c in memcalc.estimate(stage=3, **kw).communication.collectives}

@@ -104,7 +104,7 @@ def test_compare_marks_a_paper_row_at_risk(fmt):
     from memcalc.cli import app
 
     args = ["compare", "--model", "mixtral", "--seq-len", "3072", "--gpus", "16", "--precision", "fp16-mixed", "--strategies",
-            "ddp,zero-3,zero-3+opt-cpu", "--format", fmt]  # fmt: skip
+            "ddp,zero-3,zero-3+opt-cpu", "--format", fmt, "--verbose"]  # fmt: skip
     out = CliRunner().invoke(app, args)
     assert out.exit_code == 0, out.output
     cells = {}
@@ -141,7 +141,7 @@ def test_the_at_risk_line_names_what_the_paper_rows_leave_out():
     from memcalc.cli import app
 
     args = ["estimate", "--model", "llama-2-7b", "--ddp", "--gpus", "2", "--precision", "bf16", "--seq-len", "2048",
-            "--micro-batch", "1", "--gpu", "a100-80g", "--accounting", "paper"]  # fmt: skip
+            "--micro-batch", "1", "--gpu", "a100-80g", "--accounting", "paper", "--verbose"]  # fmt: skip
     out = CliRunner().invoke(app, args)
     assert out.exit_code == 0, out.output
     text = " ".join(out.stdout.split())

@@ -16,7 +16,8 @@ STRATEGIES = ["ddp", "zero-2", "zero-3+opt-cpu", "FULL_SHARD"]
 
 @pytest.fixture(scope="module")
 def comparison():
-    return memcalc.compare(model="llama-2-7b", seq_len=1024, micro_batch=1, gpus=8, strategies=STRATEGIES)
+    return memcalc.compare(model="llama-2-7b", seq_len=1024, micro_batch=1, gpus=8, strategies=STRATEGIES,
+                           precision="bf16-mixed")
 
 
 def _bars(fig) -> dict[str, list[tuple[float, float]]]:

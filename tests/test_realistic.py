@@ -53,7 +53,7 @@ def test_the_json_carries_the_three_figures_and_the_verdict():
 
 
 def test_master_weight_precisions_and_sharded_layouts_take_the_paper_and_say_why():
-    r = memcalc.estimate(hf_config=LLAMA1B, gpus=1, gpu="h100", seq_len=2048)  # bf16-mixed: a master-weight regime
+    r = memcalc.estimate(hf_config=LLAMA1B, gpus=1, gpu="h100", seq_len=2048, precision="bf16-mixed")  # master weights
     assert r.accounting == "paper"
     assert any("realistic accounting (the peak of a real step) not used: --precision bf16-mixed" in n for n in r.notes)
     f1 = memcalc.estimate(hf_config=LLAMA1B, gpus=8, gpu="h100", seq_len=2048, precision="amp-bf16", fsdp="FULL_SHARD")

@@ -26,7 +26,8 @@ from memcalc.time.step import step_time
 
 LLAMA = {"model": "llama-3-8b", "seq_len": 8192, "micro_batch": 2, "recompute": "selective", "attention": "sdpa",
          "gpu": "h100"}  # fmt: skip
-SMALL = {"model": "opt-1.3b", "micro_batch": 1, "attention": "sdpa", "gpu": "h100", "optimizer_impl": "fused"}
+SMALL = {"model": "opt-1.3b", "micro_batch": 1, "attention": "sdpa", "gpu": "h100", "optimizer_impl": "fused",
+         "precision": "bf16-mixed"}  # one precision for every strategy compared
 
 
 def run(optimizer_impl: str = "foreach", network: float | None = None, **kw):

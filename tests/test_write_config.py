@@ -182,7 +182,7 @@ def test_what_torchtitans_own_code_decides_is_refused_when_the_estimate_differs(
 
 def test_a_setting_the_files_cannot_hold_is_found_by_reading_them_back() -> None:
     # accelerate's DDP runs under autocast over fp32 weights; bf16-mixed (fp32 masters beside bf16 weights) is not it
-    e = memcalc.estimate(**{**BASE, "ddp": True, "gpus": 8})
+    e = memcalc.estimate(**{**BASE, "ddp": True, "gpus": 8, "precision": "bf16-mixed"})
     with pytest.raises(InputError, match=r"accelerate's DDP cannot run this estimate: precision bf16-mixed .*; give "
                                          r"--precision amp-bf16"):
         memcalc.config_text(e)

@@ -175,8 +175,9 @@ def output_format(fmt: str, as_json: bool, more: tuple[str, ...] = ()) -> str:
     return "json" if as_json else f
 
 
-def show(result: Any, fmt: str, units: str) -> None:
-    """Print a result as a rich table (the terminal's width), JSON (integer bytes), CSV or Markdown."""
+def show(result: Any, fmt: str, units: str, verbose: bool = True) -> None:
+    """Print a result as a rich table (the terminal's width), JSON (integer bytes), CSV or Markdown; a table without
+    ``verbose``: the concise view (``memcalc.report.concise``)."""
     if fmt == "json":
         sys.stdout.write(result.model_dump_json(indent=2) + "\n")
     elif fmt == "csv":
@@ -191,9 +192,9 @@ def show(result: Any, fmt: str, units: str) -> None:
         from memcalc.report.render import plain_text, render, renderables
 
         width = unstyled_width()
-        text = None if width is None else plain_text(renderables(result, units), width)  # type: ignore[arg-type]
+        text = None if width is None else plain_text(renderables(result, units, verbose), width)  # type: ignore[arg-type]
         if text is None:
-            console().print(render(result, units))  # type: ignore[arg-type]
+            console().print(render(result, units, verbose))  # type: ignore[arg-type]
         else:  # the characters rich's console would write, without importing it
             sys.stdout.write(text)
             sys.stdout.flush()

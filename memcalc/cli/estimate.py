@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from memcalc.cli.app import Command, app, micro_batch_arg, output_format, positive, run_or_fail, show, units_arg
-from memcalc.cli.configs import blame, with_config, write_files
+from memcalc.cli.configs import as_flags, blame, with_config, write_files
 from memcalc.cli.options import (
     ClusterOpt,
     HostGbps,
@@ -90,6 +90,7 @@ from memcalc.cli.options import (
     MemorySnapshot,
     Check,
     Json,
+    Verbose,
     LoraRank,
     LoraTargets,
     Quantize,
@@ -119,7 +120,7 @@ def estimate(
     shard_group: ShardGroup = None,
     gpus_per_node: GpusPerNode = 8,
     gpu: Gpu = "a100-sxm-80gb",
-    precision: PrecisionOpt = "bf16-mixed",
+    precision: PrecisionOpt = None,
     optimizer: OptimizerOpt = "adamw",
     grad_accum: GradAccum = None,
     cuda_context_gib: CudaContext = None,
@@ -171,6 +172,7 @@ def estimate(
     sub_group_size: SubGroup = None,
     zero3_step: Zero3Step = "steady",
     units: Units = "gib",
+    verbose: Verbose = False,
     json: Json = False,
     fmt: EstimateFormat = "table",
     timeline: Timeline = False,
@@ -247,6 +249,7 @@ def estimate(
             raise blame(e, arguments, origin) from None
         if moments:
             _has_moments(result)
+        assumed = [as_flags(a) for a in result.assumed] + assumed  # the estimate's own (the precision), the file's
         if assumed:  # shown in the output's header, where the answer is read (CSV has none: said with the notes)
             result = result.model_copy(update={"assumed": assumed})
             said += [f"memcalc: assumed: {a}\n" for a in assumed] if out == "csv" else []
@@ -261,7 +264,7 @@ def estimate(
 
             sys.stdout.write(timeline_csv(result))
         else:
-            show(result, out, u)
+            show(result, out, u, verbose)
         if check and result.memory.fit.verdict != "fits":
             raise typer.Exit(EXIT_DOES_NOT_FIT)
 
@@ -288,7 +291,7 @@ def compare(
     shard_group: ShardGroup = None,
     gpus_per_node: GpusPerNode = 8,
     gpu: Gpu = "a100-sxm-80gb",
-    precision: PrecisionOpt = "bf16-mixed",
+    precision: PrecisionOpt = None,
     optimizer: OptimizerOpt = "adamw",
     grad_accum: GradAccum = None,
     cuda_context_gib: CudaContext = None,
@@ -312,6 +315,7 @@ def compare(
     price_per_gpu_hour: Price = None,
     network_gbits_per_gpu: NetGbits = None,
     units: Units = "gib",
+    verbose: Verbose = False,
     json: Json = False,
     fmt: Format = "table",
     lora_rank: LoraRank = None,
@@ -343,6 +347,6 @@ def compare(
             lora_rank=lora_rank, lora_targets=lora_targets, quantize=quantize.strip().lower(),
             float8=float8, float8_all_gather=float8_all_gather,
         )  # fmt: skip
-        show(result, output_format(fmt, json), u)
+        show(result, output_format(fmt, json), u, verbose)
 
     run_or_fail(go)

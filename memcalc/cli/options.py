@@ -56,13 +56,14 @@ MicroBatches = Annotated[int | None, typer.Option("--micro-batches", help="Micro
 Gpus = Annotated[int, typer.Option("--gpus", "-n", help="World size: GPUs in the job.")]
 GpusPerNode = Annotated[int, typer.Option("--gpus-per-node", help="GPUs per node.")]
 Gpu = Annotated[str, typer.Option("--gpu", help="GPU preset name or alias (a100-80g, h100), or a path to a .toml file.")]
-PrecisionOpt = Annotated[str, typer.Option("--precision", help="bf16-mixed (bf16 params + fp32 master: DeepSpeed, Megatron), fp16-mixed, amp-bf16 / amp-fp16 (fp32 weights under torch.autocast: Trainer(bf16=True)), bf16 (pure), fp32.")]
+PrecisionOpt = Annotated[str | None, typer.Option("--precision", help="bf16-mixed (bf16 params + fp32 master: DeepSpeed, Megatron, FSDP's policy), fp16-mixed, amp-bf16 / amp-fp16 (fp32 weights under torch.autocast: Trainer(bf16=True)), bf16 (pure), fp32. Default: the framework's own (amp-bf16 for DDP and Hugging Face, bf16-mixed under ZeRO, FSDP, Megatron).")]
 OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="adamw (adam), sgd, sgd-momentum, adam-8bit, adafactor, lion.")]
 ShardGroup = Annotated[int | None, typer.Option("--shard-group", help="Hybrid strategies: GPUs per shard group (default: one node).")]
 GradAccum = Annotated[int | None, typer.Option("--grad-accum", help="Micro-batches per optimizer step (gradient accumulation).")]
 CudaContext = Annotated[float | None, typer.Option("--cuda-context-gib", help="CUDA context per GPU, GiB (default 0.5).")]
 Reserve = Annotated[float | None, typer.Option("--reserve-gib", help="Allocator headroom per GPU, GiB (default 0).")]
 Units = Annotated[str, typer.Option("--units", help="Memory units: gib (2^30, as CUDA reports) or gb (10^9, as papers print).")]
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Every memory row with its formula, the saved tensors, each collective, the step time's table and every note (the default shows the largest rows, the verdict, the step time and the communication total).")]
 Json = Annotated[bool, typer.Option("--json", help="Print the whole result as JSON (integer bytes); same as --format json.")]
 Format = Annotated[str, typer.Option("--format", "-f", help="table (default), json (integer bytes), csv or markdown.")]
 EstimateFormat = Annotated[str, typer.Option("--format", "-f", help="table (default), json (integer bytes), csv, markdown or timeline-csv (one row per moment of the step: index, phase, label, bytes of each kind, total; realistic accounting).")]
@@ -109,6 +110,6 @@ PANELS: dict[str, tuple[str, ...]] = {
     "Step time": ("tokens", "price_per_gpu_hour", "intra_node_gbps", "network_gbits_per_gpu",
                   "intra_node_efficiency", "network_efficiency", "pcie_gbps", "host_memory_gbps"),
     "Config files": ("deepspeed", "accelerate_config", "torchtitan_config"),
-    "Output": ("units", "json", "fmt", "check", "out"),
+    "Output": ("units", "verbose", "json", "fmt", "check", "out"),
 }
 PANEL_OF = {name: panel for panel, names in PANELS.items() for name in names}

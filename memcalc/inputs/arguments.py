@@ -73,7 +73,8 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "offload_params": _one_of("none", "cpu", "nvme"),
     "shard_group": _maybe(_whole(1, MAX_GPUS, "at most every GPU")),
     "gpu": _kind(*_PATH, GPU, text="a GPU name such as 'h100-sxm', the path of a .toml file, or a GPU"),
-    "precision": _kind(str, Precision, text="a precision name such as 'bf16-mixed', or a Precision"),
+    "precision": _kind(str, Precision, text="a precision name such as 'bf16-mixed', a Precision, or None (the "
+                                            "framework's own)", none=True),
     "optimizer": _kind(str, Optimizer, text="an optimizer name such as 'adamw', or an Optimizer"),
     "grad_accum": _maybe(_whole(1, MAX_MICRO_BATCHES, "680x GPT-3's whole batch")),
     "micro_batches": _maybe(_whole(1, MAX_MICRO_BATCHES, "680x GPT-3's whole batch")),

@@ -194,7 +194,7 @@ def build_input(
     offload_params: str = "none",
     shard_group: int | None = None,
     gpu: str | GPU = DEFAULT_GPU,
-    precision: str | Precision = "bf16-mixed",
+    precision: str | Precision | None = None,
     optimizer: str | Optimizer = "adamw",
     grad_accum: int | None = None,
     micro_batches: int | None = None,
@@ -307,13 +307,23 @@ def build_input(
                                   shard_over=None if shard_over is None else _shard_over(shard_over.strip().lower() if isinstance(shard_over, str) else shard_over, fw),  # type: ignore[arg-type]
                                   stage_layers=parse_stage_layers(stage_layers))  # fmt: skip
     _choice("--accounting", accounting, ("auto", "realistic", "paper", "implementation", "deepspeed-estimator"))
-    the_precision = precision if isinstance(precision, Precision) else resolve_precision(precision)
     the_optimizer = optimizer if isinstance(optimizer, Optimizer) else resolve_optimizer(optimizer)
     the_strategy = _strategy(stage, fsdp, ddp, strategy, offload_optimizer, offload_params, shard_group)
     the_lora = _lora(lora_rank, lora_targets, quantize)
     from memcalc.layout.compose import fsdp_version as _fsdp_version, framework as _fw
 
     fsdp_version = _fsdp_version(fsdp_version, _fw(parallelism.framework), the_strategy.spec.framework == "fsdp")
+    assumed: tuple[str, ...] = ()
+    if precision is None:  # the framework's own (memcalc.layout.compose.default_precision), said in the header
+        from memcalc.layout.compose import default_precision
+
+        if accounting in ("paper", "deepspeed-estimator"):  # asked for the paper's view: the paper's regime
+            precision, why = "bf16-mixed", "the ZeRO paper's mixed-precision Adam (2 + 2 + 12 bytes per parameter, §3.1)"
+        else:
+            precision, why = default_precision(_fw(parallelism.framework), the_strategy.spec.framework,
+                                               parallelism.tp > 1 or parallelism.pp > 1)
+        assumed = (f"precision {precision}: {why}; pass precision=",)
+    the_precision = precision if isinstance(precision, Precision) else resolve_precision(precision)
     knobs = [flag for flag, v in (("--max-reuse-distance", max_reuse_distance),
                                   ("--max-live-parameters", max_live_parameters),
                                   ("--prefetch-bucket-size", prefetch_bucket_size),
@@ -365,43 +375,51 @@ def build_input(
         zero_init=zero_init, buffer_factor=buffer_factor,
         largest_layer_params=None if largest_layer_params is None else parse_count(largest_layer_params, "--largest-layer-params"),
     )  # fmt: skip
-    return EstimateInput(
-        accounting=accounting,  # type: ignore[arg-type]
-        estimator=estimator,
-        framework=FrameworkOptions(
-            fsdp_version=fsdp_version,  # type: ignore[arg-type]
-            fsdp_wrap=fsdp_wrap,  # type: ignore[arg-type]
-            fsdp_auto_wrap=fsdp_auto_wrap,  # type: ignore[arg-type]
-            backward_prefetch=backward_prefetch,  # type: ignore[arg-type]
-            bucket_view=bucket_view,
-            min_num_params=None if min_num_params is None else parse_count(min_num_params, "--min-num-params"),
-            max_reuse_distance=_elements("--max-reuse-distance", max_reuse_distance),
-            max_live_parameters=_elements("--max-live-parameters", max_live_parameters),
-            prefetch_bucket_size=_elements("--prefetch-bucket-size", prefetch_bucket_size),
-            reduce_bucket_size=_elements("--reduce-bucket-size", reduce_bucket_size),
-            persistence_threshold=_elements("--persistence-threshold", persistence_threshold),
-            sub_group_size=_elements("--sub-group-size", sub_group_size),
-            overlap_comm=overlap_comm,
-            zero3_step=zero3_step,  # type: ignore[arg-type]
-        ),
-        model=the_model,
-        precision=the_precision,
-        optimizer=the_optimizer,
-        gpu=_gpu(gpu),
-        cluster=the_cluster,
-        strategy=the_strategy,
-        parallelism=parallelism,
-        workload=workload,
-        overheads=overheads,
-        grad_accum=grad_accum if grad_accum is not None else micro_batches if micro_batches is not None else 1,
-        lora=the_lora,
-        float8=_float8(float8),  # type: ignore[arg-type]
-        float8_all_gather=float8_all_gather,
-        timing=Timing(cluster=cluster, tokens=None if tokens is None else float(parse_count(tokens, "--tokens")),
-                      price_per_gpu_hour=price_per_gpu_hour, intra_node_gbps=intra_node_gbps,
-                      network_gbits_per_gpu=network_gbits_per_gpu, intra_node_efficiency=intra_node_efficiency,
-                      network_efficiency=network_efficiency, pcie_gbps=pcie_gbps, host_memory_gbps=host_memory_gbps),
-    )
+    try:
+        return EstimateInput(
+            accounting=accounting,  # type: ignore[arg-type]
+            estimator=estimator,
+            framework=FrameworkOptions(
+                fsdp_version=fsdp_version,  # type: ignore[arg-type]
+                fsdp_wrap=fsdp_wrap,  # type: ignore[arg-type]
+                fsdp_auto_wrap=fsdp_auto_wrap,  # type: ignore[arg-type]
+                backward_prefetch=backward_prefetch,  # type: ignore[arg-type]
+                bucket_view=bucket_view,
+                min_num_params=None if min_num_params is None else parse_count(min_num_params, "--min-num-params"),
+                max_reuse_distance=_elements("--max-reuse-distance", max_reuse_distance),
+                max_live_parameters=_elements("--max-live-parameters", max_live_parameters),
+                prefetch_bucket_size=_elements("--prefetch-bucket-size", prefetch_bucket_size),
+                reduce_bucket_size=_elements("--reduce-bucket-size", reduce_bucket_size),
+                persistence_threshold=_elements("--persistence-threshold", persistence_threshold),
+                sub_group_size=_elements("--sub-group-size", sub_group_size),
+                overlap_comm=overlap_comm,
+                zero3_step=zero3_step,  # type: ignore[arg-type]
+            ),
+            model=the_model,
+            precision=the_precision,
+            optimizer=the_optimizer,
+            gpu=_gpu(gpu),
+            cluster=the_cluster,
+            strategy=the_strategy,
+            parallelism=parallelism,
+            workload=workload,
+            overheads=overheads,
+            grad_accum=grad_accum if grad_accum is not None else micro_batches if micro_batches is not None else 1,
+            lora=the_lora,
+            assumed=assumed,
+            float8=_float8(float8),  # type: ignore[arg-type]
+            float8_all_gather=float8_all_gather,
+            timing=Timing(cluster=cluster, tokens=None if tokens is None else float(parse_count(tokens, "--tokens")),
+                          price_per_gpu_hour=price_per_gpu_hour, intra_node_gbps=intra_node_gbps,
+                          network_gbits_per_gpu=network_gbits_per_gpu, intra_node_efficiency=intra_node_efficiency,
+                          network_efficiency=network_efficiency, pcie_gbps=pcie_gbps, host_memory_gbps=host_memory_gbps),
+        )
+    except InputError as e:  # a default precision the GPU cannot run: named as the default, not as typed
+        if assumed and str(e).startswith(f"--precision {the_precision.name} computes"):
+            why = assumed[0].split(": ", 1)[1].removesuffix("; pass precision=")
+            raise InputError(str(e).replace(f"--precision {the_precision.name} ",
+                                            f"--precision {the_precision.name} (the default: {why}) ", 1)) from None
+        raise
 
 
 def _float8(recipe: str) -> str:

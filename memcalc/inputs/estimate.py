@@ -110,6 +110,9 @@ class EstimateInput(Record):
     dynamic scaling; every GEMM of a converted linear (forward, input and weight gradients) runs in fp8."""
     float8_all_gather: bool = False
     """FSDP2 all-gathers the converted weights in fp8 (torchao ``enable_fsdp_float8_all_gather``; tensorwise only)."""
+    assumed: tuple[str, ...] = ()
+    """Values ``build_input`` chose where none was given and that change the answer (the precision: the framework's
+    own), each ending with the argument that gives yours (``pass precision=``): the output's header shows them."""
 
     def __post_init__(self) -> None:
         check_fields(self)

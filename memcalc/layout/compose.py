@@ -296,3 +296,38 @@ def rank_layers(stage_layers: tuple[int, ...], pp: int, rank: int) -> tuple[rang
     (torchtitan's ``stage_ids_this_rank`` loop style; Megatron's interleaved schedule places chunks the same way)."""
     starts = chunk_starts(stage_layers)
     return tuple(range(starts[c], starts[c] + stage_layers[c]) for c in range(rank, len(stage_layers), pp))
+
+
+def default_precision(fw: Framework | None, sharding: str, model_parallel: bool) -> tuple[str, str]:
+    """The training precision a run gets when none is given: the framework's own, with the reason in a few words.
+
+    ``sharding`` is the strategy's framework (``ddp``, ``deepspeed`` for ZeRO, ``fsdp``); ``model_parallel``: tp or
+    pp above 1. Read in each framework's source:
+    - Hugging Face Trainer and accelerate, plain DDP or one GPU: ``bf16=True`` / ``mixed_precision="bf16"`` keeps
+      the fp32 weights and runs the forward under ``torch.autocast`` (accelerate accelerator.py ``native_amp``):
+      amp-bf16. Under FSDP accelerate's MixedPrecision policy casts the fp32 shards to bf16 (utils/dataclasses.py
+      ``FullyShardedDataParallelPlugin``): bf16-mixed.
+    - torchtitan: FSDP2's ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` over fp32 shards
+      (``mixed_precision_param = "bfloat16"``, ``mixed_precision_reduce = "float32"``): bf16-mixed with fp32
+      reduction (``Framework.fsdp_reduce_fp32``); without FSDP ``maybe_enable_amp`` autocasts over fp32 weights on
+      DDP or one GPU (amp-bf16) and runs tensor or pipeline parallelism alone in fp32 (distributed/utils.py).
+    - DeepSpeed (``"bf16": {"enabled": true}``, any ZeRO stage) and Megatron-LM (``--bf16``): bf16 parameters and
+      gradients, an fp32 master copy in the optimizer: bf16-mixed.
+    - torchtune: ``dtype: bf16`` in its recipes' configs, parameters and AdamW states all bf16, no master: bf16.
+    """
+    name = fw.name if fw is not None else None
+    if name == "torchtune":
+        return "bf16", "torchtune's dtype: bf16 (parameters, gradients and AdamW states in bf16)"
+    if name == "megatron":
+        return "bf16-mixed", "Megatron-LM's --bf16 (bf16 parameters and gradients, fp32 master)"
+    if name == "deepspeed" or sharding == "deepspeed":
+        return "bf16-mixed", "DeepSpeed's bf16 (bf16 parameters and gradients, fp32 master)"
+    if sharding == "fsdp":
+        if name == "torchtitan":
+            return "bf16-mixed", "torchtitan's FSDP2 (bf16 parameters over fp32 shards, fp32 reduction)"
+        return "bf16-mixed", "FSDP's mixed precision (bf16 parameters over fp32 shards)"
+    if name == "torchtitan":
+        if model_parallel:
+            return "fp32", "torchtitan without FSDP runs tensor and pipeline parallelism in fp32"
+        return "amp-bf16", "torchtitan without FSDP (torch.autocast over fp32 weights)"
+    return "amp-bf16", "a Hugging Face Trainer(bf16=True) or accelerate run (torch.autocast over fp32 weights)"

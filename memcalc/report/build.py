@@ -288,6 +288,7 @@ def estimate(inp: EstimateInput, ev: Evaluation, micro_batch_auto: bool = False,
         communication=_communication(ev),
         notes=notes(plan) + _layout_notes(ev) + _verdict_notes(paper_fit) + ([f"step time: {why}"] if why else [])
         + _time_notes(time),
+        assumed=list(inp.assumed),
         input=inp,
         time=time,
     )

@@ -233,14 +233,35 @@ def step_header(cmp: Comparison) -> str:
     return f"step {step_unit(cmp)}"
 
 
-def comparison_table(cmp: Comparison, unit: MemoryUnit = "gib") -> Table:
+def precisions(cmp: Comparison) -> str:
+    """The comparison's precision: one name, or each strategy's default where none was given and they differ."""
+    return " / ".join(dict.fromkeys(r.input.precision.name for r in cmp.estimates))
+
+
+def assumed_precision_line(cmp: Comparison) -> str | None:
+    """Where no precision was given: the one each strategy got (its framework's own), and the flag that sets one."""
+    if not any(r.input.assumed for r in cmp.estimates):
+        return None
+    rows: dict[str, list[str]] = {}
+    for r in cmp.estimates:
+        rows.setdefault(r.input.precision.name, []).append(r.strategy.label)
+    if len(rows) == 1:  # one reason for all of them: the first's
+        said = cmp.estimates[0].input.assumed[0].removesuffix("; pass precision=")
+        return f"assumed: {said}; --precision sets another"
+    most = max(rows, key=lambda n: len(rows[n]))  # the most rows' precision: "the others"
+    each = ", ".join(f"{n} for {', '.join(labels)}" for n, labels in rows.items() if n != most)
+    return f"assumed: each strategy's own precision: {each}, {most} for the others; --precision sets one for all"
+
+
+def comparison_table(cmp: Comparison, unit: MemoryUnit = "gib", keep: Sequence[str] | None = None) -> Table:
+    """Every strategy's row; ``keep``: only the columns of those names (the concise view)."""
     from memcalc.report.formats import auto_rows, micro_batch_cell, row_label  # not on an estimate's path
 
     label = memory_label(unit)
     first = cmp.estimates[0]
     inp = first.input
     t = Table(
-        title=f"{first.model.name} parameters on {inp.cluster.gpus} x {inp.gpu.name} · {inp.precision.name} · "
+        title=f"{first.model.name} parameters on {inp.cluster.gpus} x {inp.gpu.name} · {precisions(cmp)} · "
         f"{inp.optimizer.name} · {label}",
         title_justify="left",
     )
@@ -252,7 +273,8 @@ def comparison_table(cmp: Comparison, unit: MemoryUnit = "gib") -> Table:
     names = ["strategy", *(["micro-batch"] if auto else []), "params", "grads", "optimizer",
              *(["activations"] if counted else []), "other", "total",
              "fits", "host RAM/node", "NVMe/node", "sent/step", "network"] + ([step_header(cmp), "tokens/s/GPU"] if timed else [])
-    for name in names:
+    shown = [i for i, name in enumerate(names) if keep is None or name in keep]
+    for name in (names[i] for i in shown):
         t.add_column(name, justify="left" if name == "strategy" else "right", no_wrap=name == "strategy")
     for r in cmp.estimates:
         times = ([format_time(r.time.step_s, step_unit(cmp)), f"{r.time.tokens_per_s_per_gpu:,.0f}"] if r.time is not None else ["-", "-"]
@@ -264,10 +286,11 @@ def comparison_table(cmp: Comparison, unit: MemoryUnit = "gib") -> Table:
         c = r.communication
         acts = [_mem(g.activations, unit)] if counted else []
         mb = [micro_batch_cell(r)] if auto else []
-        t.add_row(row_label(cmp.estimates, r), *mb, _mem(g.parameters, unit), _mem(g.gradients, unit), _mem(g.optimizer_states, unit),
-                  *acts, _mem(other, unit), Text(_mem(g.total, unit), style="bold"), fits,
-                  _mem(r.memory.per_node.cpu, unit), _mem(r.memory.per_node.nvme, unit),
-                  _mem(c.sent_bytes_per_gpu, unit), _mem(c.inter_node_sent_bytes_per_gpu, unit), *times)  # fmt: skip
+        cells = [row_label(cmp.estimates, r), *mb, _mem(g.parameters, unit), _mem(g.gradients, unit), _mem(g.optimizer_states, unit),
+                 *acts, _mem(other, unit), Text(_mem(g.total, unit), style="bold"), fits,
+                 _mem(r.memory.per_node.cpu, unit), _mem(r.memory.per_node.nvme, unit),
+                 _mem(c.sent_bytes_per_gpu, unit), _mem(c.inter_node_sent_bytes_per_gpu, unit), *times]  # fmt: skip
+        t.add_row(*(cells[i] for i in shown))
     return t
 
 
@@ -278,24 +301,32 @@ def ranking_line(cmp: Comparison) -> Text:
     return Text(ranking_text(cmp), style="bold")
 
 
-def renderables(obj: Estimate | Comparison, unit: MemoryUnit = "gib") -> list[Text | Fitted]:
-    """What ``render`` groups: the lines and tables, in order."""
+def renderables(obj: Estimate | Comparison, unit: MemoryUnit = "gib", verbose: bool = True) -> list[Text | Fitted]:
+    """What ``render`` groups: the lines and tables, in order; ``verbose=False``: the concise view
+    (``memcalc.report.concise``), what the command line prints unless --verbose."""
     kind = type(obj).__name__
+    if not verbose and kind in ("Comparison", "Estimate"):
+        from memcalc.report import concise
+
+        return (concise.comparison_parts(obj, unit) if kind == "Comparison"  # type: ignore[arg-type]
+                else concise.estimate_parts(obj, unit))  # type: ignore[arg-type]
     if kind == "Comparison":
         from memcalc.report.formats import accounting_line, auto_line
 
         lines = [x for x in (auto_line(obj), accounting_line(obj)) if x]  # type: ignore[arg-type]
+        told = assumed_precision_line(obj)  # type: ignore[arg-type]
         return ([Fitted(comparison_table(obj, unit), breaks=("host RAM/node", step_header(obj))), ranking_line(obj)]  # type: ignore[arg-type]
+                + ([Text(told, style="bold yellow")] if told else [])
                 + [Text("note: " + text_in_unit(line, unit), style="dim") for line in lines])
     if kind == "Estimate":
         return estimate_parts(obj, unit)  # type: ignore[arg-type]
     raise TypeError(f"cannot render {type(obj).__name__}")
 
 
-def render(obj: Estimate | Comparison, unit: MemoryUnit = "gib") -> RenderableType:
+def render(obj: Estimate | Comparison, unit: MemoryUnit = "gib", verbose: bool = True) -> RenderableType:
     from rich.console import Group
 
-    return Group(*renderables(obj, unit))
+    return Group(*renderables(obj, unit, verbose))
 
 
 def plain_text(items: Sequence[Text | Fitted], width: int) -> str | None:
@@ -322,7 +353,16 @@ def to_text_and_html(obj: Estimate | Comparison, width: int = 120) -> tuple[str,
     console = Console(record=True, width=width, file=_Null(), force_jupyter=False, markup=False, emoji=False,
                       highlight=False)
     console.print(renderable)
-    return console.export_text(clear=False), console.export_html(inline_styles=True)
+    return console.export_text(clear=False), console.export_html(inline_styles=True, code_format=HTML_FRAGMENT)
+
+
+HTML_FRAGMENT = ('<div class="memcalc" style="max-width:100%;overflow:auto">'
+                 '<pre style="margin:0;line-height:1.25;font-family:Menlo,\'DejaVu Sans Mono\',Consolas,monospace">'
+                 '<code style="font-family:inherit">{code}</code></pre></div>')
+"""What a notebook shows: a fragment inside the cell's output (no page, no <style> that restyles the page or sets its
+background: unstyled text keeps the notebook's own colours, light or dark), no wider than the output area (wider
+tables scroll inside it). rich's ``export_html`` fills ``{code}``; its ``{stylesheet}``, ``{foreground}`` and
+``{background}`` are left out on purpose."""
 
 
 class _Null:

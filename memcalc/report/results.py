@@ -32,6 +32,12 @@ class _Result(Record):
         text, html = to_text_and_html(self)
         return {"text/plain": text, "text/html": html}
 
+    def _repr_html_(self) -> str:
+        """An HTML fragment of the tables (``memcalc.report.render.HTML_FRAGMENT``), for any HTML front end."""
+        from memcalc.report.render import to_text_and_html
+
+        return to_text_and_html(self)[1]
+
 
 @record
 class MemoryRow(_Result):
