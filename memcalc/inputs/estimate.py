@@ -6,12 +6,12 @@ from typing import Literal
 
 
 from memcalc.errors import InputError
-from memcalc.record import Record, bounded, check_fields, record
+from memcalc.validated import Validated, bounded
 from memcalc.inputs.hardware import GPU, Cluster, Overheads, check_precision
 from memcalc.inputs.finetune import Lora
 from memcalc.inputs.model import Model
 from memcalc.inputs.strategy import EstimatorOptions, FrameworkOptions, Parallelism, Strategy, Timing
-from memcalc.layout.dtypes import OPTIMIZERS, PRECISIONS, Optimizer, Precision
+from memcalc.inputs.dtypes import OPTIMIZERS, PRECISIONS, Optimizer, Precision
 from memcalc.model.architecture import MAX_POSITIONS
 
 MAX_MICRO_BATCHES = 2**20
@@ -19,8 +19,7 @@ MAX_MICRO_BATCHES = 2**20
 sequences of 2,048, arXiv 2005.14165 Table 2.1)."""
 
 
-@record
-class Workload(Record):
+class Workload(Validated):
     """What one micro-batch looks like, for activation memory."""
 
     seq_len: int = bounded(gt=0, le=MAX_POSITIONS, why="1.6x the longest advertised context")
@@ -55,8 +54,7 @@ class Workload(Record):
     """torch.optim.AdamW's implementation: foreach (torch's default on CUDA: temporaries as large as the parameters),
     fused (none), for-loop (one parameter's worth), in-backward (each gradient freed after its own step)."""
 
-    def __post_init__(self) -> None:
-        check_fields(self)
+    def _check(self) -> None:
         if not (self.recompute in ("none", "selective", "full", "op-sac") or _every(self.recompute)):
             raise InputError(f"--recompute {self.recompute!r} is not accepted; accepted: none, selective, full, "
                              "every:K (K >= 1), op-sac")
@@ -80,8 +78,7 @@ def _chunks(text: str) -> bool:
 Accounting = Literal["realistic", "paper", "implementation", "deepspeed-estimator"]
 
 
-@record
-class EstimateInput(Record):
+class EstimateInput(Validated):
     """Everything one estimate needs."""
 
     model: Model
@@ -111,13 +108,12 @@ class EstimateInput(Record):
     float8_all_gather: bool = False
     """FSDP2 all-gathers the converted weights in fp8 (torchao ``enable_fsdp_float8_all_gather``; tensorwise only)."""
 
-    def __post_init__(self) -> None:
-        check_fields(self)
+    def _check(self) -> None:
         if self.workload is not None and self.workload.attention is None:  # a Workload made without one
             from memcalc.memory.scope import default_attention
 
             chosen = default_attention(self.model.architecture, self.accounting)
-            object.__setattr__(self, "workload", self.workload.model_copy(update={"attention": chosen}))
+            self._set("workload", self.workload.model_copy(update={"attention": chosen}))
         par, w, g = self.parallelism, self.cluster.gpus, self.cluster.gpus_per_node
         mp = par.model_parallel
         if w % mp:

@@ -10,7 +10,7 @@ from typing import Literal
 
 
 from memcalc.errors import InputError
-from memcalc.record import Record, bounded, check_fields, record
+from memcalc.validated import Validated, bounded
 from memcalc.units import ceil_div
 
 Position = Literal["learned", "rotary", "alibi", "none"]
@@ -46,8 +46,7 @@ MAX_LORA_RANK = 65_536
 """LoRA's r at most: wider than any model's hidden size."""
 
 
-@record
-class Architecture(Record):
+class Architecture(Validated):
     """A decoder-only transformer. Defaults describe a GPT-2-style block."""
 
     name: str | None = None
@@ -143,8 +142,7 @@ class Architecture(Record):
     source: str | None = None
     """Where the shape comes from."""
 
-    def __post_init__(self) -> None:
-        check_fields(self, "architecture")
+    def _check(self) -> None:
         if self.head_dim is None and self.hidden % self.heads:
             raise InputError(
                 f"heads {self.heads} does not divide hidden {self.hidden}; give a hidden size that is a multiple "

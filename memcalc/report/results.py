@@ -1,4 +1,4 @@
-"""Results: frozen dataclasses, the public contract of ``--json`` and of the Python API.
+"""Results: frozen pydantic models (``memcalc.validated``), the public contract of ``--json`` and of the Python API.
 
 Every size is an integer number of bytes. ``model_dump()`` gives plain Python, ``model_dump_json()``
 the JSON the CLI prints; in Jupyter and IPython a result displays as memcalc's rich tables.
@@ -8,17 +8,17 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from dataclasses import field
+from pydantic import Field
 
 from memcalc.inputs import EstimateInput
-from memcalc.record import Record, record
+from memcalc.validated import RESULT_CONFIG, Validated
 
 Location = Literal["gpu", "cpu", "nvme"]
 Category = Literal["model_state", "activation", "overhead"]
 
 
-class _Result(Record):
-    __slots__ = ()
+class _Result(Validated):
+    model_config = RESULT_CONFIG
 
     # Display: rich consoles call __rich__, Jupyter/IPython call _repr_mimebundle_.
     def __rich__(self) -> Any:
@@ -33,7 +33,6 @@ class _Result(Record):
         return {"text/plain": text, "text/html": html}
 
 
-@record
 class MemoryRow(_Result):
     """One line of the memory breakdown."""
 
@@ -48,7 +47,6 @@ class MemoryRow(_Result):
     """The formula and its source."""
 
 
-@record
 class PerGPU(_Result):
     """Memory one GPU holds at peak, in bytes. ``total`` is the sum of every row."""
 
@@ -72,7 +70,6 @@ class PerGPU(_Result):
     blocks the peak cannot use (``memcalc.memory.reserved``), at most what the GPU leaves the allocator."""
 
 
-@record
 class PerNode(_Result):
     """Offloaded model states one node holds: the sum over its ranks."""
 
@@ -85,7 +82,6 @@ class PerNode(_Result):
     rows: list[MemoryRow]
 
 
-@record
 class Fit(_Result):
     """Does the per-GPU total fit the GPU?"""
 
@@ -100,7 +96,6 @@ class Fit(_Result):
     or oom. The DeepSpeed estimator's and the implementation accounting's have no band: fits or oom."""
 
 
-@record
 class StageMemory(_Result):
     """One pipeline stage's GPU (every stage, when pp = 1, is stage 0)."""
 
@@ -119,13 +114,11 @@ class StageMemory(_Result):
     loaded stage's, by ``total``; a stage's cached blocks can make another stage's reserved peak the larger)."""
 
 
-@record
 class TensorBytes(_Result):
     name: str
     bytes: int
 
 
-@record
 class ActivationDetail(_Result):
     """What one layer saves for backward on one GPU, per micro-batch."""
 
@@ -138,7 +131,6 @@ class ActivationDetail(_Result):
     layer_tensors: list[TensorBytes]
 
 
-@record
 class TimelineMoment(_Result):
     """One moment of the step (realistic accounting, every decoder layer replayed): live bytes by kind."""
 
@@ -151,7 +143,6 @@ class TimelineMoment(_Result):
     temporaries, communication_buffers; ``other`` for a part no rule names). Their sum is the moment's total."""
 
 
-@record
 class StepTimeline(_Result):
     """When in the step the peak happens (realistic accounting)."""
 
@@ -161,12 +152,11 @@ class StepTimeline(_Result):
     """What happens at that moment (e.g. log_softmax's backward)."""
     phases: dict[str, int]
     """Each phase's own peak of allocated bytes (forward and backward over all their layers)."""
-    moments: list[TimelineMoment] = field(default_factory=list)
+    moments: list[TimelineMoment] = Field(default_factory=list)
     """Every moment of the step in order, when asked for (``--timeline``, ``timeline=True``); empty otherwise. The
     largest sum of a moment's bytes is ``per_gpu.peak_allocated``."""
 
 
-@record
 class Memory(_Result):
     per_gpu: PerGPU
     """The most loaded GPU (the most loaded pipeline stage)."""
@@ -179,7 +169,6 @@ class Memory(_Result):
     """Realistic accounting: the moment of the peak and each phase's peak."""
 
 
-@record
 class Collective(_Result):
     """One collective issued every optimizer step, as one GPU sees it. Byte counts are per step."""
 
@@ -206,7 +195,6 @@ class Collective(_Result):
     """Bytes each GPU sends per step under a ring: payload x the nccl-tests bus factor."""
 
 
-@record
 class HostTransfer(_Result):
     """A copy between GPU memory and host RAM (over PCIe) or between host RAM and NVMe, per step."""
 
@@ -220,7 +208,6 @@ class HostTransfer(_Result):
     """bytes_per_call x calls_per_step, per GPU."""
 
 
-@record
 class Communication(_Result):
     """What crosses links per optimizer step, per GPU."""
 
@@ -236,7 +223,6 @@ class Communication(_Result):
     """Σ bytes over host_transfers (PCIe and NVMe), per GPU."""
 
 
-@record
 class StrategyInfo(_Result):
     name: str
     label: str
@@ -252,7 +238,6 @@ class StrategyInfo(_Result):
     offload_params: str
 
 
-@record
 class ParameterBreakdown(_Result):
     """Exact parameter counts by part (from the architecture)."""
 
@@ -275,7 +260,6 @@ class ParameterBreakdown(_Result):
     """Parameters one token passes through (MoE: top_k experts)."""
 
 
-@record
 class ModelInfo(_Result):
     parameters: int
     """Ψ: exact when derived from an architecture."""
@@ -283,7 +267,6 @@ class ModelInfo(_Result):
     breakdown: ParameterBreakdown | None = None
 
 
-@record
 class Training(_Result):
     """The parallel layout and batch that the estimate assumes."""
 
@@ -308,7 +291,6 @@ class Training(_Result):
     tokens_per_step: int | None
 
 
-@record
 class TimeBreakdown(_Result):
     """Where one optimizer step's seconds go on the slowest GPU; the parts add up to ``step_s``."""
 
@@ -328,7 +310,6 @@ class TimeBreakdown(_Result):
     """Exposed host copies (PCIe, NVMe)."""
 
 
-@record
 class StepTimeInfo(_Result):
     """How long one optimizer step takes, and what that buys (``memcalc.time``)."""
 
@@ -340,7 +321,7 @@ class StepTimeInfo(_Result):
     calibration: str = ""
     """How the GPU's achievable rates were made: its calibration file, or derived from its datasheet and whose
     efficiency curves it borrows."""
-    efficiency_sources: dict[str, str] = field(default_factory=dict)
+    efficiency_sources: dict[str, str] = Field(default_factory=dict)
     """Each group of efficiencies (hbm, gemm, attention, optimizer, cross_entropy, intra_node, network) and where it
     comes from: "measured: ...", "published: ..." or "datasheet: borrowed from <gpu> ..."."""
     step_s: float
@@ -363,7 +344,6 @@ class StepTimeInfo(_Result):
     """With ``tokens`` and ``price_per_gpu_hour``: price x GPUs x hours, in the price's currency."""
 
 
-@record
 class Estimate(_Result):
     """One strategy's per-GPU memory and per-step communication."""
 
@@ -375,9 +355,9 @@ class Estimate(_Result):
     training: Training
     memory: Memory
     communication: Communication
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
     """What the numbers leave out, and assumptions worth knowing."""
-    assumed: list[str] = field(default_factory=list)
+    assumed: list[str] = Field(default_factory=list)
     """Values a config file left to the training script, taken as its default, that change the answer (each with
     how to give yours): the output's header shows them."""
     input: EstimateInput
@@ -387,15 +367,14 @@ class Estimate(_Result):
     says why)."""
 
 
-@record
 class Comparison(_Result):
     """Several strategies for one model and cluster, side by side."""
 
     schema_version: int = 1
     estimates: list[Estimate]
-    by_memory: list[str] = field(default_factory=list)
+    by_memory: list[str] = Field(default_factory=list)
     """Strategy labels from the least per-GPU memory to the most."""
-    by_time: list[str] = field(default_factory=list)
+    by_time: list[str] = Field(default_factory=list)
     """Strategy labels from the shortest step to the longest (those with a step time); rows at different
     micro-batches (``--micro-batch auto``): from the most tokens per second per GPU to the fewest."""
     fastest_that_fits: str | None = None
@@ -403,7 +382,7 @@ class Comparison(_Result):
     smallest: str | None = None
     """The strategy that needs the least memory per GPU."""
 
-    def __post_init__(self) -> None:
+    def _check(self) -> None:
         # Rankings are derived from the estimates; given ones (a parsed JSON) are kept as they are.
         if self.estimates and not self.by_memory:
             es = self.estimates
@@ -412,7 +391,7 @@ class Comparison(_Result):
             timed = sorted((e for e in es if e.time is not None),  # a step's length compares equal batches only
                            key=lambda e: e.time.step_s if same_batch else -e.time.tokens_per_s_per_gpu)  # type: ignore[union-attr]
             fitting = [e for e in timed if e.memory.fit.fits]
-            object.__setattr__(self, "by_memory", [e.strategy.label for e in mem])
-            object.__setattr__(self, "by_time", [e.strategy.label for e in timed])
-            object.__setattr__(self, "fastest_that_fits", fitting[0].strategy.label if fitting else None)
-            object.__setattr__(self, "smallest", mem[0].strategy.label)
+            self._set("by_memory", [e.strategy.label for e in mem])
+            self._set("by_time", [e.strategy.label for e in timed])
+            self._set("fastest_that_fits", fitting[0].strategy.label if fitting else None)
+            self._set("smallest", mem[0].strategy.label)
