@@ -8,14 +8,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from memcalc.validated import RESULT_CONFIG, Validated
 
 Verdict = Literal["fits", "at-risk", "oom"]
 Objective = Literal["time", "cost", "memory"]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+class _Model(Validated):
+    model_config = RESULT_CONFIG
 
 
 class PlanLayout(_Model):
