@@ -82,22 +82,32 @@ class EstimateInput(Validated):
     """Everything one estimate needs."""
 
     model: Model
+    """The model being trained: a parameter count or an architecture."""
     precision: Precision = PRECISIONS["bf16-mixed"]
+    """Bytes per element of parameters, gradients and master copy (memcalc.PRECISIONS)."""
     optimizer: Optimizer = OPTIMIZERS["adamw"]
+    """The optimizer's state per parameter (memcalc.OPTIMIZERS)."""
     gpu: GPU
+    """The accelerator, as its datasheet describes it."""
     cluster: Cluster
+    """The world size and the GPUs per node."""
     strategy: Strategy = Strategy()
+    """The data-parallel strategy and where it offloads."""
     parallelism: Parallelism = Parallelism()
+    """Tensor, pipeline, context and expert parallelism, and the framework that composes them."""
     workload: Workload | None = None
     """None: model states only (no activations)."""
     overheads: Overheads = Overheads()
+    """GPU memory that is not model state (CUDA context, allocator headroom)."""
     grad_accum: int = bounded(default=1, gt=0, le=MAX_MICRO_BATCHES, why="680x GPT-3's whole batch")
     """Micro-batches per optimizer step (gradient accumulation; the pipeline's micro-batches)."""
     accounting: Accounting = "paper"
     """Which accounting: ``paper`` is the ZeRO paper's (§5) and Korthikanti et al.'s; ``deepspeed-estimator``
     is DeepSpeed's own estimate_zero2/3_model_states_mem_needs."""
     estimator: EstimatorOptions = EstimatorOptions()
+    """Arguments of DeepSpeed's estimator (accounting deepspeed-estimator)."""
     framework: FrameworkOptions = FrameworkOptions()
+    """How the framework is configured (FSDP version, prefetch, DeepSpeed's ZeRO-3 knobs, buckets)."""
     timing: Timing = Timing()
     """How the step is timed: cluster, link overrides, tokens and price (``memcalc.time``)."""
     lora: Lora | None = None

@@ -18,6 +18,7 @@ class Strategy(Validated):
     """A data-parallel strategy (a row of the strategy table) and where it offloads."""
 
     name: StrategyName = "zero-0"
+    """The strategy: zero-0..3 (DeepSpeed), FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, _HYBRID_SHARD_ZERO2 (FSDP) or ddp."""
     offload_optimizer: OffloadDevice = "none"
     """Where optimizer states (master copy, moments) and the reduced gradient shard live."""
     offload_params: OffloadDevice = "none"
@@ -229,8 +230,11 @@ class Timing(Validated):
     intra_node_efficiency: float | None = bounded(default=None, gt=0, le=1, why="a fraction of the link")
     """Fraction of the NVLink bandwidth large collectives reach (None: the calibration's)."""
     network_efficiency: float | None = bounded(default=None, gt=0, le=1, why="a fraction of the link")
+    """Fraction of the network bandwidth large collectives reach (None: the calibration's)."""
     pcie_gbps: float | None = bounded(default=None, gt=0, le=10_000, why="GB/s per direction")
+    """Host link bandwidth each way, GB/s per GPU (None: the cluster's)."""
     host_memory_gbps: float | None = bounded(default=None, gt=0, le=100_000, why="GB/s per node")
+    """Host memory bandwidth per node, GB/s, for CPU Adam under offload (None: the cluster's)."""
     tokens: float | None = bounded(default=None, gt=0, le=1e18, why="a quintillion tokens")
     """Tokens to train on: gives the time to train."""
     price_per_gpu_hour: float | None = bounded(default=None, ge=0, le=1e6, why="per GPU-hour")

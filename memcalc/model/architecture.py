@@ -84,6 +84,7 @@ class Architecture(Validated):
     position_offset: int = bounded(default=0, ge=0, le=MAX_POSITIONS)
     """Extra learned position rows (OPT keeps 2)."""
     norm: Norm = "layernorm"
+    """The norm: layernorm or rmsnorm."""
     norm_bias: bool = True
     """LayerNorm with a bias (RMSNorm has none)."""
     norms_per_layer: int = bounded(default=2, ge=1, le=4)
@@ -95,6 +96,7 @@ class Architecture(Validated):
     embedding_norm: bool = False
     """A norm right after the embedding (BLOOM)."""
     final_norm: bool = True
+    """A norm after the last decoder layer."""
     fused_qkv: bool = False
     """Q, K and V are one Linear module (GPT-2, BLOOM, Falcon, NeoX, Phi-3): matters for the largest module."""
     fused_gate_up: bool = False
@@ -117,9 +119,11 @@ class Architecture(Validated):
     logit_softcap: bool = False
     """The logits pass through cap·tanh(x/cap) (Gemma 2 ``final_logit_softcapping``)."""
     qkv_bias: bool = True
+    """Biases on the Q, K and V projections."""
     out_bias: bool = True
     """Bias on the attention output projection."""
     mlp_bias: bool = True
+    """Biases on the MLP's projections."""
     parallel_block: bool = False
     """Attention and MLP read the same input (GPT-J, NeoX, Falcon)."""
     kv_expanded: bool = False
@@ -135,6 +139,7 @@ class Architecture(Validated):
     moe_every: int = bounded(default=1, ge=1, le=MAX_LAYERS)
     """Every k-th layer is MoE (1 = all)."""
     router_bias: bool = False
+    """A bias on the MoE router."""
     router_norm: bool = True
     """The top-k routing weights divided by their sum (Mixtral always; Qwen3-MoE's ``norm_topk_prob``)."""
     dropout: float = bounded(default=0.0, ge=0, lt=1)
