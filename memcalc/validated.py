@@ -121,8 +121,28 @@ class Validated(BaseModel):
 
 
 RESULT_CONFIG = ConfigDict(strict=False, allow_inf_nan=True)
-"""Results are made by memcalc itself from the core's numbers: validated leniently (a count that the arithmetic
-left a float of integral value is taken as the integer), a rate may be infinite."""
+"""Results parsed back from JSON are validated leniently (a count written as 7.0 is the integer 7); a rate may be
+infinite."""
+
+
+class Result(Validated):
+    """The base of memcalc's results: made by memcalc from the core's numbers, so made without validation
+    (``model_construct``: building the validators of some thirty result models would cost a command more than its
+    arithmetic), with the field names still checked; parsed back from JSON or a dict, they are validated."""
+
+    model_config = RESULT_CONFIG
+
+    def __init__(self, *args: Any, **data: Any) -> None:
+        cls = type(self)
+        fields = cls.model_fields
+        if args or not data.keys() <= fields.keys() or any(f.is_required() and n not in data for n, f in fields.items()):
+            super().__init__(*args, **data)  # the same mistake, refused in one line by validation
+        made = cls.model_construct(**data)
+        for slot in ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__"):
+            object.__setattr__(self, slot, getattr(made, slot))
+        self._check()
+
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
 
 
 def describe(cls: type[Validated]) -> None:
@@ -204,7 +224,7 @@ def refusal(cls: type, error: ValidationError) -> InputError:
     if isinstance(inner, InputError):
         return inner
     loc = tuple(first.get("loc", ()))
-    name = cls.__name__
+    name = getattr(cls, "__error_name__", cls.__name__)
     fields = getattr(cls, "model_fields", {})
     kind = first.get("type", "")
     if kind == "extra_forbidden" and len(loc) == 1:

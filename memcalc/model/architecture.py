@@ -49,6 +49,8 @@ MAX_LORA_RANK = 65_536
 class Architecture(Validated):
     """A decoder-only transformer. Defaults describe a GPT-2-style block."""
 
+    __error_name__ = "architecture"  # messages name the field as the shape flags do: ``architecture.layers 0 ...``
+
     name: str | None = None
     """Preset or config name, for display."""
     aliases: tuple[str, ...] = ()

@@ -12,7 +12,7 @@ import re
 from pydantic import Field
 
 from memcalc.errors import InputError
-from memcalc.validated import RESULT_CONFIG, Validated
+from memcalc.validated import Result
 
 _SIZE = re.compile(r"^\s*((?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _UNIT = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
@@ -41,10 +41,8 @@ def parse_size(text: str | int | float, what: str = "--size") -> int:
     return round(value)
 
 
-class PrimitiveRow(Validated):
+class PrimitiveRow(Result):
     """One primitive on the message, as one rank of the group sees it."""
-
-    model_config = RESULT_CONFIG
 
     name: str
     algorithm: str
@@ -59,10 +57,8 @@ class PrimitiveRow(Validated):
     """Bytes/s: S / time."""
 
 
-class CollectiveTimes(Validated):
+class CollectiveTimes(Result):
     """``memcalc collectives``: every primitive on one message size and group."""
-
-    model_config = RESULT_CONFIG
 
     schema_version: int = 1
     size_bytes: int

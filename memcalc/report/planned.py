@@ -10,15 +10,14 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from memcalc.validated import RESULT_CONFIG, Validated
+from memcalc.validated import Result
 
 Verdict = Literal["fits", "at-risk", "oom"]
 Objective = Literal["time", "cost", "memory"]
 
 
-class _Model(Validated):
-    model_config = RESULT_CONFIG
-
+class _Model(Result):
+    """The base of the plan's result models."""
 
 class PlanLayout(_Model):
     """How the GPUs are split: dp x tp x pp x cp = GPUs (ep subdivides the data-parallel ranks for experts)."""

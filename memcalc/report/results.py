@@ -11,14 +11,13 @@ from typing import Any, Literal
 from pydantic import Field
 
 from memcalc.inputs import EstimateInput
-from memcalc.validated import RESULT_CONFIG, Validated
+from memcalc.validated import Result
 
 Location = Literal["gpu", "cpu", "nvme"]
 Category = Literal["model_state", "activation", "overhead"]
 
 
-class _Result(Validated):
-    model_config = RESULT_CONFIG
+class _Result(Result):
 
     # Display: rich consoles call __rich__, Jupyter/IPython call _repr_mimebundle_.
     def __rich__(self) -> Any:
