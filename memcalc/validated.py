@@ -117,6 +117,7 @@ class Validated(BaseModel):
 
     @classmethod
     def field_names(cls) -> list[str]:
+        """The fields' names, in order (a preset file's keys are these)."""
         return list(cls.model_fields)
 
 

@@ -6,7 +6,6 @@ In a wheel the folder ships as ``memcalc/presets``; in a source checkout it is t
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 from functools import cache
