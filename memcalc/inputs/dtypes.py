@@ -67,6 +67,15 @@ def resolve_optimizer(text: str) -> Optimizer:
     return OPTIMIZERS[dtypes.resolve_optimizer(text).name]
 
 
+def from_core(row: object) -> object:
+    """A row of the core's tables (``memcalc.layout.dtypes``) as the inputs' model; anything else as it is."""
+    if isinstance(row, dtypes.Precision):
+        return Precision(**_fields(row))
+    if isinstance(row, dtypes.Optimizer):
+        return Optimizer(**_fields(row))
+    return row
+
+
 def core_precision(p: PrecisionBytes) -> dtypes.Precision:
     """The core's row for a validated precision (the table's own when it is one of the table's)."""
     row = dtypes.PRECISIONS.get(p.name)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import field_validator
+
 
 from memcalc.errors import InputError
 from memcalc.validated import Validated, bounded
@@ -11,7 +13,7 @@ from memcalc.inputs.hardware import GPU, Cluster, Overheads, check_precision
 from memcalc.inputs.finetune import Lora
 from memcalc.inputs.model import Model
 from memcalc.inputs.strategy import EstimatorOptions, FrameworkOptions, Parallelism, Strategy, Timing
-from memcalc.inputs.dtypes import OPTIMIZERS, PRECISIONS, Optimizer, Precision
+from memcalc.inputs.dtypes import OPTIMIZERS, PRECISIONS, Optimizer, Precision, from_core
 from memcalc.model.architecture import MAX_POSITIONS
 
 MAX_MICRO_BATCHES = 2**20
@@ -117,6 +119,12 @@ class EstimateInput(Validated):
     dynamic scaling; every GEMM of a converted linear (forward, input and weight gradients) runs in fp8."""
     float8_all_gather: bool = False
     """FSDP2 all-gathers the converted weights in fp8 (torchao ``enable_fsdp_float8_all_gather``; tensorwise only)."""
+
+    @field_validator("precision", "optimizer", mode="before")
+    @classmethod
+    def _row(cls, v: object) -> object:
+        """The core's own table row (``memcalc.layout.dtypes.PRECISIONS[...]``) is taken as the same row."""
+        return from_core(v)
 
     def _check(self) -> None:
         if self.workload is not None and self.workload.attention is None:  # a Workload made without one
