@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Sequence
 
 from memcalc.errors import InputError, shown
@@ -69,7 +68,7 @@ def _with_timeline(r: Estimate) -> Estimate:
     from memcalc.report.build import step_timeline
 
     tl = step_timeline(evaluate(to_plan(r.input)), moments=True)
-    return dataclasses.replace(r, memory=dataclasses.replace(r.memory, timeline=tl))
+    return r.model_copy(update={"memory": r.memory.model_copy(update={"timeline": tl})})
 
 
 def largest_micro_batch(params: object = None, limit: int = 1 << 16, **kwargs: object) -> Estimate:
@@ -113,8 +112,8 @@ def _none_fits(r: Estimate) -> Estimate:
     risk = " (at risk: the margin is within the allocator's variability)" if fit.verdict == "at-risk" else ""
     note = (f"--micro-batch auto: no micro-batch fits; micro-batch 1 needs {format_memory(r.memory.per_gpu.total)} "
             f"of {format_memory(fit.usable_bytes)} usable{risk}")
-    return dataclasses.replace(r, training=dataclasses.replace(r.training, micro_batch_none_fits=True),
-                               notes=[note, *r.notes])
+    return r.model_copy(update={"training": r.training.model_copy(update={"micro_batch_none_fits": True}),
+                                 "notes": [note, *r.notes]})
 
 
 @_keywords(lambda: [*_build_input_names(), "strategies"], values=False)
@@ -155,6 +154,6 @@ def compare(
         inputs = [build_input(params, strategy=s, **kwargs) for s in strategies_]  # type: ignore[arg-type]
     if inputs is None:  # one accounting: the rows differ in the strategy alone (the input's checks run again for each)
         first = build_input(params, strategy=strategies_[0], **kwargs)  # type: ignore[arg-type]
-        inputs = [first, *(dataclasses.replace(first, strategy=s) for s in strategies_[1:])]
+        inputs = [first, *(first.replace(strategy=s) for s in strategies_[1:])]
     rows = [estimate_from_input(inp) for inp in inputs]
     return Comparison(estimates=rows)

@@ -48,7 +48,7 @@ hidden 100``); on the command line each is a flag, where the message starts with
 def _as_flag(text: str) -> str:
     """The shape and layout fields before their values as flags (``SHAPE_WORDS``); ``Model.field`` (or
     ``architecture.field``: the shape flags) at the start of a message, where ``field`` is an
-    argument of ``memcalc.build_input``, as ``--field`` (``memcalc.record.check_fields`` names the input model's
+    argument of ``memcalc.build_input``, as ``--field`` (``memcalc.validated.refusal`` names the input model's
     field)."""
     if re.match(SHAPE_WORDS, text):  # the core's own message (a file's starts with the file, and names its keys)
         text = re.sub(SHAPE_WORDS, lambda w: "--" + w[1].replace("_", "-") + " ", text)

@@ -93,6 +93,21 @@ def collectives(
     run_or_fail(go)
 
 
+@app.command(cls=Command, epilog="Examples: memcalc schema estimate; memcalc schema input > input.schema.json")
+def schema(
+    which: Annotated[str, typer.Argument(help="estimate (estimate --json), compare (compare --json), plan (plan --json) "
+                                              "or input (EstimateInput, what an estimate is computed from).")] = "estimate",
+) -> None:
+    """The JSON schema of a result or of the input: every field, its type, bounds and description."""
+
+    def go() -> None:
+        from memcalc.report.schema import schema_text
+
+        sys.stdout.write(schema_text(which) + "\n")
+
+    run_or_fail(go)
+
+
 def _auto_wrap(given: str) -> bool:
     """--fsdp-auto-wrap transformer (True: a unit per decoder layer) or none (False), or one line."""
     name = given.strip().lower()

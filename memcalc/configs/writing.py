@@ -285,10 +285,10 @@ def _differences(want: Any, got: Any) -> str:
         a, b = getattr(want, part), getattr(got, part)
         if a is None or b is None or a == b:
             continue
-        for f in dataclasses.fields(a) if dataclasses.is_dataclass(a) else []:
-            x, y = getattr(a, f.name), getattr(b, f.name)
+        for name in type(a).model_fields:
+            x, y = getattr(a, name), getattr(b, name)
             if x != y:
-                (explicit if x is None else changed).append(f"{f.name}: {x} -> {y}")
+                (explicit if x is None else changed).append(f"{name}: {x} -> {y}")
     for name in ("precision", "optimizer", "lora", "grad_accum", "accounting", "float8", "float8_all_gather"):
         x, y = getattr(want, name), getattr(got, name)
         x, y = getattr(x, "name", x), getattr(y, "name", y)

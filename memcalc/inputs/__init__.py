@@ -1,4 +1,4 @@
-"""Inputs are data: frozen dataclasses, checked when made (``memcalc.record``), never mutated.
+"""Inputs are data: frozen pydantic models (``memcalc.validated``), checked when made, never mutated.
 
 Every size inside is an ``int`` of bytes; preset and CLI values that carry another unit say so in
 their name (``memory_gib``, ``hbm_gbps``) and are converted by properties through ``memcalc.units``.
@@ -11,16 +11,8 @@ from memcalc.inputs.estimate import Accounting, EstimateInput, Workload
 from memcalc.inputs.hardware import GPU, Cluster, Overheads
 from memcalc.inputs.model import Model
 from memcalc.inputs.strategy import EstimatorOptions, FrameworkOptions, Parallelism, Strategy, Timing
-from memcalc.layout.dtypes import (
-    OPTIMIZERS,
-    PRECISIONS,
-    Optimizer,
-    OptimizerName,
-    Precision,
-    PrecisionName,
-    resolve_optimizer,
-    resolve_precision,
-)
+from memcalc.inputs.dtypes import OPTIMIZERS, PRECISIONS, Optimizer, Precision, resolve_optimizer, resolve_precision
+from memcalc.layout.dtypes import OptimizerName, PrecisionName
 from memcalc.layout.plan import Zero3Settings
 
 __all__ = [

@@ -22,7 +22,7 @@ from memcalc.inputs.estimate import MAX_MICRO_BATCHES, Workload
 from memcalc.inputs.hardware import GPU, MAX_GIB, MAX_GPUS, Cluster, Overheads
 from memcalc.inputs.model import Model
 from memcalc.inputs.strategy import MAX_BUFFER_FACTOR, Parallelism, Strategy
-from memcalc.layout.dtypes import Optimizer, Precision
+from memcalc.inputs.dtypes import Optimizer, Precision
 from memcalc.model import architecture as shape
 from memcalc.model.architecture import Architecture
 from memcalc.units import gib, parse_count

@@ -3,7 +3,6 @@ validated ``EstimateInput``: what ``memcalc.estimate``, ``memcalc.compare`` and 
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -177,7 +176,7 @@ def resolve_architecture(
         return base
     if "hidden" in given or "heads" in given:
         given["head_dim"] = None  # a new width or head count re-derives head_dim = hidden / heads
-    return dataclasses.replace(base, **given)
+    return base.replace(**given)
 
 
 @_keywords()
@@ -297,7 +296,7 @@ def build_input(
     if workload is not None and workload.attention is None:  # the model code's own attention
         from memcalc.memory.scope import default_attention
 
-        workload = dataclasses.replace(workload, attention=default_attention(the_model.architecture, accounting))
+        workload = workload.replace(attention=default_attention(the_model.architecture, accounting))
     if parallelism is None:
         from memcalc.layout.compose import framework as _framework, parse_stage_layers, shard_over as _shard_over
 

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import field_validator
+
 
 from memcalc.errors import InputError
-from memcalc.record import Record, bounded, check_fields, record
+from memcalc.validated import Validated, bounded
 from memcalc.inputs.hardware import GPU, Cluster, Overheads, check_precision
 from memcalc.inputs.finetune import Lora
 from memcalc.inputs.model import Model
 from memcalc.inputs.strategy import EstimatorOptions, FrameworkOptions, Parallelism, Strategy, Timing
-from memcalc.layout.dtypes import OPTIMIZERS, PRECISIONS, Optimizer, Precision
+from memcalc.inputs.dtypes import OPTIMIZERS, PRECISIONS, Optimizer, Precision, from_core
 from memcalc.model.architecture import MAX_POSITIONS
 
 MAX_MICRO_BATCHES = 2**20
@@ -19,8 +21,7 @@ MAX_MICRO_BATCHES = 2**20
 sequences of 2,048, arXiv 2005.14165 Table 2.1)."""
 
 
-@record
-class Workload(Record):
+class Workload(Validated):
     """What one micro-batch looks like, for activation memory."""
 
     seq_len: int = bounded(gt=0, le=MAX_POSITIONS, why="1.6x the longest advertised context")
@@ -55,8 +56,7 @@ class Workload(Record):
     """torch.optim.AdamW's implementation: foreach (torch's default on CUDA: temporaries as large as the parameters),
     fused (none), for-loop (one parameter's worth), in-backward (each gradient freed after its own step)."""
 
-    def __post_init__(self) -> None:
-        check_fields(self)
+    def _check(self) -> None:
         if not (self.recompute in ("none", "selective", "full", "op-sac") or _every(self.recompute)):
             raise InputError(f"--recompute {self.recompute!r} is not accepted; accepted: none, selective, full, "
                              "every:K (K >= 1), op-sac")
@@ -80,27 +80,36 @@ def _chunks(text: str) -> bool:
 Accounting = Literal["realistic", "paper", "implementation", "deepspeed-estimator"]
 
 
-@record
-class EstimateInput(Record):
+class EstimateInput(Validated):
     """Everything one estimate needs."""
 
     model: Model
+    """The model being trained: a parameter count or an architecture."""
     precision: Precision = PRECISIONS["bf16-mixed"]
+    """Bytes per element of parameters, gradients and master copy (memcalc.PRECISIONS)."""
     optimizer: Optimizer = OPTIMIZERS["adamw"]
+    """The optimizer's state per parameter (memcalc.OPTIMIZERS)."""
     gpu: GPU
+    """The accelerator, as its datasheet describes it."""
     cluster: Cluster
+    """The world size and the GPUs per node."""
     strategy: Strategy = Strategy()
+    """The data-parallel strategy and where it offloads."""
     parallelism: Parallelism = Parallelism()
+    """Tensor, pipeline, context and expert parallelism, and the framework that composes them."""
     workload: Workload | None = None
     """None: model states only (no activations)."""
     overheads: Overheads = Overheads()
+    """GPU memory that is not model state (CUDA context, allocator headroom)."""
     grad_accum: int = bounded(default=1, gt=0, le=MAX_MICRO_BATCHES, why="680x GPT-3's whole batch")
     """Micro-batches per optimizer step (gradient accumulation; the pipeline's micro-batches)."""
     accounting: Accounting = "paper"
     """Which accounting: ``paper`` is the ZeRO paper's (§5) and Korthikanti et al.'s; ``deepspeed-estimator``
     is DeepSpeed's own estimate_zero2/3_model_states_mem_needs."""
     estimator: EstimatorOptions = EstimatorOptions()
+    """Arguments of DeepSpeed's estimator (accounting deepspeed-estimator)."""
     framework: FrameworkOptions = FrameworkOptions()
+    """How the framework is configured (FSDP version, prefetch, DeepSpeed's ZeRO-3 knobs, buckets)."""
     timing: Timing = Timing()
     """How the step is timed: cluster, link overrides, tokens and price (``memcalc.time``)."""
     lora: Lora | None = None
@@ -114,13 +123,18 @@ class EstimateInput(Record):
     """Values ``build_input`` chose where none was given and that change the answer (the precision: the framework's
     own), each ending with the argument that gives yours (``pass precision=``): the output's header shows them."""
 
-    def __post_init__(self) -> None:
-        check_fields(self)
+    @field_validator("precision", "optimizer", mode="before")
+    @classmethod
+    def _row(cls, v: object) -> object:
+        """The core's own table row (``memcalc.layout.dtypes.PRECISIONS[...]``) is taken as the same row."""
+        return from_core(v)
+
+    def _check(self) -> None:
         if self.workload is not None and self.workload.attention is None:  # a Workload made without one
             from memcalc.memory.scope import default_attention
 
             chosen = default_attention(self.model.architecture, self.accounting)
-            object.__setattr__(self, "workload", self.workload.model_copy(update={"attention": chosen}))
+            self._set("workload", self.workload.model_copy(update={"attention": chosen}))
         par, w, g = self.parallelism, self.cluster.gpus, self.cluster.gpus_per_node
         mp = par.model_parallel
         if w % mp:

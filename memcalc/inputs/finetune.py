@@ -7,14 +7,13 @@ from typing import TYPE_CHECKING, Literal
 from memcalc.errors import InputError
 from memcalc.model.architecture import MAX_LORA_RANK as MAX_RANK
 from memcalc.model.architecture import PROJECTIONS as TARGETS
-from memcalc.record import Record, bounded, check_fields, record
+from memcalc.validated import Validated, bounded
 
 if TYPE_CHECKING:
     from memcalc.model.lora import LoraPlan
 
 
-@record
-class Lora(Record):
+class Lora(Validated):
     """LoRA adapters of rank r on the target projections; the base model is frozen (Hu et al. 2021, peft)."""
 
     rank: int = bounded(gt=0, le=MAX_RANK, why="wider than any model's hidden size")
@@ -27,8 +26,7 @@ class Lora(Record):
     """none: the frozen base in the compute dtype; nf4: QLoRA, its linear weights stored by bitsandbytes in NF4 with
     double quantization (blocks of 64, 8-bit absmax per 256 blocks)."""
 
-    def __post_init__(self) -> None:
-        check_fields(self)
+    def _check(self) -> None:
         from memcalc.model.lora import ALL_LINEAR, MODULE_NAMES
 
         for t in self.targets or ():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from memcalc.errors import InputError
 from memcalc.layout import plan
-from memcalc.record import Record, bounded, check_fields, record
+from memcalc.validated import Validated, bounded
 from memcalc.units import GB, GiB, gib
 
 DEFAULT_GPU = "a100-sxm-80gb"
@@ -19,8 +19,7 @@ MAX_DATASHEET = 1e9
 """GB, GB/s or TFLOPS on a datasheet: a billion is far beyond any device (an H100 moves 3,350 GB/s)."""
 
 
-@record
-class GPU(Record):
+class GPU(Validated):
     """One accelerator, as its datasheet describes it. Preset keys equal these field names."""
 
     key: str
@@ -76,8 +75,7 @@ class GPU(Record):
     def memory_bytes(self) -> int:
         return round(self.memory_gb * GB)
 
-    def __post_init__(self) -> None:
-        check_fields(self)
+    def _check(self) -> None:
         # Datasheets' "GB" are binary in effect (an A100 80GB reports 79.15 GiB, more than 80e9 bytes), so the
         # usable GiB can at most equal the datasheet's figure.
         if self.usable_memory_gib > self.memory_gb:
@@ -102,8 +100,7 @@ def check_precision(gpu: GPU, precision: str, compute_dtype: str) -> None:
                          f"datasheet has no bf16); accepted on it: {runs}")
 
 
-@record
-class Cluster(Record):
+class Cluster(Validated):
     """How many GPUs, and how they sit in nodes."""
 
     gpus: int = bounded(gt=0, le=MAX_GPUS, why="64x the largest published training run")
@@ -111,8 +108,7 @@ class Cluster(Record):
     gpus_per_node: int = bounded(default=8, gt=0, le=MAX_GPUS, why="64x the largest published training run")
     """G: GPUs in one node, behind one NVLink/PCIe domain and one host's RAM."""
 
-    def __post_init__(self) -> None:
-        check_fields(self)
+    def _check(self) -> None:
         if self.gpus > self.gpus_per_node and self.gpus % self.gpus_per_node:
             raise InputError(
                 f"--gpus {self.gpus} is not a multiple of --gpus-per-node {self.gpus_per_node}; "
@@ -129,8 +125,7 @@ class Cluster(Record):
         return plan.ranks_per_node(self.gpus, self.gpus_per_node)
 
 
-@record
-class Overheads(Record):
+class Overheads(Validated):
     """GPU memory that is not model state; each becomes its own row of the breakdown."""
 
     cuda_context_bytes: int = bounded(default=gib(0.5), ge=0, le=MAX_GIB * GiB, why="1 PiB")
@@ -138,7 +133,5 @@ class Overheads(Record):
     allocator_reserve_bytes: int = bounded(default=0, ge=0, le=MAX_GIB * GiB, why="1 PiB")
     """Headroom kept for the caching allocator's fragmentation; 0 unless you set it."""
 
-    def __post_init__(self) -> None:
-        check_fields(self)
 
 

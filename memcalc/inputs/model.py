@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import re
 
+from pydantic import field_validator
+
 from memcalc.errors import InputError, shown
-from memcalc.record import Record, bounded, check_fields, record
+from memcalc.validated import Validated, bounded
 from memcalc.model.architecture import Architecture
 from memcalc.units import MAX_COUNT, parse_count
 
@@ -37,8 +39,7 @@ def parse_params(value: object, what: str = "--params") -> int:
     return n
 
 
-@record
-class Model(Record):
+class Model(Validated):
     """The model being trained: a parameter count, or an architecture the count is derived from."""
 
     parameters: int | None = bounded(default=None, gt=0, le=MAX_COUNT, why="60x the largest published model")
@@ -48,13 +49,17 @@ class Model(Record):
     name: str | None = None
     """Where the count came from (a preset name), for display only."""
 
-    def __post_init__(self) -> None:
-        v = self.parameters
-        if v is not None:
-            if not isinstance(v, (str, int, float)) or isinstance(v, bool):
-                raise InputError(f"parameters {shown(v)} is not a number; give a positive count such as 7e9 or 7B")
-            object.__setattr__(self, "parameters", parse_params(v, "parameters"))
-        check_fields(self)
+    @field_validator("parameters", mode="before")
+    @classmethod
+    def _count(cls, v: object) -> object:
+        """A count as typed (``7e9``, ``"7B"``, ``175_000_000_000``) -> whole parameters, at least ``MIN_PARAMS``."""
+        if v is None:
+            return v
+        if not isinstance(v, (str, int, float)) or isinstance(v, bool):
+            raise InputError(f"parameters {shown(v)} is not a number; give a positive count such as 7e9 or 7B")
+        return parse_params(v, "parameters")
+
+    def _check(self) -> None:
         if self.parameters is None and self.architecture is None:
             raise InputError("give the model size (--params 7B) or its shape (--model, --hf-config, --layers ...)")
         if self.parameters is not None and self.architecture is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from memcalc.inputs.dtypes import core_optimizer, core_precision
 from memcalc.inputs.estimate import EstimateInput
 from memcalc.layout.plan import REDUCE_BUCKET_SIZE, Plan, Work
 
@@ -16,7 +17,7 @@ def to_plan(inp: EstimateInput) -> Plan:
                     dropout=inp.dropout, device=w.device, loss=w.loss, optimizer_impl=w.optimizer_impl,
                     compile=w.compile, compile_loss=w.compile_loss)
     return Plan(
-        psi=inp.model.parameters or 0, arch=arch, precision=inp.precision, optimizer=inp.optimizer, spec=s.spec,
+        psi=inp.model.parameters or 0, arch=arch, precision=core_precision(inp.precision), optimizer=core_optimizer(inp.optimizer), spec=s.spec,
         gpus=inp.cluster.gpus, gpus_per_node=inp.cluster.gpus_per_node, usable_bytes=inp.gpu.usable_memory_bytes,
         intra_link=inp.gpu.intra_node_link, offload_optimizer=s.offload_optimizer, offload_params=s.offload_params,
         shard_group=s.shard_group, tp=par.tp, pp=par.pp, cp=par.cp, ep=par.ep,

@@ -6,7 +6,6 @@ In a wheel the folder ships as ``memcalc/presets``; in a source checkout it is t
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 from functools import cache
@@ -224,10 +223,10 @@ def _from_file(path: Path, cls: type[T], kind: str, key_field: str) -> T:
             raise InputError(f"{KINDS[kind]} preset {str(path)!r}: aliases {shown(data['aliases'])} is not accepted; "
                              "accepted: an array of names")
         data["aliases"] = tuple(data["aliases"])
-    unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(cls.model_fields))  # type: ignore[attr-defined]
     if unknown:
         raise InputError(f"{KINDS[kind]} preset {str(path)!r}: unknown key {unknown[0]!r}; accepted: "
-                         f"{', '.join(f.name for f in dataclasses.fields(cls))}")  # type: ignore[arg-type]
+                         f"{', '.join(cls.model_fields)}")  # type: ignore[attr-defined]
     try:
         return cls(**data)
     except InputError as e:  # the file's keys are the fields' names: name the key, not the record's field

@@ -6,7 +6,7 @@ from typing import Literal
 
 
 from memcalc.errors import InputError
-from memcalc.record import Record, bounded, check_fields, record
+from memcalc.validated import Validated, bounded
 from memcalc.layout.strategies import STRATEGIES, OffloadDevice, StrategyName, StrategySpec
 from memcalc.layout.plan import Zero3Settings
 from memcalc.model.architecture import MAX_EXPERTS, MAX_HEADS, MAX_LAYERS, MAX_POSITIONS
@@ -14,11 +14,11 @@ from memcalc.inputs.hardware import MAX_GPUS
 from memcalc.units import MAX_COUNT
 
 
-@record
-class Strategy(Record):
+class Strategy(Validated):
     """A data-parallel strategy (a row of the strategy table) and where it offloads."""
 
     name: StrategyName = "zero-0"
+    """The strategy: zero-0..3 (DeepSpeed), FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, _HYBRID_SHARD_ZERO2 (FSDP) or ddp."""
     offload_optimizer: OffloadDevice = "none"
     """Where optimizer states (master copy, moments) and the reduced gradient shard live."""
     offload_params: OffloadDevice = "none"
@@ -52,8 +52,7 @@ class Strategy(Record):
                 parts.append(f"param→{self.offload_params}")
         return " + ".join(parts)
 
-    def __post_init__(self) -> None:
-        check_fields(self)
+    def _check(self) -> None:
         spec = self.spec
         if spec.offload_together:
             # torch.distributed.fsdp.CPUOffload(offload_params=True) moves params, grads and the optimizer
@@ -89,8 +88,7 @@ class Strategy(Record):
         return self.offload_optimizer
 
 
-@record
-class Parallelism(Record):
+class Parallelism(Validated):
     """Model parallelism. dp = gpus / (tp x pp x cp); ZeRO and FSDP shard over dp x cp (the frameworks' flattened
     data x context group; ``shard_over="dp"`` for dp only)."""
 
@@ -118,15 +116,13 @@ class Parallelism(Record):
     def model_parallel(self) -> int:
         return self.tp * self.pp * self.cp
 
-    def __post_init__(self) -> None:
-        check_fields(self)
+    def _check(self) -> None:
         from memcalc.layout.compose import check_framework, framework
 
         check_framework(framework(self.framework), self.cp, self.pp)
 
 
-@record
-class FrameworkOptions(Record):
+class FrameworkOptions(Validated):
     """How the framework is configured (``--accounting implementation``)."""
 
     fsdp_version: Literal[1, 2] = 1
@@ -186,8 +182,6 @@ class FrameworkOptions(Record):
                  "sub_group_size": self.sub_group_size}  # fmt: skip
         return Zero3Settings(**{k: v for k, v in given.items() if v is not None})
 
-    def __post_init__(self) -> None:
-        check_fields(self)
 
 
 MAX_BUFFER_FACTOR = 1000.0
@@ -195,8 +189,7 @@ MAX_BUFFER_FACTOR = 1000.0
 figure is beyond any host."""
 
 
-@record
-class EstimatorOptions(Record):
+class EstimatorOptions(Validated):
     """Arguments of DeepSpeed's estimate_zero{2,3}_model_states_mem_needs (``--accounting deepspeed-estimator``)."""
 
     zero_init: bool = True
@@ -206,8 +199,6 @@ class EstimatorOptions(Record):
     largest_layer_params: int | None = bounded(default=None, gt=0, le=MAX_COUNT)
     """ZeRO-3: the most parameters one module owns; taken from the architecture when there is one."""
 
-    def __post_init__(self) -> None:
-        check_fields(self)
 
     def check_largest(self, parameters: int | None, arch: object = None) -> None:
         """One module is part of the model: ``largest_layer_params`` at most the model's parameters (a bare count, or
@@ -226,8 +217,7 @@ class EstimatorOptions(Record):
 
 
 
-@record
-class Timing(Record):
+class Timing(Validated):
     """How the step is timed (``memcalc.time``): the cluster, link overrides, and what to train."""
 
     cluster: str | None = None
@@ -240,14 +230,16 @@ class Timing(Record):
     intra_node_efficiency: float | None = bounded(default=None, gt=0, le=1, why="a fraction of the link")
     """Fraction of the NVLink bandwidth large collectives reach (None: the calibration's)."""
     network_efficiency: float | None = bounded(default=None, gt=0, le=1, why="a fraction of the link")
+    """Fraction of the network bandwidth large collectives reach (None: the calibration's)."""
     pcie_gbps: float | None = bounded(default=None, gt=0, le=10_000, why="GB/s per direction")
+    """Host link bandwidth each way, GB/s per GPU (None: the cluster's)."""
     host_memory_gbps: float | None = bounded(default=None, gt=0, le=100_000, why="GB/s per node")
+    """Host memory bandwidth per node, GB/s, for CPU Adam under offload (None: the cluster's)."""
     tokens: float | None = bounded(default=None, gt=0, le=1e18, why="a quintillion tokens")
     """Tokens to train on: gives the time to train."""
     price_per_gpu_hour: float | None = bounded(default=None, ge=0, le=1e6, why="per GPU-hour")
     """With tokens: gives the cost, in the price's currency."""
 
-    def __post_init__(self) -> None:
-        check_fields(self)
+    def _check(self) -> None:
         if self.price_per_gpu_hour is not None and self.tokens is None:
             raise InputError("--price-per-gpu-hour needs --tokens: the cost is that of training on them")

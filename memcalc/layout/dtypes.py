@@ -16,18 +16,12 @@ T = TypeVar("T")
 PrecisionName = Literal["fp32", "fp16-mixed", "bf16-mixed", "bf16", "amp-bf16", "amp-fp16"]
 
 
-@frozen
-class Precision:
-    """Bytes per element of each model-state tensor under one training precision."""
+class PrecisionBytes:
+    """What follows from a precision's bytes: shared by the core's table and the inputs' pydantic model."""
 
-    name: PrecisionName
+    name: str
     param_bytes: int
-    """Working parameters, the copy forward and backward read (2 for fp16/bf16, 4 for fp32)."""
-    grad_bytes: int
-    """Gradients as backward produces and reduces them."""
     master_bytes: int
-    """fp32 master copy of the parameters the optimizer updates; 0 where there is none."""
-    description: str
 
     @property
     def state_bytes(self) -> int:
@@ -59,6 +53,21 @@ class Precision:
     def activation_bytes(self) -> int:
         """Bytes per element of a saved activation in the compute dtype."""
         return 4 if self.compute_dtype == "fp32" else 2
+
+
+@frozen
+class Precision(PrecisionBytes):
+    """Bytes per element of each model-state tensor under one training precision."""
+
+    name: PrecisionName
+    param_bytes: int
+    """Working parameters, the copy forward and backward read (2 for fp16/bf16, 4 for fp32)."""
+    grad_bytes: int
+    """Gradients as backward produces and reduces them."""
+    master_bytes: int
+    """fp32 master copy of the parameters the optimizer updates; 0 where there is none."""
+    description: str
+    """What the precision keeps in which dtype."""
 
 
 PRECISIONS: dict[str, Precision] = {
@@ -111,8 +120,22 @@ def resolve_precision(text: str) -> Precision:
 OptimizerName = Literal["adamw", "sgd", "sgd-momentum", "adam-8bit", "paged-adam-8bit", "adafactor", "lion"]
 
 
+class OptimizerBytes:
+    """What follows from an optimizer's state: shared by the core's table and the inputs' pydantic model."""
+
+    moments: int
+    moment_bytes: int | None
+
+    def moment_bytes_for(self, precision: PrecisionBytes) -> int:
+        return self.moment_bytes if self.moment_bytes is not None else precision.state_bytes
+
+    def state_bytes_per_param(self, precision: PrecisionBytes) -> int:
+        """K in the ZeRO paper (§3.1): master copy + moments, bytes per parameter. AdamW, bf16-mixed: 4 + 4 + 4 = 12."""
+        return precision.master_bytes + self.moments * self.moment_bytes_for(precision)
+
+
 @frozen
-class Optimizer:
+class Optimizer(OptimizerBytes):
     """The optimizer's per-parameter state, apart from the master copy (which belongs to the precision)."""
 
     name: OptimizerName
@@ -121,16 +144,11 @@ class Optimizer:
     moment_bytes: int | None
     """Fixed bytes per moment element (8-bit Adam: 1); None = the precision's state dtype."""
     source: str
+    """Where the state's size comes from."""
     note: str | None = None
+    """What the count leaves out, if anything."""
     step_counter: bool = False
     """torch.optim keeps a 4-byte ``step`` tensor per parameter tensor (Adam, AdamW, Adafactor)."""
-
-    def moment_bytes_for(self, precision: Precision) -> int:
-        return self.moment_bytes if self.moment_bytes is not None else precision.state_bytes
-
-    def state_bytes_per_param(self, precision: Precision) -> int:
-        """K in the ZeRO paper (§3.1): master copy + moments, bytes per parameter. AdamW, bf16-mixed: 4 + 4 + 4 = 12."""
-        return precision.master_bytes + self.moments * self.moment_bytes_for(precision)
 
 
 OPTIMIZERS: dict[str, Optimizer] = {

@@ -185,9 +185,7 @@ def replay(plan: Plan, stage: int = 0, every_layer: bool = False) -> tuple[Any, 
 def _with_dropout(arch: Any, dropout: float) -> Any:
     """``arch`` with the dropout of ``--dropout``: one object per model and rate, so that what is cached per
     architecture (``memcalc.model.memo``) serves every plan that shares them."""
-    import dataclasses
-
-    return dataclasses.replace(arch, dropout=dropout)
+    return arch.model_copy(update={"dropout": dropout})
 
 
 def _pipeline_rank(plan: Plan, stage: int, every_layer: bool = False) -> tuple[Any, int, int]:

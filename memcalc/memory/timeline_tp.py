@@ -68,8 +68,8 @@ def rank_arch(arch: Architecture, tp: int, family: str) -> Architecture:
                          "whole heads")  # fmt: skip
     if arch.fused_qkv or not arch.gated_mlp:
         raise InputError("tensor parallelism is modelled for separate q, k, v and gate, up, down projections")
-    return dataclasses.replace(arch, heads=arch.heads // tp, kv_heads=arch.n_kv // tp, head_dim=arch.d_head,
-                               ffn=-(-arch.ffn_size // tp))  # fmt: skip
+    return arch.replace(heads=arch.heads // tp, kv_heads=arch.n_kv // tp, head_dim=arch.d_head,
+                        ffn=-(-arch.ffn_size // tp))  # fmt: skip
 
 
 def step_temporary(local: Architecture, width: int, impl: str) -> int | None:
@@ -149,7 +149,7 @@ def sp_rank_arch(arch: Architecture, tp: int, family: str) -> Architecture:
     if arch.tied_embeddings:
         raise InputError("sequence parallelism is modelled for untied embeddings (torchtitan's Llama); got tied")
     local = rank_arch(arch, tp, family)
-    return dataclasses.replace(local, vocab=-(-arch.padded_vocab // tp), vocab_multiple=1)
+    return local.replace(vocab=-(-arch.padded_vocab // tp), vocab_multiple=1)
 
 
 def sp_split(saved: list, sp: int) -> list:

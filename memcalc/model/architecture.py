@@ -10,7 +10,7 @@ from typing import Literal
 
 
 from memcalc.errors import InputError
-from memcalc.record import Record, bounded, check_fields, record
+from memcalc.validated import Validated, bounded
 from memcalc.units import ceil_div
 
 Position = Literal["learned", "rotary", "alibi", "none"]
@@ -46,9 +46,10 @@ MAX_LORA_RANK = 65_536
 """LoRA's r at most: wider than any model's hidden size."""
 
 
-@record
-class Architecture(Record):
+class Architecture(Validated):
     """A decoder-only transformer. Defaults describe a GPT-2-style block."""
+
+    __error_name__ = "architecture"  # messages name the field as the shape flags do: ``architecture.layers 0 ...``
 
     name: str | None = None
     """Preset or config name, for display."""
@@ -85,6 +86,7 @@ class Architecture(Record):
     position_offset: int = bounded(default=0, ge=0, le=MAX_POSITIONS)
     """Extra learned position rows (OPT keeps 2)."""
     norm: Norm = "layernorm"
+    """The norm: layernorm or rmsnorm."""
     norm_bias: bool = True
     """LayerNorm with a bias (RMSNorm has none)."""
     norms_per_layer: int = bounded(default=2, ge=1, le=4)
@@ -96,6 +98,7 @@ class Architecture(Record):
     embedding_norm: bool = False
     """A norm right after the embedding (BLOOM)."""
     final_norm: bool = True
+    """A norm after the last decoder layer."""
     fused_qkv: bool = False
     """Q, K and V are one Linear module (GPT-2, BLOOM, Falcon, NeoX, Phi-3): matters for the largest module."""
     fused_gate_up: bool = False
@@ -118,9 +121,11 @@ class Architecture(Record):
     logit_softcap: bool = False
     """The logits pass through cap·tanh(x/cap) (Gemma 2 ``final_logit_softcapping``)."""
     qkv_bias: bool = True
+    """Biases on the Q, K and V projections."""
     out_bias: bool = True
     """Bias on the attention output projection."""
     mlp_bias: bool = True
+    """Biases on the MLP's projections."""
     parallel_block: bool = False
     """Attention and MLP read the same input (GPT-J, NeoX, Falcon)."""
     kv_expanded: bool = False
@@ -136,6 +141,7 @@ class Architecture(Record):
     moe_every: int = bounded(default=1, ge=1, le=MAX_LAYERS)
     """Every k-th layer is MoE (1 = all)."""
     router_bias: bool = False
+    """A bias on the MoE router."""
     router_norm: bool = True
     """The top-k routing weights divided by their sum (Mixtral always; Qwen3-MoE's ``norm_topk_prob``)."""
     dropout: float = bounded(default=0.0, ge=0, lt=1)
@@ -143,8 +149,7 @@ class Architecture(Record):
     source: str | None = None
     """Where the shape comes from."""
 
-    def __post_init__(self) -> None:
-        check_fields(self, "architecture")
+    def _check(self) -> None:
         if self.head_dim is None and self.hidden % self.heads:
             raise InputError(
                 f"heads {self.heads} does not divide hidden {self.hidden}; give a hidden size that is a multiple "

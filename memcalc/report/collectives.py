@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import field
+from pydantic import Field
 
 from memcalc.errors import InputError
-from memcalc.record import Record, record
+from memcalc.validated import Result
 
 _SIZE = re.compile(r"^\s*((?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _UNIT = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
@@ -41,8 +41,7 @@ def parse_size(text: str | int | float, what: str = "--size") -> int:
     return round(value)
 
 
-@record
-class PrimitiveRow(Record):
+class PrimitiveRow(Result):
     """One primitive on the message, as one rank of the group sees it."""
 
     name: str
@@ -58,8 +57,7 @@ class PrimitiveRow(Record):
     """Bytes/s: S / time."""
 
 
-@record
-class CollectiveTimes(Record):
+class CollectiveTimes(Result):
     """``memcalc collectives``: every primitive on one message size and group."""
 
     schema_version: int = 1
@@ -72,7 +70,7 @@ class CollectiveTimes(Record):
     gpu: str
     intra_node_link: str
     network_link: str
-    primitives: list[PrimitiveRow] = field(default_factory=list)
+    primitives: list[PrimitiveRow] = Field(default_factory=list)
 
 
 def collectives(size: str | int | float, group: int, *, gpu: str | None = None, cluster: str | None = None,

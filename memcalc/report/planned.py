@@ -8,15 +8,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from memcalc.validated import Result
 
 Verdict = Literal["fits", "at-risk", "oom"]
 Objective = Literal["time", "cost", "memory"]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
-
+class _Model(Result):
+    """The base of the plan's result models."""
 
 class PlanLayout(_Model):
     """How the GPUs are split: dp x tp x pp x cp = GPUs (ep subdivides the data-parallel ranks for experts)."""
