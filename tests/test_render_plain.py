@@ -14,7 +14,8 @@ from rich.text import Text
 import memcalc
 from memcalc.cli.app import unstyled_width
 from memcalc.report.plain import draw, plain_console
-from memcalc.report.render import Fitted, plain_text, render, renderables
+from memcalc.report.render import Fitted, plain_text
+from memcalc.report.view import render, renderables
 
 WIDTHS = (40, 60, 80, 100, 120, 160, 250)
 

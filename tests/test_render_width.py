@@ -11,7 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 import memcalc
-from memcalc.report.render import Fitted, comparison_table, render
+from memcalc.report.render import Fitted, comparison_table
+from memcalc.report.view import render
 
 WIDTHS = (80, 100, 120)
 _RULES = str.maketrans({c: " " for c in "│┃┆┊║"})

@@ -189,7 +189,8 @@ def show(result: Any, fmt: str, units: str, verbose: bool = True) -> None:
 
         sys.stdout.write(to_markdown(result, units) + "\n")
     else:
-        from memcalc.report.render import plain_text, render, renderables
+        from memcalc.report.render import plain_text
+        from memcalc.report.view import render, renderables
 
         width = unstyled_width()
         text = None if width is None else plain_text(renderables(result, units, verbose), width)  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from memcalc.configs.writing import Written
+from memcalc.configs.written import Written
 from memcalc.errors import InputError
 
 FSDP = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from memcalc.configs.write_frameworks import _common, _nodes, _refuse, script_flags
-from memcalc.configs.writing import Written
+from memcalc.configs.written import Written
 
 TORCHRUN = "torchrun --nnodes {nodes} --nproc_per_node {per} --node_rank \"${{NODE_RANK:-0}}\" " \
            "--master_addr \"${{MASTER_ADDR:-localhost}}\" --master_port 29500"

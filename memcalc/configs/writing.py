@@ -13,7 +13,6 @@ and step time. What a framework cannot hold is one ``InputError`` line, and noth
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import tempfile
@@ -21,31 +20,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from memcalc.configs.written import Written
 from memcalc.errors import InputError
-from memcalc.frozen import frozen
 from memcalc.units import GiB
 
 FRAMEWORKS = ("deepspeed", "accelerate", "torchtitan", "megatron")
 ALIASES = {"hf": "accelerate", "huggingface": "accelerate", "trainer": "accelerate"}
 
-
-@frozen
-class Written:
-    """One framework's files for one estimate, with the flags that read them back."""
-
-    framework: str
-    files: dict[str, str]
-    """File name -> text (the framework's files; ``launch.sh`` and ``README.txt`` are added by ``config_text``)."""
-    read_back: tuple[tuple[str, str], ...]
-    """(memcalc's reader flag, the file it reads), each checked (DeepSpeed's JSON alone and through accelerate)."""
-    flags: dict[str, Any]
-    """memcalc.estimate arguments the files do not hold (the training script's, or the world size)."""
-    launch: str
-    """The launch line(s) of ``launch.sh``."""
-    fill_in: list[str]
-    """What the user must add before running."""
-    notes: list[str] = dataclasses.field(default_factory=list)
-    """What the files assume that is worth saying."""
 
 
 def config_text(result: Any, framework: str | None = None) -> dict[str, str]:
@@ -110,9 +91,9 @@ def _estimate_of(result: Any) -> Any:
                              "a shorter sequence")  # fmt: skip
         result = result.plans[0]
     if isinstance(result, PlannedRun):
-        import memcalc
+        from memcalc.api import estimate
 
-        again = memcalc.estimate(**arguments_of(result.estimate_args))
+        again = estimate(**arguments_of(result.estimate_args))
         if again.memory.per_gpu.peak_reserved != result.memory.peak_reserved:
             raise InputError(f"the plan's estimate_args do not reproduce its peak ({' '.join(result.estimate_args)}); "
                              "write the estimate instead")  # fmt: skip
@@ -244,10 +225,10 @@ def _unsaid(estimate: Any, again: Any, written: Written) -> dict[str, Any]:
 
 
 def _again(estimate: Any, written: Written, reader: str, folder: Path, name: str, base: dict[str, Any]) -> Any:
-    import memcalc
+    from memcalc.api import estimate
 
     try:
-        return memcalc.estimate(**read_back(written, reader, folder / name, base))
+        return estimate(**read_back(written, reader, folder / name, base))
     except InputError as e:  # the reader's line, naming the file as written rather than the scratch copy
         raise InputError(f"{written.framework}'s files cannot hold this estimate: read back, "
                          f"{str(e).replace(str(folder) + os.sep, '')}") from None

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from memcalc.model.architecture import Architecture
 from memcalc.errors import InputError, did_you_mean, shown
 from memcalc.files import MAX_FILE_BYTES, read_bounded
-from memcalc.inputs import GPU
+from memcalc.inputs.hardware import GPU
 
 T = TypeVar("T")
 KINDS = {"gpus": "GPU", "models": "model"}

@@ -12,10 +12,9 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memcalc.errors import InputError
-from memcalc.report.results import Comparison, Estimate, StepTimeInfo
 from memcalc.units import (
     MEMORY_UNITS,
     MemoryUnit,
@@ -26,6 +25,9 @@ from memcalc.units import (
     time_unit,
     to_memory_unit,
 )
+
+if TYPE_CHECKING:  # the results' display hooks render through this module: told apart by their class's name
+    from memcalc.report.results import Comparison, Estimate, StepTimeInfo
 
 Rows = Sequence[Mapping[str, Any]]
 
@@ -227,14 +229,18 @@ def _cell(value: Any) -> Any:
 def to_csv(obj: Estimate | Comparison | Rows, unit: str = "gib") -> str:
     """CSV text: an estimate's memory and communication rows, a comparison's strategies, or catalogue rows."""
     u = _unit(unit)
-    if isinstance(obj, Estimate):
+    if _kind(obj) == "Estimate":
         header = [c.format(unit=memory_label(u)) for c in ESTIMATE_COLUMNS]
         return _csv(header, estimate_rows(obj, u))
-    if isinstance(obj, Comparison):
+    if _kind(obj) == "Comparison":
         return _csv(*comparison_rows(obj, u))
     rows = _rows(obj)
     header = _catalogue_header(rows)
     return _csv(header, ([_cell(row.get(k)) for k in header] for row in rows))
+
+
+def _kind(obj: object) -> str:
+    return type(obj).__name__
 
 
 def _rows(obj: Any) -> Rows:
@@ -431,9 +437,9 @@ def _time_columns(cmp: Comparison) -> list[tuple[str, Any]]:
 def to_markdown(obj: Estimate | Comparison | Rows, unit: str = "gib") -> str:
     """GitHub Markdown: an estimate's tables, a comparison's table, or a catalogue table; units in the headers."""
     u = _unit(unit)
-    if isinstance(obj, Estimate):
+    if _kind(obj) == "Estimate":
         return _estimate_markdown(obj, u)
-    if isinstance(obj, Comparison):
+    if _kind(obj) == "Comparison":
         return _comparison_markdown(obj, u)
     rows = _rows(obj)
     header = _catalogue_header(rows)
