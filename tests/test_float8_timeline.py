@@ -18,7 +18,7 @@ pytest.importorskip("torchao")
 import memcalc
 from memcalc.errors import InputError
 from memcalc.memory.timeline import timeline
-from memcalc.memory.timeline_states import FsdpOverlay
+from memcalc.memory.fsdp_overlay import FsdpOverlay
 from memcalc.model.float8 import eager_backward, layer_weights
 from memcalc.model.hf_config import architecture_from_config
 from memcalc.validation.trace import trace_step

@@ -26,8 +26,13 @@ def test_the_stack_tops_are_the_moments_totals_and_the_peak_is_marked(estimate):
     fig = plot_timeline(estimate)
     ax = fig.axes[0]
     moments = estimate.memory.timeline.moments
-    tops = [max(p[1] for p in c.get_paths()[0].vertices) for c in ax.collections]
+    kinds = [c for c in ax.collections if c.get_label() != "allocator cached"]
+    tops = [max(p[1] for p in c.get_paths()[0].vertices) for c in kinds]
     assert max(tops) == pytest.approx(estimate.memory.per_gpu.peak_allocated / GiB)
+    cached = next(c for c in ax.collections if c.get_label() == "allocator cached")  # up to the reserved peak
+    ys = [p[1] for p in cached.get_paths()[0].vertices]
+    assert max(ys) == pytest.approx(estimate.memory.per_gpu.peak_reserved / GiB)
+    assert min(ys) == pytest.approx(min(sum(m.bytes.values()) for m in moments) / GiB)
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert labels[:4] == ["parameters", "gradients", "optimizer states", "activations"]
     peak = next(line for line in ax.lines if line.get_label().startswith("peak "))
@@ -37,7 +42,7 @@ def test_the_stack_tops_are_the_moments_totals_and_the_peak_is_marked(estimate):
     assert usable[0].get_ydata()[0] == pytest.approx(estimate.memory.fit.usable_bytes / GiB)
     names = {t.get_text() for t in ax.texts}
     assert {"forward", "loss", "backward", "optimizer"} <= names
-    assert "not drawn" in ax.get_xlabel()
+    assert "allocator cached" in ax.get_xlabel()
 
 
 def test_phase_spans_fold_the_layers_and_cover_every_moment(estimate):

@@ -292,7 +292,7 @@ WHOLE_NOTE = {
         "every layer's gradient unsharded until then and its reduce-scatter input beside them; the embedding and "
         "[final norm, head] units of their own{tied}; {policy} (traced: tests/test_fsdp_layouts.py)"),
 }
-"""The realistic note under ``--fsdp-auto-wrap none`` (``memcalc.memory.timeline_states.FsdpOverlay.whole``)."""
+"""The realistic note under ``--fsdp-auto-wrap none`` (``memcalc.memory.fsdp_overlay.FsdpOverlay.whole``)."""
 
 
 def _moe_note(plan: Plan) -> str:

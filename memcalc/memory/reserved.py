@@ -42,7 +42,7 @@ from memcalc.memory.caching import CachingAllocator
 POOLS = (("all-gather copy-in stream", ("all-gather output (",)),
          ("reduce-scatter stream", ("gradient shards of the layers above", "gradients (shards)",
                                     "all-reduce buffers (HSDP)", "reduce-scatter output", "embedding gradient shard")))
-"""FSDP2's side-stream pools and the timeline parts (``memcalc.memory.timeline_states.FsdpOverlay``) allocated on
+"""FSDP2's side-stream pools and the timeline parts (``memcalc.memory.fsdp_overlay.FsdpOverlay``) allocated on
 them (name prefixes): HSDP's all-reduce buffers are reduce-scatter outputs, allocated on that stream too
 (``_fsdp_collectives.foreach_reduce``)."""
 

@@ -297,7 +297,7 @@ def _why_not_lora(arch: Any, strategy: str, work: Any, fsdp_version: int = 2, fr
                   lora: Any = None) -> str | None:  # fmt: skip
     """LoRA's step (peft on Hugging Face code) is modelled for Llama-style layers on one GPU, DDP, FSDP2's
     FULL_SHARD with the root or the separate wrap and FSDP1's FULL_SHARD under peft's wrap policy
-    (``memcalc.memory.timeline_states.lora_overlay``)."""
+    (``memcalc.memory.fsdp_overlay.lora_overlay``)."""
     from memcalc.layout.compose import framework as named
     from memcalc.layout.compose import fsdp_wrap
     from memcalc.memory.saved import LORA_FAMILIES, LORA_REALISTIC

@@ -16,6 +16,7 @@ import dataclasses
 
 from memcalc.errors import InputError
 from memcalc.frozen import frozen
+from memcalc.memory.fsdp_overlay import FsdpOverlay
 from memcalc.memory.reserved import loss_blocks_at_peak
 from memcalc.memory.saved import (FAMILIES, LAYER_NORM_FAMILIES, LLAMA_STYLE, OTHER_NORMS, REGIMES, _check,
                                   check_code, embedding_norm, loss_transient, shape)
@@ -23,7 +24,7 @@ from memcalc.memory.saved_gemma import GEMMAS, rope_types, sliding_sdpa_masked
 from memcalc.memory.stack import affine, layer_stack, tensor_groups
 from memcalc.memory.timeline_layers import DOWN_GRADS, checkpointed, parse_recompute
 from memcalc.memory.timeline_loss import _chunk, _head, inside_log_softmax, largest_tensor, loss_rows
-from memcalc.memory.timeline_states import FsdpOverlay, lora_states, states
+from memcalc.memory.timeline_states import lora_states, states
 from memcalc.memory.timeline_tp import (norm_backward, rank_arch, reduce_scatter, rmsnorm_backward,
                                        row_parallel_reduce, sp_rank_arch, step_temporary)
 from memcalc.model.architecture import Architecture
@@ -121,7 +122,7 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     position_ids: the batch passes b × s position ids (the tracer does; a plain ``model(input_ids)`` call makes
     1 × s ones, so the rotary tables are b times smaller).
     world: above 1 (or ``fsdp=True``: FSDP2 on one rank), FSDP2 ``fully_shard`` per decoder layer and on the root
-    over ``world`` data-parallel ranks (``memcalc.memory.timeline_states.FsdpOverlay``); fsdp_param_dtype: None or "bf16"
+    over ``world`` data-parallel ranks (``memcalc.memory.fsdp_overlay.FsdpOverlay``); fsdp_param_dtype: None or "bf16"
     (``MixedPrecisionPolicy(param_dtype=)``); fsdp_wrap: the embedding and the head in the root or in units of
     their own (``memcalc.layout.compose.FSDP_WRAPS``); fsdp_keep: no reshard after forward (SHARD_GRAD_OP);
     fsdp_hsdp: the shards replicated over groups of ``world`` ranks (HSDP); fsdp_reduce_fp32: gradients reduced in fp32

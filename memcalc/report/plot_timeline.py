@@ -23,8 +23,13 @@ if TYPE_CHECKING:
 PHASE_COLOURS = {"baseline": "#bbbbbb", "input": "#999999", "forward": "#4c72b0", "loss": "#c44e52",
                  "backward": "#dd8452", "optimizer": "#55a868", "zero_grad": "#8172b3"}
 """The shade of each phase's span (a phase not named here: grey)."""
-CACHED_NOTE = ("allocator cached (reserved - allocated) not drawn: the replay gives the reserved peak, not reserved "
-               "memory moment by moment")
+CACHED_NOTE = ("allocator cached: reserved - allocated in a steady step (the caching allocator keeps the previous "
+               "step's segments)")
+"""The band above the live memory: PyTorch's caching allocator returns no segment to the driver during training
+(only ``torch.cuda.empty_cache()`` or a failed allocation releases them; c10/cuda/CUDACachingAllocator.cpp,
+``release_cached_blocks``), so from the second step on the reserved memory stays at the step's reserved peak
+(``memcalc.memory.reserved``) and every byte freed in between is cached, not given back. The first step's reserved
+memory grows up to it instead."""
 
 
 def phase_spans(listed: list[TimelineMoment]) -> list[tuple[str, int, int]]:
@@ -73,12 +78,17 @@ def _phases(ax: Any, listed: list[TimelineMoment]) -> None:
 
 def plot_timeline(r: Estimate, unit: str = "gib") -> Figure:
     """Live memory over one step of ``r`` (an estimate made with ``timeline=True``), moment by moment, stacked by
-    kind; the phases shaded; the peak, ``peak_reserved`` and the GPU's usable memory marked."""
+    kind, with the allocator's cached bytes above it up to ``peak_reserved`` (``CACHED_NOTE``); the phases shaded; the
+    peak, ``peak_reserved`` and the GPU's usable memory marked."""
     u = _unit(unit)
     listed = moments(r)
     fig = _figure()
     ax = fig.add_subplot()
     totals = _stack(ax, listed, u)
+    g = r.memory.per_gpu
+    reserved = to_memory_unit(g.peak_reserved, u)
+    ax.fill_between(range(len(listed)), totals, [max(t, reserved) for t in totals], step="mid", linewidth=0,
+                    facecolor="none", edgecolor="#999999", hatch="////", label="allocator cached")
     _phases(ax, listed)
     i = max(range(len(listed)), key=lambda k: (totals[k], -k))
     label = memory_label(u)
@@ -86,16 +96,14 @@ def plot_timeline(r: Estimate, unit: str = "gib") -> Figure:
     ax.annotate(textwrap.fill(listed[i].label, 40), (i, totals[i]), xytext=(0, 8), textcoords="offset points",
                 ha="center" if 0.2 < i / len(listed) < 0.8 else ("left" if i < len(listed) / 2 else "right"),
                 va="bottom", fontsize="x-small")
-    g = r.memory.per_gpu
-    ax.axhline(to_memory_unit(g.peak_reserved, u), color="grey", linestyle=":", linewidth=1,
-               label=f"peak reserved {to_memory_unit(g.peak_reserved, u):,.2f} {label}")
+    ax.axhline(reserved, color="grey", linestyle=":", linewidth=1, label=f"peak reserved {reserved:,.2f} {label}")
     usable = to_memory_unit(r.memory.fit.usable_bytes, u)
     ax.axhline(usable, color="black", linestyle="--", linewidth=1,
                label=f"usable on {r.input.gpu.name}: {usable:,.1f} {label}")
     ax.set_xlim(-0.5, len(listed) - 0.5)
-    ax.set_ylim(0, max(usable, to_memory_unit(g.peak_reserved, u), totals[i]) * 1.08)
+    ax.set_ylim(0, max(usable, reserved, totals[i]) * 1.08)
     ax.set_xlabel(f"moment of the step (every decoder layer replayed)\n{CACHED_NOTE}", fontsize="small")
-    ax.set_ylabel(f"allocated memory per GPU ({label})")
+    ax.set_ylabel(f"memory per GPU ({label})")
     stage = f", pipeline rank {r.memory.most_loaded_stage}" if r.training.pp > 1 else ""
     ax.set_title(f"{r.model.name} {r.strategy.label} on {r.input.cluster.gpus} x {r.input.gpu.name}{stage}: one "
                  "step", fontsize="medium")
