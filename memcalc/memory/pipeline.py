@@ -12,6 +12,7 @@ gradients) and the backward of one layer (``torch_stage_rows``).
 from __future__ import annotations
 
 from functools import cache
+from operator import le
 
 from typing import Any
 
@@ -73,17 +74,14 @@ def _maximal_moments(rank: int, pp: int, n: int, virtual: int) -> tuple[tuple[tu
     """The moments of ``interleaved_moments`` that no other one dominates (as many micro-batches or more in flight in
     every chunk, and every accumulator it has alive), in the same order. With every chunk's activations and gradients
     positive a dominated moment holds strictly less than the one dominating it, so the peak is among these."""
-    kept: list[tuple[int, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]] = []
-    for i, m in enumerate(interleaved_moments(rank, pp, n, virtual)):
-        if any(_below(m, k) for _, k in kept):
+    moments = interleaved_moments(rank, pp, n, virtual)
+    kept: list[tuple[int, tuple[int, ...]]] = []  # (index, in flight and accumulators as one vector)
+    for i, (alive, live, _) in enumerate(moments):
+        m = alive + live
+        if any(all(map(le, m, k)) for _, k in kept):
             continue
-        kept = [(j, k) for j, k in kept if not _below(k, m)] + [(i, m)]
-    return tuple(m for _, m in sorted(kept))
-
-
-def _below(m: tuple, k: tuple) -> bool:
-    """Moment ``m`` holds no more in any chunk than moment ``k`` (in flight and accumulators alike)."""
-    return all(x <= y for x, y in zip(m[0], k[0])) and all(x <= y for x, y in zip(m[1], k[1]))
+        kept = [(j, k) for j, k in kept if not all(map(le, k, m))] + [(i, m)]
+    return tuple(moments[i] for i, _ in sorted(kept))
 
 
 def interleaved_peak(rank: int, pp: int, n: int, act: list[int],

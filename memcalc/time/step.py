@@ -20,8 +20,10 @@ Sources and rules (each also in docs/performance-model.md):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from functools import cache
+from operator import attrgetter
 from typing import Any
 
 from memcalc.comm.timing import Group, primitive_time
@@ -277,7 +279,26 @@ def head_time(arch: Architecture, cal: Calibration, dtype: str, tokens: int, tp:
     return 3 * fwd, tokens * g.n * cal.cross_entropy_bytes_per_logit / cal.hbm_bytes_per_s
 
 
-@cache
+_UNREAD_BY_PROFILE = ("gpus", "micro_batches", "optimizer", "optimizer_state_bytes", "optimizer_params",
+                      "flops_attention", "gather_units")
+"""Step-plan fields ``_stage_profile`` does not read: plans that differ only in them (another sharding strategy,
+another accumulation count) share one profile."""
+_PROFILE_KEY = attrgetter(*(f.name for f in dataclasses.fields(Plan) if f.name not in _UNREAD_BY_PROFILE))
+_profiles: dict[tuple, tuple[float, float, float, float, float, float, int]] = {}
+
+
+def _shared_profile(arch: Architecture, cal: Calibration, plan: Plan) -> tuple[float, float, float, float, float,
+                                                                                 float, int]:  # fmt: skip
+    """``_stage_profile``, computed once for plans that differ only in fields it does not read."""
+    key = (arch, cal, _PROFILE_KEY(plan))
+    hit = _profiles.get(key)
+    if hit is None:
+        if len(_profiles) >= 8192:  # bounded: a long-running process does not grow without end
+            _profiles.clear()
+        hit = _profiles[key] = _stage_profile(arch, cal, plan)
+    return hit
+
+
 def _stage_profile(arch: Architecture, cal: Calibration, plan: Plan) -> tuple[float, float, float, float, float, float, int]:
     """(compute, memory, recompute, fwd, bwd, attention) seconds per micro-batch on the slowest stage, and its layers."""
     p = plan
@@ -357,7 +378,7 @@ def _plan_profile(arch: Architecture, cal: Calibration, plan: Plan) -> tuple[tup
         tokens = p.seq * p.dp * p.micro_batch * p.micro_batches
         delta = 3 * arch.layers * p.lora_flops_per_token * tokens - fl.layer_matmul_forward - fl.head_forward
         model, hardware = model + delta, hardware + delta
-    return _stage_profile(arch, cal, p), model, hardware, n_opt, cal.peak(p.dtype)
+    return _shared_profile(arch, cal, p), model, hardware, n_opt, cal.peak(p.dtype)
 
 
 def step_time(arch: Architecture, plan: Plan, machine: Machine, collectives: Iterable[Any] = (),
