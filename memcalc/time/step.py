@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from functools import cache
+from functools import cache, lru_cache
 from operator import attrgetter
 from typing import Any
 
@@ -304,22 +304,14 @@ def _stage_profile(arch: Architecture, cal: Calibration, plan: Plan) -> tuple[fl
     p = plan
     if p.stage_layers is None and arch.layers < p.pp * p.virtual:
         raise InputError(f"layers({arch.layers}) < pp({p.pp}) x virtual({p.virtual}); give fewer stages")
-    if p.stage_layers is not None:
-        from memcalc.layout.compose import rank_layers
-
-        ranks = [[i for r in rank_layers(p.stage_layers, p.pp, k) for i in r] for k in range(p.pp)]
-    else:
-        base, extra = divmod(arch.layers, p.pp)  # uneven split: the first stages take one more layer
-        bounds = [0, *(base * (k + 1) + min(k + 1, extra) for k in range(p.pp))]
-        ranks = [list(range(bounds[k], bounds[k + 1])) for k in range(p.pp)]
+    ranks = _stage_kinds(arch, p.pp, p.stage_layers, p.recompute)
     best: tuple[float, float, float, float, float, float, int] | None = None
     kinds: dict[tuple[bool, int | None], LayerTime] = {}  # a layer's time depends on its kind alone: one per kind
     terms: dict[tuple, tuple[LayerTime, float, float, float, float, float]] = {}  # and its policy: the same terms
     for stage in range(p.pp):
         n = len(ranks[stage])
         comp = mem = rec = fwd = bwd = attn = 0.0
-        for i in ranks[stage]:
-            kind = (arch.is_moe_layer(i), layer_window(arch, i), layer_policy(p.recompute, i))
+        for kind in ranks[stage]:
             t = terms.get(kind)
             if t is None:
                 lt = kinds.get(kind[:2])
@@ -352,6 +344,23 @@ def _stage_profile(arch: Architecture, cal: Calibration, plan: Plan) -> tuple[fl
             best = row
     assert best is not None
     return best
+
+
+@lru_cache(maxsize=1024)
+def _stage_kinds(arch: Architecture, pp: int, stage_layers: tuple[int, ...] | None,
+                 recompute: str) -> tuple[tuple[tuple[bool, int | None, str], ...], ...]:  # fmt: skip
+    """Each pipeline stage's layers, in order, by what their time depends on: (MoE?, sliding window, recompute
+    policy). The plan's split, else the even one with the first stages taking one more layer where it is uneven."""
+    if stage_layers is not None:
+        from memcalc.layout.compose import rank_layers
+
+        ranks = [[i for r in rank_layers(stage_layers, pp, k) for i in r] for k in range(pp)]
+    else:
+        base, extra = divmod(arch.layers, pp)  # uneven split: the first stages take one more layer
+        bounds = [0, *(base * (k + 1) + min(k + 1, extra) for k in range(pp))]
+        ranks = [list(range(bounds[k], bounds[k + 1])) for k in range(pp)]
+    return tuple(tuple((arch.is_moe_layer(i), layer_window(arch, i), layer_policy(recompute, i)) for i in r)
+                 for r in ranks)
 
 
 def _time(c: Any, machine: Machine, size: int | None = None) -> float:
