@@ -11,8 +11,9 @@ gradients) and the backward of one layer (``torch_stage_rows``).
 
 from __future__ import annotations
 
-from functools import cache
-from operator import le
+from functools import cache, lru_cache
+from itertools import compress
+from operator import le, mul
 
 from typing import Any
 
@@ -75,13 +76,14 @@ def _maximal_moments(rank: int, pp: int, n: int, virtual: int) -> tuple[tuple[tu
     every chunk, and every accumulator it has alive), in the same order. With every chunk's activations and gradients
     positive a dominated moment holds strictly less than the one dominating it, so the peak is among these."""
     moments = interleaved_moments(rank, pp, n, virtual)
-    kept: list[tuple[int, tuple[int, ...]]] = []  # (index, in flight and accumulators as one vector)
-    for i, (alive, live, _) in enumerate(moments):
-        m = alive + live
-        if any(all(map(le, m, k)) for _, k in kept):
-            continue
-        kept = [(j, k) for j, k in kept if not all(map(le, k, m))] + [(i, m)]
-    return tuple(moments[i] for i, _ in sorted(kept))
+    # largest first: a moment can be dominated only by one holding at least as much in all, so each is compared with
+    # the undominated ones already found (distinct moments: dominating means larger somewhere)
+    vectors = sorted(((alive + live, i) for i, (alive, live, _) in enumerate(moments)), key=lambda x: -sum(x[0]))
+    kept: list[tuple[tuple[int, ...], int]] = []
+    for m, i in vectors:
+        if not any(all(map(le, m, k)) for k, _ in kept):
+            kept.append((m, i))
+    return tuple(moments[i] for i in sorted(i for _, i in kept))
 
 
 def interleaved_peak(rank: int, pp: int, n: int, act: list[int],
@@ -93,13 +95,20 @@ def interleaved_peak(rank: int, pp: int, n: int, act: list[int],
     its n-th (each stage reduces after its own last backward: pipelining schedules.py ``backward_counter``, stage.py
     ``backward_maybe_with_nosync``). The moments scanned are ``interleaved_moments``', or only the undominated ones
     where every size is positive (tests/test_pipeline_schedule.py holds both to a walk over every action)."""
+    return _peak(rank, pp, n, tuple(act), tuple(grad))
+
+
+@lru_cache(maxsize=65536)
+def _peak(rank: int, pp: int, n: int, act: tuple[int, ...],
+          grad: tuple[int, ...]) -> tuple[int, int, tuple[int, ...], tuple[int, ...]]:  # fmt: skip
+    """``interleaved_peak``, once per sizes (plans alike but for their sharding share it)."""
     v = len(act)
     positive = all(x > 0 for x in act) and all(x > 0 for x in grad)
     moments = _maximal_moments(rank, pp, n, v) if positive else interleaved_moments(rank, pp, n, v)
     best: tuple = (-1, 0, 0, (), ())
     for alive, live, done in moments:
-        a = sum(x * k for x, k in zip(act, alive))
-        g = sum(x for x, k in zip(grad, live) if k)
+        a = sum(map(mul, act, alive))
+        g = sum(compress(grad, live))
         if a + g > best[0]:
             best = (a + g, a, g, alive, done)
     return best[1], best[2], best[3], best[4]
