@@ -12,7 +12,7 @@ gradients) and the backward of one layer (``torch_stage_rows``).
 from __future__ import annotations
 
 from functools import cache, lru_cache
-from itertools import compress
+from itertools import compress, takewhile
 from operator import le, mul
 
 from typing import Any
@@ -78,12 +78,14 @@ def _maximal_moments(rank: int, pp: int, n: int, virtual: int) -> tuple[tuple[tu
     moments = interleaved_moments(rank, pp, n, virtual)
     # largest first: a moment can be dominated only by one holding at least as much in all, so each is compared with
     # the undominated ones already found (distinct moments: dominating means larger somewhere)
-    vectors = sorted(((alive + live, i) for i, (alive, live, _) in enumerate(moments)), key=lambda x: -sum(x[0]))
-    kept: list[tuple[tuple[int, ...], int]] = []
-    for m, i in vectors:
-        if not any(all(map(le, m, k)) for k, _ in kept):
-            kept.append((m, i))
-    return tuple(moments[i] for i in sorted(i for _, i in kept))
+    # (and only by one holding more in total: an equal total with as much everywhere is the same moment)
+    vectors = sorted(((sum(alive) + sum(live), alive + live, i) for i, (alive, live, _) in enumerate(moments)),
+                     key=lambda x: -x[0])
+    kept: list[tuple[int, tuple[int, ...], int]] = []
+    for total, m, i in vectors:
+        if not any(all(map(le, m, k)) for t, k, _ in takewhile(lambda x: x[0] > total, kept)):
+            kept.append((total, m, i))
+    return tuple(moments[i] for i in sorted(i for _, _, i in kept))
 
 
 def interleaved_peak(rank: int, pp: int, n: int, act: list[int],
