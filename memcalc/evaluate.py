@@ -187,7 +187,7 @@ def _finish(plan: Plan, st: object, stages: list[StageLoad], top: int, gpu_rows:
             issued: list, real: Any = None) -> Evaluation:  # fmt: skip
     """The evaluation of ``plan`` from its stages and its most loaded one: the node's host rows, the collectives and
     the host transfers of stage ``stages[top]``."""
-    psi_top = stages[top].parameters
+    psi_top, top_stage = stages[top].parameters, stages[top].stage
     ranks = plan.ranks_per_node
     # Host RAM and NVMe are per node: the sum over the node's ranks (DeepSpeed's estimator does the same).
     node_rows = [r._replace(bytes=r.bytes * ranks) for r in host_rows]
@@ -199,7 +199,7 @@ def _finish(plan: Plan, st: object, stages: list[StageLoad], top: int, gpu_rows:
         ms = sum(r.bytes for r in gpu_rows)
         stages = [StageLoad(0, stages[0].parameters, stages[0].layers, stages[0].micro_batches_in_flight, ms, 0, ms)]
         host_rows = []
-    collectives = _collectives(plan, issued, psi_top, stages[top].stage, st)
+    collectives = _collectives(plan, issued, psi_top, top_stage, st)
     opt_device = plan.optimizer_device
     transfers: list[HostTransfer] = []
     if opt_device != "none" or plan.offload_params != "none":  # nothing moves to or from the host otherwise
