@@ -4,8 +4,8 @@ first, each check as exact as ``memcalc estimate``'s, and no more checks than th
 Why it is sound (docs/planning.md):
 - The step time does not depend on the memory accounting: ``memcalc.evaluate`` lists the same collectives and host
   copies under the paper and the realistic accounting, and ``memcalc.time`` reads nothing else of the evaluation. So
-  every candidate is timed with the paper evaluation (tens of microseconds) and its rank is exact before any
-  realistic replay runs. (Under a pipeline the collectives timed are those of the stage most loaded in memory, which
+  every candidate is timed with the paper evaluation (tens of microseconds; ``memcalc.evaluate.evaluate_for_time``
+  finds its most loaded stage from fewer stages, exactly) and its rank is exact before any realistic replay runs. (Under a pipeline the collectives timed are those of the stage most loaded in memory, which
   the two accountings can name apart: the stages' data-parallel traffic then differs by a few embedding rows, a few
   nanoseconds of a step. The plans returned are estimated again exactly.)
 - A candidate's memory is needed only when it could enter the answer: candidates are visited best first, and a
