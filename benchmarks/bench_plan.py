@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -69,6 +70,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="the 8B job only (a few seconds)")
     args = ap.parse_args()
     exe = [args.memcalc] if args.memcalc.endswith("memcalc") else [sys.executable, "-m", "memcalc"]
+    print(f"load average at the start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs "
+          "(wall times scale with it; the ratios to the floor less so)")
     floor = min(wall(exe + FLOOR)[0] for _ in range(3))
     print(f"floor: one `memcalc estimate` process (70B, FSDP2 x TP 8, realistic): {floor:.3f} s")
     for name, (flags, target) in (QUICK if args.quick else {**QUICK, **JOBS}).items():

@@ -180,7 +180,14 @@ def evaluate(plan: Plan) -> Evaluation:
             found.append((gpu, host, issued))
         top = max(range(plan.pp), key=lambda k: (stages[k].total, -k))
         gpu_rows, host_rows, issued = found[top]
-    psi_top = stages[top].parameters
+    return _finish(plan, st, stages, top, gpu_rows, host_rows, issued, real)
+
+
+def _finish(plan: Plan, st: object, stages: list[StageLoad], top: int, gpu_rows: Any, host_rows: list[Row],
+            issued: list, real: Any = None) -> Evaluation:  # fmt: skip
+    """The evaluation of ``plan`` from its stages and its most loaded one: the node's host rows, the collectives and
+    the host transfers of stage ``stages[top]``."""
+    psi_top, top_stage = stages[top].parameters, stages[top].stage
     ranks = plan.ranks_per_node
     # Host RAM and NVMe are per node: the sum over the node's ranks (DeepSpeed's estimator does the same).
     node_rows = [r._replace(bytes=r.bytes * ranks) for r in host_rows]
@@ -192,7 +199,7 @@ def evaluate(plan: Plan) -> Evaluation:
         ms = sum(r.bytes for r in gpu_rows)
         stages = [StageLoad(0, stages[0].parameters, stages[0].layers, stages[0].micro_batches_in_flight, ms, 0, ms)]
         host_rows = []
-    collectives = _collectives(plan, issued, psi_top, top, st)
+    collectives = _collectives(plan, issued, psi_top, top_stage, st)
     opt_device = plan.optimizer_device
     transfers: list[HostTransfer] = []
     if opt_device != "none" or plan.offload_params != "none":  # nothing moves to or from the host otherwise
@@ -207,6 +214,53 @@ def evaluate(plan: Plan) -> Evaluation:
                                            plan.offload_params, plan.grad_accum, trainable=adapters)
     return Evaluation(plan, tuple(stages), top, tuple(gpu_rows), tuple(node_rows), tuple(collectives),
                       tuple(transfers), real)
+
+
+
+def evaluate_for_time(plan: Plan, activations: bool = True) -> Evaluation:
+    """What the step time, the paper verdict and the planner's model-state bound read of the paper evaluation
+    (``evaluate`` of a ``--accounting paper`` plan): the most loaded stage's rows and total, its collectives and host
+    transfers, found from fewer stages. Its ``stages`` are the stages evaluated (``StageLoad.stage`` names each) and
+    ``top`` indexes them (so ``paper_fit`` is not its to give: ``paper.fit(plan, ev.total, ev.stages[ev.top].stage)``).
+    ``activations=False``: without a pipeline, the one stage's rows without its activations (its total then is not
+    the stage's). The stages evaluated are ``top_candidates``'; tests/test_plan.py holds the rows, totals, collectives
+    and transfers to ``evaluate``'s."""
+    assert plan.accounting == "paper", plan.accounting
+    st = paper.setting(plan)
+    if plan.pp == 1:
+        load, gpu_rows, host_rows, issued = _stage(plan, 0, st if activations else None)
+        return _finish(plan, st, [load], 0, gpu_rows, host_rows, issued)
+    stages, found = [], []
+    for k in top_candidates(plan):
+        load, gpu, host, issued = _stage(plan, k, st)
+        stages.append(load)
+        found.append((gpu, host, issued))
+    top = max(range(len(stages)), key=lambda i: (stages[i].total, -stages[i].stage))
+    return _finish(plan, st, stages, top, *found[top])
+
+
+def top_candidates(plan: Plan) -> tuple[int, ...]:
+    """The pipeline stages among which the paper accounting's most loaded one is (the first of equals): the first,
+    the last, and of the stages between them the first of each kind, stages of one kind holding the same parameters,
+    layers and MoE layers. Two stages k < k' of one kind hold the same rows but for the micro-batches in flight,
+    min(pp - k, n) under 1F1B (Korthikanti et al. 2022 Eq. 5) or Megatron's interleaved count, which never grows
+    with k, and what torch's ``PipelineStage`` keeps beside them (``memcalc.memory.pipeline.torch_stage_rows``: two
+    receive buffers per micro-batch, the stage outputs in flight, the input gradient being sent once a backward has
+    finished, which it has on every such stage when n >= pp). So k' never holds more than k, and of equals k is
+    named. Every stage where that does not hold: torchtitan's every:K recompute (which layers are recomputed depends
+    on their index), fewer micro-batches than stages, and FSDP2's interleaved schedule (its peak per rank is replayed:
+    ``memcalc.memory.pipeline.interleave_fsdp``)."""
+    pp, w = plan.pp, plan.work
+    every = tuple(range(pp))
+    if pp <= 3 or w is None or plan.arch is None or w.recompute.startswith("every:") or plan.grad_accum < pp:
+        return every
+    if plan.virtual_stages > 1 and paper.fsdp_under_pipeline(plan):
+        return every
+    first: dict[tuple, int] = {}
+    for k in range(1, pp - 1):
+        psi, groups = paper.param_groups(plan, k)
+        first.setdefault((psi, tuple(groups), paper.layer_count(plan, k), paper.moe_layers(plan, k)), k)
+    return (0, *first.values(), pp - 1)
 
 
 def _collectives(plan: Plan, issued: list, psi: int, stage: int, st: object) -> list[Collective]:

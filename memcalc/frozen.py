@@ -35,6 +35,7 @@ def frozen(cls: C) -> C:
     cls = _make(cls)
     fields = dataclasses.fields(cls)
     cls.__frozen_init__ = tuple((f.name, f.default, f.default_factory) for f in fields if f.init)  # type: ignore[attr-defined]
+    cls.__frozen_names__ = tuple(name for name, _, _ in cls.__frozen_init__)  # type: ignore[attr-defined]
     cls.__frozen_fixed__ = tuple((f.name, f.default) for f in fields  # type: ignore[attr-defined]
                                  if not f.init and f.default is not _MISSING)
     cls.__init__ = _init  # type: ignore[misc]
@@ -58,9 +59,12 @@ def _init(self: Any, *args: Any, **kwargs: Any) -> None:
     """The ``__init__`` dataclasses would generate, shared: positional then keyword arguments over the init fields,
     their defaults (a factory called per object), then ``__post_init__``."""
     spec = self.__frozen_init__
-    if len(args) > len(spec):
-        raise TypeError(f"{type(self).__name__}() takes {len(spec)} positional arguments but {len(args)} were given")
     d = self.__dict__
+    if not kwargs and len(args) == len(spec):  # every field given in order (the core's hot constructors): no defaults
+        d.update(zip(self.__frozen_names__, args))
+        spec = ()
+    elif len(args) > len(spec):
+        raise TypeError(f"{type(self).__name__}() takes {len(spec)} positional arguments but {len(args)} were given")
     for (name, default, factory), value in zip(spec, args):
         d[name] = value
     for name, default, factory in spec[len(args):]:

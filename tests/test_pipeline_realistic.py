@@ -302,3 +302,44 @@ def test_405b_first_stage_reserved_against_the_replayed_trace():
 
     held = reserved_peak(tl.moments, tl.loss_moment, 0, loss_blocks=tl.loss_blocks, fresh_from=tl.fresh_from)[0]
     assert traced.peak + 2.5 * GiB < held <= traced.peak_reserved < 1.05 * held
+
+
+def test_the_repeated_actions_left_out_give_every_actions_figures():
+    """``stage_timeline(every_micro_batch=False)`` leaves out the moments of actions that repeat an earlier action's
+    state (the steady phase): the peak moment (phase, label, parts), the phase peaks, the reserved peaks with and
+    without side streams and the moments the loss and fresh-block indices name are every action's, over 1F1B and
+    interleaved ranks, 2 to 5 stages, up to 24 micro-batches, recompute policies, dtypes, reduce dtypes and TP + SP."""
+    from memcalc.memory.reserved import reserved_peak
+
+    arch, arch_tp = architecture_from_config(CFG), architecture_from_config(CFG_TP)
+    checked = shorter = 0
+    for pp, virtual in ((2, 1), (3, 1), (5, 1), (2, 2), (3, 2), (2, 3)):
+        if pp * virtual > CFG["num_hidden_layers"]:
+            continue
+        for n in sorted({pp, 2 * pp, 4 * pp, 8 * pp} if virtual > 1 else {1, pp - 1, pp, pp + 1, 3 * pp, 24}):
+            for precision, recompute, mp, reduce_fp32, tp in (("bf16", "none", None, False, 1),
+                                                              ("fp32", "full", "bf16", True, 1),
+                                                              ("bf16", "full", None, False, 2)):
+                for rank in range(pp):
+                    kw = dict(family="llama", regime=precision, attention="sdpa", s=S, b=B, pp=pp, rank=rank,
+                              micro_batches=max(1, n), chunks=_chunks(pp, rank, virtual), recompute=recompute,
+                              optimizer_impl="fused", device="cpu", world=2, fsdp_param_dtype=mp,
+                              fsdp_reduce_fp32=reduce_fp32, tp=tp, sequence_parallel=tp > 1)
+                    a = arch_tp if tp > 1 else arch
+                    every = stage_timeline(a, **kw)
+                    few = stage_timeline(a, **kw, every_micro_batch=False)
+                    assert few.peak == every.peak and few.phase_peaks == every.phase_peaks, kw
+                    assert list(few.phase_peaks) == list(every.phase_peaks)
+                    for streams in (False, True):
+                        assert reserved_peak(few.moments, few.loss_moment, few.loss_cache, streams, few.loss_blocks,
+                                             few.fresh_from) == reserved_peak(every.moments, every.loss_moment,
+                                                                              every.loss_cache, streams,
+                                                                              every.loss_blocks, every.fresh_from)
+                    assert (few.loss_cache, few.loss_blocks, few.fresh_detail) == (
+                        every.loss_cache, every.loss_blocks, every.fresh_detail)
+                    for i, j in ((few.loss_moment, every.loss_moment), (few.fresh_from, every.fresh_from)):
+                        assert (i < 0) == (j < 0) and (i < 0 or few.moments[i] == every.moments[j])
+                    assert few.moments[0] == every.moments[0] and few.moments[-1] == every.moments[-1]
+                    checked += 1
+                    shorter += len(few.moments) < len(every.moments)
+    assert checked >= 150 and shorter >= 40, (checked, shorter)

@@ -123,3 +123,40 @@ def test_1f1b_stage_rows_follow_the_schedule() -> None:
         assert rows["pipeline_layer_gradients"] == 2 * (2 * 4096 * 4096 // 2 + 2 * 4096 * 1024 // 2
                                                         + 3 * 4096 * 14336 // 2 + 2 * 4096)  # fmt: skip
     assert evaluate(plan).top == 3  # the last stage: its logits and their fp32 copy (2 x 4096 tokens x 128256 / 2)
+
+
+def _peak_by_every_action(rank: int, pp: int, n: int, act: list[int], grad: list[int]) -> tuple:
+    """The interleaved peak walked over every action of the schedule (the reference ``interleaved_peak`` keeps to)."""
+    v = len(act)
+    alive, done, live = [0] * v, [0] * v, [False] * v
+    a = g = 0
+    best: tuple = (-1, 0, 0, (), ())
+    for backward, c in interleaved_ops(rank, pp, n, v):
+        if backward:
+            if not live[c]:
+                live[c], g = True, g + grad[c]
+        else:
+            alive[c], a = alive[c] + 1, a + act[c]
+        if a + g > best[0]:
+            best = (a + g, a, g, tuple(alive), tuple(done))
+        if backward:
+            alive[c], a = alive[c] - 1, a - act[c]
+            done[c] += 1
+            if done[c] >= n:
+                live[c], g = False, g - grad[c]
+    return best[1], best[2], best[3], best[4]
+
+
+def test_the_interleaved_peak_scans_the_schedules_distinct_moments_exactly() -> None:
+    import random
+
+    rng = random.Random(49)
+    for pp in (2, 3, 4, 8, 16):
+        for n in (pp, 2 * pp, 3 * pp, 8 * pp, 5 * pp + 1):
+            for v in (1, 2, 3, 4):
+                for rank in range(pp):
+                    for _ in range(3):
+                        act = [rng.choice((0, 1, rng.randrange(1, 10**9))) for _ in range(v)]
+                        grad = [rng.choice((0, 1, rng.randrange(1, 10**10))) for _ in range(v)]
+                        assert interleaved_peak(rank, pp, n, act, grad) == _peak_by_every_action(rank, pp, n, act,
+                                                                                                 grad)

@@ -96,6 +96,37 @@ def test_a_plan_at_another_micro_batch_is_what_build_input_gives() -> None:
             assert fast.collectives == slow.collectives
 
 
+def test_the_timing_evaluation_is_the_paper_evaluations_most_loaded_stage() -> None:
+    """``evaluate_for_time`` (the search's timing: the first and last pipeline stages and the first of each kind
+    between them) names the same most loaded stage as ``evaluate`` over every stage, with the same total, rows,
+    collectives and host transfers, on every layout of four frameworks, pipelines of 2 to 32 stages, interleaved or
+    not, MoE, LoRA, offload and torchtitan's every:K recompute."""
+    from memcalc.evaluate import evaluate_for_time, top_candidates
+
+    sample = (_groups("torchtitan", gpus=32, batch=64) + _groups("megatron", gpus=32, batch=64)
+              + _groups("deepspeed", gpus=16, batch=32) + _groups("hf", gpus=16, batch=32)
+              + _groups("megatron", gpus=16, batch=64, model="mixtral-8x7b")
+              + _groups("torchtitan", gpus=16, batch=32, model="qwen3-30b-a3b")
+              + _groups("torchtitan", gpus=16, batch=64, recompute="every:3")
+              + _groups("megatron", gpus=16, batch=32, lora_rank=16) + _groups("deepspeed", offload=True))
+    shortcut = pipelines = 0
+    for g in sample:
+        for mb, ga in g.pairs[:3]:
+            plan = replace(S.with_batch(g.plan, mb, ga), accounting="paper")
+            slow = evaluate(plan)
+            fast = evaluate_for_time(plan)
+            assert (fast.stages[fast.top].stage, fast.total) == (slow.top, slow.total), (g.kwargs, mb, ga)
+            assert fast.gpu_rows == slow.gpu_rows and fast.node_rows == slow.node_rows
+            assert fast.collectives == slow.collectives and fast.transfers == slow.transfers
+            bare = evaluate_for_time(plan, activations=False)
+            assert [r for r in bare.gpu_rows if r.category != "activation"] == \
+                [r for r in slow.gpu_rows if r.category != "activation"]
+            assert bare.collectives == slow.collectives and bare.transfers == slow.transfers
+            pipelines += plan.pp > 1
+            shortcut += len(top_candidates(plan)) < plan.pp
+    assert pipelines >= 150 and shortcut >= 60, (pipelines, shortcut)
+
+
 def test_the_step_time_is_the_same_under_the_paper_and_the_realistic_accounting() -> None:
     from memcalc.time.estimate import time_evaluation
 

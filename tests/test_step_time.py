@@ -250,3 +250,27 @@ def test_one_rank_group_in_backward_is_timed_as_no_communication():
                     [col("all-reduce", "backward", "data-parallel", 1, 16 * 2**30)])
     assert one.step_s == pytest.approx(plain.step_s)
     assert one.exposed_communication_s == 0
+
+
+def test_plans_that_share_a_stage_profile_differ_only_in_fields_it_does_not_read() -> None:
+    """The step model shares one stage profile among plans that differ only in ``_UNREAD_BY_PROFILE`` (the planner
+    times every sharding strategy and accumulation count of a layout): changing those fields alone, the profile
+    computed afresh is the same, and changing any other field changes the key."""
+    import dataclasses
+
+    from memcalc.time.hardware import load_calibration
+    from memcalc.time.step import _PROFILE_KEY, _UNREAD_BY_PROFILE, _stage_profile
+
+    arch, cal = load_model("llama-3-8b"), load_calibration("h100-sxm-80gb")
+    unread = dict(gpus=64, micro_batches=12, optimizer="cpu", optimizer_state_bytes=2, optimizer_params=123,
+                  flops_attention="causal", gather_units=1)
+    assert set(unread) == set(_UNREAD_BY_PROFILE)
+    for base in (Plan(gpus=32, seq=4096, micro_batch=2, micro_batches=4, pp=4, tp=2, recompute="full"),
+                 Plan(gpus=8, seq=8192, micro_batch=1, tp=8, sp=True, recompute="op", attention="eager", dropout=True),
+                 Plan(gpus=16, seq=2048, micro_batch=4, micro_batches=8, pp=2, virtual=2, cp=2)):
+        other = replace(base, **unread)
+        assert _PROFILE_KEY(other) == _PROFILE_KEY(base)
+        assert _stage_profile(arch, cal, other) == _stage_profile(arch, cal, base)
+        read = [f.name for f in dataclasses.fields(Plan) if f.name not in _UNREAD_BY_PROFILE]
+        assert _PROFILE_KEY(replace(base, micro_batch=base.micro_batch + 1)) != _PROFILE_KEY(base)
+        assert len(_PROFILE_KEY(base)) == len(read)

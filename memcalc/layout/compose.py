@@ -32,6 +32,7 @@ Pipeline split (decoder layers per stage, embedding on the first, final norm + h
 
 from __future__ import annotations
 
+from functools import lru_cache
 from itertools import accumulate
 
 from memcalc.errors import InputError, did_you_mean, shown
@@ -291,6 +292,7 @@ def chunk_starts(stage_layers: tuple[int, ...]) -> tuple[int, ...]:
     return (0, *accumulate(stage_layers))[:-1]
 
 
+@lru_cache(maxsize=4096)
 def rank_layers(stage_layers: tuple[int, ...], pp: int, rank: int) -> tuple[range, ...]:
     """The decoder layers pipeline rank ``rank`` runs, one range per model chunk: chunks rank, rank + pp, ...
     (torchtitan's ``stage_ids_this_rank`` loop style; Megatron's interleaved schedule places chunks the same way)."""

@@ -94,6 +94,8 @@ def _layer_bytes(arch: Architecture, st: act.Setting, tp: int, sp: bool, recompu
 def moe_layers(plan: Plan, stage: int) -> int:
     """MoE layers on pipeline stage ``stage``."""
     assert plan.arch is not None
+    if not plan.arch.moe:  # a dense model has none (Architecture.is_moe_layer)
+        return 0
     return sum(_moe_layers(plan.arch, r.start, r.stop) for r in stage_chunks(plan, stage))
 
 

@@ -11,7 +11,9 @@ gradients) and the backward of one layer (``torch_stage_rows``).
 
 from __future__ import annotations
 
-from functools import cache
+from functools import cache, lru_cache
+from itertools import compress, takewhile
+from operator import le, mul
 
 from typing import Any
 
@@ -19,6 +21,7 @@ from memcalc.layout.compose import composition
 from memcalc.layout.plan import Plan
 from memcalc.memory.paper import layer_count, moe_layers, stage_chunks
 from memcalc.memory.rows import Row
+from memcalc.model.memo import per_architecture
 from memcalc.model.params import Shard, layer_params
 from memcalc.units import MiB
 
@@ -42,31 +45,74 @@ def interleaved_ops(rank: int, pp: int, n: int, virtual: int) -> tuple[tuple[boo
     return tuple(ops)
 
 
+@cache
+def interleaved_moments(rank: int, pp: int, n: int, virtual: int) -> tuple[tuple[tuple[int, ...], tuple[int, ...],
+                                                                            tuple[int, ...]], ...]:  # fmt: skip
+    """The distinct moments of rank ``rank``'s interleaved schedule (``interleaved_ops``), in the order each first
+    occurs: (micro-batches in flight per local chunk, chunks whose gradient accumulators are alive as 0/1, backwards
+    each chunk has finished at that first occurrence). What a moment holds depends on the first two alone, so the
+    first moment that holds the most is the first occurrence of one of these (an earlier occurrence of the same
+    state would hold as much): ``interleaved_peak`` scans these instead of every action of the schedule."""
+    alive, done, live = [0] * virtual, [0] * virtual, [0] * virtual
+    seen: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, ...]] = {}
+    for backward, c in interleaved_ops(rank, pp, n, virtual):
+        if backward:
+            live[c] = 1  # the first backward allocates the chunk's accumulators; its micro-batch is still alive
+        else:
+            alive[c] += 1
+        seen.setdefault((tuple(alive), tuple(live)), tuple(done))
+        if backward:
+            alive[c] -= 1
+            done[c] += 1
+            if done[c] >= n:
+                live[c] = 0
+    return tuple((a, g, d) for (a, g), d in seen.items())
+
+
+@cache
+def _maximal_moments(rank: int, pp: int, n: int, virtual: int) -> tuple[tuple[tuple[int, ...], tuple[int, ...],
+                                                                              tuple[int, ...]], ...]:  # fmt: skip
+    """The moments of ``interleaved_moments`` that no other one dominates (as many micro-batches or more in flight in
+    every chunk, and every accumulator it has alive), in the same order. With every chunk's activations and gradients
+    positive a dominated moment holds strictly less than the one dominating it, so the peak is among these."""
+    moments = interleaved_moments(rank, pp, n, virtual)
+    # largest first: a moment can be dominated only by one holding at least as much in all, so each is compared with
+    # the undominated ones already found (distinct moments: dominating means larger somewhere)
+    # (and only by one holding more in total: an equal total with as much everywhere is the same moment)
+    vectors = sorted(((sum(alive) + sum(live), alive + live, i) for i, (alive, live, _) in enumerate(moments)),
+                     key=lambda x: -x[0])
+    kept: list[tuple[int, tuple[int, ...], int]] = []
+    for total, m, i in vectors:
+        if not any(all(map(le, m, k)) for t, k, _ in takewhile(lambda x: x[0] > total, kept)):
+            kept.append((total, m, i))
+    return tuple(moments[i] for i in sorted(i for _, _, i in kept))
+
+
 def interleaved_peak(rank: int, pp: int, n: int, act: list[int],
                      grad: list[int]) -> tuple[int, int, tuple[int, ...], tuple[int, ...]]:  # fmt: skip
     """(activation bytes, gradient-accumulator bytes, micro-batches in flight per local chunk, backwards each local
-    chunk has finished) at the moment of rank ``rank``'s interleaved schedule when the first two's sum is largest.
-    ``act[c]``: what one micro-batch of local chunk c keeps from its forward to its backward; ``grad[c]``: chunk c's
-    unsharded gradients under FSDP, alive from its first backward to the reduce-scatter after its n-th (each stage
-    reduces after its own last backward: pipelining schedules.py ``backward_counter``, stage.py
-    ``backward_maybe_with_nosync``)."""
+    chunk has finished) at the moment of rank ``rank``'s interleaved schedule when the first two's sum is largest (the
+    first such moment). ``act[c]``: what one micro-batch of local chunk c keeps from its forward to its backward;
+    ``grad[c]``: chunk c's unsharded gradients under FSDP, alive from its first backward to the reduce-scatter after
+    its n-th (each stage reduces after its own last backward: pipelining schedules.py ``backward_counter``, stage.py
+    ``backward_maybe_with_nosync``). The moments scanned are ``interleaved_moments``', or only the undominated ones
+    where every size is positive (tests/test_pipeline_schedule.py holds both to a walk over every action)."""
+    return _peak(rank, pp, n, tuple(act), tuple(grad))
+
+
+@lru_cache(maxsize=65536)
+def _peak(rank: int, pp: int, n: int, act: tuple[int, ...],
+          grad: tuple[int, ...]) -> tuple[int, int, tuple[int, ...], tuple[int, ...]]:  # fmt: skip
+    """``interleaved_peak``, once per sizes (plans alike but for their sharding share it)."""
     v = len(act)
-    alive, done, live = [0] * v, [0] * v, [False] * v
-    a = g = 0  # the sums of act[c] x alive[c] and of grad[c] over the live chunks, kept as the schedule runs
-    best: tuple = (-1, 0, 0, 0, ())
-    for backward, c in interleaved_ops(rank, pp, n, v):
-        if backward:
-            if not live[c]:  # the first backward allocates the chunk's accumulators; its micro-batch is still alive
-                live[c], g = True, g + grad[c]
-        else:
-            alive[c], a = alive[c] + 1, a + act[c]
+    positive = all(x > 0 for x in act) and all(x > 0 for x in grad)
+    moments = _maximal_moments(rank, pp, n, v) if positive else interleaved_moments(rank, pp, n, v)
+    best: tuple = (-1, 0, 0, (), ())
+    for alive, live, done in moments:
+        a = sum(map(mul, act, alive))
+        g = sum(compress(grad, live))
         if a + g > best[0]:
-            best = (a + g, a, g, tuple(alive), tuple(done))
-        if backward:
-            alive[c], a = alive[c] - 1, a - act[c]
-            done[c] += 1
-            if done[c] >= n:
-                live[c], g = False, g - grad[c]
+            best = (a + g, a, g, alive, done)
     return best[1], best[2], best[3], best[4]
 
 
@@ -140,8 +186,6 @@ def torch_stage_rows(plan: Plan, stage: int, st: Any, flight: float, schedule: S
       (``FSDPParam.accumulate_unsharded_grad_if_needed``).
     ``schedule``: the micro-batches each local chunk holds and the backwards it has finished at the peak (interleaved
     schedules: ``interleave_fsdp``); 1F1B's are ``flight`` and ``n - flight``."""
-    from memcalc.memory.activations import layer_activations
-
     arch, w, n = plan.arch, plan.work, plan.grad_accum
     assert arch is not None and w is not None
     v, tp, sp = plan.virtual_stages, plan.tp, plan.sequence_parallel
@@ -155,12 +199,9 @@ def torch_stage_rows(plan: Plan, stage: int, st: Any, flight: float, schedule: S
     dtensor = composition(plan.framework).dtensor_tp
     policy = "full" if w.recompute.startswith("every:") else w.recompute
     n_moe = moe_layers(plan, stage)
-    kinds = [False] * (layer_count(plan, stage) > n_moe) + [True] * (n_moe > 0)  # dense and MoE layers present
-    shard = Shard(tp, plan.ep)
-    rebuilt = max((layer_activations(arch, st, tp, sp, "none", moe=m, dtensor=dtensor).total
-                  - layer_activations(arch, st, tp, sp, policy, moe=m, dtensor=dtensor).total
-                  for m in kinds), default=0) if policy != "none" else 0  # fmt: skip
-    new_grads = max((layer_params(arch, m, shard).total for m in kinds), default=0) * plan.precision.param_bytes
+    kinds = (False,) * (layer_count(plan, stage) > n_moe) + (True,) * (n_moe > 0)  # dense and MoE layers present
+    rebuilt, new_params = _one_layer(arch, st, tp, sp, policy, dtensor, kinds, plan.ep)
+    new_grads = new_params * plan.precision.param_bytes
     return [
         Row("pipeline_receive_buffers", f"pipeline receive buffers ({buffers} x {boundary / MiB:.0f} MiB)", buffers * boundary,
             "gpu", "activation", "one per micro-batch for the stage input and one for the output gradient, made once "
@@ -178,3 +219,16 @@ def torch_stage_rows(plan: Plan, stage: int, st: Any, flight: float, schedule: S
             "model_state", "autograd's gradients of the layer's weights until FSDP2's post-backward adds them to the "
             "accumulated ones (FSDPParam.accumulate_unsharded_grad_if_needed)"),
     ]
+
+
+@per_architecture
+def _one_layer(arch: Any, st: Any, tp: int, sp: bool, policy: str, dtensor: bool, kinds: tuple[bool, ...],
+               ep: int) -> tuple[int, int]:  # fmt: skip
+    """(what one layer's backward rebuilds, the parameters of the largest layer) over the layer kinds present: the
+    same for every stage and micro-batch count that share them (``torch_stage_rows``)."""
+    from memcalc.memory.activations import layer_activations
+
+    rebuilt = max((layer_activations(arch, st, tp, sp, "none", moe=m, dtensor=dtensor).total
+                  - layer_activations(arch, st, tp, sp, policy, moe=m, dtensor=dtensor).total
+                  for m in kinds), default=0) if policy != "none" else 0  # fmt: skip
+    return rebuilt, max((layer_params(arch, m, Shard(tp, ep)).total for m in kinds), default=0)

@@ -204,7 +204,7 @@ def _pipeline_rank(plan: Plan, stage: int, every_layer: bool = False) -> tuple[A
                         loss_compiled=_loss_compiled(plan), float8=plan.float8,
                         float8_all_gather=plan.float8_all_gather, world=plan.shard_group_size,
                         fsdp_param_dtype=policy, fsdp_reduce_fp32=_reduce_fp32(plan),
-                        every_layer=every_layer)  # fmt: skip
+                        every_layer=every_layer, every_micro_batch=every_layer)  # fmt: skip
     # communicators: the data-parallel (shard) group's, the tensor-parallel group's, the pipeline's
     return tl, 0, (plan.shard_group_size > 1) + (plan.tp > 1) + 1
 

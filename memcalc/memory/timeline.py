@@ -85,8 +85,8 @@ class Timeline:
 
 
 def _moment(phase: str, label: str, parts: list[tuple[str, int]]) -> Moment:
-    kept = tuple([(n, b) for n, b in parts if b])
-    return Moment(phase, label, sum([b for _, b in kept]), kept)
+    kept = tuple([p for p in parts if p[1]])
+    return Moment(phase, label, sum([p[1] for p in kept]), kept)
 
 
 EMB_WHOLE = "embedding gradient, the whole vocabulary (Replicate, sequence parallel)"

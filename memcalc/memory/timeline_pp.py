@@ -100,14 +100,17 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
                    tp: int = 1, sequence_parallel: bool = False, compiled: bool = False,
                    loss_compiled: bool | None = None, float8: str = "none", float8_all_gather: bool = False,
                    world: int = 1, fsdp_param_dtype: str | None = "bf16",
-                   fsdp_reduce_fp32: bool = False, every_layer: bool = True) -> Timeline:  # fmt: skip
+                   fsdp_reduce_fp32: bool = False, every_layer: bool = True,
+                   every_micro_batch: bool = True) -> Timeline:  # fmt: skip
     """Moments of pipeline rank ``rank`` of ``pp`` over one step of ``micro_batches`` micro-batches of ``b`` x ``s``
     tokens, FSDP2 over ``world`` ranks inside the stage. ``chunks``: the decoder layers of each of the rank's local
     model chunks (global stage ``rank + c·pp``, torch's looped placement); one chunk: ``Schedule1F1B``, more:
     ``ScheduleInterleaved1F1B``. The other arguments are ``memcalc.memory.timeline.timeline``'s. Parameters and
     gradients are FSDP2's under ``MixedPrecisionPolicy(param_dtype=fsdp_param_dtype)``: fp32 shards (or the
     regime's width), gathered in the param dtype, accumulated in fp32 under ``fsdp_reduce_fp32``. ``every_layer``:
-    False makes the moments of the layers that bound the others only (``memcalc.memory.stack``), the same peaks."""
+    False makes the moments of the layers that bound the others only (``memcalc.memory.stack``), the same peaks.
+    ``every_micro_batch``: False leaves out the moments of an action whose moments an earlier action already made
+    (``_action_state``: the schedule's steady phase repeats the same forwards and backwards), the same peaks."""
     v, n = len(chunks), micro_batches
     if pp < 2 or not 0 <= rank < pp or v < 1 or n < 1:
         raise InputError(f"pipeline rank {rank} of {pp} with {v} chunk(s) and {n} micro-batch(es): give pp >= 2, "
@@ -224,7 +227,17 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
                        ("stage input gradient being sent (the previous backward's)", sending),
                        ("head's new gradients (until the stage's post-backward)", root_new)]
 
+    made: set[tuple] = set()  # the states of the actions whose moments are made
     for backward, c in ops:
+        if not every_micro_batch:
+            state = _action_state(backward, c, alive, gathered, acc, done, n, v == 1 and not first[0])
+            if state in made:  # the same moments again, later: no peak, phase peak or reserved figure changes
+                if backward:
+                    alive[c], done[c] = alive[c] - 1, done[c] + 1
+                else:
+                    gathered[c], fwd[c], alive[c] = True, fwd[c] + 1, alive[c] + 1
+                continue
+            made.add(state)
         ids = list(chunks[c])
         if not backward:
             if not gathered[c]:  # the first forward gathers each unit; they stay gathered
@@ -351,6 +364,19 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
     what = "the embedding's whole-vocabulary gradients" if sp > 1 else "the embedding's gradients"
     return Timeline(tuple(moments), fresh_at, 0, fresh, f"the blocks reserved before them, too small for {what}",
                     fresh_from)
+
+
+def _action_state(backward: bool, c: int, alive: list[int], gathered: list[bool], acc: list[int], done: list[int],
+                  n: int, sends: bool) -> tuple:  # fmt: skip
+    """What the moments of one action of ``stage_timeline``'s schedule depend on, besides the constants of the stage:
+    the action and its chunk, the micro-batches in flight, the units gathered, the accumulators alive, whether an
+    input gradient is being sent (1F1B past its first backward), and for a backward whether it is its chunk's first
+    (it makes the accumulators and the embedding's fresh blocks) or last (it reduces). The micro-batch's number enters
+    their labels only. Two actions in the same state make the same moments and leave the same state but for
+    ``done``/``fwd``; a backward neither first nor last changes nothing else (tests/test_pipeline_realistic.py
+    holds the timelines' figures to every action's)."""
+    return (backward, c, tuple(alive), tuple(gathered), tuple(acc), sends and done[0] > 0,
+            backward and done[c] == 0, backward and done[c] + 1 == n)
 
 
 def _reduce(c: int, parts: list[tuple[str, int]], reduce_input: int) -> Moment:

@@ -101,6 +101,9 @@ def _groups(job: PlanJob, arch: Any, held: dict, passthrough: dict, reasons: Cou
                          "it into micro-batch x accumulation x data-parallel size (a pipeline also needs at least pp "
                          "micro-batches); accepted: a global batch that a data-parallel size divides, e.g. "
                          f"{max(job.gpus) * max(1, job.global_batch // max(job.gpus))}")
+    from memcalc.inputs.presets import load_gpu
+
+    records = {arg: load_gpu(arg) for arg in gpu_args.values()}  # each GPU's file read once, not per setting
     groups = []
     for gpu, n, fw, kw, pairs in every:
         if not pairs:
@@ -108,7 +111,8 @@ def _groups(job: PlanJob, arch: Any, held: dict, passthrough: dict, reasons: Cou
             continue
         args = _estimate_kwargs(job, fw, gpu, n, kw, passthrough)
         try:
-            plan = to_plan(build_input(model=arch, micro_batch=pairs[0][0], grad_accum=pairs[0][1], **args))
+            plan = to_plan(build_input(model=arch, micro_batch=pairs[0][0], grad_accum=pairs[0][1],
+                                       **{**args, "gpu": records[gpu]}))
         except InputError as e:
             reasons[_reason(str(e))] += len(pairs)
             continue

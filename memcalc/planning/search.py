@@ -4,8 +4,8 @@ first, each check as exact as ``memcalc estimate``'s, and no more checks than th
 Why it is sound (docs/planning.md):
 - The step time does not depend on the memory accounting: ``memcalc.evaluate`` lists the same collectives and host
   copies under the paper and the realistic accounting, and ``memcalc.time`` reads nothing else of the evaluation. So
-  every candidate is timed with the paper evaluation (tens of microseconds) and its rank is exact before any
-  realistic replay runs. (Under a pipeline the collectives timed are those of the stage most loaded in memory, which
+  every candidate is timed with the paper evaluation (tens of microseconds; ``memcalc.evaluate.evaluate_for_time``
+  finds its most loaded stage from fewer stages, exactly) and its rank is exact before any realistic replay runs. (Under a pipeline the collectives timed are those of the stage most loaded in memory, which
   the two accountings can name apart: the stages' data-parallel traffic then differs by a few embedding rows, a few
   nanoseconds of a step. The plans returned are estimated again exactly.)
 - A candidate's memory is needed only when it could enter the answer: candidates are visited best first, and a
@@ -30,8 +30,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from memcalc.errors import InputError
-from memcalc.evaluate import Evaluation, evaluate
+from memcalc.evaluate import Evaluation, evaluate, evaluate_for_time
 from memcalc.layout.plan import Plan
+from memcalc.memory.paper import fit as paper_fit
 from memcalc.time.estimate import time_evaluation
 
 STATE_KEYS = ("parameters", "parameters_frozen", "parameters_adapters", "master_weights", "optimizer_moments",
@@ -125,7 +126,7 @@ def timed(group: Group, time_fields: Callable[..., dict | None]) -> list[Candida
     impl = impl if impl in ("foreach", "fused") else "foreach"
     for mb, ga in group.pairs:
         plan = with_batch(group.plan, mb, ga)
-        ev = evaluate(replace(plan, accounting="paper"))
+        ev = evaluate_for_time(replace(plan, accounting="paper"), activations=plan.accounting == "paper")
         st = time_evaluation(ev, gpu=group.gpu, optimizer_impl=impl)
         f = time_fields(st)
         if f is None:
@@ -133,7 +134,7 @@ def timed(group: Group, time_fields: Callable[..., dict | None]) -> list[Candida
         cost = None if group.price is None else group.price * group.gpus * f["step_s"] / 3600
         c = Candidate(group, mb, ga, plan, f["step_s"], _bound(f), _lower(ev), cost)
         if plan.accounting == "paper":  # the answer is this evaluation's: settled now
-            c.verdict, c.peak, c.exact = ev.paper_fit.verdict, ev.total, True  # type: ignore[union-attr]
+            c.verdict, c.peak, c.exact = paper_fit(plan, ev.total, ev.stages[ev.top].stage).verdict, ev.total, True
         out.append(c)
         if c.lower > plan.usable_bytes:  # the model states alone do not fit: no micro-batch of this group does
             break

@@ -23,8 +23,10 @@ Sources and rules (each also in docs/performance-model.md):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
-from functools import cache
+from functools import cache, lru_cache
+from operator import attrgetter
 from typing import Any
 
 from memcalc.comm.timing import Group, primitive_time
@@ -299,28 +301,39 @@ def head_time(arch: Architecture, cal: Calibration, dtype: str, tokens: int, tp:
     return 3 * fwd, tokens * g.n * cal.cross_entropy_bytes_per_logit / cal.hbm_bytes_per_s
 
 
-@cache
+_UNREAD_BY_PROFILE = ("gpus", "micro_batches", "optimizer", "optimizer_state_bytes", "optimizer_params",
+                      "flops_attention", "gather_units")
+"""Step-plan fields ``_stage_profile`` does not read: plans that differ only in them (another sharding strategy,
+another accumulation count) share one profile."""
+_PROFILE_KEY = attrgetter(*(f.name for f in dataclasses.fields(Plan) if f.name not in _UNREAD_BY_PROFILE))
+_profiles: dict[tuple, tuple[float, float, float, float, float, float, int]] = {}
+
+
+def _shared_profile(arch: Architecture, cal: Calibration, plan: Plan) -> tuple[float, float, float, float, float,
+                                                                                 float, int]:  # fmt: skip
+    """``_stage_profile``, computed once for plans that differ only in fields it does not read."""
+    key = (arch, cal, _PROFILE_KEY(plan))
+    hit = _profiles.get(key)
+    if hit is None:
+        if len(_profiles) >= 8192:  # bounded: a long-running process does not grow without end
+            _profiles.clear()
+        hit = _profiles[key] = _stage_profile(arch, cal, plan)
+    return hit
+
+
 def _stage_profile(arch: Architecture, cal: Calibration, plan: Plan) -> tuple[float, float, float, float, float, float, int]:
     """(compute, memory, recompute, fwd, bwd, attention) seconds per micro-batch on the slowest stage, and its layers."""
     p = plan
     if p.stage_layers is None and arch.layers < p.pp * p.virtual:
         raise InputError(f"layers({arch.layers}) < pp({p.pp}) x virtual({p.virtual}); give fewer stages")
-    if p.stage_layers is not None:
-        from memcalc.layout.compose import rank_layers
-
-        ranks = [[i for r in rank_layers(p.stage_layers, p.pp, k) for i in r] for k in range(p.pp)]
-    else:
-        base, extra = divmod(arch.layers, p.pp)  # uneven split: the first stages take one more layer
-        bounds = [0, *(base * (k + 1) + min(k + 1, extra) for k in range(p.pp))]
-        ranks = [list(range(bounds[k], bounds[k + 1])) for k in range(p.pp)]
+    ranks = _stage_kinds(arch, p.pp, p.stage_layers, p.recompute)
     best: tuple[float, float, float, float, float, float, int] | None = None
     kinds: dict[tuple[bool, int | None], LayerTime] = {}  # a layer's time depends on its kind alone: one per kind
     terms: dict[tuple, tuple[LayerTime, float, float, float, float, float]] = {}  # and its policy: the same terms
     for stage in range(p.pp):
         n = len(ranks[stage])
         comp = mem = rec = fwd = bwd = attn = 0.0
-        for i in ranks[stage]:
-            kind = (arch.is_moe_layer(i), layer_window(arch, i), layer_policy(p.recompute, i))
+        for kind in ranks[stage]:
             t = terms.get(kind)
             if t is None:
                 lt = kinds.get(kind[:2])
@@ -355,6 +368,23 @@ def _stage_profile(arch: Architecture, cal: Calibration, plan: Plan) -> tuple[fl
     return best
 
 
+@lru_cache(maxsize=1024)
+def _stage_kinds(arch: Architecture, pp: int, stage_layers: tuple[int, ...] | None,
+                 recompute: str) -> tuple[tuple[tuple[bool, int | None, str], ...], ...]:  # fmt: skip
+    """Each pipeline stage's layers, in order, by what their time depends on: (MoE?, sliding window, recompute
+    policy). The plan's split, else the even one with the first stages taking one more layer where it is uneven."""
+    if stage_layers is not None:
+        from memcalc.layout.compose import rank_layers
+
+        ranks = [[i for r in rank_layers(stage_layers, pp, k) for i in r] for k in range(pp)]
+    else:
+        base, extra = divmod(arch.layers, pp)  # uneven split: the first stages take one more layer
+        bounds = [0, *(base * (k + 1) + min(k + 1, extra) for k in range(pp))]
+        ranks = [list(range(bounds[k], bounds[k + 1])) for k in range(pp)]
+    return tuple(tuple((arch.is_moe_layer(i), layer_window(arch, i), layer_policy(recompute, i)) for i in r)
+                 for r in ranks)
+
+
 def _time(c: Any, machine: Machine, size: int | None = None) -> float:
     size = c.payload_bytes_per_call if size is None else size
     per_node = getattr(c, "ranks_per_node", None)  # optional: members per node when the caller knows the stride
@@ -379,7 +409,7 @@ def _plan_profile(arch: Architecture, cal: Calibration, plan: Plan) -> tuple[tup
         tokens = p.seq * p.dp * p.micro_batch * p.micro_batches
         delta = 3 * arch.layers * p.lora_flops_per_token * tokens - fl.layer_matmul_forward - fl.head_forward
         model, hardware = model + delta, hardware + delta
-    return _stage_profile(arch, cal, p), model, hardware, n_opt, cal.peak(p.dtype)
+    return _shared_profile(arch, cal, p), model, hardware, n_opt, cal.peak(p.dtype)
 
 
 def step_time(arch: Architecture, plan: Plan, machine: Machine, collectives: Iterable[Any] = (),
