@@ -1,0 +1,225 @@
+"""The realistic peak of a Megatron-Core rank (``--framework megatron``): its model states as Megatron-Core's DDP and
+distributed optimizer hold them, what its layers save per micro-batch (``memcalc.memory.megatron_saved``), the
+micro-batches its pipeline schedule keeps in flight, the loss, then the allocator, CUDA context and NCCL buffers as
+for the other frameworks (``memcalc.memory.allocator``).
+
+Sources (megatron-core 0.16.1, paths under ``megatron/core/``):
+
+- ``distributed/param_and_grad_buffer.py`` ``_ParamAndGradBuffer``: every bf16 parameter of a model chunk lives in one
+  contiguous param buffer (under the distributed optimizer) and its gradient in one contiguous grad buffer, fp32
+  (``grad_reduce_in_fp32``: Megatron-LM's ``--bf16`` default, ``megatron/training/arguments.py``) or bf16 with
+  ``--grad-reduce-in-bf16``; each parameter starts 64 elements aligned and, under the distributed optimizer, each
+  bucket ends padded to a multiple of lcm(dp·cp, 128) (``_pad_end_of_bucket_if_needed``). Buckets hold at least
+  ``bucket_size`` = max(40,000,000, 1,000,000 · dp·cp) elements (``distributed_data_parallel.py``).
+- ``optimizer/distrib_optimizer.py`` ``DistributedOptimizer``: each rank's 1/(dp·cp) shard of the buffer gets an fp32
+  master copy (``shard_fp32_from_float16_groups``) and Adam's exp_avg and exp_avg_sq (fp32): 12 bytes per element of
+  the shard; the master's grad is a view of the fp32 grad buffer. The updated shards are all-gathered into the param
+  buffer in place (``--overlap-param-gather`` gathers bucket by bucket into the same buffer: no second copy).
+  Without ``--use-distributed-optimizer`` (``optimizer/optimizer.py`` ``Float16OptimizerWithFloat16Params``) every
+  rank keeps the fp32 master and both moments whole: 12 bytes per parameter.
+- ``pipeline_parallel/schedules.py`` ``get_pp_rank_microbatches``: pipeline rank r of p runs p - r - 1 warm-up
+  forwards (1F1B) or 2(p - r - 1) + (v - 1)·g (interleaved, v chunks, g = microbatch_group_size_per_vp_stage = p by
+  default), then one more forward before its first backward: that many chunk micro-batches in flight, at most all of
+  them (v·m). ``deallocate_output_tensor`` frees each sent stage output, so a chunk's in-flight bytes are what its
+  layers saved (the received input is the first layer's saved input).
+- Transformer Engine (``transformer_engine/pytorch/module/base.py`` ``get_weight_workspace``, called with
+  ``is_first_microbatch`` by ``extensions/transformer_engine.py``): under FP8 each linear's weight is cast once per
+  step and cached for the micro-batches, row-wise and (Hopper's GEMMs take no transposed FP8 operand) column-wise:
+  2 bytes per linear weight element. The amax histories and scales are a few KiB per layer (not counted).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from memcalc.errors import InputError
+from memcalc.layout.plan import Plan
+from memcalc.memory import megatron_saved as ms
+from memcalc.memory.rows import Row
+
+BUCKET_MIN = 40_000_000
+"""``DistributedDataParallelConfig.bucket_size`` default: max(40,000,000, 1,000,000 x data-parallel size)."""
+RECOMPUTE = {"none": (), "selective": ("core_attn",), "full": ()}
+"""memcalc's --recompute under Megatron: selective is ``--recompute-granularity selective`` with its default modules
+(core_attn); full is ``--recompute-granularity full --recompute-method uniform --recompute-num-layers 1``."""
+
+
+def in_flight(rank: int, pp: int, micro_batches: int, virtual: int) -> int:
+    """Chunk micro-batches pipeline rank ``rank`` holds at its first backward (``schedules.py``
+    ``get_pp_rank_microbatches``: its warm-up forwards and the one that precedes the first backward)."""
+    total = micro_batches * virtual
+    if pp == 1:
+        return 1
+    if virtual == 1:
+        warm = pp - rank - 1
+    else:
+        warm = (pp - rank - 1) * 2 + (virtual - 1) * pp
+    return min(total, warm + 1)
+
+
+def buffer_elements(params: int, shard: int, distributed: bool) -> int:
+    """The grad (and param) buffer's elements for ``params`` parameters: 64-element alignment per parameter is a few
+    elements a tensor (not counted); each bucket padded to lcm(shard, 128) under the distributed optimizer."""
+    if not distributed:
+        return params
+    bucket = max(BUCKET_MIN, 1_000_000 * shard)
+    buckets = max(1, -(-params // bucket))
+    return params + buckets * math.lcm(shard, 128)
+
+
+def _linear_weights(plan: Plan, stage: int) -> int:
+    """The decoder layers' linear weights on rank ``stage`` (what TE casts to FP8; the embedding and output layer
+    run in bf16)."""
+    from memcalc.memory.paper import layer_count
+    from memcalc.model.params import Shard, layer_params
+
+    arch = plan.arch
+    assert arch is not None
+    one = layer_params(arch, False, Shard(plan.tp, plan.ep))
+    return (one.attention + one.mlp) * layer_count(plan, stage)
+
+
+def state_rows(plan: Plan, stage: int) -> list[Row]:
+    """Rank ``stage``'s model states: bf16 parameters, the grad buffer, the fp32 master and Adam's moments."""
+    from memcalc.memory.paper import param_groups
+
+    psi = param_groups(plan, stage)[0]
+    shard = plan.shard_group_size
+    distributed = plan.spec.name == "zero-1"
+    n = buffer_elements(psi, shard, distributed)
+    grad = 2 if plan.grad_bytes == 2 else 4
+    where = "megatron/core/distributed/param_and_grad_buffer.py"
+    rows = [
+        Row("parameters", "parameters (bf16 param buffer)", 2 * n, "gpu", "model_state",
+            f"2 bytes x {n:,} buffer elements ({psi:,} parameters + bucket padding; {where})"),
+        Row("gradients", f"grad buffer ({'fp32 main_grad' if grad == 4 else 'bf16'})", grad * n, "gpu",
+            "model_state", f"{grad} bytes per buffer element, whole on every rank ({where}"
+            + (", grad_reduce_in_fp32" if grad == 4 else ", --grad-reduce-in-bf16") + ")"),
+    ]
+    if distributed:
+        part = n // shard
+        rows += [Row("master_weights", "fp32 master shard", 4 * part, "gpu", "model_state",
+                     f"4 x {n:,}/{shard} (optimizer/distrib_optimizer.py shard_fp32_from_float16_groups)"),
+                 Row("optimizer_moments", "Adam moments (fp32 shard)", 8 * part, "gpu", "model_state",
+                     f"2 x 4 x {n:,}/{shard} (exp_avg, exp_avg_sq of the shard)")]
+        if grad == 2:
+            rows.append(Row("gradients_fp32", "fp32 copy of the grad shard (step)", 4 * part, "gpu", "model_state",
+                            "bf16 grads: the master's .grad is a float copy of the shard "
+                            "(distrib_optimizer.py _copy_model_grads_to_main_grads)"))
+    else:
+        rows += [Row("master_weights", "fp32 master weights", 4 * psi, "gpu", "model_state",
+                     "4 bytes per parameter (optimizer/optimizer.py Float16OptimizerWithFloat16Params)"),
+                 Row("optimizer_moments", "Adam moments (fp32)", 8 * psi, "gpu", "model_state",
+                     "exp_avg and exp_avg_sq, 4 bytes each per parameter")]
+    if plan.float8 != "none":
+        w = _linear_weights(plan, stage)
+        rows.append(Row("fp8_weights", "FP8 weight copies (row- and column-wise)", 2 * w, "gpu", "model_state",
+                        f"2 bytes x {w:,} linear weight elements, cast once per step and cached for the micro-batches "
+                        "(transformer_engine/pytorch/module/base.py get_weight_workspace)"))
+    return rows
+
+
+def _shape(plan: Plan) -> ms.Shape:
+    arch, w = plan.arch, plan.work
+    assert arch is not None and w is not None
+    return ms.shape_of(arch, w.seq_len // plan.cp, w.micro_batch, plan.tp, plan.sequence_parallel)
+
+
+def activation_rows(plan: Plan, stage: int) -> tuple[list[Row], int]:
+    """Rank ``stage``'s saved activations at its first backward, the backward's and the loss's transients; and the
+    chunk micro-batches in flight."""
+    from memcalc.memory.paper import layer_count
+
+    arch, w = plan.arch, plan.work
+    assert arch is not None and w is not None
+    x = _shape(plan)
+    fp8 = plan.float8 != "none"
+    layers = layer_count(plan, stage)
+    per_chunk = layers // plan.virtual_stages
+    n = in_flight(stage, plan.pp, plan.grad_accum, plan.virtual_stages)
+    rows: list[Row] = []
+    layer = ms.layer_bytes(x, "te", fp8, RECOMPUTE.get(w.recompute, ()))
+    seq = x.s * x.b // x.tp if x.sp else x.s * x.b
+    if w.recompute == "full":
+        # uniform, one layer per checkpoint: each layer keeps its input; the layer being backpropagated is
+        # recomputed and holds its whole saved set (transformer/transformer_block.py _checkpointed_forward)
+        kept = 2 * arch.hidden * seq
+        rows.append(Row("activations", f"layer inputs: {per_chunk} layers x {n} chunk micro-batches", kept * per_chunk * n,
+                        "gpu", "activation", "full recompute (uniform, 1 layer): each checkpoint keeps its input, "
+                        "2·s·b·h/tp bytes under SP"))
+        rows.append(Row("activations_recomputed", "the recomputed layer's saved tensors", layer, "gpu", "activation",
+                        "one layer's saved set, rebuilt for its backward"))
+    else:
+        what = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in ms.layer_saved(x, "te", fp8,
+                                                                         RECOMPUTE.get(w.recompute, ())))
+        rows.append(Row("activations", f"activations: {per_chunk} layers x {n} chunk micro-batches",
+                        layer * per_chunk * n, "gpu", "activation",
+                        f"{layer / 2**20:.1f} MiB per layer and micro-batch ({what}; memory/megatron_saved.py); in "
+                        f"flight: pipelining/schedules.py warm-up + 1"))
+    rows.append(Row("backward_transient", "backward working set (one layer's MLP)", ms.backward_transient(x), "gpu",
+                    "activation", "fc1's output gradient and fc2's input gradient, bf16"))
+    if stage == plan.pp - 1:
+        head = sum(b for _, b in ms.head_saved(arch, x))
+        rows.append(Row("head", "final norm and output layer inputs", head, "gpu", "activation",
+                        "models/gpt/gpt_model.py: the final norm's input and output, one micro-batch"))
+        rows.append(Row("loss", "logits and loss (fp32 softmax)", ms.loss_transient(arch, x), "gpu", "activation",
+                        "tensor_parallel/cross_entropy.py: bf16 logits and their fp32 copy, 6 bytes per logit of the "
+                        "vocabulary shard"))
+    return rows, n
+
+
+def communicators(plan: Plan) -> int:
+    """NCCL communicators a rank joins: data(-context), tensor, pipeline, context and expert groups of size > 1."""
+    return sum(int(g > 1) for g in (plan.shard_group_size, plan.tp, plan.pp, plan.cp, plan.ep))
+
+
+def evaluate(plan: Plan, stage: int = 0) -> Any:
+    """The realistic peak of pipeline rank ``stage`` (``memcalc.memory.realistic.Realistic``)."""
+    from memcalc.memory.allocator import fit, nccl_buffers
+    from memcalc.memory.realistic import Realistic
+
+    arch = plan.arch
+    assert arch is not None and plan.work is not None
+    if arch.layers % (plan.pp * plan.virtual_stages) and plan.stage_layers is None:
+        raise InputError(f"--virtual-stages {plan.virtual_stages}: layers({arch.layers}) is not a multiple of pp({plan.pp})"
+                         f" x {plan.virtual_stages}; Megatron-Core needs an explicit split")
+    rows = state_rows(plan, stage)
+    acts, _ = activation_rows(plan, stage)
+    rows += acts
+    allocated = sum(r.bytes for r in rows)
+    x = _shape(plan)
+    largest = ms.loss_transient(arch, x) * 4 // 6 if stage == plan.pp - 1 else 0
+    comm = nccl_buffers(communicators(plan), 16, 2)
+    f = fit(allocated, plan.usable_bytes, largest_request=largest, context=plan.cuda_context, communication=comm)
+    rows += [Row("allocator_reserve", "allocator: reserved beyond allocated", f.peak_reserved - allocated + plan.reserve,
+                 "gpu", "overhead", "the least measured gap (0.3 GiB, H100) + --reserve-gib"),
+             Row("cuda_context", "CUDA context", plan.cuda_context, "gpu", "overhead",
+                 "context, cuBLAS/cuDNN handles and kernels outside the allocator (0.75 GiB measured: H100, torch 2.11)")]
+    if comm:
+        rows.append(Row("nccl_buffers", "NCCL buffers", comm, "gpu", "overhead",
+                        "NCCL_BUFFSIZE 4 MiB x 16 channels x 2 ring peers per communicator (data, tensor, pipeline, "
+                        "context, expert groups), outside the allocator"))
+    phase = "backward" if plan.pp > 1 or plan.work.recompute == "full" else "forward"
+    return Realistic(rows, allocated, f.peak_reserved + plan.reserve, f.total + plan.reserve, f.verdict,
+                     f.margin - plan.reserve, phase, "the first backward, all warm-up micro-batches in flight",
+                     {phase: allocated})
+
+
+NOTE = ("accounting: realistic (Megatron-Core): the model states as Megatron-Core's DDP and distributed optimizer hold "
+        "them (bf16 param buffer, {grad} grad buffer, fp32 master and Adam moments {sharded}), what a Transformer "
+        "Engine GPT layer saves per micro-batch ({fp8}{recompute}), the micro-batches pipelining/schedules.py keeps "
+        "in flight at the first backward, the loss's logits on the last stage (memory/megatron.py, "
+        "memory/megatron_saved.py; the local spec's saved set is traced: memcalc/validation/trace_megatron.py)")
+
+
+def notes(plan: Plan) -> list[str]:
+    w = plan.work
+    assert w is not None
+    return [NOTE.format(grad="fp32" if plan.grad_bytes == 4 else "bf16",
+                        sharded=f"sharded over {plan.shard_group_size} ranks" if plan.spec.name == "zero-1"
+                        else "whole (DDP)",
+                        fp8="FP8: one-byte copies of the linears' inputs, weights cast once per step" if plan.float8 != "none"
+                        else "bf16",
+                        recompute={"none": ", no recompute", "selective": ", selective recompute of core_attn",
+                                   "full": ", full recompute, uniform, one layer per checkpoint"}.get(w.recompute, ""))]
