@@ -105,17 +105,19 @@ def layer_saved(x: Shape, spec: str = "te", fp8: bool = False,
         add(("norm 1 (fp32 input, rsqrt, normalized, weight)", norm))
         add(("qkv input (norm 1 output)", 2 * x.hidden * seq))
         add(("rotary cos, sin (q and k)", 4 * 2 * x.s * d))
-        # the local DotProductAttention repeats k and v over the query heads (GQA) before its bmm
-        add(("q, k, v (k and v repeated to the query heads)", 3 * 2 * tq))
+        if core:  # the checkpoint keeps its inputs: q, and k and v before the repeat
+            add(("q, k, v (core_attn checkpoint inputs)", 2 * (tq + 2 * tkv)))
+        else:  # the local DotProductAttention repeats k and v over the query heads (GQA) before its bmm
+            add(("q, k, v (k and v repeated to the query heads)", 3 * 2 * tq))
         if not core:
             scores = x.b * x.heads // x.tp * x.s * x.s
             add(("attention probabilities (fp32 softmax output)", 4 * scores))
             add(("attention probabilities (bf16, value bmm input)", 2 * scores))
         add(("attention output (proj input)", 2 * tq))
-        if "mlp" in modules:
-            add(("MLP checkpoint input", 2 * x.hidden * seq))
-            return out
         add(("norm 2 (fp32 input, rsqrt, normalized, weight)", norm))
+        if "mlp" in modules:  # the local spec's pre-MLP norm stays outside the checkpoint, whose input is its output
+            add(("MLP checkpoint input (norm 2 output)", 2 * x.hidden * seq))
+            return out
         add(("fc1 input (norm 2 output)", 2 * x.hidden * seq))
         if x.gated:
             add(("gate activation output, up half", 2 * 2 * tf))

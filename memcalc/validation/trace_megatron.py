@@ -50,6 +50,8 @@ def _init(tp: int) -> None:
 
     tracker = rng.get_cuda_rng_tracker()
     tracker.fork = lambda *a, **k: contextlib.nullcontext()  # type: ignore[method-assign]
+    rng._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()  # checkpoints' CUDA generator state: the CPU's
+    rng._set_cuda_rng_state = lambda *a, **k: None
     _READY["tp"] = tp
 
 
