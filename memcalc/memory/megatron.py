@@ -69,25 +69,44 @@ def buffer_elements(params: int, shard: int, distributed: bool) -> int:
 
 
 def _linear_weights(plan: Plan, stage: int) -> int:
-    """The decoder layers' linear weights on rank ``stage`` (what TE casts to FP8; the embedding and output layer
-    run in bf16)."""
-    from memcalc.memory.paper import layer_count
+    """The decoder layers' linear weights on rank ``stage`` (what TE casts to FP8; the embedding, the output layer and
+    the router run in bf16)."""
     from memcalc.model.params import Shard, layer_params
 
     arch = plan.arch
     assert arch is not None
-    one = layer_params(arch, False, Shard(plan.tp, plan.ep))
-    return (one.attention + one.mlp) * layer_count(plan, stage)
+    total = 0
+    for i in rank_layers(plan, stage):
+        one = layer_params(arch, arch.is_moe_layer(i), Shard(plan.tp, plan.ep))
+        total += one.attention + one.mlp
+    return total
+
+
+def rank_layers(plan: Plan, stage: int) -> list[int]:
+    """The decoder layers of pipeline rank ``stage``: its chunks' (global stage ``stage + c·pp``) under an even split
+    over pp·v stages (``transformer/transformer_block.py`` ``get_num_layers_to_build``), else the plan's split."""
+    from memcalc.memory.paper import stage_chunks
+
+    arch = plan.arch
+    assert arch is not None
+    if plan.stage_layers is not None:
+        return [i for r in stage_chunks(plan, stage) for i in r]
+    per = arch.layers // (plan.pp * plan.virtual_stages)
+    return [i for c in range(plan.virtual_stages) for i in range((c * plan.pp + stage) * per,
+                                                                  (c * plan.pp + stage + 1) * per)]
 
 
 def state_rows(plan: Plan, stage: int) -> list[Row]:
-    """Rank ``stage``'s model states: bf16 parameters, the grad buffer, the fp32 master and Adam's moments."""
+    """Rank ``stage``'s model states: bf16 parameters, the grad buffer, the fp32 master and Adam's moments (the
+    routed experts in buffers of their own, sharded over the expert data-parallel group)."""
     from memcalc.memory.paper import param_groups
 
-    psi = param_groups(plan, stage)[0]
-    shard = plan.shard_group_size
+    psi, groups = param_groups(plan, stage)
     distributed = plan.spec.name == "zero-1"
-    n = buffer_elements(psi, shard, distributed)
+    sized = [(g.n, buffer_elements(g.psi, g.n, distributed)) for g in groups if g.psi]
+    n = sum(e for _, e in sized)
+    part = sum(e // k for k, e in sized)
+    over = " and ".join(f"{e:,}/{k}" for k, e in sized)
     grad = 2 if plan.grad_bytes == 2 else 4
     where = "megatron/core/distributed/param_and_grad_buffer.py"
     rows = [
@@ -98,11 +117,10 @@ def state_rows(plan: Plan, stage: int) -> list[Row]:
             + (", grad_reduce_in_fp32" if grad == 4 else ", --grad-reduce-in-bf16") + ")"),
     ]
     if distributed:
-        part = n // shard
         rows += [Row("master_weights", "fp32 master shard", 4 * part, "gpu", "model_state",
-                     f"4 x {n:,}/{shard} (optimizer/distrib_optimizer.py shard_fp32_from_float16_groups)"),
+                     f"4 x {over} (optimizer/distrib_optimizer.py shard_fp32_from_float16_groups)"),
                  Row("optimizer_moments", "Adam moments (fp32 shard)", 8 * part, "gpu", "model_state",
-                     f"2 x 4 x {n:,}/{shard} (exp_avg, exp_avg_sq of the shard)")]
+                     f"2 x 4 x {over} (exp_avg, exp_avg_sq of the shard)")]
         if grad == 2:
             rows.append(Row("gradients_fp32", "fp32 copy of the grad shard (step)", 4 * part, "gpu", "model_state",
                             "bf16 grads: the master's .grad is a float copy of the shard "
@@ -126,39 +144,56 @@ def _shape(plan: Plan) -> ms.Shape:
     return ms.shape_of(arch, w.seq_len // plan.cp, w.micro_batch, plan.tp, plan.sequence_parallel)
 
 
-def activation_rows(plan: Plan, stage: int) -> tuple[list[Row], int]:
-    """Rank ``stage``'s saved activations at its first backward, the backward's and the loss's transients; and the
-    chunk micro-batches in flight."""
-    from memcalc.memory.paper import layer_count
-
+def layer_saved(plan: Plan, index: int) -> list[tuple[str, int]]:
+    """What decoder layer ``index`` saves per micro-batch on one rank (dense, or attention + MoE)."""
     arch, w = plan.arch, plan.work
     assert arch is not None and w is not None
     x = _shape(plan)
     fp8 = plan.float8 != "none"
-    layers = layer_count(plan, stage)
-    per_chunk = layers // plan.virtual_stages
+    modules = RECOMPUTE.get(w.recompute, ())
+    if not arch.is_moe_layer(index):
+        return ms.layer_saved(x, "te", fp8, modules)
+    # the attention half: a dense layer's saved set up to its pre-MLP norm
+    dense = ms.layer_saved(x, "te", fp8, modules)
+    attention = dense[:next(i for i, (k, _) in enumerate(dense) if k.startswith("norm 2 input"))]
+    shared = arch.shared_experts * arch.ffn_size
+    return attention + ms.moe_saved(x, arch.experts, arch.top_k, arch.expert_ffn_size, shared, fp8, modules)
+
+
+def activation_rows(plan: Plan, stage: int) -> tuple[list[Row], int]:
+    """Rank ``stage``'s saved activations at its first backward, the backward's and the loss's transients; and the
+    chunk micro-batches in flight."""
+    arch, w = plan.arch, plan.work
+    assert arch is not None and w is not None
+    x = _shape(plan)
+    layers = rank_layers(plan, stage)
+    per_chunk = len(layers) // plan.virtual_stages
     n = in_flight(stage, plan.pp, plan.grad_accum, plan.virtual_stages)
     rows: list[Row] = []
-    layer = ms.layer_bytes(x, "te", fp8, RECOMPUTE.get(w.recompute, ()))
+    saved = [sum(b for _, b in layer_saved(plan, i)) for i in layers]
+    # the rank's mean layer: its chunks hold the warm-up micro-batches in groups of pp (schedules.py
+    # get_schedule_table), exact for a rank whose layers save alike
+    layer = sum(saved) // len(saved)
     seq = x.s * x.b // x.tp if x.sp else x.s * x.b
     if w.recompute == "full":
         # uniform, one layer per checkpoint: each layer keeps its input; the layer being backpropagated is
         # recomputed and holds its whole saved set (transformer/transformer_block.py _checkpointed_forward)
         kept = 2 * arch.hidden * seq
-        rows.append(Row("activations", f"layer inputs: {per_chunk} layers x {n} chunk micro-batches", kept * per_chunk * n,
-                        "gpu", "activation", "full recompute (uniform, 1 layer): each checkpoint keeps its input, "
-                        "2·s·b·h/tp bytes under SP"))
-        rows.append(Row("activations_recomputed", "the recomputed layer's saved tensors", layer, "gpu", "activation",
-                        "one layer's saved set, rebuilt for its backward"))
+        rows.append(Row("activations", f"layer inputs: {per_chunk} layers x {n} chunk micro-batches",
+                        kept * per_chunk * n, "gpu", "activation", "full recompute (uniform, 1 layer): each "
+                        "checkpoint keeps its input, 2·s·b·h/tp bytes under SP"))
+        rows.append(Row("activations_recomputed", "the recomputed layer's saved tensors", max(saved), "gpu",
+                        "activation", "one layer's saved set, rebuilt for its backward"))
     else:
-        what = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in ms.layer_saved(x, "te", fp8,
-                                                                         RECOMPUTE.get(w.recompute, ())))
+        what = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in layer_saved(plan, layers[-1]))
         rows.append(Row("activations", f"activations: {per_chunk} layers x {n} chunk micro-batches",
                         layer * per_chunk * n, "gpu", "activation",
-                        f"{layer / 2**20:.1f} MiB per layer and micro-batch ({what}; memory/megatron_saved.py); in "
-                        f"flight: pipelining/schedules.py warm-up + 1"))
-    rows.append(Row("backward_transient", "backward working set (one layer's MLP)", ms.backward_transient(x), "gpu",
-                    "activation", "fc1's output gradient and fc2's input gradient, bf16"))
+                        f"{layer / 2**20:.1f} MiB per layer and micro-batch (the last layer: {what}; "
+                        "memory/megatron_saved.py); in flight: pipeline_parallel/schedules.py warm-up + 1"))
+    moe = any(arch.is_moe_layer(i) for i in layers)
+    transient = ms.moe_transient(x, arch.top_k, arch.expert_ffn_size) if moe else ms.backward_transient(x)
+    rows.append(Row("backward_transient", "backward working set (one layer's MLP)", transient, "gpu", "activation",
+                    "the MLP's (the experts' over the dispatched tokens) output and input gradients, bf16"))
     if stage == plan.pp - 1:
         head = sum(b for _, b in ms.head_saved(arch, x))
         rows.append(Row("head", "final norm and output layer inputs", head, "gpu", "activation",
@@ -171,7 +206,8 @@ def activation_rows(plan: Plan, stage: int) -> tuple[list[Row], int]:
 
 def communicators(plan: Plan) -> int:
     """NCCL communicators a rank joins: data(-context), tensor, pipeline, context and expert groups of size > 1."""
-    return sum(int(g > 1) for g in (plan.shard_group_size, plan.tp, plan.pp, plan.cp, plan.ep))
+    return sum(int(g > 1) for g in (plan.shard_group_size, plan.tp, plan.pp, plan.cp, plan.ep,
+                                    plan.shard_group_size // plan.ep if plan.ep > 1 else 1))
 
 
 def evaluate(plan: Plan, stage: int = 0) -> Any:
@@ -199,7 +235,7 @@ def evaluate(plan: Plan, stage: int = 0) -> Any:
     if comm:
         rows.append(Row("nccl_buffers", "NCCL buffers", comm, "gpu", "overhead",
                         "NCCL_BUFFSIZE 4 MiB x 16 channels x 2 ring peers per communicator (data, tensor, pipeline, "
-                        "context, expert groups), outside the allocator"))
+                        "context, expert and expert-data groups), outside the allocator"))
     phase = "backward" if plan.pp > 1 or plan.work.recompute == "full" else "forward"
     return Realistic(rows, allocated, f.peak_reserved + plan.reserve, f.total + plan.reserve, f.verdict,
                      f.margin - plan.reserve, phase, "the first backward, all warm-up micro-batches in flight",

@@ -40,8 +40,7 @@ from typing import Any, NamedTuple
 
 SPECS = ("te", "local")
 SELECTIVE = ("core_attn", "mlp", "layernorm")
-"""The ``--recompute-modules`` of a dense layer this module models (moe_act, moe, shared_experts, mla_up_proj: MoE
-and MLA layers, ``memcalc.memory.megatron_moe``)."""
+"""The ``--recompute-modules`` of a dense layer this module models; MoE layers: moe_act (``moe_saved``)."""
 
 
 class Shape(NamedTuple):
@@ -60,11 +59,14 @@ class Shape(NamedTuple):
     b: int
     tp: int
     sp: bool
+    qk_norm: bool = False
+    kv_heads: int = 0
 
 
 def shape_of(arch: Any, s: int, b: int, tp: int, sp: bool) -> Shape:
     return Shape(arch.hidden, arch.q_width, arch.kv_width, arch.ffn_size, arch.gated_mlp, arch.heads,
-                 "rmsnorm" if arch.norm == "rmsnorm" else "layernorm", s, b, tp, sp and tp > 1)
+                 "rmsnorm" if arch.norm == "rmsnorm" else "layernorm", s, b, tp, sp and tp > 1, arch.qk_norm,
+                 arch.n_kv)
 
 
 def layer_saved(x: Shape, spec: str = "te", fp8: bool = False,
@@ -84,6 +86,8 @@ def layer_saved(x: Shape, spec: str = "te", fp8: bool = False,
         add(("norm 1 input (qkv LayerNormLinear)", 2 * x.hidden * seq))
         add(("norm 1 output (qkv input" + (", fp8)" if fp8 else ")"), lin * x.hidden * seq))
         add(("norm 1 rsigma (fp32)", stats))
+        if x.qk_norm:  # TENorm on each head of q and k (qk_layernorm): their inputs and fp32 rsigma
+            add(("q, k norm inputs and rsigma", 2 * (tq + tkv) + 4 * t * (x.heads + x.kv_heads) // x.tp))
         add(("q, k (after rotary)", 2 * (tq + tkv)))
         add(("v", 2 * tkv))
         add(("attention output (proj input)", 2 * tq))
@@ -124,6 +128,46 @@ def layer_saved(x: Shape, spec: str = "te", fp8: bool = False,
     add(("fc1 output (activation input)", 2 * up * tf))
     add(("fc2 input (activation output" + (", fp8)" if fp8 else ")"), lin * tf))
     return out
+
+
+def moe_saved(x: Shape, experts: int, top_k: int, expert_ffn: int, shared_ffn: int = 0, fp8: bool = False,
+              modules: tuple[str, ...] = ()) -> list[tuple[str, int]]:  # fmt: skip
+    """The MoE half of a Transformer Engine MoE layer (``transformer/moe/moe_layer.py``) per micro-batch on one rank,
+    after the attention half of ``layer_saved``: the pre-MLP ``TENorm`` (its input, rsigma; its output the router's
+    and the dispatcher's input), the router (``router.py``: the gate's input, fp32 logits, their softmax/top-k and the
+    routing map), the experts (``experts.py`` ``TEGroupedMLP``: the grouped fc1's input, fc1's output, kept by the
+    probability-weighted swiglu with the permuted probabilities, fc2's input) on the tokens the all-to-all dispatcher
+    (``token_dispatcher.py`` ``MoEAlltoAllTokenDispatcher``) brings: s·b·k per rank with routing balanced (the
+    experts' tensor parallelism, expert_tensor_parallel_size = tp by default, all-gathers the tp shards' tokens and
+    splits the expert ffn), the permutations saving indices only; a shared expert as a dense MLP. ``moe_act``
+    recompute (``TEGroupedMLP``'s ``CheckpointWithoutOutput`` around the activation) keeps fc1's output and drops
+    the activation's output, fc2's input, rebuilding it in backward."""
+    t = x.s * x.b
+    seq = t // x.tp if x.sp else t
+    lin = 1 if fp8 else 2
+    tokens = t * top_k  # per rank, balanced routing, tp shards' tokens gathered for the expert tensor parallelism
+    fe = expert_ffn // x.tp
+    stats = 4 * seq * (2 if x.norm == "layernorm" else 1)
+    out = [("norm 2 input", 2 * x.hidden * seq), ("norm 2 rsigma (fp32)", stats),
+           ("router input (norm 2 output)", 2 * x.hidden * seq),
+           ("router logits, probabilities, top-k (fp32), routing map", 3 * 4 * seq * experts + seq * experts),
+           ("experts: fc1 input (dispatched tokens" + (", fp8)" if fp8 else ")"), lin * x.hidden * tokens),
+           ("experts: fc1 output (activation input)", 2 * 2 * fe * tokens),
+           ("experts: permuted probabilities (fp32)", 4 * tokens)]
+    if "moe_act" not in modules:
+        out.append(("experts: fc2 input (activation output" + (", fp8)" if fp8 else ")"), lin * fe * tokens))
+    if shared_ffn:
+        fs = t * shared_ffn // x.tp
+        out += [("shared expert: fc1 input", lin * x.hidden * seq), ("shared expert: fc1 output", 2 * 2 * fs),
+                ("shared expert: fc2 input", lin * fs)]
+    return out
+
+
+def moe_transient(x: Shape, top_k: int, expert_ffn: int) -> int:
+    """The experts' backward working set: fc1's output gradient and fc2's input gradient over the dispatched tokens,
+    and the dispatcher's all-to-all buffers of the tokens' gradients (bf16)."""
+    tokens = x.s * x.b * top_k
+    return 2 * tokens * (3 * expert_ffn // x.tp + 2 * x.hidden)
 
 
 def layer_bytes(x: Shape, spec: str = "te", fp8: bool = False, modules: tuple[str, ...] = ()) -> int:

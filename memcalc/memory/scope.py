@@ -325,9 +325,10 @@ def _why_not_megatron(arch: Any, precision: str, optimizer: str, strategy: str, 
     main grads, Adam (``memcalc.memory.megatron``); the rest takes the paper accounting, with this line saying why."""
     if arch is None or work is None:
         return "the realistic accounting needs the model's shape and --seq-len"
-    if arch.moe:
-        return ("--framework megatron with MoE layers: the realistic accounting models Megatron-Core's dense GPT "
-                "layers; the paper accounting counts the experts")
+    if arch.moe and (arch.router_bias or arch.family not in ("mixtral", "qwen3_moe", None)):
+        return (f"--framework megatron with {arch.family}'s MoE layers: the realistic accounting models Megatron-Core's "
+                "MoE layer as Mixtral and Qwen3-MoE run it (softmax top-k router, grouped experts, all-to-all "
+                "dispatcher); the paper accounting counts the rest")
     if strategy not in ("zero-0", "zero-1"):
         return f"--framework megatron: the realistic accounting models DDP and the distributed optimizer (got {strategy})"
     if precision != "bf16-mixed" or optimizer != "adamw":
@@ -341,9 +342,9 @@ def _why_not_megatron(arch: Any, precision: str, optimizer: str, strategy: str, 
     if work.attention == "eager" or getattr(work, "loss", "standard") != "standard":
         return ("--framework megatron: the realistic accounting models Transformer Engine's fused attention (flash, "
                 "sdpa) and Megatron's vocab-parallel cross-entropy (--loss standard)")
-    if arch.tied_embeddings or arch.norm_placement != "pre" or arch.parallel_block or arch.qk_norm:
-        return ("--framework megatron: the realistic accounting models pre-norm GPT layers without qk-norm and with an "
-                "untied output layer (Llama-style)")
+    if arch.tied_embeddings or arch.norm_placement != "pre" or arch.parallel_block or arch.qk_norm_width != "head":
+        return ("--framework megatron: the realistic accounting models pre-norm GPT layers (qk_layernorm per head or "
+                "none) with an untied output layer (Llama-, Mixtral-, Qwen3-style)")
     if tp > 1 and (arch.heads % tp or arch.n_kv % tp):
         return f"--tp {tp} must divide heads ({arch.heads}) and kv heads ({arch.n_kv})"
     return None
