@@ -42,7 +42,7 @@ IGNORED = {
     "--disable-bias-linear": 0, "--rotary-base": 1, "--make-vocab-size-divisible-by": 1,
 }  # fmt: skip
 """Options read past (1: takes a value, 0: a bare flag)."""
-KNOWN = (*INT, *FLAGS, *CHOICES, *IGNORED)
+KNOWN = (*INT, *FLAGS, *CHOICES, *IGNORED, "--recompute-modules")
 
 
 def read_megatron(path: str | os.PathLike[str], *, world_size: int | None = None,
@@ -89,6 +89,18 @@ def _parse(c: Collector, text: str) -> dict[str, Any]:
         if opt not in KNOWN:
             raise c.fail(opt, f"unknown option{near(opt, KNOWN) or ' (memcalc reads the parallel layout, batch, '}"
                               f"{'' if near(opt, KNOWN) else 'precision and recompute options)'}")
+        if opt == "--recompute-modules":  # nargs="*": the words up to the next option
+            words = []
+            while i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+                words.append(tokens[i + 1])
+                i += 1
+            words += [w for w in inline.split(",") if w] if inline else []
+            if opt in values:
+                raise c.fail(opt, "is given twice; give each option once")
+            c.used(opt)
+            values[opt] = tuple(words)
+            i += 1
+            continue
         takes = opt in INT or opt in CHOICES or IGNORED.get(opt) == 1
         value: Any = True
         if takes:
@@ -153,28 +165,44 @@ def _fp8(c: Collector, values: dict[str, Any]) -> None:
             c.ignore("--fp8-recipe", "no --fp8-format: fp8 is off")
         return
     recipe = values.get("--fp8-recipe", "delayed")
-    if recipe != "tensorwise":
-        c.unmodelled("--fp8-recipe", f"{recipe} scaling (counted as tensorwise)")
+    if recipe == "delayed":
+        c.note("--fp8-recipe delayed: per-tensor FP8 as tensorwise (current scaling) holds it, the same one-byte "
+               "copies and cached weights; its amax histories (1024 fp32 per quantizer) are a few KiB a layer")
+    elif recipe != "tensorwise":
+        c.unmodelled("--fp8-recipe", f"{recipe} scaling (its scale tensors and Hopper's layouts are not modelled: "
+                                     "counted as tensorwise)")
     c.arguments["float8"] = "tensorwise"
 
 
 def _recompute(c: Collector, values: dict[str, Any]) -> None:
+    """megatron/training/arguments.py: ``--recompute-granularity selective`` with ``--recompute-modules`` (default
+    core_attn), or ``full`` with ``--recompute-method uniform|block`` and ``--recompute-num-layers`` (default 1)."""
+    from memcalc.inputs.estimate import MEGATRON_MODULES
+
     granularity = values.get("--recompute-granularity")
     method, n = values.get("--recompute-method"), values.get("--recompute-num-layers")
+    modules = values.get("--recompute-modules")
     if granularity is None:
         for opt in ("--recompute-method", "--recompute-num-layers"):
             if opt in values:
                 raise c.fail(opt, "needs --recompute-granularity full (Megatron-LM refuses it alone)")
         c.arguments["recompute"] = "none"
     elif granularity == "selective":
-        c.arguments["recompute"] = "selective"
+        mods = modules or ("core_attn",)
+        unknown = [m for m in mods if m not in MEGATRON_MODULES]
+        if unknown:
+            c.unmodelled("--recompute-modules", f"{' '.join(unknown)} (recomputed modules memcalc does not model: "
+                                                "counted as kept)")
+        kept = [m for m in mods if m in MEGATRON_MODULES]
+        c.arguments["recompute"] = ("selective" if kept == ["core_attn"] else
+                                    "selective:" + "+".join(kept) if kept else "none")
     elif method is None:
         raise c.fail("--recompute-granularity", "full needs --recompute-method uniform or block")
     else:
-        c.arguments["recompute"] = "full"
-        if method != "uniform" or (n or 1) != 1:
-            c.unmodelled("--recompute-method", f"{method} with {n or 1} layers per checkpoint (counted as every "
-                                               "layer's input checkpointed)")  # fmt: skip
+        k = 1 if n is None else n
+        c.arguments["recompute"] = "full" if (method, k) == ("uniform", 1) else f"full:{method}:{k}"
+        if modules:
+            c.ignore("--recompute-modules", "read with --recompute-granularity selective only")
 
 
 def _batch(c: Collector, values: dict[str, Any], world: int | None, mp: int) -> None:

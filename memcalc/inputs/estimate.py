@@ -57,14 +57,34 @@ class Workload(Record):
 
     def __post_init__(self) -> None:
         check_fields(self)
-        if not (self.recompute in ("none", "selective", "full", "op-sac") or _every(self.recompute)):
+        if not (self.recompute in ("none", "selective", "full", "op-sac") or _every(self.recompute)
+                or megatron_recompute(self.recompute)):
             raise InputError(f"--recompute {self.recompute!r} is not accepted; accepted: none, selective, full, "
-                             "every:K (K >= 1), op-sac")
+                             "every:K (K >= 1), op-sac, and under --framework megatron selective:MODULES (core_attn, "
+                             "mlp, layernorm, moe_act joined by +), full:uniform:N, full:block:N")
         if not (self.loss in ("standard", "fused") or _chunks(self.loss)):
             raise InputError(f"--loss {self.loss!r} is not accepted; accepted: standard, chunked:N (N >= 1), fused")
         if self.compile_loss is not None and not self.compile:
             raise InputError(f"--{'' if self.compile_loss else 'no-'}compile-loss says how torch.compile treats the "
                              "loss; give --compile with it, or leave it out")
+
+
+MEGATRON_MODULES = ("core_attn", "mlp", "layernorm", "moe_act")
+"""Megatron-Core's ``--recompute-modules`` memcalc models (megatron/core/transformer/transformer_config.py)."""
+
+
+def megatron_recompute(text: str) -> bool:
+    """Megatron-Core's recompute settings as one --recompute value: ``selective:core_attn+mlp``
+    (``--recompute-granularity selective --recompute-modules core_attn mlp``), ``full:uniform:N`` and ``full:block:N``
+    (``--recompute-granularity full --recompute-method uniform|block --recompute-num-layers N``)."""
+    head, _, rest = text.partition(":")
+    if head == "selective":
+        mods = rest.split("+")
+        return bool(rest) and len(set(mods)) == len(mods) and all(m in MEGATRON_MODULES for m in mods)
+    if head == "full":
+        method, _, n = rest.partition(":")
+        return method in ("uniform", "block") and n.isdigit() and 0 <= int(n) <= 100_000 and (int(n) > 0 or method == "block")
+    return False
 
 
 def _every(text: str) -> bool:
@@ -321,7 +341,8 @@ class EstimateInput(Record):
                      if v != default]
             # the paper accounting counts torchtitan's policies and torch.compile (as the eager layer) on a known shape
             paper_too = self.accounting == "paper" and arch is not None
-            if (w.recompute.startswith("every:") or w.recompute == "op-sac") and not paper_too:
+            if megatron_recompute(w.recompute) or ((w.recompute.startswith("every:") or w.recompute == "op-sac")
+                                                   and not paper_too):
                 extra.append(f"--recompute {w.recompute}")
             if w.compile and not paper_too:
                 extra.append("--compile")

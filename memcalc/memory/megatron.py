@@ -40,9 +40,22 @@ from memcalc.memory.rows import Row
 
 BUCKET_MIN = 40_000_000
 """``DistributedDataParallelConfig.bucket_size`` default: max(40,000,000, 1,000,000 x data-parallel size)."""
-RECOMPUTE = {"none": (), "selective": ("core_attn",), "full": ()}
-"""memcalc's --recompute under Megatron: selective is ``--recompute-granularity selective`` with its default modules
-(core_attn); full is ``--recompute-granularity full --recompute-method uniform --recompute-num-layers 1``."""
+def recompute_of(text: str) -> tuple[tuple[str, ...], str | None, int]:
+    """memcalc's --recompute as Megatron-Core's settings: (selective modules, full method, layers per checkpoint).
+    selective is ``--recompute-granularity selective`` with its default modules (core_attn), selective:A+B names
+    them; full is ``--recompute-granularity full --recompute-method uniform --recompute-num-layers 1``,
+    full:uniform:N and full:block:N give the method and the layers."""
+    if text in ("none", ""):
+        return (), None, 0
+    if text == "selective":
+        return ("core_attn",), None, 0
+    if text == "full":
+        return (), "uniform", 1
+    head, _, rest = text.partition(":")
+    if head == "selective":
+        return tuple(rest.split("+")), None, 0
+    method, _, n = rest.partition(":")
+    return (), method, int(n)
 
 
 def in_flight(rank: int, pp: int, micro_batches: int, virtual: int) -> int:
@@ -150,7 +163,7 @@ def layer_saved(plan: Plan, index: int) -> list[tuple[str, int]]:
     assert arch is not None and w is not None
     x = _shape(plan)
     fp8 = plan.float8 != "none"
-    modules = RECOMPUTE.get(w.recompute, ())
+    modules = recompute_of(w.recompute)[0]
     if not arch.is_moe_layer(index):
         return ms.layer_saved(x, "te", fp8, modules)
     # the attention half: a dense layer's saved set up to its pre-MLP norm
@@ -175,15 +188,23 @@ def activation_rows(plan: Plan, stage: int) -> tuple[list[Row], int]:
     # get_schedule_table), exact for a rank whose layers save alike
     layer = sum(saved) // len(saved)
     seq = x.s * x.b // x.tp if x.sp else x.s * x.b
-    if w.recompute == "full":
-        # uniform, one layer per checkpoint: each layer keeps its input; the layer being backpropagated is
-        # recomputed and holds its whole saved set (transformer/transformer_block.py _checkpointed_forward)
-        kept = 2 * arch.hidden * seq
-        rows.append(Row("activations", f"layer inputs: {per_chunk} layers x {n} chunk micro-batches",
-                        kept * per_chunk * n, "gpu", "activation", "full recompute (uniform, 1 layer): each "
-                        "checkpoint keeps its input, 2·s·b·h/tp bytes under SP"))
-        rows.append(Row("activations_recomputed", "the recomputed layer's saved tensors", max(saved), "gpu",
-                        "activation", "one layer's saved set, rebuilt for its backward"))
+    _, method, k = recompute_of(w.recompute)
+    kept = 2 * arch.hidden * seq  # a checkpoint's input: the hidden states, sequence-sharded under SP
+    if method is not None:
+        # transformer/transformer_block.py _checkpointed_forward: uniform checkpoints each run of k layers of the
+        # chunk (keeping its input), block the first k layers one by one and runs the rest whole
+        if method == "uniform":
+            groups, whole, again = -(-per_chunk // k), 0, min(k, per_chunk)
+        else:
+            groups, whole, again = min(k, per_chunk), per_chunk - min(k, per_chunk), int(k > 0)
+        rows.append(Row("activations", f"checkpointed inputs and whole layers: {per_chunk} layers x {n} chunk "
+                        "micro-batches", (groups * kept + whole * layer) * n, "gpu", "activation",
+                        f"full recompute ({method}, {k} layers): {groups} checkpoint input(s) of {kept / 2**20:.1f} "
+                        f"MiB and {whole} layer(s) of {layer / 2**20:.1f} MiB per chunk micro-batch"))
+        if again:
+            rows.append(Row("activations_recomputed", f"the recomputed checkpoint's saved tensors ({again} layers)",
+                            again * max(saved), "gpu", "activation", "its layers' saved sets, rebuilt for its "
+                            "backward"))
     else:
         what = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in layer_saved(plan, layers[-1]))
         rows.append(Row("activations", f"activations: {per_chunk} layers x {n} chunk micro-batches",
@@ -257,5 +278,11 @@ def notes(plan: Plan) -> list[str]:
                         else "whole (DDP)",
                         fp8="FP8: one-byte copies of the linears' inputs, weights cast once per step" if plan.float8 != "none"
                         else "bf16",
-                        recompute={"none": ", no recompute", "selective": ", selective recompute of core_attn",
-                                   "full": ", full recompute, uniform, one layer per checkpoint"}.get(w.recompute, ""))]
+                        recompute=_recompute_words(w.recompute))]
+
+
+def _recompute_words(text: str) -> str:
+    modules, method, k = recompute_of(text)
+    if method is not None:
+        return f", full recompute, {method}, {k} layer{'s' if k != 1 else ''} per checkpoint"
+    return f", selective recompute of {', '.join(modules)}" if modules else ", no recompute"

@@ -59,6 +59,10 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
 
     offload: (optimizer, parameters) devices. fsdp_wrap: the --fsdp-wrap given (None: the framework's).
     fsdp_auto_wrap: the --fsdp-auto-wrap given (None: transformer)."""
+    if work is not None and ":" in work.recompute and work.recompute.split(":")[0] in ("selective", "full") \
+            and framework != "megatron":
+        return (f"--recompute {work.recompute}: Megatron-Core's recompute modules and methods, modelled under "
+                "--framework megatron")
     if framework == "megatron":
         return _why_not_megatron(arch, precision, optimizer, strategy, work, tp, sequence_parallel, lora, offload)
     if arch is not None and arch.moe:
@@ -336,9 +340,12 @@ def _why_not_megatron(arch: Any, precision: str, optimizer: str, strategy: str, 
                 "models --bf16 (bf16-mixed: bf16 parameters, fp32 master) with Adam")
     if lora is not None or offload != ("none", "none") or getattr(work, "compile", False):
         return "--framework megatron: LoRA, offload and --compile are not modelled by the realistic accounting"
-    if work.recompute not in MEGATRON_RECOMPUTE:
+    from memcalc.inputs.estimate import megatron_recompute
+
+    if work.recompute not in MEGATRON_RECOMPUTE and not megatron_recompute(work.recompute):
         return (f"--framework megatron with --recompute {work.recompute}: the realistic accounting models none, "
-                "selective (core_attn) and full (uniform, one layer per checkpoint)")
+                "selective (core_attn), full (uniform, one layer per checkpoint), selective:MODULES, "
+                "full:uniform:N and full:block:N")
     if work.attention == "eager" or getattr(work, "loss", "standard") != "standard":
         return ("--framework megatron: the realistic accounting models Transformer Engine's fused attention (flash, "
                 "sdpa) and Megatron's vocab-parallel cross-entropy (--loss standard)")
