@@ -85,11 +85,80 @@ def test_full_recompute_keeps_inputs():
     assert full["activations"] == 2 * 8192 * 8192 // 4 * 20 * 4
 
 
-def test_moe_takes_paper_with_note():
-    inp = memcalc.build_input(model="mixtral-8x7b", gpus=16, ep=8, framework="megatron", stage=1, seq_len=4096,
-                              micro_batch=1, gpu="h100")
-    assert inp.accounting == "paper"
-    assert any("MoE layers" in n for n in notes(to_plan(inp)))
+def test_moe_with_expert_parallelism_is_realistic():
+    """Mixtral under EP 8: the routed experts in a buffer of their own, sharded over dp/ep; the experts' saved
+    inputs over the s·b·k tokens the dispatcher brings."""
+    p = plan(model="mixtral-8x7b", tp=1, pp=4, ep=8, sequence_parallel=False, seq_len=4096)
+    assert p.accounting == "realistic"
+    r = rows(p)
+    from memcalc.memory.paper import param_groups
+
+    groups = param_groups(p, 0)[1]
+    assert [g.n for g in groups] == [16, 2]
+    n = [megatron.buffer_elements(g.psi, g.n, True) for g in groups]
+    assert r["master_weights"] == 4 * (n[0] // 16 + n[1] // 2)
+    saved = dict(megatron.layer_saved(p, 0))
+    assert saved["experts: fc1 input (dispatched tokens)"] == 2 * 4096 * 4096 * 2
+    assert saved["experts: fc1 output (activation input)"] == 2 * 2 * 14336 * 4096 * 2
+
+
+def test_moe_with_a_shared_expert_router_bias_takes_paper_with_note():
+    from memcalc.memory.scope import why_not
+
+    arch = to_plan(memcalc.build_input(model="mixtral-8x7b", seq_len=4096)).arch
+    import dataclasses
+
+    biased = dataclasses.replace(arch, router_bias=True)
+    w = plan(model="mixtral-8x7b", seq_len=4096, tp=1, sequence_parallel=False).work
+    assert "MoE layer" in why_not(biased, "bf16-mixed", "adamw", "zero-1", w, framework="megatron")
+
+
+def test_ep_not_dividing_experts_is_one_line():
+    with pytest.raises(memcalc.InputError):
+        evaluate(plan(model="mixtral-8x7b", tp=1, pp=1, ep=3, gpus=48, sequence_parallel=False, seq_len=4096))
+
+
+@pytest.mark.parametrize("rc,expect", [("full:uniform:2", (10, 0, 2)), ("full:uniform:3", (7, 0, 3)),
+                                       ("full:block:2", (2, 18, 1)), ("full:block:0", (0, 20, 0))])
+def test_full_recompute_methods(rc, expect):
+    """uniform N: a checkpoint per run of N layers; block N: the first N layers of the chunk checkpointed one by one
+    (transformer_block.py _checkpointed_forward), here on a 20-layer chunk."""
+    groups, whole, again = expect
+    p = plan(recompute=rc)
+    r = rows(p)
+    x = megatron._shape(p)
+    kept = 2 * 8192 * 8192 // 4
+    layer = layer_bytes(x)
+    assert r["activations"] == (groups * kept + whole * layer) * 4
+    assert r.get("activations_recomputed", 0) == again * layer
+
+
+def test_selective_modules():
+    x = Shape(8192, 8192, 1024, 28672, True, 64, "rmsnorm", 8192, 1, 4, True)
+    t = 8192 // 4
+    mlp = layer_bytes(x, modules=("core_attn", "mlp"))
+    assert layer_bytes(x, modules=("core_attn",)) - mlp == (2 * 8192 + 6 * 28672) * t + 4 * t
+    p = plan(recompute="selective:core_attn+mlp")
+    assert rows(p)["activations"] == mlp * 20 * 4
+
+
+def test_megatron_recompute_needs_megatron():
+    with pytest.raises(memcalc.InputError, match="--framework megatron"):
+        memcalc.build_input(model="llama-3-8b", seq_len=1024, recompute="full:block:2")
+    with pytest.raises(memcalc.InputError):
+        memcalc.build_input(model="llama-3-8b", seq_len=1024, recompute="selective:attn", framework="megatron")
+
+
+def test_reads_megatron_recompute_options(tmp_path):
+    from memcalc.configs.megatron import read_megatron
+
+    f = tmp_path / "args.txt"
+    f.write_text("--recompute-granularity full --recompute-method block --recompute-num-layers 3 --seq-length 8\n")
+    assert read_megatron(f).arguments["recompute"] == "full:block:3"
+    f.write_text("--recompute-granularity selective --recompute-modules core_attn mlp --seq-length 8\n")
+    assert read_megatron(f).arguments["recompute"] == "selective:core_attn+mlp"
+    f.write_text("--recompute-granularity selective --seq-length 8\n")
+    assert read_megatron(f).arguments["recompute"] == "selective"
 
 
 def test_virtual_stages_not_dividing_layers_refused():

@@ -22,7 +22,7 @@ from memcalc.configs.reading import Collector, ConfigReading, near, read_text
 INT = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
        "--num-virtual-stages-per-pipeline-rank", "--context-parallel-size", "--expert-model-parallel-size",
        "--micro-batch-size", "--global-batch-size", "--seq-length", "--recompute-num-layers")  # fmt: skip
-FLAGS = ("--sequence-parallel", "--use-distributed-optimizer", "--bf16", "--fp16")
+FLAGS = ("--sequence-parallel", "--use-distributed-optimizer", "--bf16", "--fp16", "--fp8-param-gather")
 CHOICES = {"--recompute-granularity": ("full", "selective"), "--recompute-method": ("uniform", "block"),
            "--fp8-format": ("e4m3", "hybrid"), "--fp8-recipe": ("tensorwise", "delayed", "mxfp8", "blockwise"),
            "--optimizer": ("adam", "sgd")}  # fmt: skip
@@ -163,6 +163,8 @@ def _fp8(c: Collector, values: dict[str, Any]) -> None:
     if "--fp8-format" not in values:
         if "--fp8-recipe" in values:
             c.ignore("--fp8-recipe", "no --fp8-format: fp8 is off")
+        if "--fp8-param-gather" in values:
+            c.ignore("--fp8-param-gather", "no --fp8-format: fp8 is off")
         return
     recipe = values.get("--fp8-recipe", "delayed")
     if recipe == "delayed":
@@ -172,6 +174,8 @@ def _fp8(c: Collector, values: dict[str, Any]) -> None:
         c.unmodelled("--fp8-recipe", f"{recipe} scaling (its scale tensors and Hopper's layouts are not modelled: "
                                      "counted as tensorwise)")
     c.arguments["float8"] = "tensorwise"
+    if values.get("--fp8-param-gather"):
+        c.arguments["float8_all_gather"] = True
 
 
 def _recompute(c: Collector, values: dict[str, Any]) -> None:

@@ -273,11 +273,17 @@ class EstimateInput(Record):
         the fp8 all-gather is FSDP2's and tensorwise scaling's (torchao fsdp_utils.py ``WeightWithDynamicFloat8CastTensor``)."""
         if arch is None:
             raise InputError("--float8 converts the decoder layers' linears: give the model's shape (--model, --hf-config)")
-        if getattr(arch, "moe", False):
+        megatron = self.parallelism.framework == "megatron"
+        if getattr(arch, "moe", False) and not megatron:
             raise InputError("--float8 with a mixture of experts: torchao's grouped expert GEMMs are not modelled; use a "
                              "dense model or --float8 none")
-        if self.float8_all_gather and (self.float8 != "tensorwise" or self.strategy.spec.framework != "fsdp"
-                                       or not self.strategy.spec.shards_params):
+        if megatron and self.float8_all_gather:
+            if self.float8 != "tensorwise" or self.strategy.spec.name != "zero-1":
+                raise InputError("--float8-all-gather under --framework megatron is --fp8-param-gather: it needs "
+                                 f"--float8 tensorwise and the distributed optimizer (--stage 1); got --float8 "
+                                 f"{self.float8} with {self.strategy.spec.label}")
+        elif self.float8_all_gather and (self.float8 != "tensorwise" or self.strategy.spec.framework != "fsdp"
+                                         or not self.strategy.spec.shards_params):
             raise InputError(f"--float8-all-gather needs --float8 tensorwise and FSDP parameter sharding (--fsdp "
                              f"FULL_SHARD, SHARD_GRAD_OP or HYBRID_SHARD); got --float8 {self.float8} with "
                              f"{self.strategy.spec.label}")

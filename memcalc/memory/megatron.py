@@ -143,7 +143,17 @@ def state_rows(plan: Plan, stage: int) -> list[Row]:
                      "4 bytes per parameter (optimizer/optimizer.py Float16OptimizerWithFloat16Params)"),
                  Row("optimizer_moments", "Adam moments (fp32)", 8 * psi, "gpu", "model_state",
                      "exp_avg and exp_avg_sq, 4 bytes each per parameter")]
-    if plan.float8 != "none":
+    if plan.float8 != "none" and plan.float8_all_gather:
+        # --fp8-param-gather: the linears' weights are TE Float8Tensors (one byte in the param buffer, gathered in
+        # FP8 by the distributed optimizer) with their column-wise (transposed) copy; no bf16 copy, no workspace
+        w = _linear_weights(plan, stage)
+        rows[0] = rows[0]._replace(label="parameters (param buffer: FP8 linears, bf16 rest)", bytes=2 * n - w,
+                                   detail=f"1 byte x {w:,} FP8 linear weights + 2 bytes x the other {n - w:,} buffer "
+                                          f"elements (--fp8-param-gather; {where})")
+        rows.append(Row("fp8_weights", "FP8 weights' column-wise copies", w, "gpu", "model_state",
+                        f"1 byte x {w:,}: the transposed FP8 data Hopper's wgrad and dgrad GEMMs read "
+                        "(transformer_engine/pytorch/tensor/float8_tensor.py, columnwise usage)"))
+    elif plan.float8 != "none":
         w = _linear_weights(plan, stage)
         rows.append(Row("fp8_weights", "FP8 weight copies (row- and column-wise)", 2 * w, "gpu", "model_state",
                         f"2 bytes x {w:,} linear weight elements, cast once per step and cached for the micro-batches "
