@@ -164,3 +164,36 @@ def test_reads_megatron_recompute_options(tmp_path):
 def test_virtual_stages_not_dividing_layers_refused():
     with pytest.raises(memcalc.InputError):
         evaluate(plan(virtual_stages=3))
+
+
+def test_fp8_param_gather():
+    """--fp8-param-gather (--float8-all-gather): FP8 linear weights in the param buffer, 1 byte and 1 for the
+    transpose, no bf16 copy and no workspace: 2 bytes a linear weight less than the cached casts."""
+    cast, gathered = rows(plan(float8="tensorwise")), rows(plan(float8="tensorwise", float8_all_gather=True))
+    w = megatron._linear_weights(plan(), 0)
+    assert cast["parameters"] - gathered["parameters"] == w
+    assert gathered["fp8_weights"] == w
+    with pytest.raises(memcalc.InputError, match="distributed optimizer"):
+        memcalc.build_input(**{**BASE, "stage": 0, "float8": "tensorwise", "float8_all_gather": True})
+
+
+def test_reads_fp8_param_gather(tmp_path):
+    from memcalc.configs.megatron import read_megatron
+
+    f = tmp_path / "args.txt"
+    f.write_text("--fp8-format hybrid --fp8-recipe tensorwise --fp8-param-gather --use-distributed-optimizer --bf16 "
+                 "--seq-length 8\n")
+    a = read_megatron(f).arguments
+    assert a["float8"] == "tensorwise" and a["float8_all_gather"] is True
+
+
+@pytest.mark.parametrize("rc", ["selective:core_attn+mlp", "full:block:3", "full:uniform:2", "selective", "full"])
+def test_written_megatron_args_read_back(rc, tmp_path):
+    """The recompute and FP8 settings written as Megatron-LM arguments come back as the estimate's."""
+    from memcalc.configs.megatron import read_megatron
+
+    e = memcalc.estimate(**{**BASE, "recompute": rc, "float8": "tensorwise", "float8_all_gather": True})
+    f = tmp_path / "megatron_args.txt"
+    f.write_text(memcalc.config_text(e)["megatron_args.txt"])
+    a = read_megatron(f, world_size=64, layers=80).arguments
+    assert (a["recompute"], a["float8"], a["float8_all_gather"]) == (rc, "tensorwise", True)
