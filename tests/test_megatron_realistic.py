@@ -26,7 +26,8 @@ def test_applies_realistic():
 
 
 def test_distributed_optimizer_states():
-    """bf16 params + fp32 grad buffer whole, fp32 master and Adam moments over dp·cp: 6 + 12/d bytes a buffer element."""
+    """bf16 params + fp32 grad buffer whole, fp32 master and Adam moments over dp·cp: 6 + 12/d bytes a buffer
+    element."""
     p = plan()
     r = rows(p)
     n = r["parameters"] // 2

@@ -181,7 +181,7 @@ def _fp8(c: Collector, values: dict[str, Any]) -> None:
 def _recompute(c: Collector, values: dict[str, Any]) -> None:
     """megatron/training/arguments.py: ``--recompute-granularity selective`` with ``--recompute-modules`` (default
     core_attn), or ``full`` with ``--recompute-method uniform|block`` and ``--recompute-num-layers`` (default 1)."""
-    from memcalc.inputs.estimate import MEGATRON_MODULES
+    from memcalc.memory.megatron_saved import MODULES as MEGATRON_MODULES
 
     granularity = values.get("--recompute-granularity")
     method, n = values.get("--recompute-method"), values.get("--recompute-num-layers")

@@ -12,6 +12,7 @@ from memcalc.inputs.finetune import Lora
 from memcalc.inputs.model import Model
 from memcalc.inputs.strategy import EstimatorOptions, FrameworkOptions, Parallelism, Strategy, Timing
 from memcalc.layout.dtypes import OPTIMIZERS, PRECISIONS, Optimizer, Precision
+from memcalc.memory.megatron_saved import megatron_recompute
 from memcalc.model.architecture import MAX_POSITIONS
 
 MAX_MICRO_BATCHES = 2**20
@@ -67,24 +68,6 @@ class Workload(Record):
         if self.compile_loss is not None and not self.compile:
             raise InputError(f"--{'' if self.compile_loss else 'no-'}compile-loss says how torch.compile treats the "
                              "loss; give --compile with it, or leave it out")
-
-
-MEGATRON_MODULES = ("core_attn", "mlp", "layernorm", "moe_act")
-"""Megatron-Core's ``--recompute-modules`` memcalc models (megatron/core/transformer/transformer_config.py)."""
-
-
-def megatron_recompute(text: str) -> bool:
-    """Megatron-Core's recompute settings as one --recompute value: ``selective:core_attn+mlp``
-    (``--recompute-granularity selective --recompute-modules core_attn mlp``), ``full:uniform:N`` and ``full:block:N``
-    (``--recompute-granularity full --recompute-method uniform|block --recompute-num-layers N``)."""
-    head, _, rest = text.partition(":")
-    if head == "selective":
-        mods = rest.split("+")
-        return bool(rest) and len(set(mods)) == len(mods) and all(m in MEGATRON_MODULES for m in mods)
-    if head == "full":
-        method, _, n = rest.partition(":")
-        return method in ("uniform", "block") and n.isdigit() and 0 <= int(n) <= 100_000 and (int(n) > 0 or method == "block")
-    return False
 
 
 def _every(text: str) -> bool:

@@ -223,8 +223,14 @@ def activation_rows(plan: Plan, stage: int) -> tuple[list[Row], int]:
                         "memory/megatron_saved.py); in flight: pipeline_parallel/schedules.py warm-up + 1"))
     moe = any(arch.is_moe_layer(i) for i in layers)
     transient = ms.moe_transient(x, arch.top_k, arch.expert_ffn_size) if moe else ms.backward_transient(x)
-    rows.append(Row("backward_transient", "backward working set (one layer's MLP)", transient, "gpu", "activation",
-                    "the MLP's (the experts' over the dispatched tokens) output and input gradients, bf16"))
+    what = "the MLP's (the experts' over the dispatched tokens) output and input gradients, bf16"
+    if stage == 0:
+        # tensor_parallel/layers.py VocabParallelEmbedding: the embedding's backward makes a dense bf16 gradient of
+        # the vocabulary shard before the DDP hook adds it into main_grad
+        emb = 2 * -(-arch.padded_vocab // plan.tp) * arch.hidden
+        if emb > transient:
+            transient, what = emb, "the word embedding's dense bf16 gradient (V/tp x h), before it joins main_grad"
+    rows.append(Row("backward_transient", "backward working set", transient, "gpu", "activation", what))
     if stage == plan.pp - 1:
         head = sum(b for _, b in ms.head_saved(arch, x))
         rows.append(Row("head", "final norm and output layer inputs", head, "gpu", "activation",
@@ -249,8 +255,8 @@ def evaluate(plan: Plan, stage: int = 0) -> Any:
     arch = plan.arch
     assert arch is not None and plan.work is not None
     if arch.layers % (plan.pp * plan.virtual_stages) and plan.stage_layers is None:
-        raise InputError(f"--virtual-stages {plan.virtual_stages}: layers({arch.layers}) is not a multiple of pp({plan.pp})"
-                         f" x {plan.virtual_stages}; Megatron-Core needs an explicit split")
+        raise InputError(f"--virtual-stages {plan.virtual_stages}: layers({arch.layers}) is not a multiple of "
+                         f"pp({plan.pp}) x {plan.virtual_stages}; Megatron-Core needs an explicit split")
     rows = state_rows(plan, stage)
     acts, _ = activation_rows(plan, stage)
     rows += acts
@@ -259,10 +265,12 @@ def evaluate(plan: Plan, stage: int = 0) -> Any:
     largest = ms.loss_transient(arch, x) * 4 // 6 if stage == plan.pp - 1 else 0
     comm = nccl_buffers(communicators(plan), 16, 2)
     f = fit(allocated, plan.usable_bytes, largest_request=largest, context=plan.cuda_context, communication=comm)
-    rows += [Row("allocator_reserve", "allocator: reserved beyond allocated", f.peak_reserved - allocated + plan.reserve,
-                 "gpu", "overhead", "the least measured gap (0.3 GiB, H100) + --reserve-gib"),
+    rows += [Row("allocator_reserve", "allocator: reserved beyond allocated",
+                 f.peak_reserved - allocated + plan.reserve, "gpu", "overhead",
+                 "the least measured gap (0.3 GiB, H100) + --reserve-gib"),
              Row("cuda_context", "CUDA context", plan.cuda_context, "gpu", "overhead",
-                 "context, cuBLAS/cuDNN handles and kernels outside the allocator (0.75 GiB measured: H100, torch 2.11)")]
+                 "context, cuBLAS/cuDNN handles and kernels outside the allocator (0.75 GiB measured: H100, "
+                 "torch 2.11)")]
     if comm:
         rows.append(Row("nccl_buffers", "NCCL buffers", comm, "gpu", "overhead",
                         "NCCL_BUFFSIZE 4 MiB x 16 channels x 2 ring peers per communicator (data, tensor, pipeline, "
@@ -286,8 +294,8 @@ def notes(plan: Plan) -> list[str]:
     return [NOTE.format(grad="fp32" if plan.grad_bytes == 4 else "bf16",
                         sharded=f"sharded over {plan.shard_group_size} ranks" if plan.spec.name == "zero-1"
                         else "whole (DDP)",
-                        fp8="FP8: one-byte copies of the linears' inputs, weights cast once per step" if plan.float8 != "none"
-                        else "bf16",
+                        fp8=("FP8: one-byte copies of the linears' inputs, weights cast once per step"
+                             if plan.float8 != "none" else "bf16"),
                         recompute=_recompute_words(w.recompute))]
 
 

@@ -39,6 +39,23 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 SPECS = ("te", "local")
+MODULES = ("core_attn", "mlp", "layernorm", "moe_act")
+"""Megatron-Core's ``--recompute-modules`` memcalc models (megatron/core/transformer/transformer_config.py)."""
+
+
+def megatron_recompute(text: str) -> bool:
+    """Megatron-Core's recompute settings as one --recompute value: ``selective:core_attn+mlp``
+    (``--recompute-granularity selective --recompute-modules core_attn mlp``), ``full:uniform:N`` and ``full:block:N``
+    (``--recompute-granularity full --recompute-method uniform|block --recompute-num-layers N``)."""
+    head, _, rest = text.partition(":")
+    if head == "selective":
+        mods = rest.split("+")
+        return bool(rest) and len(set(mods)) == len(mods) and all(m in MODULES for m in mods)
+    if head == "full":
+        method, _, n = rest.partition(":")
+        return (method in ("uniform", "block") and n.isdigit() and int(n) <= 100_000
+                and (int(n) > 0 or method == "block"))
+    return False
 SELECTIVE = ("core_attn", "mlp", "layernorm")
 """The ``--recompute-modules`` of a dense layer this module models; MoE layers: moe_act (``moe_saved``)."""
 

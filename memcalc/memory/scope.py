@@ -330,17 +330,18 @@ def _why_not_megatron(arch: Any, precision: str, optimizer: str, strategy: str, 
     if arch is None or work is None:
         return "the realistic accounting needs the model's shape and --seq-len"
     if arch.moe and (arch.router_bias or arch.family not in ("mixtral", "qwen3_moe", None)):
-        return (f"--framework megatron with {arch.family}'s MoE layers: the realistic accounting models Megatron-Core's "
-                "MoE layer as Mixtral and Qwen3-MoE run it (softmax top-k router, grouped experts, all-to-all "
+        return (f"--framework megatron with {arch.family}'s MoE layers: the realistic accounting models "
+                "Megatron-Core's MoE layer as Mixtral and Qwen3-MoE run it (softmax top-k router, grouped experts, all-to-all "
                 "dispatcher); the paper accounting counts the rest")
     if strategy not in ("zero-0", "zero-1"):
-        return f"--framework megatron: the realistic accounting models DDP and the distributed optimizer (got {strategy})"
+        return (f"--framework megatron: the realistic accounting models DDP and the distributed optimizer (got "
+                f"{strategy})")
     if precision != "bf16-mixed" or optimizer != "adamw":
         return (f"--framework megatron with --precision {precision} --optimizer {optimizer}: the realistic accounting "
                 "models --bf16 (bf16-mixed: bf16 parameters, fp32 master) with Adam")
     if lora is not None or offload != ("none", "none") or getattr(work, "compile", False):
         return "--framework megatron: LoRA, offload and --compile are not modelled by the realistic accounting"
-    from memcalc.inputs.estimate import megatron_recompute
+    from memcalc.memory.megatron_saved import megatron_recompute
 
     if work.recompute not in MEGATRON_RECOMPUTE and not megatron_recompute(work.recompute):
         return (f"--framework megatron with --recompute {work.recompute}: the realistic accounting models none, "
