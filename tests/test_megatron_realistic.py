@@ -82,8 +82,11 @@ def test_interleaved_first_rank_most_loaded_and_below_paper():
 
 
 def test_full_recompute_keeps_inputs():
+    """Full recompute (uniform, one layer): each of rank 0's 20 layers keeps its input (2·s·h/tp under SP) for each
+    of its 4 micro-batches in flight, and the layer being backpropagated its whole saved set again."""
     full, none = rows(plan(recompute="full")), rows(plan())
     assert full["activations"] == 2 * 8192 * 8192 // 4 * 20 * 4
+    assert full["activations_recomputed"] == none["activations"] // (20 * 4)
 
 
 def test_moe_with_expert_parallelism_is_realistic():
