@@ -243,8 +243,8 @@ def activation_rows(plan: Plan, stage: int) -> tuple[list[Row], int]:
 
 def communicators(plan: Plan) -> int:
     """NCCL communicators a rank joins: data(-context), tensor, pipeline, context and expert groups of size > 1."""
-    return sum(int(g > 1) for g in (plan.shard_group_size, plan.tp, plan.pp, plan.cp, plan.ep,
-                                    plan.shard_group_size // plan.ep if plan.ep > 1 else 1))
+    dpcp = plan.dp * plan.cp  # Megatron-Core reduces gradients over the data x context ranks, DDP or not
+    return sum(int(g > 1) for g in (dpcp, plan.tp, plan.pp, plan.cp, plan.ep, dpcp // plan.ep if plan.ep > 1 else 1))
 
 
 def evaluate(plan: Plan, stage: int = 0) -> Any:

@@ -333,7 +333,7 @@ def _why_not_megatron(arch: Any, precision: str, optimizer: str, strategy: str, 
         return (f"--framework megatron with {arch.family}'s MoE layers: the realistic accounting models "
                 "Megatron-Core's MoE layer as Mixtral and Qwen3-MoE run it (softmax top-k router, grouped experts, all-to-all "
                 "dispatcher); the paper accounting counts the rest")
-    if strategy not in ("zero-0", "zero-1"):
+    if strategy not in ("ddp", "zero-0", "zero-1"):
         return (f"--framework megatron: the realistic accounting models DDP and the distributed optimizer (got "
                 f"{strategy})")
     if precision != "bf16-mixed" or optimizer != "adamw":
