@@ -71,13 +71,16 @@ def in_flight(rank: int, pp: int, micro_batches: int, virtual: int) -> int:
     return min(total, warm + 1)
 
 
-def buffer_elements(params: int, shard: int, distributed: bool) -> int:
-    """The grad (and param) buffer's elements for ``params`` parameters: 64-element alignment per parameter is a few
-    elements a tensor (not counted); each bucket padded to lcm(shard, 128) under the distributed optimizer."""
+def buffer_elements(params: int, shard: int, distributed: bool, bucket: int | None = None) -> int:
+    """The grad (and param) buffer's elements for ``params`` parameters (``param_and_grad_buffer.py``): under the
+    distributed optimizer each bucket is padded up to a multiple of lcm(shard, 128), counted as a whole lcm a bucket
+    (an upper bound: the CPU trace holds it) over ceil(params / bucket) buckets (a bucket closes once it holds
+    ``bucket`` elements, so no more than that; default Megatron's max(40,000,000, 1,000,000 x shard)); each parameter
+    starts 64 elements aligned, a few elements a tensor (not counted)."""
     if not distributed:
         return params
-    bucket = max(BUCKET_MIN, 1_000_000 * shard)
-    buckets = max(1, -(-params // bucket))
+    size = bucket or max(BUCKET_MIN, 1_000_000 * shard)
+    buckets = max(1, -(-params // size))
     return params + buckets * math.lcm(shard, 128)
 
 

@@ -27,8 +27,9 @@ from typing import Any
 _READY: dict[str, Any] = {}
 
 
-def _init(tp: int) -> None:
-    """torch's fake process group as rank 0 of ``tp`` ranks, and Megatron's parallel state over it (once per tp)."""
+def _init(tp: int, world: int | None = None) -> None:
+    """torch's fake process group as rank 0 of ``world`` ranks (default ``tp``: tensor parallelism alone; more:
+    data parallelism over the rest), and Megatron's parallel state over it (once per layout)."""
     import torch
     import torch.distributed as dist
 
@@ -37,14 +38,15 @@ def _init(tp: int) -> None:
     torch.cuda.set_rng_state = lambda *a, **k: None  # type: ignore[assignment]
     from megatron.core import parallel_state as ps
 
-    if _READY.get("tp") == tp:
+    world = world or tp
+    if _READY.get("layout") == (tp, world):
         return
     if dist.is_initialized():
         ps.destroy_model_parallel()
         dist.destroy_process_group()
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=tp)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, create_gloo_process_groups=False)
     from megatron.core.tensor_parallel import random as rng
 
@@ -52,7 +54,7 @@ def _init(tp: int) -> None:
     tracker.fork = lambda *a, **k: contextlib.nullcontext()  # type: ignore[method-assign]
     rng._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()  # checkpoints' CUDA generator state: the CPU's
     rng._set_cuda_rng_state = lambda *a, **k: None
-    _READY["tp"] = tp
+    _READY["layout"] = (tp, world)
 
 
 def trace(*, layers: int = 3, hidden: int = 64, heads: int = 8, kv_heads: int = 2, ffn: int = 160, vocab: int = 256,
@@ -108,6 +110,73 @@ def trace(*, layers: int = 3, hidden: int = 64, heads: int = 8, kv_heads: int = 
     loss.float().sum().backward()
     return {"layers": [per.get(f"layer {i}", 0) for i in range(layers)], "outside": per.get("outside", 0),
             "tp": tp, "s": s, "b": b, "modules": list(modules)}
+
+
+def _cpu_mode() -> Any:
+    """A torch function mode that runs Megatron-Core's CUDA-only optimizer code on the CPU: a ``device="cuda"``
+    factory argument becomes the CPU, ``.cuda()`` is the tensor itself, and ``Tensor.type()`` answers the CUDA type
+    name the distributed optimizer checks (``torch.cuda.BFloat16Tensor``). Nothing it changes is a size."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class Cpu(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = dict(kwargs or {})
+            if "cuda" in str(kwargs.get("device", "")):
+                kwargs["device"] = "cpu"
+            if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+                return func(*args).replace("torch.", "torch.cuda.", 1)
+            if func is torch.Tensor.cuda:
+                return args[0]
+            return func(*args, **kwargs)
+
+    return Cpu()
+
+
+def states(*, dp: int = 4, overlap: bool = False, bucket_size: int | None = None, layers: int = 2, hidden: int = 64,
+           heads: int = 8, kv_heads: int = 2, ffn: int = 160, vocab: int = 256) -> dict[str, Any]:  # fmt: skip
+    """Megatron-Core's DDP buffers and distributed optimizer states on rank 0 of ``dp`` (fake process group, tp 1):
+    per buffer its dtypes, elements (padded) and unpadded elements, its buckets' (unpadded, padded) elements; the
+    optimizer's fp32 master shards and Adam's moments in bytes after one step."""
+    import torch
+
+    _init(1, world=dp)
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    cfg = TransformerConfig(num_layers=layers, hidden_size=hidden, num_attention_heads=heads, num_query_groups=kv_heads,
+                            ffn_hidden_size=ffn, gated_linear_unit=True, activation_func=torch.nn.functional.silu,
+                            normalization="RMSNorm", add_bias_linear=False, bf16=True, params_dtype=torch.bfloat16,
+                            use_cpu_initialization=True, gradient_accumulation_fusion=False)  # fmt: skip
+    model = GPTModel(cfg, get_gpt_layer_local_spec(normalization="RMSNorm"), vocab_size=vocab,
+                     max_sequence_length=32, position_embedding_type="rope")
+    ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True, use_distributed_optimizer=True, overlap_grad_reduce=overlap,
+        bucket_size=bucket_size), model)
+    out: dict[str, Any] = {"parameters": sum(p.numel() for p in model.parameters()), "buffers": []}
+    for buf in ddp.buffers:
+        out["buffers"].append({"param_dtype": str(buf.param_dtype), "grad_dtype": str(buf.grad_dtype),
+                               "numel": buf.numel, "unpadded": buf.numel_unpadded,
+                               "buckets": [(bk.numel_unpadded, bk.grad_data.numel()) for bk in buf.buckets]})
+    with _cpu_mode():
+        opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-4, bf16=True,
+                                                     use_distributed_optimizer=True), [ddp],
+                                     use_gloo_process_groups=False)
+        for p in model.parameters():
+            p.main_grad.zero_()
+        opt.step()
+    totals = {"master": 0, "exp_avg": 0, "exp_avg_sq": 0}
+    for sub in getattr(opt, "chained_optimizers", [opt]):
+        for group in (*sub.shard_fp32_from_float16_groups, *sub.shard_fp32_groups):
+            totals["master"] += sum(p.numel() * p.element_size() for p in group)
+        for st in sub.optimizer.state.values():
+            for key in ("exp_avg", "exp_avg_sq"):
+                totals[key] += st[key].numel() * st[key].element_size()
+    out.update(totals)
+    return out
 
 
 def main(argv: list[str]) -> int:

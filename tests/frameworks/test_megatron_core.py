@@ -45,3 +45,25 @@ def test_in_flight_matches_megatron_schedule(pp, v, m, monkeypatch):
         monkeypatch.setattr(ps, "get_virtual_pipeline_model_parallel_world_size", lambda: v if v > 1 else None)
         total, all_warm, warm, _ = get_pp_rank_microbatches(m, v, pp)
         assert in_flight(rank, pp, m, v) == (total if all_warm else warm + 1)
+
+
+@pytest.mark.parametrize("dp,overlap,bucket", [(4, False, None), (8, True, 20_000), (3, True, 30_000)])
+def test_distributed_optimizer_states(dp, overlap, bucket):
+    """Megatron-Core's DDP and distributed optimizer on rank 0 of dp (fake process group): fp32 grad buffers, each
+    bucket padded to a multiple of lcm(dp, 128); the fp32 master shard and both Adam moments 4 bytes per element of
+    the rank's 1/dp of the buffers: 12·n/dp, as memory/megatron.py counts them; its padding an upper bound."""
+    import math
+
+    from memcalc.memory.megatron import buffer_elements
+    from memcalc.validation.trace_megatron import states
+
+    got = states(dp=dp, overlap=overlap, bucket_size=bucket)
+    lcm = math.lcm(dp, 128)
+    numel = 0
+    for buf in got["buffers"]:
+        assert buf["grad_dtype"] == "torch.float32"
+        for unpadded, padded in buf["buckets"]:
+            assert padded == -(-unpadded // lcm) * lcm
+        numel += buf["numel"]
+        assert buf["unpadded"] <= buf["numel"] <= buffer_elements(buf["unpadded"], dp, True, bucket)
+    assert got["master"] == got["exp_avg"] == got["exp_avg_sq"] == 4 * numel // dp
