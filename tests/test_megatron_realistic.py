@@ -201,3 +201,15 @@ def test_written_megatron_args_read_back(rc, tmp_path):
     f.write_text(memcalc.config_text(e)["megatron_args.txt"])
     a = read_megatron(f, world_size=64, layers=80).arguments
     assert (a["recompute"], a["float8"], a["float8_all_gather"]) == (rc, "tensorwise", True)
+
+
+def test_an_option_not_modelled_takes_the_paper_accounting_with_a_note(tmp_path):
+    from memcalc.configs.megatron import read_megatron
+
+    f = tmp_path / "args.txt"
+    f.write_text("--fp8-format e4m3 --fp8-recipe mxfp8 --bf16 --seq-length 8\n")
+    r = read_megatron(f)
+    assert r.arguments["accounting"] == "paper"
+    assert any("mxfp8" in u for u in r.unmodelled) and any("paper accounting answers" in n for n in r.notes)
+    f.write_text("--fp8-format e4m3 --fp8-recipe tensorwise --bf16 --seq-length 8\n")
+    assert "accounting" not in read_megatron(f).arguments
