@@ -213,3 +213,9 @@ def test_an_option_not_modelled_takes_the_paper_accounting_with_a_note(tmp_path)
     assert any("mxfp8" in u for u in r.unmodelled) and any("paper accounting answers" in n for n in r.notes)
     f.write_text("--fp8-format e4m3 --fp8-recipe tensorwise --bf16 --seq-length 8\n")
     assert "accounting" not in read_megatron(f).arguments
+
+
+def test_float8_rowwise_takes_the_paper_with_a_note():
+    inp = memcalc.build_input(**{**BASE, "float8": "rowwise"})
+    assert inp.accounting == "paper"
+    assert any("per-tensor FP8" in n for n in notes(to_plan(inp)))

@@ -312,7 +312,7 @@ class EstimateInput(Record):
                           sequence_parallel=par.sequence_parallel,
                           offload=self.strategy.offload,
                           overlap_comm=bool(self.framework.overlap_comm), fsdp_wrap=self.framework.fsdp_wrap,
-                          fsdp_auto_wrap=self.framework.fsdp_auto_wrap)
+                          fsdp_auto_wrap=self.framework.fsdp_auto_wrap, float8=self.float8)
             if why is not None:
                 raise InputError(f"--accounting realistic: {why}; use --accounting paper")
             from memcalc.layout.compose import composition
@@ -345,7 +345,7 @@ class EstimateInput(Record):
                               offload=self.strategy.offload,
                               overlap_comm=bool(self.framework.overlap_comm),
                               fsdp_wrap=self.framework.fsdp_wrap,
-                              fsdp_auto_wrap=self.framework.fsdp_auto_wrap)  # fmt: skip
+                              fsdp_auto_wrap=self.framework.fsdp_auto_wrap, float8=self.float8)  # fmt: skip
                 raise InputError(f"{', '.join(extra)}: what the step holds moment by moment, modelled by the realistic "
                                  f"accounting, which does not apply here ({why or 'not chosen'}); --accounting "
                                  f"{self.accounting} does not use it")

@@ -54,7 +54,8 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
             cp: int = 1, ep: int = 1, fsdp_version: int = 2, lora: Any = None, framework: str | None = None,
             sequence_parallel: bool = False,
             offload: tuple[str, str] = ("none", "none"), overlap_comm: bool = False,
-            fsdp_wrap: str | None = None, fsdp_auto_wrap: str | None = None) -> str | None:  # fmt: skip
+            fsdp_wrap: str | None = None, fsdp_auto_wrap: str | None = None,
+            float8: str = "none") -> str | None:  # fmt: skip
     """Why the realistic accounting does not apply to this set-up (one line), or None when it does.
 
     offload: (optimizer, parameters) devices. fsdp_wrap: the --fsdp-wrap given (None: the framework's).
@@ -64,6 +65,10 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
         return (f"--recompute {work.recompute}: Megatron-Core's recompute modules and methods, modelled under "
                 "--framework megatron")
     if framework == "megatron":
+        if float8 not in ("none", "tensorwise"):
+            return (f"--framework megatron with --float8 {float8}: the realistic accounting models Transformer "
+                    "Engine's per-tensor FP8 (--float8 tensorwise: current or delayed scaling), not its block-scaled "
+                    "recipes")
         return _why_not_megatron(arch, precision, optimizer, strategy, work, tp, sequence_parallel, lora, offload)
     if arch is not None and arch.moe:
         why = _why_not_moe(arch, precision, optimizer, strategy, work, max(tp, pp, cp, ep), lora, framework, offload,
