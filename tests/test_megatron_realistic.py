@@ -219,3 +219,34 @@ def test_float8_rowwise_takes_the_paper_with_a_note():
     inp = memcalc.build_input(**{**BASE, "float8": "rowwise"})
     assert inp.accounting == "paper"
     assert any("per-tensor FP8" in n for n in notes(to_plan(inp)))
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--model", "llama-3-70b", "--gpus", "64", "--tp", "4", "--pp", "4", "--virtual-stages", "3"],
+     "is not divisible by pp(4) * virtual_stages(3)"),
+    (["--model", "mixtral-8x7b", "--gpus", "48", "--ep", "3"], "ep(3) needs an MoE model whose experts (8) it divides"),
+    (["--model", "llama-3-8b", "--recompute", "full:block"], "--recompute 'full:block' is not accepted"),
+])  # fmt: skip
+def test_cli_refuses_megatron_layouts_in_one_line(argv, words):
+    from typer.testing import CliRunner
+
+    from memcalc.cli import app
+
+    r = CliRunner().invoke(app, ["estimate", *argv, "--framework", "megatron", "--stage", "1", "--seq-len", "4096",
+                                 "--gpu", "h100"])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and words in r.stderr, r.stderr
+
+
+def test_cli_json_carries_the_megatron_rows():
+    from typer.testing import CliRunner
+
+    from memcalc.cli import app
+
+    r = CliRunner().invoke(app, ["estimate", "--model", "llama-3-8b", "--gpus", "8", "--framework", "megatron",
+                                 "--stage", "1", "--seq-len", "4096", "--gpu", "h100", "--json"])
+    assert r.exit_code == 0, r.stderr
+    import json
+
+    d = json.loads(r.stdout)
+    keys = {row["key"] for row in d["memory"]["per_gpu"]["rows"]}
+    assert {"parameters", "gradients", "master_weights", "optimizer_moments", "activations", "loss"} <= keys
