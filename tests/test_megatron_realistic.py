@@ -250,3 +250,25 @@ def test_cli_json_carries_the_megatron_rows():
     d = json.loads(r.stdout)
     keys = {row["key"] for row in d["memory"]["per_gpu"]["rows"]}
     assert {"parameters", "gradients", "master_weights", "optimizer_moments", "activations", "loss"} <= keys
+
+
+def test_reads_megatron_bridge_overrides(tmp_path):
+    """Megatron-Bridge's recipe overrides read as the Megatron-LM options they set, the same estimate arguments."""
+    from memcalc.configs.megatron import read_megatron
+
+    f = tmp_path / "overrides.txt"
+    f.write_text("model.tensor_model_parallel_size=4 model.pipeline_model_parallel_size=4\n"
+                 "model.virtual_pipeline_model_parallel_size=5 model.context_parallel_size=2\n"
+                 "model.sequence_parallel=True ddp.use_distributed_optimizer=true\n"
+                 "mixed_precision=bf16_with_fp8_current_scaling_mixed model.fp8_param_gather=True\n"
+                 "model.recompute_granularity=selective model.recompute_modules=[core_attn,mlp]\n"
+                 "train.micro_batch_size=1 train.global_batch_size=128 model.seq_length=8192 train.train_iters=100\n")
+    a = read_megatron(f, world_size=64, layers=80).arguments
+    assert a == dict(framework="megatron", stage=1, tp=4, pp=4, cp=2, sequence_parallel=True, virtual_stages=5,
+                     precision="bf16-mixed", float8="tensorwise", float8_all_gather=True,
+                     recompute="selective:core_attn+mlp", micro_batch=1, seq_len=8192, gpus=64, grad_accum=64)
+    f.write_text("model.hidden_dropout=0.1 model.seq_length=8\n")
+    with pytest.raises(memcalc.InputError, match="unknown Megatron-Bridge override"):
+        read_megatron(f)
+    f.write_text("mixed_precision=bf16_with_mxfp8_mixed model.seq_length=8\n")
+    assert read_megatron(f).arguments["accounting"] == "paper"

@@ -1,4 +1,6 @@
-"""A Megatron-LM argument list (``pretrain_gpt.py`` options in a file, one or more a line) as estimate arguments.
+"""A Megatron-LM argument list (``pretrain_gpt.py`` options in a file, one or more a line), or Megatron-Bridge recipe
+overrides (``model.tensor_model_parallel_size=4``, ``mixed_precision=bf16_with_fp8_current_scaling_mixed``), as
+estimate arguments.
 
     >>> from memcalc.configs.megatron import read_megatron
     >>> r = read_megatron("megatron_args.txt", world_size=16, layers=32)
@@ -83,6 +85,7 @@ def _parse(c: Collector, text: str) -> dict[str, Any]:
         tokens = shlex.split(" ".join(lines))
     except ValueError as e:
         raise c.fail("", f"cannot split into options ({e})") from None
+    tokens = [word for tok in tokens for word in (_bridge(c, tok) if _is_override(tok) else [tok])]
     values: dict[str, Any] = {}
     i = 0
     while i < len(tokens):
@@ -117,6 +120,69 @@ def _parse(c: Collector, text: str) -> dict[str, Any]:
         values[opt] = _value(c, opt, value)
         i += 1
     return values
+
+
+BRIDGE = {
+    "model.tensor_model_parallel_size": "--tensor-model-parallel-size",
+    "model.pipeline_model_parallel_size": "--pipeline-model-parallel-size",
+    "model.virtual_pipeline_model_parallel_size": "--num-virtual-stages-per-pipeline-rank",
+    "model.context_parallel_size": "--context-parallel-size",
+    "model.expert_model_parallel_size": "--expert-model-parallel-size",
+    "model.sequence_parallel": "--sequence-parallel",
+    "model.recompute_granularity": "--recompute-granularity", "model.recompute_method": "--recompute-method",
+    "model.recompute_num_layers": "--recompute-num-layers", "model.recompute_modules": "--recompute-modules",
+    "model.seq_length": "--seq-length", "dataset.sequence_length": "--seq-length",
+    "train.micro_batch_size": "--micro-batch-size", "train.global_batch_size": "--global-batch-size",
+    "ddp.use_distributed_optimizer": "--use-distributed-optimizer",
+    "optimizer.use_distributed_optimizer": "--use-distributed-optimizer",
+    "model.fp8": "--fp8-format", "model.fp8_recipe": "--fp8-recipe", "model.fp8_param_gather": "--fp8-param-gather",
+    "ddp.fp8_param_gather": "--fp8-param-gather", "mixed_precision.fp8_param_gather": "--fp8-param-gather",
+}  # fmt: skip
+"""Megatron-Bridge's recipe overrides (``section.field=value``, its ``ConfigContainer``: megatron/bridge/training/
+config.py) as the Megatron-LM options they set."""
+BRIDGE_PRECISION = {
+    "bf16_mixed": ["--bf16"], "fp16_mixed": ["--fp16"],
+    "bf16_with_fp8_current_scaling_mixed": ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"],
+    "bf16_with_fp8_delayed_scaling_mixed": ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "delayed"],
+    "bf16_with_fp8_subchannel_scaling_mixed": ["--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "blockwise"],
+    "bf16_with_mxfp8_mixed": ["--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"],
+}  # fmt: skip
+"""``mixed_precision=NAME``: Megatron-Bridge's precision recipes (megatron/bridge/training/mixed_precision.py)."""
+BRIDGE_PASSED = ("train.", "logger.", "checkpoint.", "scheduler.", "optimizer.", "dataset.", "tokenizer.", "rng.",
+                 "profiling.", "comm_overlap.", "ft.", "straggler.", "nvrx_straggler.", "inprocess_restart.")
+"""Sections whose other fields do not change what a GPU holds (learning rate, logging, data, checkpoints)."""
+
+
+def _is_override(token: str) -> bool:
+    key = token.partition("=")[0]
+    return not token.startswith("--") and "=" in token and ("." in key or key == "mixed_precision")
+
+
+def _bridge(c: Collector, token: str) -> list[str]:
+    """One Megatron-Bridge override as the Megatron-LM words it stands for."""
+    key, _, raw = token.partition("=")
+    value = raw.strip().strip("'\"")
+    if key == "mixed_precision":
+        if value not in BRIDGE_PRECISION:
+            raise c.fail(key, f"{value!r} is not a precision recipe memcalc reads{near(value, BRIDGE_PRECISION)}; "
+                              f"accepted: {', '.join(BRIDGE_PRECISION)}")
+        return BRIDGE_PRECISION[value]
+    opt = BRIDGE.get(key)
+    if opt is None:
+        if key.startswith(BRIDGE_PASSED):
+            c.ignore(key, "no effect on the memory held")
+            return []
+        raise c.fail(key, f"unknown Megatron-Bridge override{near(key, BRIDGE) or ''} (memcalc reads the parallel "
+                          "layout, batch, precision and recompute fields)")
+    if value.lower() in ("none", "null", "false", ""):
+        return []
+    if opt in FLAGS:
+        if value.lower() != "true":
+            raise c.fail(key, f"{value!r} is not accepted; accepted: true, false")
+        return [opt]
+    if opt == "--recompute-modules":
+        return [opt, *[m.strip().strip("'\"") for m in value.strip("[]").split(",") if m.strip()]]
+    return [opt, value]
 
 
 def _value(c: Collector, opt: str, value: Any) -> Any:
