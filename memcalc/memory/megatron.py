@@ -299,7 +299,27 @@ def notes(plan: Plan) -> list[str]:
                         else "whole (DDP)",
                         fp8=("FP8: one-byte copies of the linears' inputs, weights cast once per step"
                              if plan.float8 != "none" else "bf16"),
-                        recompute=_recompute_words(w.recompute))]
+                        recompute=_recompute_words(w.recompute))] + extra_notes(plan)
+
+
+def extra_notes(plan: Plan) -> list[str]:
+    """What the Megatron accounting assumes beyond the note above, for this plan."""
+    arch = plan.arch
+    assert arch is not None
+    out = ["Transformer Engine's saved tensors are read from its code (layernorm_linear.py, linear.py, the fused "
+           "attention), not traced: the trace runs Megatron-Core's local spec on CPU (tests/frameworks/"
+           "test_megatron_core.py)"]
+    if arch.moe:
+        out.append(f"MoE: routing counted balanced, each expert-parallel rank's experts taking s·b·k tokens (k = "
+                   f"{arch.top_k}; a dropless router's busiest rank holds more); expert tensor parallelism = tp")
+    if plan.float8 != "none":
+        out.append("FP8: every decoder layer counted in FP8 (recipes that keep the first and last layers in bf16 hold "
+                   "a little more)" + ("" if plan.float8_all_gather else "; --float8-all-gather for "
+                                       "--fp8-param-gather's FP8 weights"))
+    if plan.cp > 1:
+        out.append(f"cp {plan.cp}: each rank's s/cp tokens; the ring's K/V chunks in flight during attention are not "
+                   "counted")
+    return out
 
 
 def _recompute_words(text: str) -> str:
