@@ -272,3 +272,10 @@ def test_reads_megatron_bridge_overrides(tmp_path):
         read_megatron(f)
     f.write_text("mixed_precision=bf16_with_mxfp8_mixed model.seq_length=8\n")
     assert read_megatron(f).arguments["accounting"] == "paper"
+
+
+def test_mlp_recompute_leaves_moe_layers_whole():
+    """transformer_layer.py recomputes the mlp module only where the MLP is not a MoELayer."""
+    kw = dict(model="mixtral-8x7b", tp=1, pp=4, ep=8, sequence_parallel=False, seq_len=4096)
+    assert megatron.layer_saved(plan(**kw, recompute="selective:core_attn+mlp"), 0) == \
+        megatron.layer_saved(plan(**kw, recompute="selective"), 0)

@@ -179,8 +179,9 @@ def layer_saved(plan: Plan, index: int) -> list[tuple[str, int]]:
     modules = recompute_of(w.recompute)[0]
     if not arch.is_moe_layer(index):
         return ms.layer_saved(x, "te", fp8, modules)
-    # the attention half: a dense layer's saved set up to its pre-MLP norm
-    dense = ms.layer_saved(x, "te", fp8, modules)
+    # the attention half: a dense layer's saved set up to its pre-MLP norm (the mlp module recomputes dense MLPs
+    # only: transformer/transformer_layer.py sets recompute_mlp for a layer whose mlp is not a MoELayer)
+    dense = ms.layer_saved(x, "te", fp8, tuple(m for m in modules if m != "mlp"))
     attention = dense[:next(i for i, (k, _) in enumerate(dense) if k.startswith("norm 2 input"))]
     shared = arch.shared_experts * arch.ffn_size
     return attention + ms.moe_saved(x, arch.experts, arch.top_k, arch.expert_ffn_size, shared, fp8, modules)

@@ -16,7 +16,8 @@ Sources, per framework:
 - Megatron-LM (megatron/training/arguments.py): DDP or the distributed optimizer (``--use-distributed-optimizer``,
   memcalc's ``--stage 1`` under ``--framework megatron``), ``--sequence-parallel`` with TP, interleaved pipelines
   (``--num-layers-per-virtual-pipeline-stage``), context parallelism, ``--recompute-granularity selective`` with
-  its default modules (core_attn) or ``--recompute-modules core_attn mlp``, and ``full`` (uniform, one layer).
+  its default modules (core_attn) or ``--recompute-modules core_attn mlp``, and ``full`` (uniform, one layer), and
+  expert parallelism (``--expert-model-parallel-size``) for MoE models.
 - DeepSpeed (deepspeed/runtime/zero/config.py): ZeRO stages 0-3 over the data-parallel ranks,
   ``activation_checkpointing`` (full); its pipeline engine needs a ``PipelineModule`` and its tensor parallelism
   another library, so neither is searched.
@@ -71,7 +72,7 @@ SPACES: dict[str, Space] = {
     "megatron": Space(
         strategies=((("stage", "1"),), (("stage", "0"),)),
         recompute=("none", "selective", "selective:core_attn+mlp", "full"),
-        precision="bf16-mixed", tp=True, sequence_parallel=True, pp=True, virtual=(1, 2), cp=True),
+        precision="bf16-mixed", tp=True, sequence_parallel=True, pp=True, virtual=(1, 2), cp=True, ep=True),
     "deepspeed": Space(
         strategies=tuple(((("stage", str(k)),)) for k in range(4)), recompute=("none", "full"),
         precision="bf16-mixed",
