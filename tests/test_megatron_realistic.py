@@ -279,3 +279,25 @@ def test_mlp_recompute_leaves_moe_layers_whole():
     kw = dict(model="mixtral-8x7b", tp=1, pp=4, ep=8, sequence_parallel=False, seq_len=4096)
     assert megatron.layer_saved(plan(**kw, recompute="selective:core_attn+mlp"), 0) == \
         megatron.layer_saved(plan(**kw, recompute="selective"), 0)
+
+
+@pytest.mark.parametrize("text, split", [
+    # Llama 3.1 405B's 126 layers over pp 8 x 8 chunks with the embedding and the loss each counted as a layer
+    ("--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split "
+     "--num-virtual-stages-per-pipeline-rank 8", [1] + [2] * 62 + [1]),
+    ("--decoder-first-pipeline-num-layers 12 --decoder-last-pipeline-num-layers 12", [12] + [17] * 6 + [12]),
+])  # fmt: skip
+def test_reads_megatron_uneven_pipeline_splits(text, split, tmp_path):
+    """transformer_block.py get_num_layers_to_build's splits as --stage-layers (global stage c·pp + r)."""
+    from memcalc.configs.megatron import read_megatron
+
+    f = tmp_path / "args.txt"
+    f.write_text(f"--pipeline-model-parallel-size 8 {text} --seq-length 8\n")
+    assert read_megatron(f, layers=126).arguments["stage_layers"] == split
+    r = memcalc.estimate(model="llama-3.1-405b", gpus=1024, tp=8, pp=8, cp=2, framework="megatron", stage=1,
+                         seq_len=8192, micro_batch=1, gpu="h100", sequence_parallel=True, grad_accum=64,
+                         stage_layers=split, virtual_stages=len(split) // 8)
+    assert r.accounting == "realistic" and sum(s.layers for s in r.memory.stages) == 126
+    f.write_text("--pipeline-model-parallel-size 8 --decoder-first-pipeline-num-layers 15 --seq-length 8\n")
+    with pytest.raises(memcalc.InputError, match="middle stages"):
+        read_megatron(f, layers=126)

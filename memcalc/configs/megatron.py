@@ -23,8 +23,10 @@ from memcalc.configs.reading import Collector, ConfigReading, near, read_text
 
 INT = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
        "--num-virtual-stages-per-pipeline-rank", "--context-parallel-size", "--expert-model-parallel-size",
-       "--micro-batch-size", "--global-batch-size", "--seq-length", "--recompute-num-layers")  # fmt: skip
-FLAGS = ("--sequence-parallel", "--use-distributed-optimizer", "--bf16", "--fp16", "--fp8-param-gather")
+       "--micro-batch-size", "--global-batch-size", "--seq-length", "--recompute-num-layers",
+       "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")  # fmt: skip
+FLAGS = ("--sequence-parallel", "--use-distributed-optimizer", "--bf16", "--fp16", "--fp8-param-gather",
+         "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
 CHOICES = {"--recompute-granularity": ("full", "selective"), "--recompute-method": ("uniform", "block"),
            "--fp8-format": ("e4m3", "hybrid"), "--fp8-recipe": ("tensorwise", "delayed", "mxfp8", "blockwise"),
            "--optimizer": ("adam", "sgd")}  # fmt: skip
@@ -64,6 +66,7 @@ def read_megatron(path: str | os.PathLike[str], *, world_size: int | None = None
     if get("--sequence-parallel"):
         c.arguments["sequence_parallel"] = True
     _virtual(c, values, pp, layers)
+    _split(c, values, pp, c.arguments.get("virtual_stages", 1), layers)
     c.arguments["precision"] = "bf16-mixed" if get("--bf16") else "fp16-mixed" if get("--fp16") else "fp32"
     if get("--bf16") and get("--fp16"):
         raise c.fail("--fp16", "and --bf16 both given; Megatron-LM accepts one")
@@ -132,6 +135,10 @@ BRIDGE = {
     "model.recompute_granularity": "--recompute-granularity", "model.recompute_method": "--recompute-method",
     "model.recompute_num_layers": "--recompute-num-layers", "model.recompute_modules": "--recompute-modules",
     "model.seq_length": "--seq-length", "dataset.sequence_length": "--seq-length",
+    "model.num_layers_in_first_pipeline_stage": "--decoder-first-pipeline-num-layers",
+    "model.num_layers_in_last_pipeline_stage": "--decoder-last-pipeline-num-layers",
+    "model.account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split",
+    "model.account_for_loss_in_pipeline_split": "--account-for-loss-in-pipeline-split",
     "train.micro_batch_size": "--micro-batch-size", "train.global_batch_size": "--global-batch-size",
     "ddp.use_distributed_optimizer": "--use-distributed-optimizer",
     "optimizer.use_distributed_optimizer": "--use-distributed-optimizer",
@@ -227,6 +234,49 @@ def _virtual(c: Collector, values: dict[str, Any], pp: int, layers: int | None) 
         if pp == 1:
             raise c.fail("--pipeline-model-parallel-size", "is 1; an interleaved schedule needs 2 or more")
         c.arguments["virtual_stages"] = chunks
+
+
+def _split(c: Collector, values: dict[str, Any], pp: int, v: int, layers: int | None) -> None:
+    """An uneven pipeline split as memcalc's --stage-layers (one entry per global stage, chunk c of rank r at c·pp + r),
+    as megatron/core/transformer/transformer_block.py ``get_num_layers_to_build`` builds it: the first (last) rank's
+    layers given, the others' even, each rank's split over its v chunks; or the embedding (loss) counted as one layer
+    of the first (last) chunk."""
+    get = values.get
+    first, last = get("--decoder-first-pipeline-num-layers"), get("--decoder-last-pipeline-num-layers")
+    emb, loss = bool(get("--account-for-embedding-in-pipeline-split")), bool(get("--account-for-loss-in-pipeline-split"))
+    if first is None and last is None and not emb and not loss:
+        return
+    opt = next(o for o, on in (("--decoder-first-pipeline-num-layers", first is not None),
+                               ("--decoder-last-pipeline-num-layers", last is not None),
+                               ("--account-for-embedding-in-pipeline-split", emb),
+                               ("--account-for-loss-in-pipeline-split", loss)) if on)
+    if layers is None:
+        raise c.fail(opt, "needs the model's layers: give --model")
+    if (first is not None or last is not None) and (emb or loss):
+        raise c.fail(opt, "with --account-for-embedding/loss-in-pipeline-split: Megatron-Core refuses both")
+    if first is not None or last is not None:
+        left = pp - (first is not None) - (last is not None)
+        rest = layers - (first or 0) - (last or 0)
+        if rest < 0 or (left > 0 and rest % left) or (left == 0 and rest):
+            raise c.fail(opt, f"leaves {rest} layers for {left} middle stages; Megatron-Core needs them to divide")
+        ranks = [rest // left if left else 0] * pp
+        if first is not None:
+            ranks[0] = first
+        if last is not None:
+            ranks[-1] = last
+    else:
+        units = layers + emb + loss
+        if units % pp:
+            raise c.fail(opt, f"layers({layers}) + {emb + loss} is not a multiple of pp({pp})")
+        ranks = [units // pp] * pp
+    if any(n % v for n in ranks):
+        raise c.fail(opt, f"a rank's {next(n for n in ranks if n % v)} layers do not split over {v} virtual stages")
+    split = [ranks[g % pp] // v for g in range(pp * v)]
+    split[0] -= emb
+    split[-1] -= loss
+    if min(split) < 0:
+        raise c.fail(opt, "leaves a chunk with fewer than no layers")
+    c.arguments["stage_layers"] = split
 
 
 def _fp8(c: Collector, values: dict[str, Any]) -> None:

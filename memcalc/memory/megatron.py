@@ -71,6 +71,14 @@ def in_flight(rank: int, pp: int, micro_batches: int, virtual: int) -> int:
     return min(total, warm + 1)
 
 
+def chunks_in_flight(rank: int, pp: int, micro_batches: int, virtual: int) -> list[int]:
+    """The model chunk of each of the ``in_flight`` forwards rank ``rank`` holds at its first backward: the first
+    entries of ``schedules.py`` ``get_schedule_table`` (groups of pp micro-batches through chunk 0, then chunk 1, ...)."""
+    table = [c for start in range(0, micro_batches, pp) for c in range(virtual)
+             for _ in range(start, min(start + pp, micro_batches))]
+    return table[:in_flight(rank, pp, micro_batches, virtual)]
+
+
 def buffer_elements(params: int, shard: int, distributed: bool, bucket: int | None = None) -> int:
     """The grad (and param) buffer's elements for ``params`` parameters (``param_and_grad_buffer.py``): under the
     distributed optimizer each bucket is padded up to a multiple of lcm(shard, 128), counted as a whole lcm a bucket
@@ -98,18 +106,24 @@ def _linear_weights(plan: Plan, stage: int) -> int:
     return total
 
 
-def rank_layers(plan: Plan, stage: int) -> list[int]:
-    """The decoder layers of pipeline rank ``stage``: its chunks' (global stage ``stage + c·pp``) under an even split
-    over pp·v stages (``transformer/transformer_block.py`` ``get_num_layers_to_build``), else the plan's split."""
+def rank_chunks(plan: Plan, stage: int) -> list[list[int]]:
+    """The decoder layers of each model chunk of pipeline rank ``stage`` (chunk c is global stage c·pp + stage): an
+    even split over pp·v stages (``transformer/transformer_block.py`` ``get_num_layers_to_build``), else the plan's
+    split (``--stage-layers``: Megatron's first/last-stage layers or embedding/loss accounting)."""
     from memcalc.memory.paper import stage_chunks
 
     arch = plan.arch
     assert arch is not None
     if plan.stage_layers is not None:
-        return [i for r in stage_chunks(plan, stage) for i in r]
+        return [list(r) for r in stage_chunks(plan, stage)]
     per = arch.layers // (plan.pp * plan.virtual_stages)
-    return [i for c in range(plan.virtual_stages) for i in range((c * plan.pp + stage) * per,
-                                                                  (c * plan.pp + stage + 1) * per)]
+    return [list(range((c * plan.pp + stage) * per, (c * plan.pp + stage + 1) * per))
+            for c in range(plan.virtual_stages)]
+
+
+def rank_layers(plan: Plan, stage: int) -> list[int]:
+    """The decoder layers of pipeline rank ``stage``, its chunks' in order."""
+    return [i for chunk in rank_chunks(plan, stage) for i in chunk]
 
 
 def state_rows(plan: Plan, stage: int) -> list[Row]:
@@ -193,38 +207,41 @@ def activation_rows(plan: Plan, stage: int) -> tuple[list[Row], int]:
     arch, w = plan.arch, plan.work
     assert arch is not None and w is not None
     x = _shape(plan)
-    layers = rank_layers(plan, stage)
-    per_chunk = len(layers) // plan.virtual_stages
-    n = in_flight(stage, plan.pp, plan.grad_accum, plan.virtual_stages)
+    chunks = rank_chunks(plan, stage)
+    layers = [i for chunk in chunks for i in chunk]
+    flight = chunks_in_flight(stage, plan.pp, plan.grad_accum, plan.virtual_stages)
+    n = len(flight)
     rows: list[Row] = []
-    saved = [sum(b for _, b in layer_saved(plan, i)) for i in layers]
-    # the rank's mean layer: its chunks hold the warm-up micro-batches in groups of pp (schedules.py
-    # get_schedule_table), exact for a rank whose layers save alike
-    layer = sum(saved) // len(saved)
+    saved = {i: sum(b for _, b in layer_saved(plan, i)) for i in layers}
     seq = x.s * x.b // x.tp if x.sp else x.s * x.b
     _, method, k = recompute_of(w.recompute)
     kept = 2 * arch.hidden * seq  # a checkpoint's input: the hidden states, sequence-sharded under SP
+    where = f"{n} chunk micro-batches in flight (pipeline_parallel/schedules.py warm-up + 1, get_schedule_table)"
     if method is not None:
         # transformer/transformer_block.py _checkpointed_forward: uniform checkpoints each run of k layers of the
         # chunk (keeping its input), block the first k layers one by one and runs the rest whole
-        if method == "uniform":
-            groups, whole, again = -(-per_chunk // k), 0, min(k, per_chunk)
-        else:
-            groups, whole, again = min(k, per_chunk), per_chunk - min(k, per_chunk), int(k > 0)
-        rows.append(Row("activations", f"checkpointed inputs and whole layers: {per_chunk} layers x {n} chunk "
-                        "micro-batches", (groups * kept + whole * layer) * n, "gpu", "activation",
-                        f"full recompute ({method}, {k} layers): {groups} checkpoint input(s) of {kept / 2**20:.1f} "
-                        f"MiB and {whole} layer(s) of {layer / 2**20:.1f} MiB per chunk micro-batch"))
+        def held(chunk: list[int]) -> int:
+            if method == "uniform":
+                return -(-len(chunk) // k) * kept
+            return min(k, len(chunk)) * kept + sum(saved[i] for i in chunk[k:])
+
+        runs = [chunk[j:j + k] for chunk in chunks for j in range(0, len(chunk), k)] if method == "uniform" \
+            else [[i] for chunk in chunks for i in chunk[:k]]
+        again = max(runs, key=lambda run: sum(saved[i] for i in run), default=[])  # the largest rebuilt at once
+        rows.append(Row("activations", f"checkpointed inputs and whole layers: {len(layers)} layers, {n} chunk "
+                        "micro-batches", sum(held(chunks[c]) for c in flight), "gpu", "activation",
+                        f"full recompute ({method}, {k} layers): a checkpoint input of {kept / 2**20:.1f} MiB each "
+                        f"(and block's unrecomputed layers whole); {where}"))
         if again:
-            rows.append(Row("activations_recomputed", f"the recomputed checkpoint's saved tensors ({again} layers)",
-                            again * max(saved), "gpu", "activation", "its layers' saved sets, rebuilt for its "
-                            "backward"))
+            rows.append(Row("activations_recomputed", f"the recomputed checkpoint's saved tensors ({len(again)} "
+                            "layers)", sum(saved[i] for i in again), "gpu", "activation",
+                            "its layers' saved sets, rebuilt for its backward"))
     else:
-        what = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in layer_saved(plan, layers[-1]))
-        rows.append(Row("activations", f"activations: {per_chunk} layers x {n} chunk micro-batches",
-                        layer * per_chunk * n, "gpu", "activation",
-                        f"{layer / 2**20:.1f} MiB per layer and micro-batch (the last layer: {what}; "
-                        "memory/megatron_saved.py); in flight: pipeline_parallel/schedules.py warm-up + 1"))
+        total = sum(saved[i] for c in flight for i in chunks[c])
+        what = ", ".join(f"{name} {v / 2**20:.1f} MiB" for name, v in layer_saved(plan, layers[-1]))
+        rows.append(Row("activations", f"activations: {len(layers)} layers, {n} chunk micro-batches", total, "gpu",
+                        "activation", f"{saved[layers[-1]] / 2**20:.1f} MiB per layer and micro-batch (the last "
+                        f"layer: {what}; memory/megatron_saved.py); {where}"))
     moe = any(arch.is_moe_layer(i) for i in layers)
     transient = ms.moe_transient(x, arch.top_k, arch.expert_ffn_size) if moe else ms.backward_transient(x)
     what = "the MLP's (the experts' over the dispatched tokens) output and input gradients, bf16"

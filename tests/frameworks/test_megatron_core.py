@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from memcalc.memory.megatron import in_flight  # noqa: E402
+from memcalc.memory.megatron import chunks_in_flight, in_flight  # noqa: E402
 from memcalc.memory.megatron_saved import Shape, layer_bytes  # noqa: E402
 from memcalc.validation.trace_megatron import trace  # noqa: E402
 
@@ -37,7 +37,7 @@ def test_local_layer_scales_with_sequence():
 def test_in_flight_matches_megatron_schedule(pp, v, m, monkeypatch):
     """memcalc's chunk micro-batches in flight = Megatron-Core's warm-up count + 1 (capped at all of them)."""
     from megatron.core import parallel_state as ps
-    from megatron.core.pipeline_parallel.schedules import get_pp_rank_microbatches
+    from megatron.core.pipeline_parallel.schedules import get_pp_rank_microbatches, get_schedule_table
 
     for rank in range(pp):
         monkeypatch.setattr(ps, "get_pipeline_model_parallel_world_size", lambda: pp)
@@ -45,6 +45,9 @@ def test_in_flight_matches_megatron_schedule(pp, v, m, monkeypatch):
         monkeypatch.setattr(ps, "get_virtual_pipeline_model_parallel_world_size", lambda: v if v > 1 else None)
         total, all_warm, warm, _ = get_pp_rank_microbatches(m, v, pp)
         assert in_flight(rank, pp, m, v) == (total if all_warm else warm + 1)
+        if v > 1:  # which chunks those forwards ran: the schedule table's first entries
+            table = get_schedule_table(m, v, pp)
+            assert chunks_in_flight(rank, pp, m, v) == [c for _, c in table[:in_flight(rank, pp, m, v)]]
 
 
 @pytest.mark.parametrize("dp,overlap,bucket", [(4, False, None), (8, True, 20_000), (3, True, 30_000)])
