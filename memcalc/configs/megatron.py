@@ -237,13 +237,14 @@ def _virtual(c: Collector, values: dict[str, Any], pp: int, layers: int | None) 
 
 
 def _split(c: Collector, values: dict[str, Any], pp: int, v: int, layers: int | None) -> None:
-    """An uneven pipeline split as memcalc's --stage-layers (one entry per global stage, chunk c of rank r at c·pp + r),
-    as megatron/core/transformer/transformer_block.py ``get_num_layers_to_build`` builds it: the first (last) rank's
-    layers given, the others' even, each rank's split over its v chunks; or the embedding (loss) counted as one layer
-    of the first (last) chunk."""
+    """An uneven pipeline split as memcalc's --stage-layers (one entry per global stage, chunk c of rank r at
+    c·pp + r), as megatron/core/transformer/transformer_block.py ``get_num_layers_to_build`` builds it: the first
+    (last) rank's layers given, the others' even, each rank's split over its v chunks; or the embedding (loss)
+    counted as one layer of the first (last) chunk."""
     get = values.get
     first, last = get("--decoder-first-pipeline-num-layers"), get("--decoder-last-pipeline-num-layers")
-    emb, loss = bool(get("--account-for-embedding-in-pipeline-split")), bool(get("--account-for-loss-in-pipeline-split"))
+    emb = bool(get("--account-for-embedding-in-pipeline-split"))
+    loss = bool(get("--account-for-loss-in-pipeline-split"))
     if first is None and last is None and not emb and not loss:
         return
     opt = next(o for o, on in (("--decoder-first-pipeline-num-layers", first is not None),

@@ -73,7 +73,8 @@ def in_flight(rank: int, pp: int, micro_batches: int, virtual: int) -> int:
 
 def chunks_in_flight(rank: int, pp: int, micro_batches: int, virtual: int) -> list[int]:
     """The model chunk of each of the ``in_flight`` forwards rank ``rank`` holds at its first backward: the first
-    entries of ``schedules.py`` ``get_schedule_table`` (groups of pp micro-batches through chunk 0, then chunk 1, ...)."""
+    entries of ``schedules.py`` ``get_schedule_table`` (groups of pp micro-batches through chunk 0, then chunk 1,
+    ...)."""
     table = [c for start in range(0, micro_batches, pp) for c in range(virtual)
              for _ in range(start, min(start + pp, micro_batches))]
     return table[:in_flight(rank, pp, micro_batches, virtual)]
