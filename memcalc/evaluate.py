@@ -350,4 +350,4 @@ def realistic_why_not(plan: Plan) -> str | None:
                    plan.pp, plan.cp, plan.ep, plan.fsdp_version, lora=plan.lora, framework=plan.framework,
                    sequence_parallel=plan.sequence_parallel,
                    offload=plan.offload, overlap_comm=plan.overlap_comm, fsdp_wrap=plan.fsdp_wrap,
-                   fsdp_auto_wrap=plan.fsdp_auto_wrap)
+                   fsdp_auto_wrap=plan.fsdp_auto_wrap, float8=plan.float8)

@@ -358,13 +358,14 @@ def test_megatron_accumulates_and_reduces_bf16_gradients_in_fp32():
     # fp16 keeps fp16 gradients (the flag is bf16's), and other frameworks keep bf16 ones
     assert rows(memcalc.estimate(stage=1, **kw | {"precision": "fp16-mixed"}))["gradients"] == 2 * PSI_8B
     assert rows(memcalc.estimate(stage=1, **kw | {"framework": "deepspeed"}))["gradients"] == 2 * PSI_8B
-    # with a sequence length too: DeepSpeed's ZeRO-1 timeline (its flat buffer, bf16 gradients) is not Megatron's
-    # step, so the paper accounting answers, with the reason
+    # with a sequence length too: Megatron-Core's own step (memory/megatron.py), not DeepSpeed's ZeRO-1 timeline:
+    # the same fp32 grad buffer, each bucket padded to a multiple of lcm(dp, 128) (param_and_grad_buffer.py)
     auto = memcalc.estimate(stage=1, seq_len=2048, **kw | {"accounting": "auto"})
-    assert auto.accounting == "paper" and any("--framework megatron" in n for n in auto.notes)
-    assert rows(auto)["gradients"] == 4 * PSI_8B
-    with pytest.raises(InputError, match="--framework megatron: the realistic accounting follows"):
-        memcalc.estimate(stage=1, seq_len=2048, **kw | {"accounting": "realistic"})
+    assert auto.accounting == "realistic" and any("Megatron-Core" in n for n in auto.notes)
+    buckets = -(-PSI_8B // 40_000_000)
+    assert rows(auto)["gradients"] == 4 * (PSI_8B + buckets * 128)
+    with pytest.raises(InputError, match="--framework megatron with --precision fp32"):
+        memcalc.estimate(stage=1, seq_len=2048, **kw | {"accounting": "realistic", "precision": "fp32"})
 
 
 def test_float8_all_gather_keeps_the_pipeline_stage_gathered_in_fp8():

@@ -82,7 +82,7 @@ HostGbps = Annotated[float | None, typer.Option("--host-memory-gbps", help="Over
 DeepSpeedConfig = Annotated[str | None, typer.Option("--deepspeed", help="A DeepSpeed JSON (ds_config.json): ZeRO stage, offload, precision, batch, ZeRO-3 knobs; flags you type win.")]
 AccelerateConfig = Annotated[str | None, typer.Option("--accelerate-config", help="An accelerate config YAML (distributed_type, num_processes, fsdp_config or deepspeed_config).")]
 TorchtitanConfig = Annotated[str | None, typer.Option("--torchtitan-config", help="A torchtitan job TOML (v0.1/v0.2), or torchtitan 0.3's run arguments (--module llama3 --config llama3_8b --parallelism.tensor_parallel_degree 2 ...), told apart by content.")]
-MegatronArgs = Annotated[str | None, typer.Option("--megatron-args", help="A Megatron-LM argument list (megatron_args.txt): parallel sizes, distributed optimizer, recompute, batch, precision; give --gpus.")]
+MegatronArgs = Annotated[str | None, typer.Option("--megatron-args", help="A Megatron-LM argument list (megatron_args.txt) or Megatron-Bridge overrides (model.tensor_model_parallel_size=4 ...): parallel sizes, distributed optimizer, recompute, batch, precision; give --gpus.")]
 WriteConfig = Annotated[str | None, typer.Option("--write-config", help="Write the framework's files (DeepSpeed JSON, accelerate YAML, torchtitan TOML or Megatron-LM arguments, launch.sh, README.txt) into this directory.")]
 Force = Annotated[bool, typer.Option("--force", help="With --write-config: overwrite files that exist.")]
 LoraRank = Annotated[int | None, typer.Option("--lora-rank", help="LoRA: train rank-R adapters (A: R x in, B: out x R) on a frozen base; needs the model's shape.")]

@@ -1,4 +1,6 @@
-"""A Megatron-LM argument list (``pretrain_gpt.py`` options in a file, one or more a line) as estimate arguments.
+"""A Megatron-LM argument list (``pretrain_gpt.py`` options in a file, one or more a line), or Megatron-Bridge recipe
+overrides (``model.tensor_model_parallel_size=4``, ``mixed_precision=bf16_with_fp8_current_scaling_mixed``), as
+estimate arguments.
 
     >>> from memcalc.configs.megatron import read_megatron
     >>> r = read_megatron("megatron_args.txt", world_size=16, layers=32)
@@ -21,8 +23,10 @@ from memcalc.configs.reading import Collector, ConfigReading, near, read_text
 
 INT = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
        "--num-virtual-stages-per-pipeline-rank", "--context-parallel-size", "--expert-model-parallel-size",
-       "--micro-batch-size", "--global-batch-size", "--seq-length", "--recompute-num-layers")  # fmt: skip
-FLAGS = ("--sequence-parallel", "--use-distributed-optimizer", "--bf16", "--fp16")
+       "--micro-batch-size", "--global-batch-size", "--seq-length", "--recompute-num-layers",
+       "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")  # fmt: skip
+FLAGS = ("--sequence-parallel", "--use-distributed-optimizer", "--bf16", "--fp16", "--fp8-param-gather",
+         "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
 CHOICES = {"--recompute-granularity": ("full", "selective"), "--recompute-method": ("uniform", "block"),
            "--fp8-format": ("e4m3", "hybrid"), "--fp8-recipe": ("tensorwise", "delayed", "mxfp8", "blockwise"),
            "--optimizer": ("adam", "sgd")}  # fmt: skip
@@ -43,7 +47,7 @@ IGNORED = {
     "--add-qkv-bias": 0, "--qk-layernorm": 0, "--num-experts": 1, "--moe-router-topk": 1, "--moe-ffn-hidden-size": 1,
 }  # fmt: skip
 """Options read past (1: takes a value, 0: a bare flag)."""
-KNOWN = (*INT, *FLAGS, *CHOICES, *IGNORED)
+KNOWN = (*INT, *FLAGS, *CHOICES, *IGNORED, "--recompute-modules")
 
 
 def read_megatron(path: str | os.PathLike[str], *, world_size: int | None = None,
@@ -63,6 +67,7 @@ def read_megatron(path: str | os.PathLike[str], *, world_size: int | None = None
     if get("--sequence-parallel"):
         c.arguments["sequence_parallel"] = True
     _virtual(c, values, pp, layers)
+    _split(c, values, pp, c.arguments.get("virtual_stages", 1), layers)
     c.arguments["precision"] = "bf16-mixed" if get("--bf16") else "fp16-mixed" if get("--fp16") else "fp32"
     if get("--bf16") and get("--fp16"):
         raise c.fail("--fp16", "and --bf16 both given; Megatron-LM accepts one")
@@ -71,6 +76,10 @@ def read_megatron(path: str | os.PathLike[str], *, world_size: int | None = None
     if get("--optimizer") == "sgd":
         c.arguments["optimizer"] = "sgd-momentum"
     _batch(c, values, world_size, tp * pp * cp)
+    if c.any_unmodelled:  # what the realistic accounting would count wrong: the paper's answers, and says why
+        c.arguments["accounting"] = "paper"
+        c.note("the paper accounting answers: the realistic accounting (memory/megatron.py) does not model the "
+               "options listed as not modelled; give --accounting realistic to count them as it says")
     return c.freeze()
 
 
@@ -80,6 +89,7 @@ def _parse(c: Collector, text: str) -> dict[str, Any]:
         tokens = shlex.split(" ".join(lines))
     except ValueError as e:
         raise c.fail("", f"cannot split into options ({e})") from None
+    tokens = [word for tok in tokens for word in (_bridge(c, tok) if _is_override(tok) else [tok])]
     values: dict[str, Any] = {}
     i = 0
     while i < len(tokens):
@@ -90,6 +100,18 @@ def _parse(c: Collector, text: str) -> dict[str, Any]:
         if opt not in KNOWN:
             raise c.fail(opt, f"unknown option{near(opt, KNOWN) or ' (memcalc reads the parallel layout, batch, '}"
                               f"{'' if near(opt, KNOWN) else 'precision and recompute options)'}")
+        if opt == "--recompute-modules":  # nargs="*": the words up to the next option
+            words = []
+            while i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+                words.append(tokens[i + 1])
+                i += 1
+            words += [w for w in inline.split(",") if w] if inline else []
+            if opt in values:
+                raise c.fail(opt, "is given twice; give each option once")
+            c.used(opt)
+            values[opt] = tuple(words)
+            i += 1
+            continue
         takes = opt in INT or opt in CHOICES or IGNORED.get(opt) == 1
         value: Any = True
         if takes:
@@ -102,6 +124,73 @@ def _parse(c: Collector, text: str) -> dict[str, Any]:
         values[opt] = _value(c, opt, value)
         i += 1
     return values
+
+
+BRIDGE = {
+    "model.tensor_model_parallel_size": "--tensor-model-parallel-size",
+    "model.pipeline_model_parallel_size": "--pipeline-model-parallel-size",
+    "model.virtual_pipeline_model_parallel_size": "--num-virtual-stages-per-pipeline-rank",
+    "model.context_parallel_size": "--context-parallel-size",
+    "model.expert_model_parallel_size": "--expert-model-parallel-size",
+    "model.sequence_parallel": "--sequence-parallel",
+    "model.recompute_granularity": "--recompute-granularity", "model.recompute_method": "--recompute-method",
+    "model.recompute_num_layers": "--recompute-num-layers", "model.recompute_modules": "--recompute-modules",
+    "model.seq_length": "--seq-length", "dataset.sequence_length": "--seq-length",
+    "model.num_layers_in_first_pipeline_stage": "--decoder-first-pipeline-num-layers",
+    "model.num_layers_in_last_pipeline_stage": "--decoder-last-pipeline-num-layers",
+    "model.account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split",
+    "model.account_for_loss_in_pipeline_split": "--account-for-loss-in-pipeline-split",
+    "train.micro_batch_size": "--micro-batch-size", "train.global_batch_size": "--global-batch-size",
+    "ddp.use_distributed_optimizer": "--use-distributed-optimizer",
+    "optimizer.use_distributed_optimizer": "--use-distributed-optimizer",
+    "model.fp8": "--fp8-format", "model.fp8_recipe": "--fp8-recipe", "model.fp8_param_gather": "--fp8-param-gather",
+    "ddp.fp8_param_gather": "--fp8-param-gather", "mixed_precision.fp8_param_gather": "--fp8-param-gather",
+}  # fmt: skip
+"""Megatron-Bridge's recipe overrides (``section.field=value``, its ``ConfigContainer``: megatron/bridge/training/
+config.py) as the Megatron-LM options they set."""
+BRIDGE_PRECISION = {
+    "bf16_mixed": ["--bf16"], "fp16_mixed": ["--fp16"],
+    "bf16_with_fp8_current_scaling_mixed": ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"],
+    "bf16_with_fp8_delayed_scaling_mixed": ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "delayed"],
+    "bf16_with_fp8_subchannel_scaling_mixed": ["--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "blockwise"],
+    "bf16_with_mxfp8_mixed": ["--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"],
+}  # fmt: skip
+"""``mixed_precision=NAME``: Megatron-Bridge's precision recipes (megatron/bridge/training/mixed_precision.py)."""
+BRIDGE_PASSED = ("train.", "logger.", "checkpoint.", "scheduler.", "optimizer.", "dataset.", "tokenizer.", "rng.",
+                 "profiling.", "comm_overlap.", "ft.", "straggler.", "nvrx_straggler.", "inprocess_restart.")
+"""Sections whose other fields do not change what a GPU holds (learning rate, logging, data, checkpoints)."""
+
+
+def _is_override(token: str) -> bool:
+    key = token.partition("=")[0]
+    return not token.startswith("--") and "=" in token and ("." in key or key == "mixed_precision")
+
+
+def _bridge(c: Collector, token: str) -> list[str]:
+    """One Megatron-Bridge override as the Megatron-LM words it stands for."""
+    key, _, raw = token.partition("=")
+    value = raw.strip().strip("'\"")
+    if key == "mixed_precision":
+        if value not in BRIDGE_PRECISION:
+            raise c.fail(key, f"{value!r} is not a precision recipe memcalc reads{near(value, BRIDGE_PRECISION)}; "
+                              f"accepted: {', '.join(BRIDGE_PRECISION)}")
+        return BRIDGE_PRECISION[value]
+    opt = BRIDGE.get(key)
+    if opt is None:
+        if key.startswith(BRIDGE_PASSED):
+            c.ignore(key, "no effect on the memory held")
+            return []
+        raise c.fail(key, f"unknown Megatron-Bridge override{near(key, BRIDGE) or ''} (memcalc reads the parallel "
+                          "layout, batch, precision and recompute fields)")
+    if value.lower() in ("none", "null", "false", ""):
+        return []
+    if opt in FLAGS:
+        if value.lower() != "true":
+            raise c.fail(key, f"{value!r} is not accepted; accepted: true, false")
+        return [opt]
+    if opt == "--recompute-modules":
+        return [opt, *[m.strip().strip("'\"") for m in value.strip("[]").split(",") if m.strip()]]
+    return [opt, value]
 
 
 def _value(c: Collector, opt: str, value: Any) -> Any:
@@ -149,34 +238,98 @@ def _virtual(c: Collector, values: dict[str, Any], pp: int, layers: int | None) 
         c.arguments["virtual_stages"] = chunks
 
 
+def _split(c: Collector, values: dict[str, Any], pp: int, v: int, layers: int | None) -> None:
+    """An uneven pipeline split as memcalc's --stage-layers (one entry per global stage, chunk c of rank r at
+    c·pp + r), as megatron/core/transformer/transformer_block.py ``get_num_layers_to_build`` builds it: the first
+    (last) rank's layers given, the others' even, each rank's split over its v chunks; or the embedding (loss)
+    counted as one layer of the first (last) chunk."""
+    get = values.get
+    first, last = get("--decoder-first-pipeline-num-layers"), get("--decoder-last-pipeline-num-layers")
+    emb = bool(get("--account-for-embedding-in-pipeline-split"))
+    loss = bool(get("--account-for-loss-in-pipeline-split"))
+    if first is None and last is None and not emb and not loss:
+        return
+    opt = next(o for o, on in (("--decoder-first-pipeline-num-layers", first is not None),
+                               ("--decoder-last-pipeline-num-layers", last is not None),
+                               ("--account-for-embedding-in-pipeline-split", emb),
+                               ("--account-for-loss-in-pipeline-split", loss)) if on)
+    if layers is None:
+        raise c.fail(opt, "needs the model's layers: give --model")
+    if (first is not None or last is not None) and (emb or loss):
+        raise c.fail(opt, "with --account-for-embedding/loss-in-pipeline-split: Megatron-Core refuses both")
+    if first is not None or last is not None:
+        left = pp - (first is not None) - (last is not None)
+        rest = layers - (first or 0) - (last or 0)
+        if rest < 0 or (left > 0 and rest % left) or (left == 0 and rest):
+            raise c.fail(opt, f"leaves {rest} layers for {left} middle stages; Megatron-Core needs them to divide")
+        ranks = [rest // left if left else 0] * pp
+        if first is not None:
+            ranks[0] = first
+        if last is not None:
+            ranks[-1] = last
+    else:
+        units = layers + emb + loss
+        if units % pp:
+            raise c.fail(opt, f"layers({layers}) + {emb + loss} is not a multiple of pp({pp})")
+        ranks = [units // pp] * pp
+    if any(n % v for n in ranks):
+        raise c.fail(opt, f"a rank's {next(n for n in ranks if n % v)} layers do not split over {v} virtual stages")
+    split = [ranks[g % pp] // v for g in range(pp * v)]
+    split[0] -= emb
+    split[-1] -= loss
+    if min(split) < 0:
+        raise c.fail(opt, "leaves a chunk with fewer than no layers")
+    c.arguments["stage_layers"] = split
+
+
 def _fp8(c: Collector, values: dict[str, Any]) -> None:
     if "--fp8-format" not in values:
         if "--fp8-recipe" in values:
             c.ignore("--fp8-recipe", "no --fp8-format: fp8 is off")
+        if "--fp8-param-gather" in values:
+            c.ignore("--fp8-param-gather", "no --fp8-format: fp8 is off")
         return
     recipe = values.get("--fp8-recipe", "delayed")
-    if recipe != "tensorwise":
-        c.unmodelled("--fp8-recipe", f"{recipe} scaling (counted as tensorwise)")
+    if recipe == "delayed":
+        c.note("--fp8-recipe delayed: per-tensor FP8 as tensorwise (current scaling) holds it, the same one-byte "
+               "copies and cached weights; its amax histories (1024 fp32 per quantizer) are a few KiB a layer")
+    elif recipe != "tensorwise":
+        c.unmodelled("--fp8-recipe", f"{recipe} scaling (its scale tensors and Hopper's layouts are not modelled: "
+                                     "counted as tensorwise)")
     c.arguments["float8"] = "tensorwise"
+    if values.get("--fp8-param-gather"):
+        c.arguments["float8_all_gather"] = True
 
 
 def _recompute(c: Collector, values: dict[str, Any]) -> None:
+    """megatron/training/arguments.py: ``--recompute-granularity selective`` with ``--recompute-modules`` (default
+    core_attn), or ``full`` with ``--recompute-method uniform|block`` and ``--recompute-num-layers`` (default 1)."""
+    from memcalc.memory.megatron_saved import MODULES as MEGATRON_MODULES
+
     granularity = values.get("--recompute-granularity")
     method, n = values.get("--recompute-method"), values.get("--recompute-num-layers")
+    modules = values.get("--recompute-modules")
     if granularity is None:
         for opt in ("--recompute-method", "--recompute-num-layers"):
             if opt in values:
                 raise c.fail(opt, "needs --recompute-granularity full (Megatron-LM refuses it alone)")
         c.arguments["recompute"] = "none"
     elif granularity == "selective":
-        c.arguments["recompute"] = "selective"
+        mods = modules or ("core_attn",)
+        unknown = [m for m in mods if m not in MEGATRON_MODULES]
+        if unknown:
+            c.unmodelled("--recompute-modules", f"{' '.join(unknown)} (recomputed modules memcalc does not model: "
+                                                "counted as kept)")
+        kept = [m for m in mods if m in MEGATRON_MODULES]
+        c.arguments["recompute"] = ("selective" if kept == ["core_attn"] else
+                                    "selective:" + "+".join(kept) if kept else "none")
     elif method is None:
         raise c.fail("--recompute-granularity", "full needs --recompute-method uniform or block")
     else:
-        c.arguments["recompute"] = "full"
-        if method != "uniform" or (n or 1) != 1:
-            c.unmodelled("--recompute-method", f"{method} with {n or 1} layers per checkpoint (counted as every "
-                                               "layer's input checkpointed)")  # fmt: skip
+        k = 1 if n is None else n
+        c.arguments["recompute"] = "full" if (method, k) == ("uniform", 1) else f"full:{method}:{k}"
+        if modules:
+            c.ignore("--recompute-modules", "read with --recompute-granularity selective only")
 
 
 def _batch(c: Collector, values: dict[str, Any], world: int | None, mp: int) -> None:

@@ -75,6 +75,11 @@ class Collector:
     def unmodelled(self, path: str, what: str) -> None:
         self._unmodelled.append(f"{path}: {what}")
 
+    @property
+    def any_unmodelled(self) -> bool:
+        """Whether some option read changes memory in a way memcalc does not model."""
+        return bool(self._unmodelled)
+
     def note(self, text: str) -> None:
         self.notes.append(text)
 

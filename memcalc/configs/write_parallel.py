@@ -293,8 +293,15 @@ def _megatron_recompute(recompute: str) -> list[tuple[str, Any]]:
         return [("--recompute-granularity", "selective")]
     if recompute == "full":
         return [("--recompute-granularity", "full"), ("--recompute-method", "uniform"), ("--recompute-num-layers", 1)]
-    raise _refuse("Megatron-LM", f"recompute {recompute!r} (Megatron-LM's: selective, or full per layer)",
-                  "give --recompute selective or full, or write it for torchtitan")  # fmt: skip
+    head, _, rest = recompute.partition(":")
+    if head == "selective" and rest:  # selective:core_attn+mlp: --recompute-modules core_attn mlp
+        return [("--recompute-granularity", "selective"), ("--recompute-modules", " ".join(rest.split("+")))]
+    if head == "full" and rest:  # full:block:N, full:uniform:N
+        method, _, n = rest.partition(":")
+        return [("--recompute-granularity", "full"), ("--recompute-method", method), ("--recompute-num-layers", n)]
+    raise _refuse("Megatron-LM", f"recompute {recompute!r} (Megatron-LM's: selective, selective:MODULES, full, "
+                                 "full:uniform:N, full:block:N)",
+                  "give one of those, or write it for torchtitan")  # fmt: skip
 
 
 def _megatron_precision(inp: Any) -> list[tuple[str, Any]]:
@@ -306,6 +313,8 @@ def _megatron_precision(inp: Any) -> list[tuple[str, Any]]:
                       "give --precision bf16-mixed")
     if inp.float8 == "tensorwise":
         out += [("--fp8-format", "hybrid"), ("--fp8-recipe", "tensorwise")]
+        if inp.float8_all_gather:
+            out.append(("--fp8-param-gather", None))
     elif inp.float8 != "none":
         raise _refuse("Megatron-LM", f"float8 {inp.float8} (Transformer Engine's recipes here: tensorwise)")
     return out

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from memcalc.errors import InputError, did_you_mean, shown
-from memcalc.inputs.estimate import MAX_MICRO_BATCHES, Workload
+from memcalc.inputs.estimate import MAX_MICRO_BATCHES, Workload, megatron_recompute
 from memcalc.inputs.hardware import GPU, MAX_GIB, MAX_GPUS, Cluster, Overheads
 from memcalc.inputs.model import Model
 from memcalc.inputs.strategy import MAX_BUFFER_FACTOR, Parallelism, Strategy
@@ -86,8 +86,10 @@ CHECKS: dict[str, tuple[Check, str]] = {
     "seq_len": _maybe(_whole(1, shape.MAX_POSITIONS, "1.6x the longest advertised context")),
     "micro_batch": _maybe(_whole(1, MAX_MICRO_BATCHES, "680x GPT-3's whole batch")),
     "recompute": ((lambda v: type(v) is str and (v in ("none", "selective", "full", "op-sac")
-                                                  or re.fullmatch(r"every:[1-9][0-9]{0,4}", v) is not None)),
-                  "none, selective, full, every:K (every K-th layer checkpointed), op-sac"),
+                                                  or re.fullmatch(r"every:[1-9][0-9]{0,4}", v) is not None
+                                                  or megatron_recompute(v))),
+                  "none, selective, full, every:K (every K-th layer checkpointed), op-sac, selective:MODULES, "
+                  "full:uniform:N, full:block:N"),
     "loss": ((lambda v: type(v) is str and (v in ("standard", "fused")
                                              or re.fullmatch(r"chunked:[1-9][0-9]{0,3}", v) is not None)),
              "standard, chunked:N (N chunks, 1-9999), fused"),
@@ -241,3 +243,4 @@ def gib_arg(flag: str, value: float) -> int:
     if type(value) not in (int, float) or not 0 <= value <= MAX_GIB:  # also rejects NaN, inf and "2"
         raise InputError(f"{flag} {value!r} must be a finite size in GiB, 0 or more")
     return gib(value)
+

@@ -344,7 +344,7 @@ def build_input(
                             overlap_comm=bool(overlap_comm),
                             fsdp_wrap=fsdp_wrap.strip().lower() if isinstance(fsdp_wrap, str) else None,
                             fsdp_auto_wrap=(fsdp_auto_wrap.strip().lower() if isinstance(fsdp_auto_wrap, str)
-                                            else None)) is None
+                                            else None), float8=_float8(float8)) is None
         accounting = "realistic" if realistic else "paper"
     if overheads is None:
         # CUDA context: the paper's round 0.5 GiB; the realistic accounting's measured 0.75 GiB (H100, torch 2.11).

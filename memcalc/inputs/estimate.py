@@ -14,6 +14,7 @@ from memcalc.inputs.finetune import Lora
 from memcalc.inputs.model import Model
 from memcalc.inputs.strategy import EstimatorOptions, FrameworkOptions, Parallelism, Strategy, Timing
 from memcalc.inputs.dtypes import OPTIMIZERS, PRECISIONS, Optimizer, Precision, from_core
+from memcalc.memory.megatron_saved import megatron_recompute
 from memcalc.model.architecture import MAX_POSITIONS
 
 MAX_MICRO_BATCHES = 2**20
@@ -57,9 +58,11 @@ class Workload(Validated):
     fused (none), for-loop (one parameter's worth), in-backward (each gradient freed after its own step)."""
 
     def _check(self) -> None:
-        if not (self.recompute in ("none", "selective", "full", "op-sac") or _every(self.recompute)):
+        if not (self.recompute in ("none", "selective", "full", "op-sac") or _every(self.recompute)
+                or megatron_recompute(self.recompute)):
             raise InputError(f"--recompute {self.recompute!r} is not accepted; accepted: none, selective, full, "
-                             "every:K (K >= 1), op-sac")
+                             "every:K (K >= 1), op-sac, and under --framework megatron selective:MODULES (core_attn, "
+                             "mlp, layernorm, moe_act joined by +), full:uniform:N, full:block:N")
         if not (self.loss in ("standard", "fused") or _chunks(self.loss)):
             raise InputError(f"--loss {self.loss!r} is not accepted; accepted: standard, chunked:N (N >= 1), fused")
         if self.compile_loss is not None and not self.compile:
@@ -270,11 +273,17 @@ class EstimateInput(Validated):
         the fp8 all-gather is FSDP2's and tensorwise scaling's (torchao fsdp_utils.py ``WeightWithDynamicFloat8CastTensor``)."""
         if arch is None:
             raise InputError("--float8 converts the decoder layers' linears: give the model's shape (--model, --hf-config)")
-        if getattr(arch, "moe", False):
+        megatron = self.parallelism.framework == "megatron"
+        if getattr(arch, "moe", False) and not megatron:
             raise InputError("--float8 with a mixture of experts: torchao's grouped expert GEMMs are not modelled; use a "
                              "dense model or --float8 none")
-        if self.float8_all_gather and (self.float8 != "tensorwise" or self.strategy.spec.framework != "fsdp"
-                                       or not self.strategy.spec.shards_params):
+        if megatron and self.float8_all_gather:
+            if self.float8 != "tensorwise" or self.strategy.spec.name != "zero-1":
+                raise InputError("--float8-all-gather under --framework megatron is --fp8-param-gather: it needs "
+                                 f"--float8 tensorwise and the distributed optimizer (--stage 1); got --float8 "
+                                 f"{self.float8} with {self.strategy.spec.label}")
+        elif self.float8_all_gather and (self.float8 != "tensorwise" or self.strategy.spec.framework != "fsdp"
+                                         or not self.strategy.spec.shards_params):
             raise InputError(f"--float8-all-gather needs --float8 tensorwise and FSDP parameter sharding (--fsdp "
                              f"FULL_SHARD, SHARD_GRAD_OP or HYBRID_SHARD); got --float8 {self.float8} with "
                              f"{self.strategy.spec.label}")
@@ -320,7 +329,7 @@ class EstimateInput(Validated):
                           sequence_parallel=par.sequence_parallel,
                           offload=self.strategy.offload,
                           overlap_comm=bool(self.framework.overlap_comm), fsdp_wrap=self.framework.fsdp_wrap,
-                          fsdp_auto_wrap=self.framework.fsdp_auto_wrap)
+                          fsdp_auto_wrap=self.framework.fsdp_auto_wrap, float8=self.float8)
             if why is not None:
                 raise InputError(f"--accounting realistic: {why}; use --accounting paper")
             from memcalc.layout.compose import composition
@@ -338,7 +347,8 @@ class EstimateInput(Validated):
                      if v != default]
             # the paper accounting counts torchtitan's policies and torch.compile (as the eager layer) on a known shape
             paper_too = self.accounting == "paper" and arch is not None
-            if (w.recompute.startswith("every:") or w.recompute == "op-sac") and not paper_too:
+            if megatron_recompute(w.recompute) or ((w.recompute.startswith("every:") or w.recompute == "op-sac")
+                                                   and not paper_too):
                 extra.append(f"--recompute {w.recompute}")
             if w.compile and not paper_too:
                 extra.append("--compile")
@@ -352,7 +362,7 @@ class EstimateInput(Validated):
                               offload=self.strategy.offload,
                               overlap_comm=bool(self.framework.overlap_comm),
                               fsdp_wrap=self.framework.fsdp_wrap,
-                              fsdp_auto_wrap=self.framework.fsdp_auto_wrap)  # fmt: skip
+                              fsdp_auto_wrap=self.framework.fsdp_auto_wrap, float8=self.float8)  # fmt: skip
                 raise InputError(f"{', '.join(extra)}: what the step holds moment by moment, modelled by the realistic "
                                  f"accounting, which does not apply here ({why or 'not chosen'}); --accounting "
                                  f"{self.accounting} does not use it")

@@ -101,7 +101,12 @@ def _reduce_fp32(plan: Plan) -> bool:
 def evaluate(plan: Plan, stage: int = 0, every_layer: bool = False) -> Realistic:
     """The realistic peak of one GPU for ``plan`` (which ``memcalc.memory.scope.why_not`` accepts); under pipeline
     parallelism, of pipeline rank ``stage``. ``every_layer``: replay every decoder layer's moments (the reference);
-    else only those of the layers that bound the rest (``memcalc.memory.stack``), the same answer."""
+    else only those of the layers that bound the rest (``memcalc.memory.stack``), the same answer. Megatron-Core
+    ranks: ``memcalc.memory.megatron``."""
+    if plan.framework == "megatron":
+        from memcalc.memory import megatron
+
+        return megatron.evaluate(plan, stage)
     tl, ddp_buckets, comm_groups = replay(plan, stage, every_layer)
     return _finish(plan, tl, tl.peak.live_bytes, ddp_buckets, comm_groups)
 
@@ -113,6 +118,11 @@ def replay(plan: Plan, stage: int = 0, every_layer: bool = False) -> tuple[Any, 
 
     arch, w, p = plan.arch, plan.work, plan.precision
     assert arch is not None and w is not None
+    if plan.framework == "megatron":
+        from memcalc.errors import InputError
+
+        raise InputError("--framework megatron: the realistic accounting counts a Megatron-Core rank at its first "
+                         "backward (memory/megatron.py), without a moment-by-moment timeline")
     if plan.pp > 1:
         return _pipeline_rank(plan, stage, every_layer)
     if w.dropout != arch.dropout:  # --dropout in force over the model's: what the layers' dropout masks follow
@@ -326,6 +336,10 @@ def notes(plan: Plan) -> list[str]:
 
     arch, w = plan.arch, plan.work
     assert arch is not None and w is not None
+    if plan.framework == "megatron":
+        from memcalc.memory import megatron
+
+        return megatron.notes(plan)
     code = "torchtitan's Llama 3" if _code(plan) == "torchtitan" else f"Hugging Face's {arch.family}"
     out = [f"accounting: realistic: the peak of one training step over its timeline as {code} "
            f"code runs it ({plan.precision.name}, {_attention_shown(w.attention)} attention, {w.recompute} "

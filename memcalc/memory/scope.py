@@ -54,18 +54,22 @@ def why_not(arch: Any, precision: str, optimizer: str, strategy: str, work: Any,
             cp: int = 1, ep: int = 1, fsdp_version: int = 2, lora: Any = None, framework: str | None = None,
             sequence_parallel: bool = False,
             offload: tuple[str, str] = ("none", "none"), overlap_comm: bool = False,
-            fsdp_wrap: str | None = None, fsdp_auto_wrap: str | None = None) -> str | None:  # fmt: skip
+            fsdp_wrap: str | None = None, fsdp_auto_wrap: str | None = None,
+            float8: str = "none") -> str | None:  # fmt: skip
     """Why the realistic accounting does not apply to this set-up (one line), or None when it does.
 
     offload: (optimizer, parameters) devices. fsdp_wrap: the --fsdp-wrap given (None: the framework's).
     fsdp_auto_wrap: the --fsdp-auto-wrap given (None: transformer)."""
+    if work is not None and ":" in work.recompute and work.recompute.split(":")[0] in ("selective", "full") \
+            and framework != "megatron":
+        return (f"--recompute {work.recompute}: Megatron-Core's recompute modules and methods, modelled under "
+                "--framework megatron")
     if framework == "megatron":
-        # the timelines replay Hugging Face's, torchtitan's and torchtune's code under torch's DDP/FSDP and DeepSpeed's
-        # engine; Megatron-LM runs its own layers, its fp32 main_grad buffer and its distributed optimizer
-        return ("--framework megatron: the realistic accounting follows Hugging Face, torchtitan and torchtune code "
-                "under torch DDP/FSDP or DeepSpeed, not Megatron-LM's layers, fp32 main_grad buffer and distributed "
-                "optimizer; the paper accounting counts Megatron's states (bf16: 18 bytes per parameter, 6 + 12/d "
-                "with --stage 1)")
+        if float8 not in ("none", "tensorwise"):
+            return (f"--framework megatron with --float8 {float8}: the realistic accounting models Transformer "
+                    "Engine's per-tensor FP8 (--float8 tensorwise: current or delayed scaling), not its block-scaled "
+                    "recipes")
+        return _why_not_megatron(arch, precision, optimizer, strategy, work, tp, sequence_parallel, lora, offload)
     if arch is not None and arch.moe:
         why = _why_not_moe(arch, precision, optimizer, strategy, work, max(tp, pp, cp, ep), lora, framework, offload,
                            fsdp_auto_wrap)
@@ -318,4 +322,42 @@ def _why_not_lora(arch: Any, strategy: str, work: Any, fsdp_version: int = 2, fr
                 "policy, Llama-style layers), no offload, no 4-bit base, so far")
     if work is not None and getattr(work, "recompute", "none") not in ("none", "full"):
         return "LoRA: the realistic accounting models recompute none or full"
+    return None
+
+
+MEGATRON_RECOMPUTE = ("none", "selective", "full")
+
+
+def _why_not_megatron(arch: Any, precision: str, optimizer: str, strategy: str, work: Any, tp: int,
+                      sequence_parallel: bool, lora: Any, offload: tuple[str, str]) -> str | None:  # fmt: skip
+    """Megatron-Core's GPT layers (Transformer Engine spec) under its DDP or distributed optimizer, bf16 with fp32
+    main grads, Adam (``memcalc.memory.megatron``); the rest takes the paper accounting, with this line saying why."""
+    if arch is None or work is None:
+        return "the realistic accounting needs the model's shape and --seq-len"
+    if arch.moe and (arch.router_bias or arch.family not in ("mixtral", "qwen3_moe", None)):
+        return (f"--framework megatron with {arch.family}'s MoE layers: the realistic accounting models "
+                "Megatron-Core's MoE layer as Mixtral and Qwen3-MoE run it (softmax top-k router, grouped experts, all-to-all "
+                "dispatcher); the paper accounting counts the rest")
+    if strategy not in ("ddp", "zero-0", "zero-1"):
+        return (f"--framework megatron: the realistic accounting models DDP and the distributed optimizer (got "
+                f"{strategy})")
+    if precision != "bf16-mixed" or optimizer != "adamw":
+        return (f"--framework megatron with --precision {precision} --optimizer {optimizer}: the realistic accounting "
+                "models --bf16 (bf16-mixed: bf16 parameters, fp32 master) with Adam")
+    if lora is not None or offload != ("none", "none") or getattr(work, "compile", False):
+        return "--framework megatron: LoRA, offload and --compile are not modelled by the realistic accounting"
+    from memcalc.memory.megatron_saved import megatron_recompute
+
+    if work.recompute not in MEGATRON_RECOMPUTE and not megatron_recompute(work.recompute):
+        return (f"--framework megatron with --recompute {work.recompute}: the realistic accounting models none, "
+                "selective (core_attn), full (uniform, one layer per checkpoint), selective:MODULES, "
+                "full:uniform:N and full:block:N")
+    if work.attention == "eager" or getattr(work, "loss", "standard") != "standard":
+        return ("--framework megatron: the realistic accounting models Transformer Engine's fused attention (flash, "
+                "sdpa) and Megatron's vocab-parallel cross-entropy (--loss standard)")
+    if arch.tied_embeddings or arch.norm_placement != "pre" or arch.parallel_block or arch.qk_norm_width != "head":
+        return ("--framework megatron: the realistic accounting models pre-norm GPT layers (qk_layernorm per head or "
+                "none) with an untied output layer (Llama-, Mixtral-, Qwen3-style)")
+    if tp > 1 and (arch.heads % tp or arch.n_kv % tp):
+        return f"--tp {tp} must divide heads ({arch.heads}) and kv heads ({arch.n_kv})"
     return None

@@ -119,7 +119,7 @@ def _notes(job: PlanJob, plans: list[PlannedRun], out: S.Outcome, paper: int, of
         notes.append("offload was searched too (optimizer states and parameters on the host): nothing fits with it")
     if paper:
         notes.append(f"{paper:,} candidates are answered by the paper accounting (the realistic one does not model "
-                     "their layout yet: Megatron-LM's layers, pipeline or context parallelism without FSDP, ...); "
+                     "their layout yet: context or pipeline parallelism without FSDP, ...); "
                      "their verdicts are the paper's")
     return notes
 

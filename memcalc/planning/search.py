@@ -141,9 +141,9 @@ def timed(group: Group, time_fields: Callable[..., dict | None]) -> list[Candida
     return out
 
 
-SAVES = {"none": 2, "op-sac": 1, "selective": 1, "full": 0}
+SAVES = {"none": 3, "op-sac": 2, "selective": 2, "selective:core_attn+mlp": 1, "full": 0}
 """Recompute policies by what they keep from the forward: none keeps every saved tensor, the selective policies a
-subset of them, full only each layer's input. At one layout, strategy and micro-batch a policy that keeps more never
+subset of them (Megatron-Core's core_attn and mlp modules a subset of core_attn's), full only each layer's input. At one layout, strategy and micro-batch a policy that keeps more never
 needs less memory (a test holds the realistic peaks so ordered)."""
 
 

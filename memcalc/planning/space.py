@@ -15,7 +15,9 @@ Sources, per framework:
   ``none``, ``selective`` per op (op-sac) and ``full``; bf16 parameters with fp32 reduction.
 - Megatron-LM (megatron/training/arguments.py): DDP or the distributed optimizer (``--use-distributed-optimizer``,
   memcalc's ``--stage 1`` under ``--framework megatron``), ``--sequence-parallel`` with TP, interleaved pipelines
-  (``--num-layers-per-virtual-pipeline-stage``), context parallelism, ``--recompute-granularity selective|full``.
+  (``--num-layers-per-virtual-pipeline-stage``), context parallelism, ``--recompute-granularity selective`` with
+  its default modules (core_attn) or ``--recompute-modules core_attn mlp``, and ``full`` (uniform, one layer), and
+  expert parallelism (``--expert-model-parallel-size``) for MoE models.
 - DeepSpeed (deepspeed/runtime/zero/config.py): ZeRO stages 0-3 over the data-parallel ranks,
   ``activation_checkpointing`` (full); its pipeline engine needs a ``PipelineModule`` and its tensor parallelism
   another library, so neither is searched.
@@ -68,8 +70,9 @@ SPACES: dict[str, Space] = {
         virtual=(1, 2), cp=True, model_parallel_strategies=(0, 1),
         offload=((("fsdp", "FULL_SHARD"), *_FSDP2, ("offload_params", "cpu")),)),
     "megatron": Space(
-        strategies=((("stage", "1"),), (("stage", "0"),)), recompute=("none", "selective", "full"),
-        precision="bf16-mixed", tp=True, sequence_parallel=True, pp=True, virtual=(1, 2), cp=True),
+        strategies=((("stage", "1"),), (("stage", "0"),)),
+        recompute=("none", "selective", "selective:core_attn+mlp", "full"),
+        precision="bf16-mixed", tp=True, sequence_parallel=True, pp=True, virtual=(1, 2), cp=True, ep=True),
     "deepspeed": Space(
         strategies=tuple(((("stage", str(k)),)) for k in range(4)), recompute=("none", "full"),
         precision="bf16-mixed",

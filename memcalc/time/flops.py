@@ -168,6 +168,17 @@ def policy_name(recompute: str) -> str:
     if recompute == "op-sac":
         return "op"
     head, _, k = recompute.partition(":")
+    if head in ("selective", "full") and k:
+        from memcalc.memory.megatron_saved import megatron_recompute
+
+        if not megatron_recompute(recompute):
+            raise InputError(f"recompute {recompute!r} is not one of none, selective, full, op (op-sac), every:K, "
+                             "selective:MODULES, full:uniform:N, full:block:N")
+        # Megatron-Core's: the step model counts full:uniform:N and full:block:N as every layer recomputed (block
+        # recomputes the first N layers of each chunk: an upper bound), selective modules with mlp as full (the MLP's
+        # GEMMs are most of a layer's; an upper bound by the attention projections) and the others as core attention
+        # (the norms' and activations' recompute is element-wise)
+        return "full" if head == "full" or "mlp" in k.split("+") else "selective" if "core_attn" in k else "none"
     if recompute in ("none", "selective", "full", "op") or (head == "every" and k.isdigit() and int(k) >= 1):
         return recompute
     raise InputError(f"recompute {recompute!r} is not one of none, selective, full, op (op-sac), every:K")
@@ -178,7 +189,7 @@ def layer_policy(recompute: str, index: int) -> str:
     ``apply_ac``: ``if layer_id % ac_freq == 0``), fully; the other policies apply to every layer."""
     if recompute.startswith("every:"):
         return "full" if index % int(recompute[6:]) == 0 else "none"
-    return "op" if recompute == "op-sac" else recompute
+    return "op" if recompute == "op-sac" else policy_name(recompute)
 
 
 def model_flops_per_token(arch: Architecture, seq: int, attention: AttentionCount = "full") -> float:
