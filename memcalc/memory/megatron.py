@@ -272,7 +272,7 @@ def communicators(plan: Plan) -> int:
 def evaluate(plan: Plan, stage: int = 0) -> Any:
     """The realistic peak of pipeline rank ``stage`` (``memcalc.memory.realistic.Realistic``)."""
     from memcalc.memory.allocator import fit, nccl_buffers
-    from memcalc.memory.realistic import Realistic
+    from memcalc.memory.rows import Realistic
 
     arch = plan.arch
     assert arch is not None and plan.work is not None

@@ -18,28 +18,14 @@ the paper's accounting answers and a note says why (``memcalc.memory.scope.why_n
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 from memcalc.layout.plan import Plan
 from memcalc.memory.realistic_rows import part_row
-from memcalc.memory.rows import Row
+from memcalc.memory.rows import Realistic, Row
 from memcalc.model.memo import per_architecture
 
 from memcalc.memory.scope import ATTENTION, FSDP_SHARDED, OPTIMIZER_STATES, POST_NORM_FSDP, REGIME, ZERO_STAGES
-
-
-class Realistic(NamedTuple):
-    rows: list[Row]
-    """The parts alive at the peak moment, then the allocator's, the context's and NCCL's."""
-    peak_allocated: int
-    peak_reserved: int
-    total: int
-    verdict: str
-    margin: int
-    peak_phase: str
-    peak_moment: str
-    phases: dict[str, int]
-    """Each phase's own peak of allocated bytes (layers folded into forward and backward)."""
 
 
 def _code(plan: Plan) -> str:

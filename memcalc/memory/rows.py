@@ -39,3 +39,20 @@ def overhead_rows(cuda_context: int, reserve: int) -> tuple[Row, ...]:
         Row("allocator_reserve", "allocator reserve", reserve, "gpu", "overhead",
             "fragmentation headroom (--reserve-gib)"),
     )
+
+
+class Realistic(NamedTuple):
+    """A realistic accounting's answer for one rank: ``memcalc.memory.realistic`` (Hugging Face, torchtitan,
+    torchtune, DeepSpeed) and ``memcalc.memory.megatron`` return it."""
+
+    rows: list[Row]
+    """The parts alive at the peak moment, then the allocator's, the context's and NCCL's."""
+    peak_allocated: int
+    peak_reserved: int
+    total: int
+    verdict: str
+    margin: int
+    peak_phase: str
+    peak_moment: str
+    phases: dict[str, int]
+    """Each phase's own peak of allocated bytes (layers folded into forward and backward)."""
