@@ -14,7 +14,7 @@ from memcalc.comm import traffic
 from memcalc.comm.traffic import Collective, HostTransfer
 from memcalc.layout.compose import composition
 from memcalc.layout.plan import Plan, Zero3Settings
-from memcalc.memory import paper
+from memcalc.memory import paper, paper_notes
 from memcalc.memory.rows import Row, overhead_rows
 
 
@@ -317,10 +317,10 @@ def notes(plan: Plan) -> list[str]:
 
         return implementation.notes(plan)
     if plan.accounting == "realistic":
-        from memcalc.memory import realistic
+        from memcalc.memory import realistic_notes
 
-        return realistic.notes(plan)
-    out = paper.notes(plan)
+        return realistic_notes.notes(plan)
+    out = paper_notes.notes(plan)
     if plan.spec.name == "zero-3" and plan.zero3 != Zero3Settings():
         out.append("the ZeRO-3 coordinator settings given (stage3_max_live_parameters, ...) or sub_group_size are not "
                    "used: the paper accounting has no coordinator and no optimizer step (the realistic accounting "

@@ -110,9 +110,7 @@ def test_moe_with_a_shared_expert_router_bias_takes_paper_with_note():
     from memcalc.memory.scope import why_not
 
     arch = to_plan(memcalc.build_input(model="mixtral-8x7b", seq_len=4096)).arch
-    import dataclasses
-
-    biased = dataclasses.replace(arch, router_bias=True)
+    biased = arch.replace(router_bias=True)
     w = plan(model="mixtral-8x7b", seq_len=4096, tp=1, sequence_parallel=False).work
     assert "MoE layer" in why_not(biased, "bf16-mixed", "adamw", "zero-1", w, framework="megatron")
 

@@ -7,11 +7,12 @@ The tables of precisions and optimizers live in the core (``memcalc.layout.dtype
 
 from __future__ import annotations
 
-from memcalc.inputs.estimate import Accounting, EstimateInput, Workload
+from memcalc.inputs.estimate import Accounting, EstimateInput
 from memcalc.inputs.hardware import GPU, Cluster, Overheads
 from memcalc.inputs.model import Model
 from memcalc.inputs.strategy import EstimatorOptions, FrameworkOptions, Parallelism, Strategy, Timing
 from memcalc.inputs.dtypes import OPTIMIZERS, PRECISIONS, Optimizer, Precision, resolve_optimizer, resolve_precision
+from memcalc.inputs.workload import Workload
 from memcalc.layout.dtypes import OptimizerName, PrecisionName
 from memcalc.layout.plan import Zero3Settings
 

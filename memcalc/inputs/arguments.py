@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from memcalc.errors import InputError, did_you_mean, shown
-from memcalc.inputs.estimate import MAX_MICRO_BATCHES, Workload, megatron_recompute
+from memcalc.inputs.workload import MAX_MICRO_BATCHES, Workload, megatron_recompute
 from memcalc.inputs.hardware import GPU, MAX_GIB, MAX_GPUS, Cluster, Overheads
 from memcalc.inputs.model import Model
 from memcalc.inputs.strategy import MAX_BUFFER_FACTOR, Parallelism, Strategy

@@ -21,14 +21,13 @@ from memcalc.report.results import (
     PerGPU,
     PerNode,
     StageMemory,
-    StepTimeInfo,
     StepTimeline,
     TimelineMoment,
     StrategyInfo,
     TensorBytes,
-    TimeBreakdown,
     Training,
 )
+from memcalc.report.results_time import StepTimeInfo, TimeBreakdown
 from memcalc.units import format_count
 
 _GRADIENT_KEYS = ("gradients", "gradient_buckets", "gradients_backward", "gradients_step")

@@ -27,7 +27,8 @@ from memcalc.units import (
 )
 
 if TYPE_CHECKING:  # the results' display hooks render through this module: told apart by their class's name
-    from memcalc.report.results import Comparison, Estimate, StepTimeInfo
+    from memcalc.report.results import Comparison, Estimate
+    from memcalc.report.results_time import StepTimeInfo
 
 Rows = Sequence[Mapping[str, Any]]
 

@@ -112,7 +112,7 @@ def plot_memory(comparison_or_estimates: Comparison | Estimate | Iterable[Estima
 
 
 def time_parts(r: Estimate) -> dict[str, float]:
-    """Seconds of each stacked part of one step (``memcalc.report.results.TimeBreakdown``); they sum to step_s."""
+    """Seconds of each stacked part of one step (``memcalc.report.results_time.TimeBreakdown``); they sum to step_s."""
     if r.time is None:
         raise InputError(f"{r.strategy.label} has no step time: give the model's shape and --seq-len")
     b = r.time.breakdown

@@ -90,7 +90,7 @@ def clock_fields(gpu: Any) -> None:
         if v is None and key in ("hbm_gbps", "intra_node_gbps"):
             missing.append(key)
         elif v is not None and not _positive(v):
-            missing.append(f"{key} above 0 (it is {v!r})")
+            missing.append(f"{key} above 0 (it is {v:g})" if isinstance(v, (int, float)) else f"{key} above 0 (it is {v!r})")
     if not peaks(gpu):
         missing.append("a tensor-core rate (bf16_tflops, fp16_tflops or tf32_tflops)")
     if missing:
