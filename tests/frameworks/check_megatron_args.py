@@ -27,8 +27,11 @@ import sys
 from pathlib import Path
 
 RENAMED = {"--fp8-format": "fp8", "--num-experts": "num_moe_experts", "--disable-bias-linear": None,
-           "--swiglu": None, "--group-query-attention": None}  # fmt: skip
-"""Options whose TransformerConfig field is not the option's own name (None: handled below)."""
+           "--swiglu": None, "--group-query-attention": None, "--fp8-param-gather": "fp8_param"}  # fmt: skip
+"""Options whose TransformerConfig field is not the option's own name (None: handled below; ``--fp8-param-gather``
+is ``fp8_param``, core_transformer_config_from_args)."""
+LISTS = {"--recompute-modules"}
+"""Options Megatron-LM's argparse takes with ``nargs="*"``: a list however many words follow."""
 MODEL_ARGS = {"--max-position-embeddings", "--position-embedding-type", "--untie-embeddings-and-output-weights"}
 """GPTModel's own arguments (pretrain_gpt.py ``model_provider``)."""
 TRAINING_ARGS = {"--micro-batch-size", "--global-batch-size", "--seq-length", "--use-distributed-optimizer",
@@ -43,12 +46,13 @@ def parse(path: Path) -> dict[str, object]:
     while i < len(words):
         opt = words[i]
         assert opt.startswith("--"), f"{opt!r} is not an option"
-        if i + 1 < len(words) and not words[i + 1].startswith("--"):
-            value: object = words[i + 1]
-            value = int(value) if re.fullmatch(r"\d+", str(value)) else value
-            i += 2
-        else:
-            value, i = True, i + 1
+        j = i + 1
+        while j < len(words) and not words[j].startswith("--"):
+            j += 1
+        given = [int(w) if re.fullmatch(r"\d+", w) else w for w in words[i + 1:j]]
+        # argparse's nargs: a list option (--recompute-modules) takes every word up to the next option
+        value: object = given if opt in LISTS else given[0] if len(given) == 1 else True if not given else given
+        i = j
         assert opt not in out, f"{opt} given twice"
         out[opt] = value
     return out
