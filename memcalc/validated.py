@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -39,6 +41,17 @@ def bounded(default: Any = ..., *, ge: float | None = None, gt: float | None = N
     """A field with bounds (``pydantic.Field`` constraints); ``why`` says what the bound stands for, shown in the
     error line and kept in the JSON schema as ``bound``."""
     return Field(default, ge=ge, gt=gt, le=le, lt=lt, json_schema_extra={"bound": why} if why else None)
+
+
+@contextmanager
+def _refused(cls: type) -> Iterator[None]:
+    """Parsing plain data or JSON into ``cls``: pydantic's errors as one ``InputError`` line (``refusal``)."""
+    try:
+        yield
+    except ValidationError as e:
+        raise refusal(cls, e) from None
+    except RecursionError:
+        raise InputError(f"{cls.__name__}: the data nests too deeply; accepted: what model_dump gives") from None
 
 
 class Validated(BaseModel):
@@ -86,12 +99,8 @@ class Validated(BaseModel):
     @classmethod
     def model_validate(cls: type[V], obj: Any, **kwargs: Any) -> V:  # type: ignore[override]
         """An object from plain Python (a dict as ``model_dump`` gives); a mistake is one ``InputError`` line."""
-        try:
+        with _refused(cls):
             return super().model_validate(obj, strict=kwargs.pop("strict", False), **kwargs)
-        except ValidationError as e:
-            raise refusal(cls, e) from None
-        except RecursionError:
-            raise InputError(f"{cls.__name__}: the data nests too deeply; accepted: what model_dump gives") from None
 
     @classmethod
     def model_validate_json(cls: type[V], json_data: str | bytes | bytearray, **kwargs: Any) -> V:  # type: ignore[override]
@@ -102,12 +111,8 @@ class Validated(BaseModel):
         if len(json_data) > MAX_JSON_CHARS:
             raise InputError(f"{cls.__name__} JSON of {len(json_data):,} characters is too long; accepted: at most "
                              f"{MAX_JSON_CHARS:,} (an estimate's JSON is a few tens of KB)")
-        try:
+        with _refused(cls):
             return super().model_validate_json(json_data, strict=kwargs.pop("strict", False), **kwargs)
-        except ValidationError as e:
-            raise refusal(cls, e) from None
-        except RecursionError:
-            raise InputError(f"{cls.__name__}: the data nests too deeply; accepted: what model_dump gives") from None
 
     @classmethod
     def model_json_schema(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]

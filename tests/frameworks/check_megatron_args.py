@@ -50,8 +50,10 @@ def parse(path: Path) -> dict[str, object]:
         while j < len(words) and not words[j].startswith("--"):
             j += 1
         given = [int(w) if re.fullmatch(r"\d+", w) else w for w in words[i + 1:j]]
-        # argparse's nargs: a list option (--recompute-modules) takes every word up to the next option
-        value: object = given if opt in LISTS else given[0] if len(given) == 1 else True if not given else given
+        # argparse's nargs: a list option (--recompute-modules) takes every word up to the next option, any other
+        # one value or none (a flag)
+        assert opt in LISTS or len(given) <= 1, f"{opt} takes one value, not {given}"
+        value: object = given if opt in LISTS else given[0] if given else True
         i = j
         assert opt not in out, f"{opt} given twice"
         out[opt] = value
