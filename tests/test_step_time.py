@@ -134,14 +134,20 @@ def test_op_recompute_is_every_second_matmul_and_the_elementwise_forward():
         step_time(LLAMA, replace(plan, recompute="ops"), H100)
 
 
-def test_hbm2e_calibration_only_slows_memory_bound_work():
-    # torchtitan's H100 benchmarks: 96GB HBM2e, 2.4 TB/s; compute fractions inherited from h100-sxm.
+def test_hbm2e_500w_calibration_scales_compute_by_the_power_limit_and_memory_by_hbm():
+    # torchtitan's H100 benchmarks: 96GB HBM2e, 2.4 TB/s, 500 W; efficiency fractions inherited from h100-sxm, the
+    # tensor-core peak between the SXM (700 W, 989.4) and NVL (400 W, 835.5) datasheet rates as a power law
+    import math
+
     from memcalc.time.hardware import load_calibration
 
     slow = replace(H100, calibration=load_calibration("h100-sxm-hbm2e-500w"))
     plan = Plan(gpus=1, seq=8192, micro_batch=1)
     a, b = step_time(LLAMA, plan, H100), step_time(LLAMA, plan, slow)
-    assert b.compute_s == a.compute_s and b.peak_flops == 989e12
+    k = math.log(989.4 / 835.5) / math.log(700 / 400)
+    assert b.peak_flops == pytest.approx(989.4e12 * (500 / 700) ** k, rel=1e-4)
+    assert 835.5e12 < b.peak_flops < 989e12
+    assert b.compute_s == pytest.approx(a.compute_s * 989 / 893.8)
     assert b.memory_bound_s == pytest.approx(a.memory_bound_s * 3350 / 2400)
 
 
