@@ -287,3 +287,35 @@ def test_plans_that_share_a_stage_profile_differ_only_in_fields_it_does_not_read
         read = [f.name for f in dataclasses.fields(Plan) if f.name not in _UNREAD_BY_PROFILE]
         assert _PROFILE_KEY(replace(base, micro_batch=base.micro_batch + 1)) != _PROFILE_KEY(base)
         assert len(_PROFILE_KEY(base)) == len(read)
+
+
+def test_tp_overlap_leaves_the_userbuffers_chunks_exposed():
+    # Transformer Engine's initialize_ub defaults: ring-exchange all-gathers in tp chunks (1/tp exposed), the
+    # forward's pipelined reduce-scatters in 4 splits (1/4), the backward's bulk reduce-scatters hidden
+    from memcalc.time.step import _tp_exposed
+
+    assert _tp_exposed(8.0, 8.0, 100.0, 4) == pytest.approx(8 * (1 / 4 + 1 / 4) / 2 + 8 / 4 / 2)
+    assert _tp_exposed(8.0, 8.0, 100.0, 8) == pytest.approx(8 * (1 / 8 + 1 / 4) / 2 + 8 / 8 / 2)
+    assert _tp_exposed(8.0, 8.0, 1.0, 4) == pytest.approx((8 - 1) + (8 - 2))  # nothing hides more than the GEMMs last
+    plan = Plan(gpus=8, seq=8192, micro_batch=1, micro_batches=4, tp=8, sp=True)
+    rows = [col("all-gather", ph, "tensor-parallel", 8, 64 * 2**20, calls=128) for ph in ("forward", "backward")]
+    rows += [col("reduce-scatter", ph, "tensor-parallel", 8, 64 * 2**20, calls=128) for ph in ("forward", "backward")]
+    plain, over = step_time(LLAMA, plan, H100, rows), step_time(LLAMA, replace(plan, tp_overlap=True), H100, rows)
+    waits = dict(plain.communication_s)["tensor-parallel"]
+    assert dict(over.communication_s)["tensor-parallel"] == pytest.approx(waits * ((1 / 8 + 1 / 4) + 1 / 8) / 4)
+    assert over.compute_s == plain.compute_s and over.step_s < plain.step_s
+
+
+def test_megatron_times_tp_with_userbuffers_only_under_sequence_parallelism():
+    import memcalc
+
+    kw = dict(model="llama-3-70b", framework="megatron", gpus=64, gpu="h100", tp=4, pp=4, seq_len=8192,
+              micro_batch=1, micro_batches=16, stage=1)
+    sp, plain = memcalc.estimate(**kw, sequence_parallel=True), memcalc.estimate(**kw)
+    note = [n for n in sp.notes if "userbuffers" in n]
+    assert len(note) == 1 and "--tp-comm-overlap" in note[0]
+    assert not [n for n in plain.notes if "userbuffers" in n]
+    assert sp.time.breakdown.communication_s["tensor-parallel"] < plain.time.breakdown.communication_s["tensor-parallel"] / 3
+    titan = memcalc.estimate(**{**kw, "framework": "torchtitan", "stage": None, "fsdp": "FULL_SHARD"},
+                             sequence_parallel=True)
+    assert not [n for n in titan.notes if "userbuffers" in n]

@@ -175,15 +175,23 @@ def step_time(inp: EstimateInput, ev: Evaluation, timing: dict | None = None) ->
     ), None
 
 
-def _time_notes(st: StepTimeInfo | None) -> list[str]:
-    """Where the step time's rates come from: the calibration, and each efficiency's source."""
+def _time_notes(st: StepTimeInfo | None, plan: Plan) -> list[str]:
+    """Where the step time's rates come from: the calibration, each efficiency's source, and what the framework's
+    kernel table decided that changes the time (``memcalc.time.kernels``)."""
     if st is None or not st.calibration:
         return []
+    from memcalc.layout.compose import composition
+    from memcalc.time.kernels import overlaps_tp
+
     named = {"hbm": "HBM", "gemm": "GEMM", "cross_entropy": "cross-entropy", "intra_node": "intra-node collectives",
              "network": "network collectives"}
     parts = "; ".join(f"{named.get(g, g)}: {label}" for g, label in st.efficiency_sources.items())
-    return [f"step time on {st.cluster} ({st.node}): {st.calibration}",
-            f"step-time efficiencies: {parts}"]
+    out = [f"step time on {st.cluster} ({st.node}): {st.calibration}", f"step-time efficiencies: {parts}"]
+    if overlaps_tp(composition(plan.framework).model_code, plan.tp, plan.sequence_parallel):
+        out.append("tensor-parallel communication timed as Transformer Engine's userbuffers overlap it with the GEMMs "
+                   "(Megatron-Bridge's performance recipes set tp_comm_overlap; Megatron-LM does it only with "
+                   "--tp-comm-overlap, and without it every all-gather and reduce-scatter waits)")
+    return out
 
 
 def _verdict_notes(f: paper.PaperFit | None) -> list[str]:
@@ -286,7 +294,7 @@ def estimate(inp: EstimateInput, ev: Evaluation, micro_batch_auto: bool = False,
                       timeline=step_timeline(ev, timeline)),
         communication=_communication(ev),
         notes=notes(plan) + _layout_notes(ev) + _verdict_notes(paper_fit) + ([f"step time: {why}"] if why else [])
-        + _time_notes(time),
+        + _time_notes(time, plan),
         assumed=list(inp.assumed),
         input=inp,
         time=time,

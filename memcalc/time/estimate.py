@@ -24,7 +24,7 @@ from memcalc.memory.paper import param_groups
 from memcalc.time.datasheet import gpu_machine
 from memcalc.time.hardware import Machine, cluster_names, load_cluster, load_machine
 from memcalc.time.flops import policy_name
-from memcalc.time.kernels import framework_kernels
+from memcalc.time.kernels import framework_kernels, overlaps_tp
 from memcalc.time.step import Plan, StepTime, step_time
 from memcalc.units import ceil_div
 
@@ -212,6 +212,7 @@ def step_plan(plan: LayoutPlan, optimizer_impl: str = "foreach", flops_attention
         gather_units=1 if plan.fsdp_auto_wrap == "none" and plan.spec.shards_params else 0,
         host_forward_s=host_f, host_backward_s=host_b, host_optimizer_s=host_o,
         cp_kv_factor=plan.arch.heads / plan.arch.n_kv if expands else 1.0,
+        tp_overlap=overlaps_tp(fw.model_code, plan.tp, plan.sequence_parallel),
     )  # fmt: skip
 
 

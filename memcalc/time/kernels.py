@@ -75,6 +75,12 @@ class Kernels:
     launches_backward_autocast: int
     launches_eager_attention: tuple[int, int]
     """Extra launches (forward, backward) of eager attention over SDPA (scale, mask, softmax, casts)."""
+    tp_overlap: str = "none"
+    """How the code runs tensor-parallel collectives under sequence parallelism: none (each on the critical path:
+    eager DTensor, torchtitan without async TP) or userbuffers (Transformer Engine's GEMM-communication overlap,
+    ``memcalc.time.step._tp_exposed``). Megatron-LM turns it on with ``--tp-comm-overlap`` (which needs
+    ``--sequence-parallel``); NVIDIA's Megatron-Bridge performance recipes set ``tp_comm_overlap`` for their
+    tensor-parallel layouts, so the Megatron row takes it as the way Megatron-Core jobs are run."""
     expands_kv: bool = False
     """K and V expanded to the query heads before the attention call, so a context-parallel ring passes heads /
     kv_heads times the bytes: torchtitan's Llama (torchtitan/models/llama3/model.py: ``repeat_kv(xk, self.n_rep)``
@@ -87,7 +93,7 @@ FUSED = Kernels("megatron", "fused", "te", 13, 24, 13, 24, (2, 3))
 KERNELS: dict[str, Kernels] = {
     "hf": EAGER,
     "torchtitan": Kernels("torchtitan", "torchtitan", "flash", 40, 82, 50, 98, (8, 10), expands_kv=True),
-    "megatron": FUSED,
+    "megatron": Kernels("megatron", "fused", "te", 13, 24, 13, 24, (2, 3), tp_overlap="userbuffers"),
 }
 """Per model code (``memcalc.layout.compose.Framework.model_code``); under torch.compile every code is ``FUSED``."""
 
@@ -106,6 +112,11 @@ def attention_kernel(code: str, asked: str) -> str:
 def expands_kv(code: str) -> bool:
     """Whether ``code`` expands K and V to the query heads before attention (``Kernels.expands_kv``)."""
     return KERNELS.get(code, EAGER).expands_kv
+
+
+def overlaps_tp(code: str, tp: int, sequence_parallel: bool) -> bool:
+    """Whether ``code`` overlaps its tensor-parallel collectives with GEMMs (``Kernels.tp_overlap``) in this layout."""
+    return tp > 1 and sequence_parallel and KERNELS.get(code, EAGER).tp_overlap != "none"
 
 
 def host_launches(code: str, compiled: bool, autocast: bool, eager_attention: bool) -> tuple[int, int]:

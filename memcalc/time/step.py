@@ -112,6 +112,9 @@ class Plan:
     """The same for its backward."""
     host_optimizer_s: float = 0.0
     """Host seconds to launch the optimizer step."""
+    tp_overlap: bool = False
+    """Tensor-parallel all-gathers and reduce-scatters overlapped with the GEMMs beside them, as Transformer Engine's
+    userbuffers run them (``memcalc.time.kernels.Kernels.tp_overlap``; needs sequence parallelism): ``_tp_exposed``."""
 
     @property
     def dp(self) -> int:
@@ -178,7 +181,7 @@ class StepTime:
 
 
 _UNREAD_BY_PROFILE = ("gpus", "micro_batches", "optimizer", "optimizer_state_bytes", "optimizer_params",
-                      "flops_attention", "gather_units")
+                      "flops_attention", "gather_units", "tp_overlap")
 """Step-plan fields ``_stage_profile`` does not read: plans that differ only in them (another sharding strategy,
 another accumulation count) share one profile."""
 _PROFILE_KEY = attrgetter(*(f.name for f in dataclasses.fields(Plan) if f.name not in _UNREAD_BY_PROFILE))
@@ -288,6 +291,24 @@ def _plan_profile(arch: Architecture, cal: Calibration, plan: Plan) -> tuple[tup
     return _shared_profile(arch, cal, p), model, hardware, n_opt, cal.peak(p.dtype)
 
 
+def _tp_exposed(forward: float, backward: float, gemm: float, tp: int) -> float:
+    """Seconds of tensor-parallel communication left exposed when Transformer Engine's userbuffers overlap it with
+    the GEMMs (Megatron-Core with ``--tp-comm-overlap``, sequence parallelism), ``forward`` and ``backward`` its
+    collectives' seconds, ``gemm`` the seconds of one GEMM pass (the forward; the backward runs two).
+
+    transformer_engine/pytorch/module/base.py ``initialize_ub``, default methods: the forward's all-gathers before
+    the qkv and fc1 GEMMs and the backward's before the proj and fc2 input-gradient GEMMs run as a ring exchange in
+    ``tp`` chunks (each GEMM chunk on the chunk already received: the first chunk's wait exposed, 1/tp); the
+    forward's reduce-scatters after proj and fc2 pipelined in 4 splits (the last split's reduce-scatter exposed,
+    1/4); the backward's reduce-scatters of the qkv and fc1 input gradients run in bulk beside the weight-gradient
+    GEMMs (hidden). Half of each phase's volume is all-gathers and half reduce-scatters (``memcalc.comm.traffic``).
+    No overlap hides more than the GEMMs last: at least ``forward - gemm`` and ``backward - 2 gemm`` stay exposed.
+    Left out: the 16 SMs the pipelined reduce-scatter takes from its GEMM (``num_sm``), about 2 % of the GEMMs."""
+    fwd = max(forward * (1 / tp + 1 / 4) / 2, forward - gemm)
+    bwd = max(backward * (1 / tp) / 2, backward - 2 * gemm)
+    return fwd + bwd
+
+
 def step_time(arch: Architecture, plan: Plan, machine: Machine, collectives: Iterable[Any] = (),
               host_transfers: Iterable[Any] = ()) -> StepTime:  # fmt: skip
     """Step time of ``plan`` on ``machine``; ``collectives`` are objects with ``op, phase, group, group_size,
@@ -310,8 +331,11 @@ def step_time(arch: Architecture, plan: Plan, machine: Machine, collectives: Ite
     critical = 0.0
     dp_rows = []
     cp_total = 0.0
+    tp_phase = {"forward": 0.0, "backward": 0.0}
     for c in collectives:
-        if c.group in _CRITICAL_GROUPS:
+        if p.tp_overlap and c.group == "tensor-parallel" and c.phase in tp_phase:
+            tp_phase[c.phase] += _time(c, machine) * c.calls_per_step
+        elif c.group in _CRITICAL_GROUPS:
             t = _time(c, machine) * c.calls_per_step
             exposed[c.group] = exposed.get(c.group, 0.0) + t
             critical += t
@@ -324,6 +348,11 @@ def step_time(arch: Architecture, plan: Plan, machine: Machine, collectives: Ite
             raise InputError(f"unknown communication group {c.group!r}")
     if cp_total:
         exposed["context-parallel"] = max(0.0, cp_total - m * attn)  # the K/V ring runs beside attention
+    if tp_phase["forward"] or tp_phase["backward"]:
+        gemm = m * (comp - attn) / 3  # one of the three GEMM passes (forward, input and weight gradients)
+        t = _tp_exposed(tp_phase["forward"], tp_phase["backward"], gemm, p.tp)
+        exposed["tensor-parallel"] = exposed.get("tensor-parallel", 0.0) + t
+        critical += t
 
     sharded = any(c.op == "all-gather" and c.phase == "forward" for c in dp_rows)
     for c in dp_rows:
