@@ -5,8 +5,6 @@ faster of the algorithms NCCL would pick), the links from a cluster preset (``pr
 calibration (``presets/calibration``).
 """
 
-from __future__ import annotations
-
 import math
 import re
 from pydantic import Field

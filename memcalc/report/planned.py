@@ -4,8 +4,6 @@ Field names of ``PlanResult``, ``PlannedRun``, ``PlanLayout``, ``PlanMemory`` an
 integer bytes, times seconds.
 """
 
-from __future__ import annotations
-
 from typing import Any, Literal
 
 from pydantic import Field

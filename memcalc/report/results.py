@@ -4,8 +4,6 @@ Every size is an integer number of bytes. ``model_dump()`` gives plain Python, `
 the JSON the CLI prints; in Jupyter and IPython a result displays as memcalc's rich tables.
 """
 
-from __future__ import annotations
-
 from typing import Literal
 
 from pydantic import Field

@@ -1,8 +1,6 @@
 """The step-time part of a result: where one optimizer step's seconds go, and the throughput, MFU and cost they
 give (``Estimate.time``)."""
 
-from __future__ import annotations
-
 from pydantic import Field
 
 from memcalc.report.result_base import _Result
