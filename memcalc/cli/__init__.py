@@ -35,7 +35,13 @@ def main() -> None:
         only = [c for c in app.registered_commands if (c.name or c.callback.__name__).replace("_", "-") == argv[0]]
         if only:
             app.registered_commands = only
-    app()
+    try:
+        app()
+    finally:
+        # The interpreter's exit collects every object still tracked, once more (26 ms of an estimate's CPU, all of
+        # it on objects the process is about to give back): frozen, they are left to the exit (atexit and the
+        # modules' teardown still run).
+        gc.freeze()
 
 
 if __name__ == "__main__":
