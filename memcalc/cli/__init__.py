@@ -23,7 +23,8 @@ __all__ = ["EXIT_USAGE", "app", "fail", "main"]
 def main() -> None:
     # A command is a short process whose objects live until it exits: the cyclic collector would only walk the
     # classes, schemas and modules it makes (some 50 passes in an estimate, 10-17 ms of CPU), never to free them.
-    # Reference counting still frees everything else; a plan's search grows by 3 MiB without it.
+    # Reference counting still frees everything else; a plan's search grows by 3 MiB without it. The commands that
+    # run real training steps (validate, trace) turn it back on.
     gc.disable()
     # pydantic looks for plugins in every installed distribution's entry points (importlib.metadata) before it builds
     # its first validator: a third of what a command's validation costs. The command line uses none.
