@@ -47,6 +47,18 @@ def bounded(default: Any = ..., *, ge: float | None = None, gt: float | None = N
     return Field(default, ge=ge, gt=gt, le=le, lt=lt, json_schema_extra={"bound": why} if why else None)
 
 
+def empty_list() -> list[Any]:
+    """A result's list field left out: ``Field(default_factory=empty_list)``. pydantic reads a factory's signature
+    each time it makes a default; a Python function's is read directly, where the builtin ``list``'s is parsed from
+    its text by the tokenizer (2 ms the first time, then 0.07 ms a default)."""
+    return []
+
+
+def empty_dict() -> dict[Any, Any]:
+    """A result's dict field left out: ``Field(default_factory=empty_dict)`` (see ``empty_list``)."""
+    return {}
+
+
 @contextmanager
 def _refused(cls: type) -> Iterator[None]:
     """Parsing plain data or JSON into ``cls``: pydantic's errors as one ``InputError`` line (``refusal``)."""
