@@ -90,3 +90,18 @@ def test_the_json_schema_page_is_the_generated_one():
     done = subprocess.run([sys.executable, str(ROOT / "docs" / "generate_schema.py"), "--check"], cwd=ROOT,
                           capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+
+def test_a_results_left_out_lists_and_dicts_are_its_own_and_empty():
+    """The default factories (``memcalc.validated.empty_list``, ``empty_dict``) give each result a new container,
+    and the schema shows no default for them."""
+    from memcalc.report.results import Comparison
+    from memcalc.report.results_time import StepTimeInfo
+
+    first, second = Comparison(estimates=[]), Comparison(estimates=[])
+    assert first.by_memory == [] and first.by_time == [] and first.by_memory is not second.by_memory
+    sources = StepTimeInfo.model_fields["efficiency_sources"]
+    made = [sources.get_default(call_default_factory=True) for _ in range(2)]
+    assert made == [{}, {}] and made[0] is not made[1]
+    assert "default" not in Comparison.model_json_schema()["properties"]["by_memory"]

@@ -3,6 +3,7 @@ primitive), ``trace`` (one real step on fake tensors) and ``plot`` (pictures of 
 
 from __future__ import annotations
 
+import gc
 import sys
 from typing import Annotated
 
@@ -19,6 +20,7 @@ def validate(
     suite: Annotated[str, typer.Option("--suite", help="quick (3 configurations) or full (every framework and strategy; DeepSpeed when installed).")] = "quick",
 ) -> None:
     """Measure real DDP/FSDP training steps on this machine and print them beside memcalc's estimate."""
+    gc.enable()  # real training steps: PyTorch's objects are freed as in any training script (memcalc.cli.main)
     try:
         import torch
     except ImportError:
@@ -144,6 +146,7 @@ def trace(
     """Run one real training step of the model's code on fake tensors (CPU, no GPU, no weights) and print its
     live bytes: the peak, where it happens, each phase's peak, and the caching allocator's reserved peak when the
     steps' allocations are replayed through it (needs torch and transformers)."""
+    gc.enable()  # a real training step: PyTorch's objects are freed as in any training script (memcalc.cli.main)
 
     def go() -> None:
         try:

@@ -5,8 +5,6 @@ row is also a pydantic model, so that ``EstimateInput.precision`` validates and 
 derived values (``PrecisionBytes``, ``OptimizerBytes``); ``core`` gives the core's row back for the ``Plan``.
 """
 
-from __future__ import annotations
-
 from typing import Any
 
 from memcalc.layout import dtypes

@@ -1,7 +1,5 @@
 """Everything one estimate needs, with the invariants that tie the parts together."""
 
-from __future__ import annotations
-
 from typing import Literal
 
 from pydantic import field_validator

@@ -1,7 +1,5 @@
 """Fine-tuning a frozen base: LoRA adapters (``--lora-rank``, ``--lora-targets``) and QLoRA (``--quantize nf4``)."""
 
-from __future__ import annotations
-
 from typing import TYPE_CHECKING, Literal
 
 from memcalc.errors import InputError
@@ -34,7 +32,7 @@ class Lora(Validated):
                 raise InputError(f"--lora-targets {t!r} is not accepted; accepted: a comma-separated subset of "
                                  f"{','.join(TARGETS)}, the model's module names (q_proj, ...) or {ALL_LINEAR}")
 
-    def plan(self, targets: tuple[str, ...]) -> LoraPlan:
+    def plan(self, targets: tuple[str, ...]) -> "LoraPlan":
         from memcalc.model.lora import LoraPlan  # the core's record, loaded when LoRA is asked for
 
         return LoraPlan(rank=self.rank, targets=targets, quantize=self.quantize)

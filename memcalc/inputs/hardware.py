@@ -1,7 +1,5 @@
 """The hardware: a GPU datasheet (presets/gpus/*.toml), how GPUs sit in nodes, and memory outside the model."""
 
-from __future__ import annotations
-
 
 from memcalc.errors import InputError
 from memcalc.layout import plan

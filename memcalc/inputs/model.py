@@ -1,7 +1,5 @@
 """The model being trained: a parameter count or an architecture."""
 
-from __future__ import annotations
-
 
 import re
 

@@ -1,7 +1,5 @@
 """How the run is laid out: the data-parallel strategy, model parallelism and the framework's own settings."""
 
-from __future__ import annotations
-
 from typing import Literal
 
 

@@ -1,8 +1,6 @@
 """What one micro-batch step runs: sequence, micro-batch, recompute, attention kernel, loss, compile, dropout
 (``Workload``), checked when made."""
 
-from __future__ import annotations
-
 from typing import Literal
 
 from memcalc.errors import InputError

@@ -4,8 +4,6 @@ Field names follow what the shape means, not one library's config keys; ``memcal
 Hugging Face ``config.json`` files onto it and ``presets/models/*.toml`` use these names as keys.
 """
 
-from __future__ import annotations
-
 from typing import Literal
 
 

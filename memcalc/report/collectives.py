@@ -5,14 +5,12 @@ faster of the algorithms NCCL would pick), the links from a cluster preset (``pr
 calibration (``presets/calibration``).
 """
 
-from __future__ import annotations
-
 import math
 import re
 from pydantic import Field
 
 from memcalc.errors import InputError
-from memcalc.validated import Result
+from memcalc.validated import Result, empty_list
 
 _SIZE = re.compile(r"^\s*((?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _UNIT = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
@@ -70,7 +68,7 @@ class CollectiveTimes(Result):
     gpu: str
     intra_node_link: str
     network_link: str
-    primitives: list[PrimitiveRow] = Field(default_factory=list)
+    primitives: list[PrimitiveRow] = Field(default_factory=empty_list)
 
 
 def collectives(size: str | int | float, group: int, *, gpu: str | None = None, cluster: str | None = None,

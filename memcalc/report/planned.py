@@ -4,13 +4,11 @@ Field names of ``PlanResult``, ``PlannedRun``, ``PlanLayout``, ``PlanMemory`` an
 integer bytes, times seconds.
 """
 
-from __future__ import annotations
-
 from typing import Any, Literal
 
 from pydantic import Field
 
-from memcalc.validated import Result
+from memcalc.validated import Result, empty_dict, empty_list
 
 Verdict = Literal["fits", "at-risk", "oom"]
 Objective = Literal["time", "cost", "memory"]
@@ -89,8 +87,8 @@ class PlanJob(_Model):
     frameworks: list[str] = Field(description="Frameworks searched.")
     objective: Objective = Field(description="What ranks the plans.")
     tokens: float | None = Field(default=None, description="Tokens to train on (for time and cost to train).")
-    prices: dict[str, float] = Field(default_factory=dict, description="Price per GPU-hour by GPU preset key.")
-    fixed: dict[str, Any] = Field(default_factory=dict, description="The estimate keywords held fixed.")
+    prices: dict[str, float] = Field(default_factory=empty_dict, description="Price per GPU-hour by GPU preset key.")
+    fixed: dict[str, Any] = Field(default_factory=empty_dict, description="The estimate keywords held fixed.")
 
 
 class Miss(_Model):
@@ -119,12 +117,12 @@ class PlanResult(_Model):
     checked: int = Field(description="Candidates whose memory was checked.")
     replays: int = Field(description="Realistic step replays run (the rest were settled by a bound).")
     paper_accounted: int = Field(description="Candidates answered by the paper accounting.")
-    not_runnable: dict[str, int] = Field(default_factory=dict, description="Candidate settings memcalc or the "
+    not_runnable: dict[str, int] = Field(default_factory=empty_dict, description="Candidate settings memcalc or the "
                                                                            "framework refuses, by reason.")
     seconds: float = Field(description="Wall time of the search.")
     candidates_per_s: float = Field(description="evaluated / seconds.")
     plans: list[PlannedRun] = Field(description="The best plans, best first (empty: none fits).")
-    best_per_gpu: list[PlannedRun] = Field(default_factory=list, description="The best plan for each (GPU type, "
+    best_per_gpu: list[PlannedRun] = Field(default_factory=empty_list, description="The best plan for each (GPU type, "
                                                                              "count) that has one.")
     fastest: PlannedRun | None = Field(default=None, description="The shortest step among the plans found.")
     cheapest: PlannedRun | None = Field(default=None, description="The lowest cost to train (with --tokens and "
@@ -133,4 +131,4 @@ class PlanResult(_Model):
     unheld_best: PlannedRun | None = Field(default=None, description="With dimensions held (--tp, --recompute, ...): "
                                                                       "the best plan of the search without them.")
     offload: bool = Field(default=False, description="Offload was searched because nothing fits without it.")
-    notes: list[str] = Field(default_factory=list, description="What the search assumed and left out.")
+    notes: list[str] = Field(default_factory=empty_list, description="What the search assumed and left out.")

@@ -4,8 +4,6 @@ Every size is an integer number of bytes. ``model_dump()`` gives plain Python, `
 the JSON the CLI prints; in Jupyter and IPython a result displays as memcalc's rich tables.
 """
 
-from __future__ import annotations
-
 from typing import Literal
 
 from pydantic import Field
@@ -13,6 +11,7 @@ from pydantic import Field
 from memcalc.inputs import EstimateInput
 from memcalc.report.result_base import _Result
 from memcalc.report.results_time import StepTimeInfo
+from memcalc.validated import empty_list
 
 Location = Literal["gpu", "cpu", "nvme"]
 Category = Literal["model_state", "activation", "overhead"]
@@ -160,7 +159,7 @@ class StepTimeline(_Result):
     """What happens at that moment (e.g. log_softmax's backward)."""
     phases: dict[str, int]
     """Each phase's own peak of allocated bytes (forward and backward over all their layers)."""
-    moments: list[TimelineMoment] = Field(default_factory=list)
+    moments: list[TimelineMoment] = Field(default_factory=empty_list)
     """Every moment of the step in order, when asked for (``--timeline``, ``timeline=True``); empty otherwise. The
     largest sum of a moment's bytes is ``per_gpu.peak_allocated``."""
 
@@ -363,9 +362,9 @@ class Estimate(_Result):
     """Per-GPU and per-node memory, the fit, each pipeline stage."""
     communication: Communication
     """Collectives and host copies: what crosses which link per optimizer step, per GPU."""
-    notes: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=empty_list)
     """What the numbers leave out, and assumptions worth knowing."""
-    assumed: list[str] = Field(default_factory=list)
+    assumed: list[str] = Field(default_factory=empty_list)
     """Values a config file left to the training script, taken as its default, that change the answer (each with
     how to give yours): the output's header shows them."""
     input: EstimateInput
@@ -382,9 +381,9 @@ class Comparison(_Result):
     """The version of this JSON layout; it changes only when a field changes meaning or goes."""
     estimates: list[Estimate]
     """One estimate per strategy, in the order asked for."""
-    by_memory: list[str] = Field(default_factory=list)
+    by_memory: list[str] = Field(default_factory=empty_list)
     """Strategy labels from the least per-GPU memory to the most."""
-    by_time: list[str] = Field(default_factory=list)
+    by_time: list[str] = Field(default_factory=empty_list)
     """Strategy labels from the shortest step to the longest (those with a step time); rows at different
     micro-batches (``--micro-batch auto``): from the most tokens per second per GPU to the fewest."""
     fastest_that_fits: str | None = None

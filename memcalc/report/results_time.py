@@ -1,11 +1,10 @@
 """The step-time part of a result: where one optimizer step's seconds go, and the throughput, MFU and cost they
 give (``Estimate.time``)."""
 
-from __future__ import annotations
-
 from pydantic import Field
 
 from memcalc.report.result_base import _Result
+from memcalc.validated import empty_dict
 
 
 class TimeBreakdown(_Result):
@@ -41,7 +40,7 @@ class StepTimeInfo(_Result):
     calibration: str = ""
     """How the GPU's achievable rates were made: its calibration file, or derived from its datasheet and whose
     efficiency curves it borrows."""
-    efficiency_sources: dict[str, str] = Field(default_factory=dict)
+    efficiency_sources: dict[str, str] = Field(default_factory=empty_dict)
     """Each group of efficiencies (hbm, gemm, attention, optimizer, cross_entropy, intra_node, network) and where it
     comes from: "measured: ...", "published: ..." or "datasheet: borrowed from <gpu> ..."."""
     step_s: float
