@@ -8,6 +8,13 @@ modules); this module orders those sizes in time and adds what lives only for a 
 the loss runs, autocast's cast cache, the loss's gradients, recomputed layers, the optimizer's temporaries).
 Phase names are the tracer's (``memcalc.validation.trace_step.mark_phases``) so that the two compare directly.
 Allocator rounding, reserved memory, the CUDA context and NCCL buffers are ``memcalc.memory.allocator``'s.
+
+``timeline`` reads as the step runs: its options become one ``Step`` (``memcalc.memory.timeline_step``: validated,
+the widths, the model states, the FSDP overlay, the layers' sizes, the family's prologue from
+``memcalc.memory.families``), then each phase, a function of that ``Step``, appends its moments: the baseline and
+the batch, the decoder layers, the final norm and the head, the loss (``memcalc.memory.timeline_forward``); the
+loss's gradients, the head's unit, the decoder layers backward, the embedding's and FSDP root's end of the backward,
+the optimizer (``memcalc.memory.timeline_backward``).
 """
 
 from __future__ import annotations
@@ -97,5 +104,5 @@ def timeline(arch: Architecture, *, family: str, regime: str, attention: str, s:
     return Timeline(tuple(moments), loss_moment, loss_cache, loss_blocks)
 
 
-__all__ = ["CUBLAS_WORKSPACE", "EMB_MINE", "EMB_WHOLE", "FAMILIES", "LOSS_HELP", "MLP_FRAME", "O_PROJ_FRAME", "REGIMES",
-           "Moment", "Timeline", "inside_log_softmax", "largest_tensor", "timeline", "with_loss"]
+__all__ = ["FAMILIES", "MLP_FRAME", "O_PROJ_FRAME", "REGIMES", "Moment", "Timeline", "inside_log_softmax",
+           "largest_tensor", "timeline", "with_loss"]
