@@ -206,7 +206,8 @@ def _embedding_backward(c: Step, moments: list[Moment], held_grads: int) -> Mome
                    + FsdpOverlay.embedding_backward(c.fs, 0 if c.fs.whole else c.arch.layers))
 
 
-def _whole_copy_in(c: Step, moments: list[Moment], held_grads: int) -> Moment:  # FSDP2's root post-backward
+def _whole_copy_in(c: Step, moments: list[Moment], held_grads: int) -> Moment:
+    # FSDP2's root post-backward (the final callback)
     fs = c.fs
     return _moment("backward.layer.0", "the root's reduce-scatter copy-in",
                    c.base + [LOSS] + FsdpOverlay.whole_copy_in(
