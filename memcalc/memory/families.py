@@ -15,6 +15,12 @@ from memcalc.model.architecture import Architecture
 
 FP32_ROTARY = ("olmo2",)
 """OLMo 2's rotary embedding returns fp32 cos, sin in every regime."""
+PARALLEL_RESIDUAL = ("gpt_neox",)
+"""GPT-NeoX's parallel residual (``mlp_output + attn_output + residual``, where ``parallel_block``): the attention's
+output and the first sum are alive at the second add."""
+FUSED_GATE_UP = ("phi3",)
+"""Phi-3's fused gate_up projection: its output (2f) stays beside the activation and the product in a checkpointed
+layer's MLP frame, and its attention frame is not modelled apart."""
 
 
 def _gpt2_rows(arch: Architecture, x, *, code: str, device: str, r: int, sp: int, **_) -> list[tuple[str, int]]:

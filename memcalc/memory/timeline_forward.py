@@ -5,7 +5,7 @@ moments; the FSDP overlay's parts come from ``memcalc.memory.fsdp_overlay.FsdpOv
 from __future__ import annotations
 
 from memcalc.frozen import frozen
-from memcalc.memory.families import layer_cache
+from memcalc.memory.families import FUSED_GATE_UP, PARALLEL_RESIDUAL, layer_cache
 from memcalc.memory.fsdp_overlay import FsdpOverlay
 from memcalc.memory.saved import LLAMA_STYLE, OTHER_NORMS, loss_transient
 from memcalc.memory.saved_gemma import GEMMAS
@@ -77,7 +77,7 @@ def _layer(c: Step, moments: list[Moment], i: int, ly, kept: int, cache: int) ->
             ("autocast cast cache (recomputed layers' weights)", cache)] + FsdpOverlay.forward(c.fs, i)
     # GPT-NeoX's parallel residual (``mlp_output + attn_output + residual``): the attention's output and the
     # first sum are alive at the second add
-    parallel = 2 * d * t * h if c.family == "gpt_neox" and c.arch.parallel_block and c.code == "hf" else 0
+    parallel = 2 * d * t * h if c.family in PARALLEL_RESIDUAL and c.arch.parallel_block and c.code == "hf" else 0
     moments.append(_moment(f"forward.layer.{i}", f"layer {i}: down projection's output before the residual add",
                            c.base + c.fwd_shared + acts + [("down projection output", d * t * h),
                                                            ("attention output and the first sum", parallel)]))
@@ -107,7 +107,7 @@ def _frames(c: Step, moments: list[Moment], i: int, acts: list) -> list[tuple[st
             and not c.compiled and not c.arch.experts and c.float8 == "none"):
         return []
     t, h, d, r, amp, sp, x = c.t, c.h, c.d, c.r, c.amp, c.sp, c.x
-    if not amp and c.family != "phi3" and c.attention == "sdpa":
+    if not amp and c.family not in FUSED_GATE_UP and c.attention == "sdpa":
         # the o projection's output (under TP its collective): the attention's frame holds its input (the
         # norm's output; under SP its local output and the gathered tensor), the rotated q and k, v and the
         # attention's output, o_proj's input (traced: tests/test_timeline_tp.py)
@@ -130,7 +130,7 @@ def _frames(c: Step, moments: list[Moment], i: int, acts: list) -> list[tuple[st
                            c.base + c.fwd_shared + acts[:1] + cache_now + frame
                            # Phi-3's fused gate_up output (2f) stays beside the activation and the product
                            + [("activation of gate, up and their product",
-                               (4 if c.family == "phi3" else 3) * d * t * x.ffn)]))
+                               (4 if c.family in FUSED_GATE_UP else 3) * d * t * x.ffn)]))
     return frame
 
 

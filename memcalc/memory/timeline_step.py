@@ -281,7 +281,8 @@ def step(arch: Architecture, *, family: str, regime: str, attention: str, s: int
     # the layers whose moments are made: every one, or the ends of the runs of alike layers (memcalc.memory.stack)
     shown = ends if not every_layer and affine(per_layer, fs) else range(arch.layers)
     before_layers = full_st.grads - per_layer * arch.layers - late * w
-    return Step(arch, x, family, act, attention, s, b, policy, optimizer_impl, loss, loss_compiled, device, code, tp, sp,
-                compiled, float8, rotary_dims, use_cache, cache_promotes_values, lora, fs, st, t, h, v, n, w, d, r, amp,
-                vocab_rows, model_states, base, mask, kept_mask, shared + mask + slopes, shared + kept_mask, layers,
-                shown, per_layer, late, before_layers)  # (Step's fields in order: every one given, no defaults)
+    # (Step's fields in order, every one given: the positional construction is the cheap one)
+    return Step(arch, x, family, act, attention, s, b, policy, optimizer_impl, loss, loss_compiled, device, code, tp,
+                sp, compiled, float8, rotary_dims, use_cache, cache_promotes_values, lora, fs, st, t, h, v, n, w, d, r,
+                amp, vocab_rows, model_states, base, mask, kept_mask, shared + mask + slopes, shared + kept_mask,
+                layers, shown, per_layer, late, before_layers)
