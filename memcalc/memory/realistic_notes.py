@@ -129,8 +129,8 @@ def _zero3(plan: Plan) -> list[str]:
 
 def _fsdp_recompute(plan: Plan) -> list[str]:
     """FSDP under a recompute policy other than none and full, which its timeline was not traced with."""
-    return [f"{plan.spec.name} with {plan.work.recompute} recompute: the policy's kept tensors (as on one GPU) under the FSDP2 "
-            "timeline, which was traced with recompute none and full"]
+    return [f"{plan.spec.name} with {plan.work.recompute} recompute: the policy's kept tensors (as on one GPU) under "
+            "the FSDP2 timeline, which was traced with recompute none and full"]
 
 
 def _float8(plan: Plan) -> list[str]:
@@ -245,7 +245,8 @@ def _titan_tp(plan: Plan) -> list[str]:
 
 
 def _context_parallel(plan: Plan) -> list[str]:
-    return [f"cp {plan.cp}: each rank runs the step of its s/cp = {plan.work.seq_len // plan.cp} tokens (ring attention "
+    return [f"cp {plan.cp}: each rank runs the step of its s/cp = {plan.work.seq_len // plan.cp} tokens (ring "
+            "attention "
             "keeps its local q, k, v, output and log-sum-exp; the K, V chunks in flight between ranks are not "
             f"counted), FSDP2 sharded over {plan.shard_group_size} ranks; derived, not traced"]
 

@@ -270,9 +270,10 @@ def _stage(arch, family: str, regime: str, attention: str, s: int, b: int, pp: i
     # the step's token ids (int64), every micro-batch's: the first stage's inputs and the last stage's labels, which
     # the schedule splits into micro-batches as views (torch pipelining ``microbatch.split_args_kwargs_into_chunks``)
     batch_ids = ("the step's input ids and labels (int64)", 8 * n * b * s * (any(first) + any(last)))
+    base = states + [("pipeline receive buffers", recv)]
+    logits = ("logits (kept by fwd_cache)", 0 if loss == "fused" else d * t * x.vocab)
     stage = _Stage(chunks, v, first, last, n, world, policy, act, d, g, rw, ra, x, sp, lsh, esh, le, eg, u["head"][0],
-                   gathered_c, layers, shown, upto, resid, rotary, [], st, states + [("pipeline receive buffers", recv)],
-                   head, head_input, ("logits (kept by fwd_cache)", 0 if loss == "fused" else d * t * x.vocab), lp,
+                   gathered_c, layers, shown, upto, resid, rotary, [], st, base, head, head_input, logits, lp,
                    copy_name, saved_name, grad_name, norm2, batch_ids, attention)
     stage.full.extend(stage.kept(c) + rotary for c in range(v))
     return stage
@@ -293,7 +294,8 @@ class _Run:
         self.reduced = [False] * v
         # the head's and the final norm's new gradients in the compute dtype, where the accumulators keep the reduce
         # dtype: the stage's root unit holds them from the head's backward to its post-backward, after the stage's
-        # last layer (FSDP2 upcasts them there: ``to_accumulated_grad_if_needed``, ``accumulate_unsharded_grad_if_needed``)
+        # last layer (FSDP2 upcasts them there: ``to_accumulated_grad_if_needed``,
+        # ``accumulate_unsharded_grad_if_needed``)
         self.root_new = 0
         self.returned = False  # the schedule's step has returned: its send ops are gone
         # the first stage's embedding gradients: the moment of all their fresh blocks, of the first, their bytes
@@ -485,8 +487,8 @@ def _step_end(st: _Stage, run: _Run) -> Timeline:
     if run.fresh_at < 0:
         return Timeline(tuple(moments))
     what = "the embedding's whole-vocabulary gradients" if st.sp > 1 else "the embedding's gradients"
-    return Timeline(tuple(moments), run.fresh_at, 0, run.fresh, f"the blocks reserved before them, too small for {what}",
-                    run.fresh_from)
+    return Timeline(tuple(moments), run.fresh_at, 0, run.fresh,
+                    f"the blocks reserved before them, too small for {what}", run.fresh_from)
 
 
 def _action_state(backward: bool, c: int, alive: list[int], gathered: list[bool], acc: list[int], done: list[int],
