@@ -29,7 +29,9 @@ one rank of the fake process group).
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from itertools import compress
+from operator import mul
+from typing import NamedTuple
 
 from memcalc.errors import InputError
 from memcalc.memory.pipeline import interleaved_ops, receive_buffers
@@ -144,13 +146,14 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
     return _step_end(st, run)
 
 
-@dataclass(frozen=True, slots=True)
-class _Stage:
+class _Stage(NamedTuple):
     """What every action of a pipeline rank's schedule reads, made once per stage (``_stage``): the chunks and the
-    bytes of their units, layers, micro-batches, head and loss."""
+    bytes of their units, layers, micro-batches, head and loss. Immutable; a named tuple, made in a fraction of a
+    frozen dataclass's time (a planner makes one per stage and shape)."""
 
     chunks: tuple[range, ...]
     v: int  # the rank's chunks
+    sends: bool  # Schedule1F1B past the first stage: a backward's input gradient is sent
     first: list[bool]  # each chunk holds the embedding
     last: list[bool]  # each chunk holds the head and the loss
     n: int  # micro-batches per step
@@ -199,15 +202,13 @@ class _Stage:
         return own + (self.resid if until is None and not self.last[c] else 0)
 
 
-@per_architecture
 def _stage(arch, family: str, regime: str, attention: str, s: int, b: int, pp: int, rank: int, n: int,
            chunks: tuple[range, ...], recompute: str, optimizer_impl: str, loss: str, device: str, code: str,
            tp: int, sequence_parallel: bool, compiled: bool, loss_compiled: bool | None, float8: str,
            float8_all_gather: bool, world: int, fsdp_param_dtype: str | None, fsdp_reduce_fp32: bool,
            every_layer: bool) -> _Stage:  # fmt: skip
     """The stage's constants: its dtypes, units, layers, states and receive buffers, and the last stage's head and
-    loss (``stage_timeline``'s arguments); made once per model and arguments (a planner's plans share them), never
-    changed after."""
+    loss (``stage_timeline``'s arguments)."""
     v = len(chunks)
     policy = parse_recompute(recompute)
     sp = tp if sequence_parallel else 1
@@ -272,7 +273,7 @@ def _stage(arch, family: str, regime: str, attention: str, s: int, b: int, pp: i
     batch_ids = ("the step's input ids and labels (int64)", 8 * n * b * s * (any(first) + any(last)))
     base = states + [("pipeline receive buffers", recv)]
     logits = ("logits (kept by fwd_cache)", 0 if loss == "fused" else d * t * x.vocab)
-    stage = _Stage(chunks, v, first, last, n, world, policy, act, d, g, rw, ra, x, sp, lsh, esh, le, eg, u["head"][0],
+    stage = _Stage(chunks, v, v == 1 and not first[0], first, last, n, world, policy, act, d, g, rw, ra, x, sp, lsh, esh, le, eg, u["head"][0],
                    gathered_c, layers, shown, upto, resid, rotary, [], st, base, head, head_input, logits, lp,
                    copy_name, saved_name, grad_name, norm2, batch_ids, attention)
     stage.full.extend(stage.kept(c) + rotary for c in range(v))
@@ -307,14 +308,13 @@ def _common(st: _Stage, run: _Run, c_cur: int, exclude_current: bool) -> list[tu
     """What every moment holds: the states, the step's ids, the gathered units, the accumulators, the micro-batches
     in flight (but the current one, where ``exclude_current``), the input gradient being sent, the head's new
     gradients."""
-    full, alive = st.full, run.alive
-    held = sum(full[c] * (alive[c] - (1 if exclude_current and c == c_cur else 0)) for c in range(st.v))
+    full = st.full
+    held = sum(map(mul, full, run.alive)) - (full[c_cur] if exclude_current else 0)
     # Schedule1F1B's previous backward's input gradient, referenced by its send ops (``bwd_sends``) until the
     # next backward's replace them (stage_backward has taken it off the buffer: ``val.grad = None``); the
     # interleaved runtime drops its sends once waited (traced)
-    sending = st.resid if st.v == 1 and not st.first[0] and run.done[0] > 0 and not run.returned else 0
-    return st.base + [st.batch_ids,
-                      ("parameters (gathered)", sum(gb for gb, on in zip(st.gathered_c, run.gathered) if on)),
+    sending = st.resid if st.sends and run.done[0] > 0 and not run.returned else 0
+    return st.base + [st.batch_ids, ("parameters (gathered)", sum(compress(st.gathered_c, run.gathered))),
                       ("gradient accumulators (unsharded)", sum(run.acc)),
                       ("micro-batches in flight (saved tensors, stage outputs)", held),
                       ("stage input gradient being sent (the previous backward's)", sending),
