@@ -130,8 +130,7 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
     made: set[tuple] = set()  # the states of the actions whose moments are made
     for backward, c in one_f_one_b(rank, pp, n) if v == 1 else interleaved_ops(rank, pp, n, v):
         if not every_micro_batch:
-            state = _action_state(backward, c, run.alive, run.gathered, run.acc, run.done, n,
-                                  v == 1 and not st.first[0])
+            state = _action_state(backward, c, run.alive, run.gathered, run.acc, run.done, n, st.sends)
             if state in made:  # the same moments again, later: no peak, phase peak or reserved figure changes
                 if backward:
                     run.alive[c], run.done[c] = run.alive[c] - 1, run.done[c] + 1
