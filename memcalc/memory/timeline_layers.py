@@ -188,8 +188,56 @@ def layer_sizes(arch, *, family: str, regime: str, attention: str, s: int, b: in
     ``hooked_grads``: the caller counts each weight gradient at its own hook (DeepSpeed's gradient hooks move it to
     the bucket as autograd makes it: ``memcalc.memory.timeline_zero``, ``timeline_zero3``), so an MoE block's backward
     moments leave the experts' weight gradients out."""
-    kw = dict(family=family, regime=regime, attention=attention, s=s, b=b, device=device, rotary_dims=rotary_dims,
-              code=code)
+    saved = _layer_saved(arch, family, regime, attention, s, b, policy, index, device, rotary_dims, lora, code,
+                         compiled, sp, use_cache)
+    full, casts = total(saved), total(saved, "weight_cast")
+    x = shape(arch, s, b, rotary_dims)
+    d, r = {"fp32": (4, 4), "bf16": (2, 2), "amp-bf16": (2, 4)}[regime]
+    w = 2 if regime == "bf16" else 4
+    residual = r * x.t * x.h // sp
+    ckpt = checkpointed(policy, index)
+    extra = _backward_extra(arch, family, regime, x, d, w, ckpt, casts, device, lora, code, hooked_grads)
+    forward_extra = attention_forward = recompute_attention = 0
+    if family == "bloom" and lora is None:
+        more, forward_extra, attention_forward, recompute_attention = _bloom(
+            x, d, r, w, regime, device, ckpt, index > 0 and checkpointed(policy, index - 1))
+        extra += more
+    mlp_params = moe_params(arch) if arch.moe else (3 if arch.gated_mlp else 2) * x.h * x.ffn
+    if arch.moe and ckpt:
+        # the block's locals above the layer's checkpoint and the residual stream, which the moment's list leaves out
+        forward_extra = moe_forward_extra(arch, x, d, checkpointed=True) + residual
+    elif arch.moe:
+        # the block reordering its weighted pairs, above the layer's saved tensors: the moment's list leaves the
+        # residual stream out, so it is added here with the tensors bf16 saves nowhere that are alive all the same
+        # (traced): the layer's input (the model's loop variable holds it until the layer returns) and, past layer
+        # 0, the embedding output (``inputs_embeds`` in the model's forward)
+        forward_extra = moe_forward_extra(arch, x, d) + residual + residual + (residual if index > 0 else 0)
+    attn = _softmax_backward(arch, family, regime, attention, saved, x, d, r, w, mlp_params, ckpt, code, lora)
+    kept, kept_casts, rec, parts = _kept(saved, full, casts, residual, family, attention, policy, index, x, d, r,
+                                         code, compiled)
+    f8 = 0
+    if float8 != "none" and not compiled:
+        from memcalc.model.float8 import eager_backward
+
+        # the down projection's, at the layer's backward entry; gate/up (and o, q, k, v) cast after the MLP's saved
+        # tensors began to go and, with ffn above hidden, stay below it (traced: tests/test_float8_timeline.py)
+        f8 = eager_backward(x.t, x.ffn, x.h, d, float8_weight_cast)
+    # traced op by op (tests/test_timeline_tp.py, tests/test_pipeline_realistic.py: tp 2 and 4, h 1024, f/tp 1664, 832);
+    # not under autocast: traced at tp 2 (f/tp above h) the layer's backward peaks where backward_extra says; at tp 4
+    # its peak is the recomputed MLP's forward, its fp32 all-gathered input beside the bf16 casts (not modelled: the
+    # layer's backward 0.9 % below the trace at h 1024)
+    down_grad = (d * x.t * x.h + d * x.t * x.ffn + w * x.h * x.ffn
+                 if sp > 1 and regime != "amp-bf16" and not arch.moe and family in LLAMA_STYLE and code == "hf"
+                 and lora is None else 0)  # fmt: skip
+    return LayerSizes(full, casts, kept, kept_casts, rec, residual, extra, attn, parts, f8, attention_forward,
+                      recompute_attention, forward_extra, down_grad)
+
+
+def _layer_saved(arch, family: str, regime: str, attention: str, s: int, b: int, policy: Policy, index: int,
+                 device: str, rotary_dims: int | None, lora, code: str, compiled: bool, sp: int,
+                 use_cache: bool) -> tuple:  # fmt: skip
+    """The tensors one decoder layer saves for backward: compiled, or eager (with LoRA's adapters), the rank's
+    ``1/sp`` of the sequence under sequence parallelism (``layer_sizes``'s arguments)."""
     if compiled and policy.kind == "none" and lora is None:
         # torch.compile per layer: AOTAutograd's partitioner's saved set (memcalc.memory.compiled, exact on CPU); the
         # backward transients below stay the eager layer's
@@ -199,17 +247,20 @@ def layer_sizes(arch, *, family: str, regime: str, attention: str, s: int, b: in
                                      scope="layer", code=code)
     else:
         # LoRA: the backward transients below stay the full model's (a bound)
-        saved = layer_saved(arch, **kw, lora=lora, index=index, use_cache=use_cache)
+        saved = layer_saved(arch, family=family, regime=regime, attention=attention, s=s, b=b, device=device,
+                            rotary_dims=rotary_dims, code=code, lora=lora, index=index, use_cache=use_cache)
     if sp > 1:
         from memcalc.memory.timeline_tp import sp_split
 
         saved = sp_split(saved, sp)
-    full, casts = total(saved), total(saved, "weight_cast")
-    x = shape(arch, s, b, rotary_dims)
-    d, r = {"fp32": (4, 4), "bf16": (2, 2), "amp-bf16": (2, 4)}[regime]
-    w = 2 if regime == "bf16" else 4
-    residual = r * x.t * x.h // sp
-    extra = (moe_backward_extra(arch, x, d, 0 if hooked_grads else w, recomputed=checkpointed(policy, index))
+    return saved
+
+
+def _backward_extra(arch, family: str, regime: str, x, d: int, w: int, ckpt: bool, casts: int, device: str, lora,
+                    code: str, hooked_grads: bool) -> int:  # fmt: skip
+    """The MLP's backward transient above the layer's saved tensors (an MoE block's, or the dense MLP's), net of
+    what the family's backward freed before it (``layer_sizes``'s ``backward_extra``)."""
+    extra = (moe_backward_extra(arch, x, d, 0 if hooked_grads else w, recomputed=ckpt)
              if arch.moe
              else _mlp_backward_extra(arch, family, d, w, x.t))
     if regime == "amp-bf16" and casts and family in (*LLAMA_STYLE, *OTHER_NORMS, "gpt_neox", "falcon", "opt"):
@@ -227,45 +278,47 @@ def layer_sizes(arch, *, family: str, regime: str, attention: str, s: int, b: in
         # the parallel block's sum of the bf16 branch outputs (NeoX's first add, Falcon's in-place one): its gradient's
         # bf16 cast, which both branches take, stays for the attention's backward after the MLP's
         extra += 2 * x.t * x.h
-    forward_extra = attention_forward = recompute_attention = 0
-    if family == "bloom" and lora is None:
-        # BLOOM's GeLUFunction (modeling_bloom.py): ``bloom_gelu_forward`` holds four ffn-wide temporaries beside the
-        # fc1 output, and ``bloom_gelu_back`` five beside the output gradient (tanh, 0.5·x, 1 - tanh², 0.107·x, its
-        # product with x) where the generic MLP counts two; the fc2 bias gradient is made before (traced op by op)
-        extra += 3 * d * x.t * x.ffn + w * x.h
-        forward_extra = 3 * d * x.t * x.ffn
-        if checkpointed(policy, index):
-            # nothing of the layer is kept: the fc1 output and the GELU's temporaries, beside what BloomBlock.forward
-            # still holds in locals (the second norm's output, the attention output, the attention probabilities
-            # BloomAttention returns)
-            forward_extra = 5 * d * x.t * x.ffn + 2 * r * x.t * x.h + d * x.scores
-        elif regime == "amp-bf16":  # the second norm's fp32 output (a local; fc1 saved its bf16 cast)
-            forward_extra += r * x.t * x.h
-        if regime == "amp-bf16":
-            # fc2's bf16 weight and bias copies, counted with the layer's casts, are made after the GELU; the weight's,
-            # saved by its matmul, is freed once fc2's backward ran
-            forward_extra -= 2 * x.h * x.ffn + 2 * x.h
-            extra -= 2 * x.h * x.ffn
-        attention_forward = _bloom_attention_forward(x, d, r, regime == "amp-bf16", device == "cuda",
-                                                     checkpointed(policy, index))
-        if checkpointed(policy, index):  # the rerun saves: the layer's own forward, less its input (the checkpoint)
-            recompute_attention = _bloom_attention_forward(x, d, r, regime == "amp-bf16", device == "cuda",
-                                                           False) - r * x.t * x.h
-        if index > 0 and checkpointed(policy, index - 1):
-            # BloomModel's loop holds the previous block's returned (output, probabilities) in ``outputs`` until this
-            # block returns; probabilities that no checkpointed block saved
-            forward_extra += d * x.scores
-            attention_forward += d * x.scores
-    mlp_params = moe_params(arch) if arch.moe else (3 if arch.gated_mlp else 2) * x.h * x.ffn
-    if arch.moe and checkpointed(policy, index):
-        # the block's locals above the layer's checkpoint and the residual stream, which the moment's list leaves out
-        forward_extra = moe_forward_extra(arch, x, d, checkpointed=True) + residual
-    elif arch.moe:
-        # the block reordering its weighted pairs, above the layer's saved tensors: the moment's list leaves the
-        # residual stream out, so it is added here with the tensors bf16 saves nowhere that are alive all the same
-        # (traced): the layer's input (the model's loop variable holds it until the layer returns) and, past layer
-        # 0, the embedding output (``inputs_embeds`` in the model's forward)
-        forward_extra = moe_forward_extra(arch, x, d) + residual + residual + (residual if index > 0 else 0)
+    return extra
+
+
+def _bloom(x, d: int, r: int, w: int, regime: str, device: str, ckpt: bool,
+           previous_ckpt: bool) -> tuple[int, int, int, int]:  # fmt: skip
+    """BLOOM's layer beside the generic one: (more backward transient, forward extra, attention forward, recomputed
+    attention); ``ckpt``, ``previous_ckpt``: the layer, the layer before it, checkpointed."""
+    # BLOOM's GeLUFunction (modeling_bloom.py): ``bloom_gelu_forward`` holds four ffn-wide temporaries beside the
+    # fc1 output, and ``bloom_gelu_back`` five beside the output gradient (tanh, 0.5·x, 1 - tanh², 0.107·x, its
+    # product with x) where the generic MLP counts two; the fc2 bias gradient is made before (traced op by op)
+    extra = 3 * d * x.t * x.ffn + w * x.h
+    forward_extra = 3 * d * x.t * x.ffn
+    recompute_attention = 0
+    if ckpt:
+        # nothing of the layer is kept: the fc1 output and the GELU's temporaries, beside what BloomBlock.forward
+        # still holds in locals (the second norm's output, the attention output, the attention probabilities
+        # BloomAttention returns)
+        forward_extra = 5 * d * x.t * x.ffn + 2 * r * x.t * x.h + d * x.scores
+    elif regime == "amp-bf16":  # the second norm's fp32 output (a local; fc1 saved its bf16 cast)
+        forward_extra += r * x.t * x.h
+    if regime == "amp-bf16":
+        # fc2's bf16 weight and bias copies, counted with the layer's casts, are made after the GELU; the weight's,
+        # saved by its matmul, is freed once fc2's backward ran
+        forward_extra -= 2 * x.h * x.ffn + 2 * x.h
+        extra -= 2 * x.h * x.ffn
+    attention_forward = _bloom_attention_forward(x, d, r, regime == "amp-bf16", device == "cuda", ckpt)
+    if ckpt:  # the rerun saves: the layer's own forward, less its input (the checkpoint)
+        recompute_attention = _bloom_attention_forward(x, d, r, regime == "amp-bf16", device == "cuda",
+                                                       False) - r * x.t * x.h
+    if previous_ckpt:
+        # BloomModel's loop holds the previous block's returned (output, probabilities) in ``outputs`` until this
+        # block returns; probabilities that no checkpointed block saved
+        forward_extra += d * x.scores
+        attention_forward += d * x.scores
+    return extra, forward_extra, attention_forward, recompute_attention
+
+
+def _softmax_backward(arch, family: str, regime: str, attention: str, saved: tuple, x, d: int, r: int, w: int,
+                      mlp_params: int, ckpt: bool, code: str, lora) -> int:  # fmt: skip
+    """Eager attention's backward transient (score-sized gradients) above the layer's saved tensors; 0 under SDPA
+    but Falcon's multi-query math kernel."""
     # (Falcon-7B's multi-query SDPA runs the math kernel, whose backward is eager attention's in fp32)
     math = family == "falcon" and attention == "sdpa" and x.kv < x.heads and not arch.kv_expanded
     attn = _attention_backward(saved, x, d, w, mlp_params) if attention == "eager" or math else 0
@@ -276,39 +329,26 @@ def layer_sizes(arch, *, family: str, regime: str, attention: str, s: int, b: in
         # gradient (w·h·q, q its local width) exist, and o's saved input (d·T·q) is freed; under autocast o's bf16
         # weight cast (2·h·q) is freed as well and, unless the layer was recomputed, its input stays. Replaces the
         # d·T·q term above.
-        amp_kept = regime == "amp-bf16" and not checkpointed(policy, index)
+        amp_kept = regime == "amp-bf16" and not ckpt
         o = w * x.h * x.qw - (2 * x.h * x.qw if regime == "amp-bf16" else 0) - (0 if amp_kept else d * x.t * x.qw)
         attn += r * x.t * x.h + w * x.h + o - d * x.t * x.qw
+    return attn
+
+
+def _kept(saved: tuple, full: int, casts: int, residual: int, family: str, attention: str, policy: Policy,
+          index: int, x, d: int, r: int, code: str, compiled: bool) -> tuple[int, int, int, tuple]:  # fmt: skip
+    """What the recompute policy keeps of the layer's saved tensors: (kept, its casts, recomputed in backward, the
+    kept parts by name)."""
     if checkpointed(policy, index):
-        kept, kept_casts, rec = residual, 0, full
-        parts = (("layer input (checkpoint)", residual),)
-    elif policy.kind == "op-sac":
+        return residual, 0, full, (("layer input (checkpoint)", residual),)
+    if policy.kind == "op-sac":
         if family not in LLAMA_LIKE or attention != "sdpa":
             raise InputError(f"recompute 'op-sac' is modelled for {', '.join(LLAMA_LIKE)} with sdpa; got "
                              f"{family} with {attention}")  # fmt: skip
         keep = _op_sac(x, d, r, code, compiled)
-        kept, kept_casts, rec = total(keep), 0, full
-        parts = tuple((k.name, k.bytes) for k in keep)
-    elif policy.kind == "selective":
+        return total(keep), 0, full, tuple((k.name, k.bytes) for k in keep)
+    if policy.kind == "selective":
         drop = _selective_drop(saved)
-        kept, kept_casts, rec = full - drop, casts, drop
-        parts = tuple((k.name, k.bytes) for k in saved if k.bytes and not k.name.startswith(("softmax", "prob")))
-    else:
-        kept, kept_casts, rec = full, casts, 0
-        parts = tuple((k.name, k.bytes) for k in saved)
-    f8 = 0
-    if float8 != "none" and not compiled:
-        from memcalc.model.float8 import eager_backward
-
-        # the down projection's, at the layer's backward entry; gate/up (and o, q, k, v) cast after the MLP's saved
-        # tensors began to go and, with ffn above hidden, stay below it (traced: tests/test_float8_timeline.py)
-        f8 = eager_backward(x.t, x.ffn, x.h, d, float8_weight_cast)
-    # traced op by op (tests/test_timeline_tp.py, tests/test_pipeline_realistic.py: tp 2 and 4, h 1024, f/tp 1664, 832);
-    # not under autocast: traced at tp 2 (f/tp above h) the layer's backward peaks where backward_extra says; at tp 4
-    # its peak is the recomputed MLP's forward, its fp32 all-gathered input beside the bf16 casts (not modelled: the
-    # layer's backward 0.9 % below the trace at h 1024)
-    down_grad = (d * x.t * x.h + d * x.t * x.ffn + w * x.h * x.ffn
-                 if sp > 1 and regime != "amp-bf16" and not arch.moe and family in LLAMA_STYLE and code == "hf"
-                 and lora is None else 0)  # fmt: skip
-    return LayerSizes(full, casts, kept, kept_casts, rec, residual, extra, attn, parts, f8, attention_forward,
-                      recompute_attention, forward_extra, down_grad)
+        return (full - drop, casts, drop,
+                tuple((k.name, k.bytes) for k in saved if k.bytes and not k.name.startswith(("softmax", "prob"))))
+    return full, casts, 0, tuple((k.name, k.bytes) for k in saved)

@@ -29,13 +29,16 @@ one rank of the fake process group).
 from __future__ import annotations
 
 import itertools
+from itertools import compress
+from operator import mul
+from typing import NamedTuple
 
 from memcalc.errors import InputError
 from memcalc.memory.pipeline import interleaved_ops, receive_buffers
 from memcalc.memory.saved import LLAMA_STYLE, loss_transient, shape
 from memcalc.memory.stack import layer_stack
 from memcalc.memory.timeline import CUBLAS_WORKSPACE, Moment, Timeline, _moment
-from memcalc.memory.timeline_layers import DOWN_GRADS, checkpointed, parse_recompute
+from memcalc.memory.timeline_layers import DOWN_GRADS, Policy, checkpointed, parse_recompute
 from memcalc.memory.timeline_loss import _chunk, _head, inside_log_softmax, largest_tensor, loss_rows
 from memcalc.memory.timeline_states import fp8_gathered, param_tensors, shard_elements, shard_states
 from memcalc.memory.timeline_tp import norm_backward, rank_arch, sp_rank_arch
@@ -120,6 +123,92 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
                          f"(--grad-accum {n}) divisible by pp ({pp}); give a multiple of {pp}")
     if regime == "amp-bf16" and fsdp_param_dtype is None:
         raise InputError("a pipeline stage is modelled under FSDP2's bf16 policy, fp32 or pure bf16, not autocast")
+    st = _stage(arch, family, regime, attention, s, b, pp, rank, n, chunks, recompute, optimizer_impl, loss, device,
+                code, tp, sequence_parallel, compiled, loss_compiled, float8, float8_all_gather, world,
+                fsdp_param_dtype, fsdp_reduce_fp32, every_layer)
+    run = _Run(st)
+    made: set[tuple] = set()  # the states of the actions whose moments are made
+    for backward, c in one_f_one_b(rank, pp, n) if v == 1 else interleaved_ops(rank, pp, n, v):
+        if not every_micro_batch:
+            state = _action_state(backward, c, run.alive, run.gathered, run.acc, run.done, n, st.sends)
+            if state in made:  # the same moments again, later: no peak, phase peak or reserved figure changes
+                if backward:
+                    run.alive[c], run.done[c] = run.alive[c] - 1, run.done[c] + 1
+                else:
+                    run.gathered[c], run.fwd[c], run.alive[c] = True, run.fwd[c] + 1, run.alive[c] + 1
+                continue
+            made.add(state)
+        if backward:
+            _backward(st, run, c)
+        else:
+            _forward(st, run, c)
+    return _step_end(st, run)
+
+
+class _Stage(NamedTuple):
+    """What every action of a pipeline rank's schedule reads, made once per stage (``_stage``): the chunks and the
+    bytes of their units, layers, micro-batches, head and loss. Immutable; a named tuple, made in a fraction of a
+    frozen dataclass's time (a planner makes one per stage and shape)."""
+
+    chunks: tuple[range, ...]
+    v: int  # the rank's chunks
+    sends: bool  # Schedule1F1B past the first stage: a backward's input gradient is sent
+    first: list[bool]  # each chunk holds the embedding
+    last: list[bool]  # each chunk holds the head and the loss
+    n: int  # micro-batches per step
+    world: int
+    policy: Policy
+    act: str  # the activations' regime
+    d: int  # activation bytes per element
+    g: int  # gathered (and computed) parameter bytes per element
+    rw: int  # the accumulators' bytes per element
+    ra: object  # rank 0's architecture under tensor parallelism
+    x: object  # the shapes (``memcalc.memory.saved.shape``)
+    sp: int  # sequence-parallel ranks
+    lsh: int  # one layer's shard elements
+    esh: int  # the embedding's shard elements
+    le: int  # one layer's elements
+    eg: int  # the embedding gradient's elements
+    he: int  # the head side's elements
+    gathered_c: list[int]  # each chunk's bytes gathered
+    layers: tuple  # every layer's ``LayerSizes``
+    shown: list  # of each chunk's layers, those whose moments are made
+    upto: dict[int, int]
+    resid: int
+    rotary: int
+    full: list[int]  # one micro-batch's saved tensors of each chunk, with its stage output
+    states: object  # ``shard_states`` of the rank's chunks
+    base: list[tuple[str, int]]
+    head: list[tuple[str, int]]
+    head_input: list[tuple[str, int]]
+    logits: tuple[str, int]
+    lp: object  # the loss's transients (``loss_transient``)
+    copy_name: str
+    saved_name: str
+    grad_name: str
+    norm2: int
+    batch_ids: tuple[str, int]
+    attention: str
+
+    def kept(self, c: int, until: int | None = None) -> int:
+        """One micro-batch's saved tensors of chunk c: its layers up to ``until`` (one of them) with the rotary tables,
+        or all its layers with the stage output ``fwd_cache`` keeps (not on the last stage: the logits; the tables are
+        added by the caller), net of the first layer's input where it is the receive buffer."""
+        ids = self.chunks[c]
+        own = self.upto[ids[-1] if until is None else until] if ids else 0
+        own -= self.resid if ids and not self.first[c] and checkpointed(self.policy, ids[0]) else 0
+        own += self.rotary if until is not None else 0
+        return own + (self.resid if until is None and not self.last[c] else 0)
+
+
+def _stage(arch, family: str, regime: str, attention: str, s: int, b: int, pp: int, rank: int, n: int,
+           chunks: tuple[range, ...], recompute: str, optimizer_impl: str, loss: str, device: str, code: str,
+           tp: int, sequence_parallel: bool, compiled: bool, loss_compiled: bool | None, float8: str,
+           float8_all_gather: bool, world: int, fsdp_param_dtype: str | None, fsdp_reduce_fp32: bool,
+           every_layer: bool) -> _Stage:  # fmt: skip
+    """The stage's constants: its dtypes, units, layers, states and receive buffers, and the last stage's head and
+    loss (``stage_timeline``'s arguments)."""
+    v = len(chunks)
     policy = parse_recompute(recompute)
     sp = tp if sequence_parallel else 1
     ra = arch if tp == 1 else (sp_rank_arch(arch, tp, family) if sequence_parallel else rank_arch(arch, tp, family))
@@ -146,9 +235,7 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
     # reduce (``FSDPParam._get_grad_inner_tensor``): accumulated whole over the step's micro-batches, in the reduce
     # dtype (traced: tests/test_pipeline_realistic.py)
     eg = ee + ((arch.padded_vocab - ra.padded_vocab) * arch.hidden if sp > 1 else 0)
-    he = u["head"][0]
     shard, tensors, gathered_c = _chunk_sizes(u, chunks, first, last, g, world)
-    layer_new = g * le  # one layer's new gradients, before its post-backward adds them
     # every layer's sizes (a stage runs no cache), and of each chunk's layers those whose moments are made: the ends
     # of its runs of alike layers, and its last (the gradient flowing in is the next stage's) (memcalc.memory.stack)
     layers, ends = layer_stack(ra, family, act, attention, s, b, policy, device, None, None, code, compiled, sp,
@@ -158,212 +245,249 @@ def stage_timeline(arch, *, family: str, regime: str, attention: str, s: int, b:
     # one micro-batch's saved tensors of each chunk's layers up to each one (``kept``)
     upto = {i: k for ch in chunks for i, k in zip(ch, itertools.accumulate(layers[i].kept for i in ch))}
     resid = r * t * h // sp  # a stage boundary: one micro-batch's residual stream (the rank's 1/sp of the sequence)
-
     # Hugging Face's rotary cos and sin, made once per stage forward (one row of positions) and referenced by every
     # layer's saved tensors (or checkpointed arguments) of that micro-batch; torchtitan slices a buffer instead
     rotary = 2 * s * x.rot * r if ra.position == "rotary" and code == "hf" else 0
-
-    def kept(c: int, until: int | None = None) -> int:
-        """One micro-batch's saved tensors of chunk c: its layers up to ``until`` (one of them) with the rotary tables,
-        or all its layers with the stage output ``fwd_cache`` keeps (not on the last stage: the logits; the tables are
-        added by the caller), net of the first layer's input where it is the receive buffer."""
-        ids = chunks[c]
-        own = upto[ids[-1] if until is None else until] if ids else 0
-        own -= resid if ids and not first[c] and checkpointed(policy, ids[0]) else 0
-        own += rotary if until is not None else 0
-        return own + (resid if until is None and not last[c] else 0)
-
-    full = [kept(c) + rotary for c in range(v)]
     st = shard_states(ra, family, width, shard, tensors, optimizer_impl)  # the rank's chunks' shards
     states = [("parameters (fp32 shards)" if width == 4 else "parameters (shards)", st.params),
               ("optimizer states", st.optimizer), ("buffers", st.buffers)]
     if device == "cuda":
         states.append(("cuBLAS workspaces (forward, backward threads)", 2 * CUBLAS_WORKSPACE))
     recv = sum(receive_buffers(gs, stages, n) for gs in glob) * resid
-    base = states + [("pipeline receive buffers", recv)]
     # the last stage's head and loss (timeline.py's parts; the logits are kept by fwd_cache through the loss's backward)
     head = _head(x, family, act, loss, code, device)
     if sp > 1:
         head[0] = (head[0][0], head[0][1] // sp)
-    n_logits = t * x.vocab
     compiled_loss = (compiled if loss_compiled is None else loss_compiled) and loss != "fused"
     lp = loss_transient(t, x.vocab, act, loss, compiled=compiled_loss, parallel=sp > 1)
     copy_name, saved_name, grad_name = loss_rows(lp, compiled_loss)
-    logits = ("logits (kept by fwd_cache)", 0 if loss == "fused" else d * n_logits)
     # under SP the head's ColwiseParallel(input_layouts=Shard(1)) all-gathers its input, saved whole for its weight's
     # gradient until the head's backward (timeline.py's part of the same name)
     head_input = [("head input (all-gathered)", d * t * h)] if sp > 1 else []
     norm2 = (norm_backward(ra, family=family, regime=act, attention=attention, s=s, b=b, device=device,
                            rotary_dims=None, grad_width=g, sp=sp)
              if family in LLAMA_STYLE and code == "hf" else 0)  # fmt: skip
-
-    ops = one_f_one_b(rank, pp, n) if v == 1 else interleaved_ops(rank, pp, n, v)
-    alive, done, fwd = [0] * v, [0] * v, [0] * v
-    gathered = [False] * v
-    acc = [0] * v  # bytes of each chunk's accumulators alive
-    moments: list[Moment] = [_moment("baseline", "before the step (no gradients after zero_grad)", base)]
-    reduced = [False] * v
-
-    # the head's and the final norm's new gradients in the compute dtype, where the accumulators keep the reduce dtype:
-    # the stage's root unit holds them from the head's backward to its post-backward, after the stage's last layer
-    # (FSDP2 upcasts them there: ``to_accumulated_grad_if_needed``, ``accumulate_unsharded_grad_if_needed``)
-    root_new = 0
     # the step's token ids (int64), every micro-batch's: the first stage's inputs and the last stage's labels, which
     # the schedule splits into micro-batches as views (torch pipelining ``microbatch.split_args_kwargs_into_chunks``)
     batch_ids = ("the step's input ids and labels (int64)", 8 * n * b * s * (any(first) + any(last)))
-    returned = False  # the schedule's step has returned: its send ops are gone
-    # the first stage's embedding gradients: the moment of all their fresh blocks, of the first, their bytes
-    fresh_at, fresh_from, fresh = -1, -1, 0
+    base = states + [("pipeline receive buffers", recv)]
+    logits = ("logits (kept by fwd_cache)", 0 if loss == "fused" else d * t * x.vocab)
+    stage = _Stage(chunks, v, v == 1 and not first[0], first, last, n, world, policy, act, d, g, rw, ra, x, sp, lsh, esh, le, eg, u["head"][0],
+                   gathered_c, layers, shown, upto, resid, rotary, [], st, base, head, head_input, logits, lp,
+                   copy_name, saved_name, grad_name, norm2, batch_ids, attention)
+    stage.full.extend(stage.kept(c) + rotary for c in range(v))
+    return stage
 
-    def common(c_cur: int, exclude_current: bool) -> list[tuple[str, int]]:
-        held = sum(full[c] * (alive[c] - (1 if exclude_current and c == c_cur else 0)) for c in range(v))
-        # Schedule1F1B's previous backward's input gradient, referenced by its send ops (``bwd_sends``) until the
-        # next backward's replace them (stage_backward has taken it off the buffer: ``val.grad = None``); the
-        # interleaved runtime drops its sends once waited (traced)
-        sending = resid if v == 1 and not first[0] and done[0] > 0 and not returned else 0
-        return base + [batch_ids, ("parameters (gathered)", sum(gb for gb, on in zip(gathered_c, gathered) if on)),
-                       ("gradient accumulators (unsharded)", sum(acc)),
-                       ("micro-batches in flight (saved tensors, stage outputs)", held),
-                       ("stage input gradient being sent (the previous backward's)", sending),
-                       ("head's new gradients (until the stage's post-backward)", root_new)]
 
-    made: set[tuple] = set()  # the states of the actions whose moments are made
-    for backward, c in ops:
-        if not every_micro_batch:
-            state = _action_state(backward, c, alive, gathered, acc, done, n, v == 1 and not first[0])
-            if state in made:  # the same moments again, later: no peak, phase peak or reserved figure changes
-                if backward:
-                    alive[c], done[c] = alive[c] - 1, done[c] + 1
-                else:
-                    gathered[c], fwd[c], alive[c] = True, fwd[c] + 1, alive[c] + 1
-                continue
-            made.add(state)
-        ids = list(chunks[c])
-        if not backward:
-            if not gathered[c]:  # the first forward gathers each unit; they stay gathered
-                gathered[c] = True
-                moments.append(_moment("forward", f"chunk {c}: first forward, every unit gathered",
-                                       common(c, False) + [("all-gather output (last unit)", g * world * lsh)]))
-            for i in ids:
-                if i not in shown[c]:
-                    continue
-                moments.append(_moment(f"forward.layer.{i}", f"micro-batch {fwd[c]}, layer {i}: down projection's "
-                                       "output", common(c, False) + [("this micro-batch's saved tensors", kept(c, i)),
-                                                                     ("layer output (residual stream)", resid),
-                                                                     ("down projection output", d * t * h)]))
-            fwd[c] += 1
-            alive[c] += 1
-            if last[c]:
-                cur = [("this micro-batch's saved tensors", full[c]), head[0]] + head[1:] + head_input + [logits]
-                fwd_loss = common(c, True) + cur + [(copy_name, _chunk(lp, 1)), (saved_name, _chunk(lp, 2))]
-                if len(lp.names) > 4:  # eager loss_parallel, inside ``_log_softmax`` (timeline.py's moment)
-                    fwd_loss += inside_log_softmax(lp, t)
-                moments.append(_moment("loss", f"micro-batch {fwd[c] - 1}: log-softmax done", fwd_loss))
+class _Run:
+    """What a pipeline rank's schedule changes action by action: per chunk, the micro-batches in flight, done and
+    run forward, whether its units are gathered or reduced and the bytes of its accumulators; the moments made."""
+
+    __slots__ = ("alive", "done", "fwd", "gathered", "acc", "reduced", "root_new", "returned", "fresh_at",
+                 "fresh_from", "fresh", "moments")
+
+    def __init__(self, st: _Stage) -> None:
+        v = st.v
+        self.alive, self.done, self.fwd = [0] * v, [0] * v, [0] * v
+        self.gathered = [False] * v
+        self.acc = [0] * v  # bytes of each chunk's accumulators alive
+        self.reduced = [False] * v
+        # the head's and the final norm's new gradients in the compute dtype, where the accumulators keep the reduce
+        # dtype: the stage's root unit holds them from the head's backward to its post-backward, after the stage's
+        # last layer (FSDP2 upcasts them there: ``to_accumulated_grad_if_needed``,
+        # ``accumulate_unsharded_grad_if_needed``)
+        self.root_new = 0
+        self.returned = False  # the schedule's step has returned: its send ops are gone
+        # the first stage's embedding gradients: the moment of all their fresh blocks, of the first, their bytes
+        self.fresh_at, self.fresh_from, self.fresh = -1, -1, 0
+        self.moments: list[Moment] = [_moment("baseline", "before the step (no gradients after zero_grad)", st.base)]
+
+
+def _common(st: _Stage, run: _Run, c_cur: int, exclude_current: bool) -> list[tuple[str, int]]:
+    """What every moment holds: the states, the step's ids, the gathered units, the accumulators, the micro-batches
+    in flight (but the current one, where ``exclude_current``), the input gradient being sent, the head's new
+    gradients."""
+    full = st.full
+    held = sum(map(mul, full, run.alive)) - (full[c_cur] if exclude_current else 0)
+    # Schedule1F1B's previous backward's input gradient, referenced by its send ops (``bwd_sends``) until the
+    # next backward's replace them (stage_backward has taken it off the buffer: ``val.grad = None``); the
+    # interleaved runtime drops its sends once waited (traced)
+    sending = st.resid if st.sends and run.done[0] > 0 and not run.returned else 0
+    return st.base + [st.batch_ids, ("parameters (gathered)", sum(compress(st.gathered_c, run.gathered))),
+                      ("gradient accumulators (unsharded)", sum(run.acc)),
+                      ("micro-batches in flight (saved tensors, stage outputs)", held),
+                      ("stage input gradient being sent (the previous backward's)", sending),
+                      ("head's new gradients (until the stage's post-backward)", run.root_new)]
+
+
+def _forward(st: _Stage, run: _Run, c: int) -> None:
+    """One micro-batch's forward through chunk c: the first gathers every unit (they stay gathered), each layer's
+    down projection, and on the last stage the loss right after."""
+    moments = run.moments
+    if not run.gathered[c]:  # the first forward gathers each unit; they stay gathered
+        run.gathered[c] = True
+        moments.append(_moment("forward", f"chunk {c}: first forward, every unit gathered",
+                               _common(st, run, c, False) + [("all-gather output (last unit)",
+                                                              st.g * st.world * st.lsh)]))
+    shown, t, h = st.shown[c], st.x.t, st.x.h
+    for i in st.chunks[c]:
+        if i not in shown:
             continue
-        # ---- backward of one micro-batch of chunk c ---------------------------------------------------------------
-        m = done[c]
-        if last[c]:
-            grad = _chunk(lp, 3)
-            moments.append(_moment("backward", f"micro-batch {m}: the loss's backward",
-                                   common(c, True) + [("this micro-batch's saved tensors", full[c]), head[0]]
-                                   + head[1:] + head_input + [logits, (saved_name, _chunk(lp, 2)), (grad_name, grad)]))
-            moments.append(_moment("backward", f"micro-batch {m}: the head's backward",
-                                   common(c, True) + [("this micro-batch's saved tensors", full[c]), head[0], logits]
-                                   + head_input + [("logits gradient", d * n_logits),
-                                                   ("head weight gradient (unsharded)", g * x.vocab * h),
-                                                   ("head input gradient", d * t * h)]))
-            if rw != g:
-                root_new = g * he
-            elif m == 0:  # the first backward's gradients are the accumulators
-                acc[c] += rw * he
-        out = resid if not last[c] else logits[1]  # the stage output, referenced until the backward returns
-        # Accumulating in the gradients' own dtype (no reduce dtype of its own), a later micro-batch's gradient of
-        # each weight is added in place to the .grad the first one left (AccumulateGrad) and freed at once: the down
-        # projection's, which the layer's backward transient counts alive, and the layer's, at its post-backward
-        in_place = m > 0 and rw == g
-        down = g * ra.hidden * ra.ffn_size if in_place else 0
-        mlp_grads = (3 if ra.gated_mlp else 2) * down  # the MLP's weight gradients norm_backward counts made
-        for i in reversed(ids):
-            ly = layers[i]
-            if i not in shown[c]:
-                acc[c] += rw * le if m == 0 else 0  # the layer's first gradients, upcast or kept as they are
-                continue
-            twice = ly.residual if norm2 and checkpointed(policy, i) and act != "bf16" else 0
-            # the gradient flowing in: the next stage's, in its receive buffer, at the stage's last layer
-            incoming = 0 if i == ids[-1] and not last[c] else resid
-            parts = common(c, True) + [("this micro-batch's saved tensors (layers up to this one)", kept(c, i)),
-                                       ("this micro-batch's stage output", out),
-                                       ("gradient of the residual stream", incoming),
-                                       ("recomputed activations of this layer", ly.recomputed - twice)]
-            moments.append(_moment(f"backward.layer.{i}", f"micro-batch {m}, layer {i}: MLP gradients",
-                                   parts + [("layer backward transient (MLP gradients)", ly.backward_extra - down)]))
-            if ly.down_grad_extra:  # its weight gradient made, not yet added in place
-                moments.append(_moment(f"backward.layer.{i}", f"micro-batch {m}, layer {i}: down projection's "
-                                       "gradients", parts + [(DOWN_GRADS, ly.down_grad_extra)]))
-            if norm2 > 0:
-                moments.append(_moment(f"backward.layer.{i}", f"micro-batch {m}, layer {i}: second RMSNorm's backward",
-                                       parts + [("RMSNorm backward (fp32), net of the MLP's freed tensors",
-                                                 norm2 - mlp_grads)]))
-            if ly.float8_extra:
-                moments.append(_moment(f"backward.layer.{i}", f"micro-batch {m}, layer {i}: float8 casts (eager)",
-                                       parts + [("float8 backward casts (MLP projections)", ly.float8_extra)]))
-            if ly.attention_extra:
-                moments.append(_moment(f"backward.layer.{i}", f"micro-batch {m}, layer {i}: softmax backward",
-                                       parts + [("eager attention backward (score-sized gradients)",
-                                                 ly.attention_extra)]))
-            if m == 0 and rw != g:  # the first post-backward upcasts the layer's gradients into its accumulators
-                acc[c] += rw * le
-            # the layer's post-backward: its new gradients beside the accumulators they are added to
-            moments.append(_moment(f"backward.layer.{i}", f"micro-batch {m}, layer {i}: post-backward",
-                                   common(c, True) + [("this micro-batch's saved tensors (layers up to this one)",
-                                                       kept(c, i) - ly.kept), ("this micro-batch's stage output", out),
-                                                      ("gradient of the residual stream", resid),
-                                                      ("layer's new gradients (before its post-backward)",
-                                                       0 if in_place else layer_new)]))
-            if m == 0 and rw == g:  # the first backward's gradients are the accumulators
-                acc[c] += rw * le
-        if first[c]:
-            moments.append(_moment("backward.layer.0", f"micro-batch {m}: the embedding's backward",
-                                   common(c, True) + [("gradient of the residual stream", resid),
-                                                      ("embedding weight gradient (unsharded)", g * eg)]))
-            if m == 0:
-                acc[c] += rw * eg
-                made_at = len(moments) - 1
-                if rw != g:  # the post-backward upcasts it: the new accumulator beside the gradient it is made from
-                    moments.append(_moment("backward.layer.0", "micro-batch 0: the embedding's gradient upcast into "
-                                           "its accumulator", common(c, True)
-                                           + [("embedding weight gradient (unsharded)", g * eg)]))
-                # the step's first requests this large: those larger than every block freed before them (the forward's
-                # tensors, the all-gather outputs, a layer weight's gradient and accumulator) take segments of their
-                # own beside what the stage reserved (memcalc.memory.reserved, "the forward's blocks")
-                freed = max(largest_tensor(x, d, r, sp, attention), g * world * max(lsh, esh),
-                            rw * _largest_layer_tensor(ra))
-                fresh = sum(k for k in (g * eg, rw * eg if rw != g else 0) if k > freed)
-                fresh_at = len(moments) - 1 if fresh else -1
-                fresh_from = made_at if g * eg > freed else fresh_at  # the gradient's own block, or the accumulator's
-        if root_new:  # the root unit's post-backward: the head's gradients upcast into (or added to) accumulators
-            acc[c] += rw * he if m == 0 else 0
-            root_new = 0
-        alive[c] -= 1
-        done[c] += 1
-        if done[c] == n and v > 1:  # the interleaved runtime reduces each chunk after its own last backward
-            moments.append(_reduce(c, common(c, False), rw * world * lsh))
-            gathered[c], reduced[c], acc[c] = False, True, 0
-    for c in range(v):  # Schedule1F1B: perform_reduce_grad after every backward
-        if not reduced[c]:
-            moments.append(_reduce(c, common(c, False), rw * world * lsh))
-            gathered[c], acc[c] = False, 0
-    returned = True
-    grads = [("gradients (shards)", st.grads)]
-    step = st.step_temporary
-    tail = common(0, False)
-    moments.append(_moment("optimizer", "optimizer.step()", tail + grads + [("step temporaries", step)]))
+        moments.append(_moment(f"forward.layer.{i}", f"micro-batch {run.fwd[c]}, layer {i}: down projection's "
+                               "output", _common(st, run, c, False) + [("this micro-batch's saved tensors",
+                                                                        st.kept(c, i)),
+                                                                       ("layer output (residual stream)", st.resid),
+                                                                       ("down projection output", st.d * t * h)]))
+    run.fwd[c] += 1
+    run.alive[c] += 1
+    if st.last[c]:
+        lp, head = st.lp, st.head
+        cur = [("this micro-batch's saved tensors", st.full[c]), head[0]] + head[1:] + st.head_input + [st.logits]
+        fwd_loss = (_common(st, run, c, True) + cur
+                    + [(st.copy_name, _chunk(lp, 1)), (st.saved_name, _chunk(lp, 2))])  # fmt: skip
+        if len(lp.names) > 4:  # eager loss_parallel, inside ``_log_softmax`` (timeline.py's moment)
+            fwd_loss += inside_log_softmax(lp, t)
+        moments.append(_moment("loss", f"micro-batch {run.fwd[c] - 1}: log-softmax done", fwd_loss))
+
+
+def _backward(st: _Stage, run: _Run, c: int) -> None:
+    """One micro-batch's backward through chunk c: the loss and head on the last stage, the layers last to first,
+    the embedding on the first; the root unit's post-backward; the interleaved runtime's reduce after the chunk's
+    last backward."""
+    m = run.done[c]
+    if st.last[c]:
+        _loss_backward(st, run, c, m)
+    _layers_backward(st, run, c, m)
+    if st.first[c]:
+        _embedding_backward(st, run, c, m)
+    if run.root_new:  # the root unit's post-backward: the head's gradients upcast into (or added to) accumulators
+        run.acc[c] += st.rw * st.he if m == 0 else 0
+        run.root_new = 0
+    run.alive[c] -= 1
+    run.done[c] += 1
+    if run.done[c] == st.n and st.v > 1:  # the interleaved runtime reduces each chunk after its own last backward
+        run.moments.append(_reduce(c, _common(st, run, c, False), st.rw * st.world * st.lsh))
+        run.gathered[c], run.reduced[c], run.acc[c] = False, True, 0
+
+
+def _loss_backward(st: _Stage, run: _Run, c: int, m: int) -> None:
+    """The last stage's loss and head backward of micro-batch m; the head's gradients kept for the root's
+    post-backward (or, in the gradients' own dtype, the accumulators from the first)."""
+    lp, head, x, d, g = st.lp, st.head, st.x, st.d, st.g
+    grad = _chunk(lp, 3)
+    saved = [("this micro-batch's saved tensors", st.full[c]), head[0]]
+    run.moments.append(_moment("backward", f"micro-batch {m}: the loss's backward",
+                               _common(st, run, c, True) + saved + head[1:] + st.head_input
+                               + [st.logits, (st.saved_name, _chunk(lp, 2)), (st.grad_name, grad)]))
+    run.moments.append(_moment("backward", f"micro-batch {m}: the head's backward",
+                               _common(st, run, c, True) + saved + [st.logits] + st.head_input
+                               + [("logits gradient", d * x.t * x.vocab),
+                                  ("head weight gradient (unsharded)", g * x.vocab * x.h),
+                                  ("head input gradient", d * x.t * x.h)]))
+    if st.rw != g:
+        run.root_new = g * st.he
+    elif m == 0:  # the first backward's gradients are the accumulators
+        run.acc[c] += st.rw * st.he
+
+
+def _layers_backward(st: _Stage, run: _Run, c: int, m: int) -> None:
+    """Micro-batch m's backward through chunk c's layers, last to first: each layer's transients, then its
+    post-backward, which adds its new gradients to the accumulators (made by the first micro-batch's)."""
+    ra, g, rw, resid, acc, moments = st.ra, st.g, st.rw, st.resid, run.acc, run.moments
+    ids, shown, layers, norm2 = st.chunks[c], st.shown[c], st.layers, st.norm2
+    out = resid if not st.last[c] else st.logits[1]  # the stage output, referenced until the backward returns
+    # Accumulating in the gradients' own dtype (no reduce dtype of its own), a later micro-batch's gradient of
+    # each weight is added in place to the .grad the first one left (AccumulateGrad) and freed at once: the down
+    # projection's, which the layer's backward transient counts alive, and the layer's, at its post-backward
+    in_place = m > 0 and rw == g
+    down = g * ra.hidden * ra.ffn_size if in_place else 0
+    mlp_grads = (3 if ra.gated_mlp else 2) * down  # the MLP's weight gradients norm_backward counts made
+    layer_new = g * st.le  # one layer's new gradients, before its post-backward adds them
+    for i in reversed(ids):
+        ly = layers[i]
+        if i not in shown:
+            acc[c] += rw * st.le if m == 0 else 0  # the layer's first gradients, upcast or kept as they are
+            continue
+        twice = ly.residual if norm2 and checkpointed(st.policy, i) and st.act != "bf16" else 0
+        # the gradient flowing in: the next stage's, in its receive buffer, at the stage's last layer
+        incoming = 0 if i == ids[-1] and not st.last[c] else resid
+        kept = st.kept(c, i)
+        parts = _common(st, run, c, True) + [("this micro-batch's saved tensors (layers up to this one)", kept),
+                                             ("this micro-batch's stage output", out),
+                                             ("gradient of the residual stream", incoming),
+                                             ("recomputed activations of this layer", ly.recomputed - twice)]
+        moments.append(_moment(f"backward.layer.{i}", f"micro-batch {m}, layer {i}: MLP gradients",
+                               parts + [("layer backward transient (MLP gradients)", ly.backward_extra - down)]))
+        if ly.down_grad_extra:  # its weight gradient made, not yet added in place
+            moments.append(_moment(f"backward.layer.{i}", f"micro-batch {m}, layer {i}: down projection's "
+                                   "gradients", parts + [(DOWN_GRADS, ly.down_grad_extra)]))
+        if norm2 > 0:
+            moments.append(_moment(f"backward.layer.{i}", f"micro-batch {m}, layer {i}: second RMSNorm's backward",
+                                   parts + [("RMSNorm backward (fp32), net of the MLP's freed tensors",
+                                             norm2 - mlp_grads)]))
+        if ly.float8_extra:
+            moments.append(_moment(f"backward.layer.{i}", f"micro-batch {m}, layer {i}: float8 casts (eager)",
+                                   parts + [("float8 backward casts (MLP projections)", ly.float8_extra)]))
+        if ly.attention_extra:
+            moments.append(_moment(f"backward.layer.{i}", f"micro-batch {m}, layer {i}: softmax backward",
+                                   parts + [("eager attention backward (score-sized gradients)",
+                                             ly.attention_extra)]))
+        if m == 0 and rw != g:  # the first post-backward upcasts the layer's gradients into its accumulators
+            acc[c] += rw * st.le
+        # the layer's post-backward: its new gradients beside the accumulators they are added to
+        moments.append(_moment(f"backward.layer.{i}", f"micro-batch {m}, layer {i}: post-backward",
+                               _common(st, run, c, True) + [("this micro-batch's saved tensors (layers up to this one)",
+                                                             kept - ly.kept), ("this micro-batch's stage output", out),
+                                                            ("gradient of the residual stream", resid),
+                                                            ("layer's new gradients (before its post-backward)",
+                                                             0 if in_place else layer_new)]))
+        if m == 0 and rw == g:  # the first backward's gradients are the accumulators
+            acc[c] += rw * st.le
+
+
+def _embedding_backward(st: _Stage, run: _Run, c: int, m: int) -> None:
+    """The first stage's embedding backward of micro-batch m; the first makes its accumulator, and the blocks too
+    large for what the stage freed before them (``Timeline``'s fresh blocks)."""
+    g, rw, eg, moments = st.g, st.rw, st.eg, run.moments
+    moments.append(_moment("backward.layer.0", f"micro-batch {m}: the embedding's backward",
+                           _common(st, run, c, True) + [("gradient of the residual stream", st.resid),
+                                                        ("embedding weight gradient (unsharded)", g * eg)]))
+    if m != 0:
+        return
+    run.acc[c] += rw * eg
+    made_at = len(moments) - 1
+    if rw != g:  # the post-backward upcasts it: the new accumulator beside the gradient it is made from
+        moments.append(_moment("backward.layer.0", "micro-batch 0: the embedding's gradient upcast into "
+                               "its accumulator", _common(st, run, c, True)
+                               + [("embedding weight gradient (unsharded)", g * eg)]))
+    # the step's first requests this large: those larger than every block freed before them (the forward's
+    # tensors, the all-gather outputs, a layer weight's gradient and accumulator) take segments of their
+    # own beside what the stage reserved (memcalc.memory.reserved, "the forward's blocks")
+    freed = max(largest_tensor(st.x, st.d, st.d, st.sp, st.attention), g * st.world * max(st.lsh, st.esh),
+                rw * _largest_layer_tensor(st.ra))
+    run.fresh = sum(k for k in (g * eg, rw * eg if rw != g else 0) if k > freed)
+    run.fresh_at = len(moments) - 1 if run.fresh else -1
+    run.fresh_from = made_at if g * eg > freed else run.fresh_at  # the gradient's own block, or the accumulator's
+
+
+def _step_end(st: _Stage, run: _Run) -> Timeline:
+    """perform_reduce_grad of the chunks not yet reduced, the optimizer's step and the moment before zero_grad."""
+    moments = run.moments
+    for c in range(st.v):  # Schedule1F1B: perform_reduce_grad after every backward
+        if not run.reduced[c]:
+            moments.append(_reduce(c, _common(st, run, c, False), st.rw * st.world * st.lsh))
+            run.gathered[c], run.acc[c] = False, 0
+    run.returned = True
+    grads = [("gradients (shards)", st.states.grads)]
+    tail = _common(st, run, 0, False)
+    moments.append(_moment("optimizer", "optimizer.step()", tail + grads + [("step temporaries",
+                                                                              st.states.step_temporary)]))
     moments.append(_moment("zero_grad", "after the step, before zero_grad", tail + grads))
-    if fresh_at < 0:
+    if run.fresh_at < 0:
         return Timeline(tuple(moments))
-    what = "the embedding's whole-vocabulary gradients" if sp > 1 else "the embedding's gradients"
-    return Timeline(tuple(moments), fresh_at, 0, fresh, f"the blocks reserved before them, too small for {what}",
-                    fresh_from)
+    what = "the embedding's whole-vocabulary gradients" if st.sp > 1 else "the embedding's gradients"
+    return Timeline(tuple(moments), run.fresh_at, 0, run.fresh,
+                    f"the blocks reserved before them, too small for {what}", run.fresh_from)
 
 
 def _action_state(backward: bool, c: int, alive: list[int], gathered: list[bool], acc: list[int], done: list[int],

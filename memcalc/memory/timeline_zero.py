@@ -217,15 +217,26 @@ def zero_timeline(arch: Architecture, *, family: str, stage: int, dp: int, atten
     inputs = [(n, x) for n, x in tl.moments[1].parts if n.startswith("input ids")]  # the model's position ids died
     base = states + inputs
     leaf = embedding_leaf(arch, s, b, lora)
+    part = (p, sigma, slice_max) if stage else (0, 0, 0)
+    return with_loss(tl, moments + _step_end(stage, base, leaf, tensors, dtype, w, bucket, k, optimizer_impl, part))
+
+
+def _step_end(stage: int, base: list[tuple[str, int]], leaf: list[tuple[str, int]], tensors, dtype: str, w: int,
+              bucket: int, k: int, optimizer_impl: str, part: tuple[int, int, int]) -> list[Moment]:  # fmt: skip
+    """The backward's epilogue (the last reductions, or ZeRO-0's flattened all-reduce), the optimizer's step on the
+    fp32 copies or partition, and the moment after it. ``part``: the rank's partition, the elements of its gradient
+    partition and its largest slice (``partition``); ``k``: the buckets (two with overlap_comm)."""
+    p, sigma, slice_max = part
+    psi = sum(n for _, n in tensors)
     if stage == 0:
         end = [(f"gradients ({dtype})", w * psi),
                ("flattened gradients for the all-reduce", w * min(psi, ALLREDUCE_BUFFER))]
         end += leaf
         temp = step_temporaries(optimizer_impl, tensors, 4)  # on the fp32 copies (fp32: the parameters)
         step = [(f"gradients ({dtype})", w * psi), ("fp32 gradients", 4 * psi if w == 2 else 0)]
-        moments += [_moment("backward.epilogue", "the gradients flattened for the all-reduce", base + end),
-                    _moment("optimizer", "fp32 copies of the gradients", base + step),
-                    _moment("optimizer.adamw", "AdamW on the fp32 copies", base + step + [("step temporaries", temp)])]
+        moments = [_moment("backward.epilogue", "the gradients flattened for the all-reduce", base + end),
+                   _moment("optimizer", "fp32 copies of the gradients", base + step),
+                   _moment("optimizer.adamw", "AdamW on the fp32 copies", base + step + [("step temporaries", temp)])]
     else:
         # the first tensor's gradient is made last (the embedding's; under LoRA layer 0's first adapter's)
         last = tensors[0][1] if stage == 2 and tensors[0][1] > bucket else 0
@@ -242,7 +253,7 @@ def zero_timeline(arch: Architecture, *, family: str, stage: int, dp: int, atten
         end += leaf
         held = [("gradient partition (averaged_gradients)", w * sigma)]
         temp = step_temporaries(optimizer_impl, (("fp32 partition", p),), 4)
-        moments += [
+        moments = [
             _moment("backward.epilogue", "the last reductions", base + end),
             _moment("optimizer", "fp64 copy of a gradient slice for the norm", base + held
                     + [("fp64 gradient slice", 8 * slice_max)]),
@@ -253,7 +264,7 @@ def zero_timeline(arch: Architecture, *, family: str, stage: int, dp: int, atten
                                                                               ("step temporaries", temp)]),
         ]  # fmt: skip
     moments.append(_moment("zero_grad", "after the step: the gradients freed", base))
-    return with_loss(tl, moments)
+    return moments
 
 
 def embedding_leaf(arch: Architecture, s: int, b: int, lora) -> list[tuple[str, int]]:

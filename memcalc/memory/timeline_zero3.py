@@ -26,7 +26,7 @@ with each parameter of n elements partitioned into ⌈n/N⌉ (P3 = Σ⌈n/N⌉ o
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from memcalc.errors import InputError
 from memcalc.layout.plan import REDUCE_BUCKET_SIZE, Zero3Settings
@@ -207,6 +207,36 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
     ``base_layer``, ``lora_A`` and ``lora_B`` are modules of their own: ``memcalc.model.tree.lora_tree``); the fp32
     master partitions, the moments, the gradient partitions, the bucket's gradients and the step are the
     adapters' alone (``trainable_param_groups``), on the host under ``offload_optimizer``."""
+    lora = _checked(dp, bucket, sub_group_size, optimizer_impl, recompute, lora)
+    # fp32: the partitions, gradients, bucket and gathered parameters in 4 bytes; the fp32 master partitions are
+    # still clones (stage3.py ``_create_fp32_partitions``) and the upcast of a flattened sub-group is the same tensor
+    dtype, w = module_dtype(precision, offload_optimizer or offload_params, lora)
+    tl = timeline(arch, family=family, regime=dtype, attention=attention, s=s, b=b, recompute=recompute,
+                  optimizer_impl="fused", loss=loss, device=device, position_ids=position_ids, use_cache=use_cache,
+                  compiled=compiled, loss_compiled=loss_compiled, lora=lora, hooked_grads=True)  # fmt: skip
+    tensors = trainable(arch, lora)
+    groups = sub_groups(arch, dp, sub_group_size, lora)
+    states = _states(arch, family, dp, settings, lora, dtype, w, bucket, tensors, groups, offload_optimizer,
+                     offload_params)
+    g = _gathers(arch, dp, settings, recompute == "full", w, lora)
+    hooks: dict[str, tuple[int, int]] = {}
+    grads, epilogue = _gradients(arch, dp, bucket, w, offload=offload_optimizer, lora=lora, hooks=hooks)
+    moments = _forward_backward(tl, arch, s, b, w, recompute == "full", lora, states, g, grads, hooks)
+    inputs = [(n, x) for n, x in tl.moments[1].parts if n.startswith("input ids")]
+    base = states + inputs
+    moments.append(_moment("backward.epilogue", "the last bucket reduced", base + [
+        ("gathered parameters", g.gathered.get(("backward", "embed"), 0)),
+        ("gradients and the bucket's reduction", epilogue)] + embedding_leaf(arch, s, b, lora)))
+    if offload_optimizer:  # the norm, clipping and Adam on the host; the write-back copies into the bf16 partitions
+        moments += [_moment("optimizer", "DeepSpeedCPUAdam on the host, the bf16 partitions written back", base),
+                    _moment("zero_grad", "after the step", base)]
+        return with_loss(tl, moments)
+    return with_loss(tl, moments + _optimizer_step(base, dtype, w, groups, max(ceil_div(n, dp) for _, n in tensors),
+                                                   optimizer_impl))
+
+
+def _checked(dp: int, bucket: int, sub_group_size: int, optimizer_impl: str, recompute: str, lora):
+    """``zero3_timeline``'s arguments refused with one line; the LoRA plan with every projection's input saved."""
     if lora is not None and lora.quantize != "none":
         raise InputError("LoRA under DeepSpeed ZeRO-3: the realistic timeline models a base in the training dtype "
                          "(--quantize none)")
@@ -220,16 +250,17 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
                          "for-loop")  # fmt: skip
     if recompute not in ("none", "full"):
         raise InputError(f"recompute {recompute!r} under ZeRO-3: accepted none, full")
-    # fp32: the partitions, gradients, bucket and gathered parameters in 4 bytes; the fp32 master partitions are
-    # still clones (stage3.py ``_create_fp32_partitions``) and the upcast of a flattened sub-group is the same tensor
-    dtype, w = module_dtype(precision, offload_optimizer or offload_params, lora)
-    tl = timeline(arch, family=family, regime=dtype, attention=attention, s=s, b=b, recompute=recompute,
-                  optimizer_impl="fused", loss=loss, device=device, position_ids=position_ids, use_cache=use_cache,
-                  compiled=compiled, loss_compiled=loss_compiled, lora=lora, hooked_grads=True)  # fmt: skip
-    tensors = trainable(arch, lora)
+    return lora
+
+
+def _states(arch: Architecture, family: str, dp: int, settings: Zero3Settings, lora, dtype: str, w: int,
+            bucket: int, tensors, groups: tuple[int, ...], offload_optimizer: bool,
+            offload_params: bool) -> list[tuple[str, int]]:  # fmt: skip
+    """What rank 0 holds all step: its partitions (on the host under offload), the fp32 master partitions, moments
+    and gradient partitions (on the host under ``offload_optimizer``), the bucket, the persistent parameters, the
+    buffers."""
     p3 = sum(ceil_div(n, dp) for _, n in tensors)  # the partitions that train
     every = param_tensors(arch) + (adapter_tensors(arch, lora) if lora is not None else ())
-    groups = sub_groups(arch, dp, sub_group_size, lora)
     # Persistent parameters stay whole beside their partitions; on one rank the partition is the whole parameter,
     # already counted (that case was traced with no persistent parameters only).
     whole = w * sum(persistent(arch, settings, lora).values()) if dp > 1 else 0
@@ -238,31 +269,50 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
     if not offload_optimizer:
         on_gpu += [("fp32 master partitions", 4 * p3), ("optimizer states (fp32 moments)", 8 * p3 + 4 * len(groups)),
                    (f"gradient partitions ({dtype})", w * p3)]  # fmt: skip
-    states = [*on_gpu, ("gradient bucket (reduce_bucket_size)", w * bucket), ("persistent parameters (whole)", whole),
-              ("buffers", buffer_bytes(arch, family, w))]  # fmt: skip
-    # Gathered parameters while each module runs; at world 1 nothing is gathered (``_no_gather_coalesced``).
-    gathered: dict[tuple[str, str], int] = {}
-    fetching: dict[tuple[str, str], int] = {}  # at a fetch, an emptied flat buffer not yet freed (when larger)
+    return [*on_gpu, ("gradient bucket (reduce_bucket_size)", w * bucket), ("persistent parameters (whole)", whole),
+            ("buffers", buffer_bytes(arch, family, w))]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Gathered:
+    """The bytes of gathered parameters over a later step (``memcalc.memory.zero3``), by (phase, layer or module)."""
+
+    gathered: dict[tuple[str, str], int]  # while each module runs, the most of its layer
+    fetching: dict[tuple[str, str], int]  # at a fetch, an emptied flat buffer not yet freed (when larger)
     # a checkpointed layer's forward between its submodules (``timeline``'s frame moments): the o projection
     # running, the MLP's product once up's post-hook released what it lets go (prefetched modules included)
+    running: dict[tuple[str, str], int]
+    released: dict[tuple[str, str], int]
+    after_forward: int  # as backward starts
+
+
+def _gathers(arch: Architecture, dp: int, settings: Zero3Settings, recomputed: bool, w: int, lora) -> _Gathered:
+    """Gathered parameters while each module runs; at world 1 nothing is gathered (``_no_gather_coalesced``)."""
+    gathered: dict[tuple[str, str], int] = {}
+    fetching: dict[tuple[str, str], int] = {}
     running: dict[tuple[str, str], int] = {}
-    released: dict[tuple[str, str], int] = {}
+    if dp == 1:
+        return _Gathered(gathered, fetching, running, {}, 0)
     after_forward = 0
-    if dp > 1:
-        for phase, module, x, at in gathered_bytes(arch, dp, settings, recompute == "full", w, lora):
-            if phase == "loss":
-                after_forward = x
-                continue
-            key = (phase, _layer_of(module))
-            gathered[key] = max(gathered.get(key, 0), x)
-            running[(phase, module)] = x
-            if at > x:
-                fetching[key] = max(fetching.get(key, 0), at)
-        if recompute == "full":
-            released = {(phase, module): x for phase, module, x in
-                        released_bytes(arch, dp, settings, True, w, lora)}  # fmt: skip
-    hooks: dict[str, tuple[int, int]] = {}
-    grads, epilogue = _gradients(arch, dp, bucket, w, offload=offload_optimizer, lora=lora, hooks=hooks)
+    for phase, module, x, at in gathered_bytes(arch, dp, settings, recomputed, w, lora):
+        if phase == "loss":
+            after_forward = x
+            continue
+        key = (phase, _layer_of(module))
+        gathered[key] = max(gathered.get(key, 0), x)
+        running[(phase, module)] = x
+        if at > x:
+            fetching[key] = max(fetching.get(key, 0), at)
+    released = {(phase, module): x for phase, module, x in
+                released_bytes(arch, dp, settings, True, w, lora)} if recomputed else {}  # fmt: skip
+    return _Gathered(gathered, fetching, running, released, after_forward)
+
+
+def _forward_backward(tl: Timeline, arch: Architecture, s: int, b: int, w: int, recomputed: bool, lora,
+                      states: list[tuple[str, int]], g: _Gathered, grads: dict[str, int],
+                      hooks: dict[str, tuple[int, int]]) -> list[Moment]:  # fmt: skip
+    """The step's moments to the end of backward: each of ``timeline``'s with rank 0's states in place of the
+    model's, the parameters gathered then, the gradients in flight to the bucket, and each fetch's emptied buffer."""
     moments: list[Moment] = []
     last: list[tuple[str, int]] = []  # the previous moment's parts, less the gathered parameters
     seen: set[tuple[str, str]] = set()
@@ -276,32 +326,16 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
         if m.phase.startswith(("forward", "backward")):
             phase, _, rest = m.phase.partition(".")
             key = rest if rest.startswith("layer.") else ("head" if phase == "forward" else "final_norm")
-            here = gathered.get((phase, key), 0)
-            frame = _FRAME_MODULES.get(m.label.split(": ", 1)[-1]) if phase == "forward" and rest else None
-            if frame is not None:  # within the layer: what is gathered beside that moment's work
-                table, module = frame
-                layer = "layer" + key.removeprefix("layer.")
-                here = (running if table == "running" else released).get((phase, f"{layer}.{module}"), here)
-            if phase == "forward" and m.label.startswith("the final norm"):
-                here = max(here, gathered.get((phase, "final_norm"), 0))
-            if phase == "backward" and not rest:  # the loss's backward, then the head's and the final norm's
-                here = gathered.get((phase, "final_norm"), gathered.get((phase, "head"), 0)) if made else after_forward
-                extra.append(("gradients and the bucket's reduction", max(grads.get("head", 0),
-                                                                          grads.get("final_norm", 0)) if made else 0))
-            elif phase == "backward" and arch.moe and made and m.label.endswith(("MLP gradients",
-                                                                                "second RMSNorm's backward")):
-                parts, held = _moe_backward(arch, s, b, w, recompute == "full", parts, hooks, key, m.label)
-                extra.append(("gradients and the bucket's reduction", held))
-            elif phase == "backward":
-                extra.append(("gradients and the bucket's reduction", grads.get(key, 0) if made else 0))
+            parts, here = _module_gathered(m, phase, rest, key, made, g, arch, s, b, w, recomputed, parts, grads,
+                                           hooks, extra)
             extra.insert(0, ("gathered parameters", here))
             k = (phase, key)
-            if k in fetching and k not in seen:  # the fetch, before this phase's work: what the moment before held
+            if k in g.fetching and k not in seen:  # the fetch, before this phase's work: what the moment before held
                 moments.append(_moment(m.phase, "the parameters gathered, the emptied all-gather buffer not yet freed",
-                                       last + [("gathered parameters", fetching[k])]))
+                                       last + [("gathered parameters", g.fetching[k])]))
             seen.add(k)
         elif m.phase == "loss":
-            extra.append(("gathered parameters", after_forward))
+            extra.append(("gathered parameters", g.after_forward))
         if lora is not None and m.phase == "backward":
             # ZeRO-3 replaces F.linear with its own autograd function (runtime/zero/linear.py
             # LinearFunctionForZeroStage3, installed for good by the engine's zero.Init: memory_efficient_linear),
@@ -311,25 +345,49 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
             extra.append(("head input (saved by DeepSpeed's linear)", 2 * s * b * arch.hidden))
         moments.append(_moment(m.phase, m.label, states + parts + extra))
         last = states + parts + [e for e in extra if e[0] != "gathered parameters"]
-    inputs = [(n, x) for n, x in tl.moments[1].parts if n.startswith("input ids")]
-    base = states + inputs
+    return moments
+
+
+def _module_gathered(m: Moment, phase: str, rest: str, key: str, made: int, g: _Gathered, arch: Architecture, s: int,
+                     b: int, w: int, recomputed: bool, parts: list[tuple[str, int]], grads: dict[str, int],
+                     hooks: dict[str, tuple[int, int]],
+                     extra: list[tuple[str, int]]) -> tuple[list[tuple[str, int]], int]:  # fmt: skip
+    """At a forward or backward moment of module ``key``: its parts (an MoE block's backward: the experts'
+    gradients as their hooks move them) and the bytes gathered; the gradients in flight added to ``extra``."""
+    gathered = g.gathered
+    here = gathered.get((phase, key), 0)
+    frame = _FRAME_MODULES.get(m.label.split(": ", 1)[-1]) if phase == "forward" and rest else None
+    if frame is not None:  # within the layer: what is gathered beside that moment's work
+        table, module = frame
+        layer = "layer" + key.removeprefix("layer.")
+        here = (g.running if table == "running" else g.released).get((phase, f"{layer}.{module}"), here)
+    if phase == "forward" and m.label.startswith("the final norm"):
+        here = max(here, gathered.get((phase, "final_norm"), 0))
+    if phase == "backward" and not rest:  # the loss's backward, then the head's and the final norm's
+        here = gathered.get((phase, "final_norm"), gathered.get((phase, "head"), 0)) if made else g.after_forward
+        extra.append(("gradients and the bucket's reduction", max(grads.get("head", 0),
+                                                                  grads.get("final_norm", 0)) if made else 0))
+    elif phase == "backward" and arch.moe and made and m.label.endswith(("MLP gradients",
+                                                                        "second RMSNorm's backward")):
+        parts, held = _moe_backward(arch, s, b, w, recomputed, parts, hooks, key, m.label)
+        extra.append(("gradients and the bucket's reduction", held))
+    elif phase == "backward":
+        extra.append(("gradients and the bucket's reduction", grads.get(key, 0) if made else 0))
+    return parts, here
+
+
+def _optimizer_step(base: list[tuple[str, int]], dtype: str, w: int, groups: tuple[int, ...], largest: int,
+                    optimizer_impl: str) -> list[Moment]:  # fmt: skip
+    """Sub-group by sub-group (stage3.py step): its gradients flattened and upcast (the flat copy freed once upcast),
+    AdamW on it, its fp32 gradients released; the sub-groups after the first are flattened while the step runs.
+    ``largest``: the elements of rank 0's largest gradient partition (its fp64 copy for the norm)."""
     big = max(groups)
     temp = step_temporaries(optimizer_impl, (("fp32 sub-group", big),), 4)
-    largest = max(ceil_div(n, dp) for _, n in tensors)
-    end_gather = gathered.get(("backward", "embed"), 0)
-    moments.append(_moment("backward.epilogue", "the last bucket reduced", base + [
-        ("gathered parameters", end_gather), ("gradients and the bucket's reduction", epilogue)]
-        + embedding_leaf(arch, s, b, lora)))
-    if offload_optimizer:  # the norm, clipping and Adam on the host; the write-back copies into the bf16 partitions
-        moments += [_moment("optimizer", "DeepSpeedCPUAdam on the host, the bf16 partitions written back", base),
-                    _moment("zero_grad", "after the step", base)]
-        return with_loss(tl, moments)
-    # Sub-group by sub-group (stage3.py step): its gradients flattened and upcast (the flat copy freed once upcast),
-    # AdamW on it, its fp32 gradients released; the sub-groups after the first are flattened while the step runs.
+
     def flattened(n: int) -> list[tuple[str, int]]:
         return [(f"flattened gradients ({dtype})", w * n), ("fp32 gradients", 4 * n if w == 2 else 0)]
 
-    moments += [
+    return [
         _moment("optimizer", "fp64 copy of a gradient partition for the norm", base
                 + [("fp64 gradient partition", 8 * largest)]),
         _moment("optimizer", "the first sub-group's gradients flattened and upcast", base + flattened(groups[0])),
@@ -339,4 +397,3 @@ def zero3_timeline(arch: Architecture, *, family: str, dp: int, attention: str, 
                 + [("fp32 gradients", 4 * big), ("step temporaries", temp)]),
         _moment("zero_grad", "after the step", base),
     ]  # fmt: skip
-    return with_loss(tl, moments)

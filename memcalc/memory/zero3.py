@@ -178,153 +178,195 @@ def _replay(
     mem: list[tuple[str, str, int, int]] | None = None, recompute: bool = False, width: int = 2, lora=None,
     rel: list[tuple[str, str, int]] | None = None,
 ) -> Gathers:
+    """The coordinator's fetches and releases over the modules as they run (``_Coordinator``); ``mem`` and ``rel``,
+    when given, receive the bytes gathered at each fetch and release (``gathered_bytes``, ``released_bytes``)."""
     events, mods, numel = _called(arch, recompute, lora)
-    persist = set(_persistent(numel, s))
-    padded = {p: ceil_div(n, dp) * dp for p, n in numel.items()}
-    trace = [m for kind, m in events if kind == "fetch"]
-    param_trace = [(p, i) for i, m in enumerate(trace) for p in mods[m].params]
-    # Elements traversed before each trace position (the reuse-distance walk counts a parameter at every use).
-    before = [0]
-    for m in trace:
-        before.append(before[-1] + sum(numel[p] for p in mods[m].params))
-    uses: dict[str, list[int]] = {}
-    for i, m in enumerate(trace):
-        for p in mods[m].params:
-            uses.setdefault(p, []).append(i)
+    c = _Coordinator(events, mods, numel, dp, s, first_step, log, mem, width, rel)
+    for kind, name in events:
+        if kind == "backward":
+            c.phase = "backward"
+            if mem is not None:  # gathered into the loss, as backward starts
+                mem.append(("loss", "", c.held(), 0))
+        elif kind == "fetch":
+            c.fetch(name)
+        elif kind == "release":
+            c.release_module(name)
+        else:  # leftover: released without the reuse check, persistent parameters kept
+            for p in set(mods[name].params):
+                c.active[p].discard(name)
+                if p not in c.persist:
+                    c.release(p)
+    after = sum(c.padded[p] for p in c.persist)
+    return Gathers(c.gathered["forward"], c.gathered["backward"], after, c.calls["forward"], c.calls["backward"],
+                   1 if after else 0, c.peak)  # fmt: skip
 
-    # Persistent parameters are whole on every rank when a later step starts (gathered after the last step);
-    # the first step releases them after use like the others.
-    status = {p: AVAILABLE if p in persist and not first_step else NOT_AVAILABLE for p in numel}
-    active: dict[str, set[str]] = {p: set() for p in numel}
-    queue = deque(param_trace)
-    fetched_for: dict[str, int] = {}
-    live = peak = 0
-    step = 0
-    phase = "forward"
-    gathered = {"forward": 0, "backward": 0}
-    calls = {"forward": 0, "backward": 0}
 
-    # Bytes (``mem``): one parameter gathered alone is a view of its padded all-gather buffer from the gather on
-    # (``_all_gather_sequential``); several are gathered into one flat buffer of their padded partitions
-    # (``_all_gather_dtype``), alive until the last of them is waited for, and the first wait copies each out
-    # whole (``AllGatherCoalescedHandle.wait``: ``torch.cat`` of its slices), freed at its release.
-    copies: dict[str, int] = {}
-    flats: list[list] = []  # [bytes, params not yet waited for, copied out]
-    handle_of: dict[str, int] = {}
-    done: list[list] = []
+class _Coordinator:
+    """DeepSpeed's parameter coordinator over one step (partitioned_param_coordinator.py): each parameter's status,
+    the modules using it, the trace it prefetches from, the elements live; and, for ``mem``, the bytes of its
+    gathered copies and flat all-gather buffers."""
 
-    def gather(params: list[str]) -> None:
-        nonlocal live, peak
+    __slots__ = ("mods", "numel", "s", "first_step", "log", "mem", "width", "rel", "persist", "padded", "trace",
+                 "before", "uses", "status", "active", "queue", "fetched_for", "live", "peak", "step", "phase",
+                 "gathered", "calls", "copies", "flats", "flat_bytes", "handle_of", "done")
+
+    def __init__(self, events, mods: dict[str, _Module], numel: dict[str, int], dp: int, s: Zero3Settings,
+                 first_step: bool, log: list[tuple[str, int, object]] | None,
+                 mem: list[tuple[str, str, int, int]] | None, width: int,
+                 rel: list[tuple[str, str, int]] | None) -> None:  # fmt: skip
+        self.mods, self.numel, self.s, self.first_step = mods, numel, s, first_step
+        self.log, self.mem, self.width, self.rel = log, mem, width, rel
+        persist = self.persist = set(_persistent(numel, s))
+        self.padded = {p: ceil_div(n, dp) * dp for p, n in numel.items()}
+        trace = self.trace = [m for kind, m in events if kind == "fetch"]
+        param_trace = [(p, i) for i, m in enumerate(trace) for p in mods[m].params]
+        # Elements traversed before each trace position (the reuse-distance walk counts a parameter at every use).
+        before = self.before = [0]
+        for m in trace:
+            before.append(before[-1] + sum(numel[p] for p in mods[m].params))
+        uses: dict[str, list[int]] = {}
+        for i, m in enumerate(trace):
+            for p in mods[m].params:
+                uses.setdefault(p, []).append(i)
+        self.uses = uses
+        # Persistent parameters are whole on every rank when a later step starts (gathered after the last step);
+        # the first step releases them after use like the others.
+        self.status = {p: AVAILABLE if p in persist and not first_step else NOT_AVAILABLE for p in numel}
+        self.active: dict[str, set[str]] = {p: set() for p in numel}
+        self.queue = deque(param_trace)
+        self.fetched_for: dict[str, int] = {}
+        self.live = self.peak = 0
+        self.step = 0
+        self.phase = "forward"
+        self.gathered = {"forward": 0, "backward": 0}
+        self.calls = {"forward": 0, "backward": 0}
+        # Bytes (``mem``): one parameter gathered alone is a view of its padded all-gather buffer from the gather on
+        # (``_all_gather_sequential``); several are gathered into one flat buffer of their padded partitions
+        # (``_all_gather_dtype``), alive until the last of them is waited for, and the first wait copies each out
+        # whole (``AllGatherCoalescedHandle.wait``: ``torch.cat`` of its slices), freed at its release.
+        self.copies: dict[str, int] = {}
+        self.flats: list[list] = []  # [bytes, params not yet waited for, copied out]
+        self.flat_bytes = 0  # the bytes of the flat buffers alive: their sum, kept as they are made and freed
+        self.handle_of: dict[str, int] = {}
+        self.done: list[list] = []
+
+    def held(self) -> int:
+        """Bytes gathered: the copies and the flat buffers alive."""
+        return sum(self.copies.values()) + self.flat_bytes
+
+    def gather(self, params: list[str]) -> None:
+        status, numel, padded = self.status, self.numel, self.padded
         todo = [p for p in params if status[p] == NOT_AVAILABLE]
         if not todo:
             return
-        live += sum(numel[p] for p in todo)
-        peak = max(peak, live)
-        gathered[phase] += sum(padded[p] for p in todo)
-        calls[phase] += 1
-        if log is not None:
-            log.append(("ag", step, sorted(todo)))
+        self.live += sum(numel[p] for p in todo)
+        self.peak = max(self.peak, self.live)
+        self.gathered[self.phase] += sum(padded[p] for p in todo)
+        self.calls[self.phase] += 1
+        if self.log is not None:
+            self.log.append(("ag", self.step, sorted(todo)))
         for p in todo:
             status[p] = INFLIGHT
-        if mem is not None and len(todo) == 1:
-            copies[todo[0]] = width * padded[todo[0]]
-        elif mem is not None:
+        if self.mem is not None and len(todo) == 1:
+            self.copies[todo[0]] = self.width * padded[todo[0]]
+        elif self.mem is not None:
             for p in todo:
-                handle_of[p] = len(flats)
-            flats.append([width * sum(padded[p] for p in todo), set(todo), False])
+                self.handle_of[p] = len(self.flats)
+            flat = self.width * sum(padded[p] for p in todo)
+            self.flats.append([flat, set(todo), False])
+            self.flat_bytes += flat
 
-    def wait(p: str) -> None:
-        h = handle_of.pop(p, None)
+    def wait(self, p: str) -> None:
+        h = self.handle_of.pop(p, None)
         if h is None:
             return
-        f = flats[h]
+        f = self.flats[h]
         if not f[2]:
             f[2] = True
             for q in f[1]:
-                copies[q] = width * numel[q]
+                self.copies[q] = self.width * self.numel[q]
         f[1].discard(p)
         if not f[1]:
-            done.append(f)  # freed once the module that waited for it has run (traced)
+            self.done.append(f)  # freed once the module that waited for it has run (traced)
 
-    def release(p: str) -> None:
-        nonlocal live
-        if status[p] == AVAILABLE and not active[p]:
-            status[p] = NOT_AVAILABLE
-            live -= numel[p]
-            copies.pop(p, None)
-            if log is not None:
-                log.append(("rel", step, p))
+    def release(self, p: str) -> None:
+        if self.status[p] == AVAILABLE and not self.active[p]:
+            self.status[p] = NOT_AVAILABLE
+            self.live -= self.numel[p]
+            self.copies.pop(p, None)
+            if self.log is not None:
+                self.log.append(("rel", self.step, p))
 
-    def to_release(m: _Module, at: int) -> set[str]:
-        out = {p for p in m.params if p not in persist and fetched_for.get(p, -(10**10)) <= at}
+    def to_release(self, m: _Module, at: int) -> set[str]:
+        fetched_for = self.fetched_for
+        out = {p for p in m.params if p not in self.persist and fetched_for.get(p, -(10**10)) <= at}
         # Modules within max_reuse_distance elements of ``at``: trace[at:end), end the first position where
         # the elements walked reach the distance.
-        end = bisect_left(before, before[at] + s.max_reuse_distance, lo=at) if s.max_reuse_distance > 0 else at
-        end = min(end, len(trace))
+        distance = self.s.max_reuse_distance
+        end = bisect_left(self.before, self.before[at] + distance, lo=at) if distance > 0 else at
+        end = min(end, len(self.trace))
         for p in list(out):
-            u = uses[p]
+            u = self.uses[p]
             k = bisect_left(u, at)
             if k < len(u) and u[k] < end:
                 out.discard(p)
         return out
 
-    for kind, name in events:
-        if kind == "backward":
-            phase = "backward"
-            if mem is not None:  # gathered into the loss, as backward starts
-                mem.append(("loss", "", sum(copies.values()) + sum(f[0] for f in flats), 0))
-            continue
-        m = mods[name]
-        if kind == "fetch":
-            params = sorted(set(m.params), key=m.params.index)
-            gather(params)
-            for p in params:
-                active[p].add(name)
-                status[p] = AVAILABLE
-                if mem is not None:
-                    wait(p)
+    def fetch(self, name: str) -> None:
+        """A module's pre-hook: its parameters gathered and waited for; in a later step, the trace advanced past
+        them and the next parameters prefetched."""
+        m, mem = self.mods[name], self.mem
+        params = sorted(set(m.params), key=m.params.index)
+        self.gather(params)
+        for p in params:
+            self.active[p].add(name)
+            self.status[p] = AVAILABLE
             if mem is not None:
-                peak_fetch = sum(copies.values()) + sum(f[0] for f in flats)
-            if not first_step:
-                wanted = {p for p in params if fetched_for.get(p, -(10**10)) < step}
-                popped: set[str] = set()
-                while queue and len(popped) < len(wanted):
-                    p, at = queue.popleft()
-                    fetched_for[p] = at
-                    popped.add(p)
-                assert popped == wanted, f"trace replay out of order at {name}"
-                if s.prefetch_bucket_size > 0:
-                    budget = min(s.max_live_parameters - live, s.prefetch_bucket_size)
-                    ahead: dict[str, None] = {}  # insertion-ordered set
-                    n = 0
-                    while queue and n < budget:
-                        p, at = queue.popleft()
-                        fetched_for[p] = max(fetched_for.get(p, -(10**10)), at)
-                        if status[p] == NOT_AVAILABLE and p not in ahead:
-                            ahead[p] = None
-                            n += numel[p]
-                    if n > 0:
-                        gather(list(ahead))
-            if mem is not None:
-                held = sum(copies.values()) + sum(f[0] for f in flats)
-                for f in done:  # the flat buffers whose last parameter this fetch waited for: freed as it returns
-                    held, f[0] = held - f[0], 0
-                done.clear()
-                mem.append((phase, name, held, peak_fetch))
-            step += 1
-        elif kind == "release":
-            drop = set(m.params) if first_step else to_release(m, step)
-            for p in set(m.params):
-                active[p].discard(name)
-                if p in drop:
-                    release(p)
-            if rel is not None:
-                rel.append((phase, name, sum(copies.values()) + sum(f[0] for f in flats)))
-        else:  # leftover: released without the reuse check, persistent parameters kept
-            for p in set(m.params):
-                active[p].discard(name)
-                if p not in persist:
-                    release(p)
-    after = sum(padded[p] for p in persist)
-    return Gathers(gathered["forward"], gathered["backward"], after, calls["forward"], calls["backward"],
-                   1 if after else 0, peak)  # fmt: skip
+                self.wait(p)
+        if mem is not None:
+            peak_fetch = self.held()
+        if not self.first_step:
+            self.prefetch(name, params)
+        if mem is not None:
+            held = self.held()
+            for f in self.done:  # the flat buffers whose last parameter this fetch waited for: freed as it returns
+                held, self.flat_bytes, f[0] = held - f[0], self.flat_bytes - f[0], 0
+            self.done.clear()
+            mem.append((self.phase, name, held, peak_fetch))
+        self.step += 1
+
+    def prefetch(self, name: str, params: list[str]) -> None:
+        """The trace popped past the module's own parameters, then walked ahead, gathering up to
+        ``min(max_live_parameters - live, prefetch_bucket_size)`` elements not yet present."""
+        queue, fetched_for, step, s = self.queue, self.fetched_for, self.step, self.s
+        wanted = {p for p in params if fetched_for.get(p, -(10**10)) < step}
+        popped: set[str] = set()
+        while queue and len(popped) < len(wanted):
+            p, at = queue.popleft()
+            fetched_for[p] = at
+            popped.add(p)
+        assert popped == wanted, f"trace replay out of order at {name}"
+        if s.prefetch_bucket_size > 0:
+            budget = min(s.max_live_parameters - self.live, s.prefetch_bucket_size)
+            ahead: dict[str, None] = {}  # insertion-ordered set
+            n = 0
+            while queue and n < budget:
+                p, at = queue.popleft()
+                fetched_for[p] = max(fetched_for.get(p, -(10**10)), at)
+                if self.status[p] == NOT_AVAILABLE and p not in ahead:
+                    ahead[p] = None
+                    n += self.numel[p]
+            if n > 0:
+                self.gather(list(ahead))
+
+    def release_module(self, name: str) -> None:
+        """A module's post-hook: its parameters released but those used again within the reuse distance (all of
+        them in the first step)."""
+        m = self.mods[name]
+        drop = set(m.params) if self.first_step else self.to_release(m, self.step)
+        for p in set(m.params):
+            self.active[p].discard(name)
+            if p in drop:
+                self.release(p)
+        if self.rel is not None:
+            self.rel.append((self.phase, name, self.held()))
