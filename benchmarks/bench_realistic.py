@@ -8,9 +8,9 @@ microseconds of ``memcalc.evaluate.evaluate(plan)`` over fresh but equal plans (
 
 - floor: the paper accounting's ``evaluate`` of the same layout, measured in the same run (its ratio follows);
 - new shape: each call on a sequence length no call before had (a multiple of 64 below the layout's), so that each
-  layer's sizes are computed afresh (``memcalc.memory.stack.layer_stack``, cached per model and shape), what a
+  layer's sizes are computed afresh (``memcalc.memory.engine.stack.layer_stack``, cached per model and shape), what a
   planner pays the first time it meets a shape; the model's states and FSDP units stay cached per model;
-- every layer: the moment-by-moment reference (``memcalc.memory.realistic.evaluate(..., every_layer=True)`` over every
+- every layer: the moment-by-moment reference (``memcalc.memory.accountings.realistic.evaluate(..., every_layer=True)`` over every
   pipeline stage), the replay the evaluation answers for without building one moment per decoder layer.
 
 Target: ≤ 1 ms for the 70B layout. Figures only: it never fails on timing (medians on a shared machine move with its
@@ -27,7 +27,7 @@ import time
 from memcalc.api import build_input
 from memcalc.evaluate import evaluate
 from memcalc.inputs.plan import to_plan
-from memcalc.memory import realistic
+from memcalc.memory.accountings import realistic
 
 TITAN = dict(gpu="h100", framework="torchtitan", fsdp="FULL_SHARD", fsdp_version=2)
 LAYOUTS = {

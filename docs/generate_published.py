@@ -120,7 +120,7 @@ TORCHTITAN_2025 = [
 # (``pipeline_parallel_microbatches`` unset: torchtitan/distributed/pipelining_utils.py), so Table 5's local batch 32
 # ran as 8 micro-batches of 4 and Table 6's 8 as 8 of 1; its default split of 126 layers is 15,16,...,16,15 (1F1B)
 # and 7,8,...,8,7 over 16 stages (interleaved, two per rank). The pipeline ranks' steps are replayed by the realistic
-# accounting (memory/timeline_pp.py); on Table 6's CP rows each rank runs the sequence-parallel step of its s/cp tokens
+# accounting (memory/overlays/timeline_pp.py); on Table 6's CP rows each rank runs the sequence-parallel step of its s/cp tokens
 # (docs/timeline.md).
 PP = TITAN | dict(model="llama-3-405b", gpus=512, tp=8, pp=8, sequence_parallel=True, recompute="full", **MODEL_ONLY,
                   float8="tensorwise", float8_all_gather=True)  # fmt: skip

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import memcalc
-from memcalc.memory.allocator import CONTEXT_HIGH
+from memcalc.memory.allocator.allocator import CONTEXT_HIGH
 from memcalc.units import GiB
 
 CONFIGS = Path(__file__).resolve().parent.parent / "tests" / "data" / "h100"
@@ -112,7 +112,7 @@ def table() -> str:
 
 def reserved_table() -> str:
     """The estimate's ``peak_reserved`` (no trace: the allocated peak, the least gap and the cached blocks the peak
-    cannot use, ``memcalc.memory.reserved``) against each ok row's measured ``max_memory_reserved``."""
+    cannot use, ``memcalc.memory.allocator.reserved``) against each ok row's measured ``max_memory_reserved``."""
     out = ["| model | regime | attention | ckpt | seq | batch | measured reserved GiB | memcalc peak_reserved GiB | "
            "error |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     errs = []
@@ -131,12 +131,12 @@ def reserved_table() -> str:
 
 CAPACITY = 85_017_493_504 - CONTEXT_HIGH
 """The measured card's ``torch.cuda.get_device_properties().total_memory`` (bytes, as recorded with the runs) less
-the widest CUDA context measured (``memcalc.memory.allocator.CONTEXT_HIGH``, 0.75 GiB)."""
+the widest CUDA context measured (``memcalc.memory.allocator.allocator.CONTEXT_HIGH``, 0.75 GiB)."""
 
 
 def replay_table() -> str:
     """Every row traced on fake tensors (two steps, ``memcalc.validation.trace``) and its allocations replayed
-    through the caching allocator (``memcalc.memory.caching``) into the card's memory: the reserved peak against
+    through the caching allocator (``memcalc.memory.allocator.caching``) into the card's memory: the reserved peak against
     the measured one, and whether a request failed. Needs torch and transformers."""
     import json
 

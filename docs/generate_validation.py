@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from memcalc.memory.activations import Setting, layer_activations, rotary_saved
+from memcalc.memory.accountings.activations import Setting, layer_activations, rotary_saved
 from memcalc.model.architecture import Architecture
 from memcalc.validation.blocks import GPTBlock, LlamaBlock, saved_bytes
 from memcalc.validation.suite import compare, full
@@ -83,7 +83,7 @@ def main() -> None:
             bad += not r.match
             lines.append(f"| {r.config} | {r.quantity} | {r.predicted:,} | {r.measured:,} | {'=' if r.match else '≠'} |")
     lines += ["", f"{total - bad} of {total} figures equal.", "",
-              "## Activations (`memcalc.memory.activations`, implementation accounting, `--device cpu`)", "",
+              "## Activations (`memcalc.memory.accountings.activations`, implementation accounting, `--device cpu`)", "",
               "Bytes one block saves for backward (saved_tensors_hooks, one count per storage, parameters excluded),",
               "micro-batch 2, sequence 128.", "",
               "| block | attention | dropout | dtype | recompute | predicted | measured | difference |",

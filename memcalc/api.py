@@ -150,7 +150,7 @@ def compare(
     inputs = None
     if kwargs.get("accounting", "auto") == "auto":
         # Each row in the accounting its own estimate takes: the realistic one where it applies (each row's input
-        # says: memcalc.memory.scope.why_not), else the paper's; the renderers mark the rows of a second accounting.
+        # says: memcalc.memory.accountings.scope.why_not), else the paper's; the renderers mark the rows of a second accounting.
         inputs = [build_input(params, strategy=s, **kwargs) for s in strategies_]  # type: ignore[arg-type]
     if inputs is None:  # one accounting: the rows differ in the strategy alone (the input's checks run again for each)
         first = build_input(params, strategy=strategies_[0], **kwargs)  # type: ignore[arg-type]

@@ -1,8 +1,8 @@
 """The core's one entry point: a ``Plan`` in, per-GPU memory and per-step communication out, as plain data.
 
 Memory comes from one of three accountings, each behind the same small interface (rows of one rank, and for
-the implementation accounting the collectives the framework issues): ``memcalc.memory.paper``,
-``memcalc.memory.implementation``, ``memcalc.memory.estimator``. Communication comes from ``memcalc.comm``.
+the implementation accounting the collectives the framework issues): ``memcalc.memory.accountings.paper``,
+``memcalc.memory.accountings.implementation``, ``memcalc.memory.accountings.estimator``. Communication comes from ``memcalc.comm``.
 No pydantic here: the report floor (``memcalc.report.build``) turns an ``Evaluation`` into the public result.
 """
 
@@ -14,8 +14,9 @@ from memcalc.comm import traffic
 from memcalc.comm.traffic import Collective, HostTransfer
 from memcalc.layout.compose import composition
 from memcalc.layout.plan import Plan, Zero3Settings
-from memcalc.memory import paper, paper_notes
-from memcalc.memory.rows import Row, overhead_rows
+from memcalc.memory.accountings import paper
+from memcalc.memory.accountings import paper_notes
+from memcalc.memory.accountings.rows import Row, overhead_rows
 
 
 class StageLoad(NamedTuple):
@@ -46,7 +47,7 @@ class Evaluation(NamedTuple):
     collectives: tuple[Collective, ...]
     transfers: tuple[HostTransfer, ...]
     realistic: Any = None
-    """The realistic accounting's peak, allocator figures, verdict and phase peaks (``memcalc.memory.realistic``)."""
+    """The realistic accounting's peak, allocator figures, verdict and phase peaks (``memcalc.memory.accountings.realistic``)."""
 
     @property
     def total(self) -> int:
@@ -54,7 +55,7 @@ class Evaluation(NamedTuple):
 
     @property
     def paper_fit(self) -> paper.PaperFit | None:
-        """The paper accounting's verdict (``memcalc.memory.paper.fit``: its band and the buffers its rows leave
+        """The paper accounting's verdict (``memcalc.memory.accountings.paper.fit``: its band and the buffers its rows leave
         out); None under the other accountings. Drawn when asked for: the plan sweeps never read it."""
         return paper.fit(self.plan, self.total, self.top) if self.plan.accounting == "paper" else None
 
@@ -62,8 +63,8 @@ class Evaluation(NamedTuple):
 def _realistic(plan: Plan, stage: int = 0) -> tuple[StageLoad, Any]:
     """One GPU's peak over the step's timeline (the realistic accounting: its rows include the overheads); under
     pipeline parallelism, pipeline rank ``stage``'s."""
-    from memcalc.memory import realistic
-    from memcalc.memory.activations import pipeline_in_flight
+    from memcalc.memory.accountings import realistic
+    from memcalc.memory.accountings.activations import pipeline_in_flight
 
     r = realistic.evaluate(plan, stage)
     ms = sum(x.bytes for x in r.rows if x.category == "model_state")
@@ -106,7 +107,7 @@ def _host_rows(plan: Plan) -> list[Row]:
                                               "their dtype (FSDP2: _fsdp_collectives.py foreach_reduce; FSDP1: "
                                               "_cpu_grad, _runtime_utils.py _offload_grad)"))
     elif plan.spec.name in ("zero-1", "zero-2") and plan.arch is not None:
-        from memcalc.memory.timeline_zero import partition, trainable
+        from memcalc.memory.overlays.timeline_zero import partition, trainable
 
         # LoRA: DeepSpeed flattens and offloads the adapters alone (the parameters that require a gradient)
         where, p = master.location, partition(plan.arch, plan.dp, lora=plan.lora)[0]
@@ -125,7 +126,7 @@ def _stage(plan: Plan, k: int, st: object) -> tuple[StageLoad, list[Row], list[R
     psi_k, groups = paper.param_groups(plan, k)
     issued: list = []
     if plan.accounting == "implementation":
-        from memcalc.memory import implementation  # the framework replay: loaded only when asked for
+        from memcalc.memory.accountings import implementation  # the framework replay: loaded only when asked for
 
         states, issued = implementation.model_state_rows(plan)
     else:
@@ -144,7 +145,7 @@ def _stage(plan: Plan, k: int, st: object) -> tuple[StageLoad, list[Row], list[R
         acts, flight = paper.activation_rows(plan, k, st)  # type: ignore[arg-type]
         gpu += acts
         if paper.fsdp_under_pipeline(plan):  # torch.distributed.pipelining's stages (torchtitan)
-            from memcalc.memory.pipeline import interleave_fsdp, torch_stage_rows
+            from memcalc.memory.overlays.pipeline import interleave_fsdp, torch_stage_rows
 
             schedule = None
             if plan.virtual_stages > 1:
@@ -192,7 +193,7 @@ def _finish(plan: Plan, st: object, stages: list[StageLoad], top: int, gpu_rows:
     # Host RAM and NVMe are per node: the sum over the node's ranks (DeepSpeed's estimator does the same).
     node_rows = [r._replace(bytes=r.bytes * ranks) for r in host_rows]
     if plan.accounting == "deepspeed-estimator":
-        from memcalc.memory import estimator
+        from memcalc.memory.accountings import estimator
 
         gpu_rows, cpu = estimator.model_state_rows(plan)
         node_rows = [estimator.host_row(cpu)]
@@ -244,12 +245,12 @@ def top_candidates(plan: Plan) -> tuple[int, ...]:
     the last, and of the stages between them the first of each kind, stages of one kind holding the same parameters,
     layers and MoE layers. Two stages k < k' of one kind hold the same rows but for the micro-batches in flight,
     min(pp - k, n) under 1F1B (Korthikanti et al. 2022 Eq. 5) or Megatron's interleaved count, which never grows
-    with k, and what torch's ``PipelineStage`` keeps beside them (``memcalc.memory.pipeline.torch_stage_rows``: two
+    with k, and what torch's ``PipelineStage`` keeps beside them (``memcalc.memory.overlays.pipeline.torch_stage_rows``: two
     receive buffers per micro-batch, the stage outputs in flight, the input gradient being sent once a backward has
     finished, which it has on every such stage when n >= pp). So k' never holds more than k, and of equals k is
     named. Every stage where that does not hold: torchtitan's every:K recompute (which layers are recomputed depends
     on their index), fewer micro-batches than stages, and FSDP2's interleaved schedule (its peak per rank is replayed:
-    ``memcalc.memory.pipeline.interleave_fsdp``)."""
+    ``memcalc.memory.overlays.pipeline.interleave_fsdp``)."""
     pp, w = plan.pp, plan.work
     every = tuple(range(pp))
     if pp <= 3 or w is None or plan.arch is None or w.recompute.startswith("every:") or plan.grad_accum < pp:
@@ -267,7 +268,7 @@ def _collectives(plan: Plan, issued: list, psi: int, stage: int, st: object) -> 
     """Data-parallel traffic (the framework's own under the implementation accounting) and model-parallel traffic."""
     p, arch = plan.precision, plan.arch
     if plan.accounting == "implementation":
-        from memcalc.memory import implementation
+        from memcalc.memory.accountings import implementation
 
         rows = [implementation.collective(x, plan) for x in issued]
     else:
@@ -309,15 +310,15 @@ def _collectives(plan: Plan, issued: list, psi: int, stage: int, st: object) -> 
 def notes(plan: Plan) -> list[str]:
     """The accounting's notes for this plan."""
     if plan.accounting == "deepspeed-estimator":
-        from memcalc.memory import estimator
+        from memcalc.memory.accountings import estimator
 
         return estimator.notes(plan)
     if plan.accounting == "implementation":
-        from memcalc.memory import implementation
+        from memcalc.memory.accountings import implementation
 
         return implementation.notes(plan)
     if plan.accounting == "realistic":
-        from memcalc.memory import realistic_notes
+        from memcalc.memory.accountings import realistic_notes
 
         return realistic_notes.notes(plan)
     out = paper_notes.notes(plan)
@@ -331,7 +332,7 @@ def notes(plan: Plan) -> list[str]:
     if plan.fsdp_auto_wrap == "none" and plan.spec.shards_params:
         out.append("--fsdp-auto-wrap none: the paper's rows are the sharded states; the whole model gathered from "
                    "the forward's start to the backward's end and its unsharded gradients are not among them (the "
-                   "verdict's at-risk band counts the gathered model: memory/paper.py uncounted)")
+                   "verdict's at-risk band counts the gathered model: memory/accountings/paper.py uncounted)")
     if plan.arch is not None and plan.work is not None:
         why = realistic_why_not(plan)
         if why is not None:
@@ -340,11 +341,11 @@ def notes(plan: Plan) -> list[str]:
 
 
 def realistic_why_not(plan: Plan) -> str | None:
-    """Why the realistic accounting cannot replay ``plan`` (``memcalc.memory.scope.why_not``); None where it can."""
+    """Why the realistic accounting cannot replay ``plan`` (``memcalc.memory.accountings.scope.why_not``); None where it can."""
     if plan.arch is None or plan.work is None:
         return ("a bare parameter count has no layers to replay: give the model's shape (--model, --hf-config) and "
                 "--seq-len")
-    from memcalc.memory.scope import why_not
+    from memcalc.memory.accountings.scope import why_not
 
     return why_not(plan.arch, plan.precision.name, plan.optimizer.name, plan.spec.name, plan.work, plan.tp,
                    plan.pp, plan.cp, plan.ep, plan.fsdp_version, lora=plan.lora, framework=plan.framework,

@@ -4,7 +4,7 @@ its Table 3 (22B, 175B, 530B, 1T)."""
 import pytest
 
 import memcalc
-from memcalc.memory.activations import Setting, layer_activations, output_saved, pipeline_in_flight
+from memcalc.memory.accountings.activations import Setting, layer_activations, output_saved, pipeline_in_flight
 from memcalc.model.architecture import Architecture
 from memcalc.inputs.presets import load_model
 
@@ -144,11 +144,11 @@ def test_micro_batch_auto_when_nothing_fits():
 
 
 def test_op_sac_keeps_torchtitans_saved_outputs_and_every_k_mixes_full_and_none():
-    """torchtitan's per-op SAC under the paper accounting (memcalc.memory.activations.op_sac_saved), with TP and SP
+    """torchtitan's per-op SAC under the paper accounting (memcalc.memory.accountings.activations.op_sac_saved), with TP and SP
     splitting as the tensors split; every:K averages checkpointed and plain layers over the stage's layers."""
     import memcalc
     from memcalc.inputs.presets import load_model
-    from memcalc.memory.activations import Setting, layer_activations
+    from memcalc.memory.accountings.activations import Setting, layer_activations
 
     a = load_model("llama-3-8b")
     st = Setting(s=8192, b=1, dtype_bytes=2, dropout=False, attention="flash")

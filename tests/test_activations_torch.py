@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 from torch.utils.checkpoint import checkpoint  # noqa: E402
 
-from memcalc.memory.activations import Setting, layer_activations, rotary_saved  # noqa: E402
+from memcalc.memory.accountings.activations import Setting, layer_activations, rotary_saved  # noqa: E402
 from memcalc.model.architecture import Architecture  # noqa: E402
 from memcalc.validation.blocks import GPTBlock, LlamaBlock, saved_bytes  # noqa: E402
 

@@ -1,10 +1,10 @@
-"""The caching allocator replay (``memcalc.memory.caching``) against the rules of torch's
+"""The caching allocator replay (``memcalc.memory.allocator.caching``) against the rules of torch's
 ``c10/cuda/CUDACachingAllocator.cpp``: segment sizes, best fit, splitting, merging, release and retry."""
 
 import pytest
 
 from memcalc.errors import InputError
-from memcalc.memory.caching import CachingAllocator, replay
+from memcalc.memory.allocator.caching import CachingAllocator, replay
 
 MiB = 1 << 20
 

@@ -3,7 +3,7 @@
 import pytest
 
 from memcalc.comm.collectives import bus_factor, sent_bytes_per_rank
-from memcalc.memory.states import shard_numel
+from memcalc.memory.accountings.states import shard_numel
 
 
 def ops(r):

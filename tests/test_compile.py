@@ -1,6 +1,6 @@
-"""What a decoder layer saves under torch.compile: memcalc.memory.compiled against a census of the real modules.
+"""What a decoder layer saves under torch.compile: memcalc.memory.families.compiled against a census of the real modules.
 
-memcalc.memory.compiled gives the tensors AOTAutograd's min-cut partitioner keeps per layer; the census
+memcalc.memory.families.compiled gives the tensors AOTAutograd's min-cut partitioner keeps per layer; the census
 (memcalc.validation.saved_compile) compiles the tiny transformers model and counts what the compiled regions save
 (saved_tensors_hooks, one count per storage). They must agree to the byte, at two (s, b). The census runs the
 ``aot_eager`` backend (same partitioner as inductor, no C++ build); ``MEMCALC_INDUCTOR=1`` adds an inductor run.
@@ -13,8 +13,8 @@ import os
 import pytest
 
 from memcalc.errors import InputError
-from memcalc.memory.compiled import compile_saving, compiled_layer_saved
-from memcalc.memory.saved import layer_saved, total
+from memcalc.memory.families.compiled import compile_saving, compiled_layer_saved
+from memcalc.memory.families.saved import layer_saved, total
 from memcalc.model.architecture import Architecture
 from memcalc.model.hf_config import architecture_from_config
 
@@ -88,7 +88,7 @@ def test_torchtitan_block_by_hand():
     assert tt("fp32") - total(compiled_layer_saved(TT, family="llama", regime="fp32", attention="sdpa", s=s, b=b)) \
         == 4 * t * hd
     assert tt("bf16") == tt("bf16", "sdpa") == 1_035_264  # census (memcalc.validation.saved_compile, code=torchtitan)
-    # against torchtitan eager (memcalc.memory.saved code="torchtitan", itself equal to its census): the norms'
+    # against torchtitan eager (memcalc.memory.families.saved code="torchtitan", itself equal to its census): the norms'
     # fp32 input copies and normalized tensors and SiLU's output: (16 - 2·d)·T·h + d·T·ffn
     for regime, d in (("fp32", 4), ("bf16", 2)):
         eager = total(layer_saved(TT, family="llama", regime=regime, attention="sdpa", s=s, b=b, code="torchtitan"))
@@ -180,7 +180,7 @@ def test_inductor_saves_what_aot_eager_saves():
 @pytest.mark.skipif(os.environ.get("MEMCALC_INDUCTOR") != "1", reason="inductor compiles C++: set MEMCALC_INDUCTOR=1")
 def test_inductor_cross_entropy_saves_its_input_and_two_floats_per_token():
     """``F.cross_entropy(logits.float(), y)`` under inductor: saved are the bf16 logits themselves, the targets and two
-    fp32 values per token (memcalc.memory.saved.loss_transient, compiled); eager saves the fp32 log-softmax."""
+    fp32 values per token (memcalc.memory.families.saved.loss_transient, compiled); eager saves the fp32 log-softmax."""
     import torch
     import torch.nn.functional as F
 
@@ -211,7 +211,7 @@ def test_inductor_cross_entropy_saves_its_input_and_two_floats_per_token():
 
 def test_compiled_loss_keeps_the_logits_not_the_fp32_log_softmax():
     import memcalc
-    from memcalc.memory.saved import loss_transient
+    from memcalc.memory.families.saved import loss_transient
     from memcalc.units import GiB
 
     t, v = 8192, 128256
@@ -244,7 +244,7 @@ def test_compiled_loss_parallel_saves_one_fp32_tensor_per_logit_not_the_logits()
     from torch.distributed.tensor.parallel import loss_parallel
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from memcalc.memory.saved import loss_transient
+    from memcalc.memory.families.saved import loss_transient
 
     b, s, v, tp = 2, 16, 1000, 2
     n = b * s * v // tp  # rank 0's logits
@@ -284,7 +284,7 @@ def test_compiled_op_sac_block_keeps_the_policy_but_the_down_projection_output()
     """torchtitan's per-op SAC policy (every second matmul's output and the attention kernel's outputs saved,
     activation_checkpoint.py ``_get_custom_policy``) on the tiny Llama layer, compiled (``aot_eager``): the partitioner
     saves q, v, gate, the attention output and log-sum-exp beside the block's inputs, not w2's output, which eager SAC
-    caches (memcalc.memory.timeline_layers._op_sac)."""
+    caches (memcalc.memory.engine.timeline_layers._op_sac)."""
     if not can_compile():
         pytest.skip("torch.compile cannot run here")
     from collections import defaultdict
@@ -301,7 +301,7 @@ def test_compiled_op_sac_block_keeps_the_policy_but_the_down_projection_output()
         LlamaRotaryEmbedding,
     )
 
-    from memcalc.memory.timeline_layers import layer_sizes, parse_recompute
+    from memcalc.memory.engine.timeline_layers import layer_sizes, parse_recompute
 
     aten = torch.ops.aten
     save = {aten.mm.default, aten._scaled_dot_product_flash_attention_for_cpu.default}

@@ -17,8 +17,8 @@ from memcalc.errors import InputError
 from memcalc.evaluate import evaluate, notes
 from memcalc.inputs.plan import to_plan
 from memcalc.inputs.presets import load_model
-from memcalc.memory import frameworks as fw
-from memcalc.memory import zero3
+from memcalc.memory.accountings import frameworks as fw
+from memcalc.memory.overlays import zero3
 from memcalc.model import tree
 from memcalc.model.architecture import MAX_EXPERTS, MAX_LAYERS, Architecture
 

@@ -5,7 +5,7 @@ import itertools
 import pytest
 
 import memcalc
-from memcalc.memory.deepspeed_estimator import zero2, zero3
+from memcalc.memory.accountings.deepspeed_estimator import zero2, zero3
 from memcalc.model.params import largest_module
 from memcalc.inputs.presets import load_model
 

@@ -17,8 +17,8 @@ pytest.importorskip("torchao")
 
 import memcalc
 from memcalc.errors import InputError
-from memcalc.memory.timeline import timeline
-from memcalc.memory.fsdp_overlay import FsdpOverlay
+from memcalc.memory.engine.timeline import timeline
+from memcalc.memory.overlays.fsdp_overlay import FsdpOverlay
 from memcalc.model.float8 import eager_backward, layer_weights
 from memcalc.model.hf_config import architecture_from_config
 from memcalc.validation.trace import trace_step

@@ -1,10 +1,10 @@
-"""The as-implemented formulas (memcalc.memory.frameworks) by hand; tests/validation proves them against real runs."""
+"""The as-implemented formulas (memcalc.memory.accountings.frameworks) by hand; tests/validation proves them against real runs."""
 
 import pytest
 
 import memcalc
 from memcalc.model import tree
-from memcalc.memory import frameworks as fw
+from memcalc.memory.accountings import frameworks as fw
 from memcalc.model.params import model_params
 from memcalc.inputs.presets import load_model
 
@@ -84,7 +84,7 @@ def test_deepspeed_padding_rules():
         ("all-reduce", "backward", 2 * psi),  # ZeRO-1/2 all-reduce the (unpadded) gradients
         ("all-gather", "optimizer step", 2 * padded),
     ]
-    from memcalc.memory.zero3 import Zero3Settings, replay
+    from memcalc.memory.overlays.zero3 import Zero3Settings, replay
 
     shapes = [s for u in fw.units(a) for s in u.shapes]
     part = sum(-(-(s[0] * (s[1] if len(s) > 1 else 1)) // 8) for s in shapes)
@@ -200,11 +200,11 @@ FALCON_VARIANTS = [dict(new_decoder_architecture=True, num_kv_heads=2),  # ln_at
 @pytest.mark.parametrize(("family", "extra"), [(f, {}) for f in sorted(tree.LAYOUTS)] + [("falcon", x) for x in FALCON_VARIANTS])
 def test_module_tree_follows_hugging_faces_call_order(family, extra):
     """Every module a real Hugging Face model calls in forward, parameter-less ones included, with the parameters
-    it owns, in order: what DeepSpeed ZeRO-3 hooks (and memcalc.memory.zero3 replays)."""
+    it owns, in order: what DeepSpeed ZeRO-3 hooks (and memcalc.memory.overlays.zero3 replays)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from memcalc.model.hf_config import architecture_from_config
-    from memcalc.memory.zero3 import _called
+    from memcalc.memory.overlays.zero3 import _called
 
     cfg = {**_hf_config(family), **extra}
     model_type = cfg.pop("model_type")

@@ -25,7 +25,7 @@ pytest.importorskip("transformers")
 import memcalc
 from memcalc.errors import InputError
 from memcalc.layout.compose import FRAMEWORKS, fsdp_wrap
-from memcalc.memory.timeline import timeline
+from memcalc.memory.engine.timeline import timeline
 from memcalc.model.hf_config import architecture_from_config
 from memcalc.units import GiB
 from memcalc.validation.trace import trace_step
@@ -310,7 +310,7 @@ def test_fsdp1_flat_parameters_and_the_optimizer_state_they_reach():
     over 4 ranks, 45,376 each; the root's embedding, head and final norm, 64,128, 16,032 each), and with
     use_orig_params AdamW keeps a step only for the parameters whose view reaches into rank 0's chunk: q, k, v and o
     of each layer (49,152 > 45,376 elements) and the embedding of the root, 17 in all."""
-    from memcalc.memory.timeline_states import flat_units
+    from memcalc.memory.engine.timeline_states import flat_units
 
     u = flat_units(architecture_from_config(CONFIGS["l4"]), 4)
     assert (u.layer_shard, u.root_shard, u.tensors) == (45_376, 16_032, 17)
@@ -330,7 +330,7 @@ def test_estimates_answer_fsdp1_full_shard():
     # all-gather output), the same bytes under both but AdamW's step scalars, which FSDP1 keeps only for the
     # parameters reaching into rank 0's chunks
     from memcalc.api import resolve_architecture
-    from memcalc.memory.timeline_states import flat_units, shard_units
+    from memcalc.memory.engine.timeline_states import flat_units, shard_units
 
     arch = resolve_architecture(hf_config=H)
     steps = shard_units(arch, 8).tensors - flat_units(arch, 8).tensors
@@ -415,7 +415,7 @@ def test_fsdp1_cpu_offload_keeps_the_gathered_units_on_the_gpu(precision, mp):
     4 ranks: a layer's shard is 45,376 elements. Under MixedPrecision, pre_unshard copies it in fp32 (181,504 bytes)
     and casts it into the bf16 _mp_shard (90,752) before the unsharded parameter is allocated, a moment of its own;
     without, the fp32 GPU copy (181,504) is what the all-gather sends, alive beside the gathered unit."""
-    from memcalc.memory.timeline_offload import FSDP_OFFLOADED, offload_fsdp1
+    from memcalc.memory.overlays.timeline_offload import FSDP_OFFLOADED, offload_fsdp1
 
     tr, tl = fsdp1("l4", 4, precision, mp)
     exact(tr, tl, skip=("backward.layer.0",))
@@ -480,7 +480,7 @@ def test_lora_under_fsdp2_against_a_traced_peft_step(name, world, precision, mp,
     sharded and gathered, frozen base and adapters alike; the adapters' gradients reduce-scattered and AdamW's state
     theirs alone. The states (baseline, optimizer, zero_grad) are exact, and without recompute the loss and the head
     too. The layers' backward
-    counts the full model's MLP-gradient transient, as on one GPU (``memcalc.memory.timeline_layers``: an upper
+    counts the full model's MLP-gradient transient, as on one GPU (``memcalc.memory.engine.timeline_layers``: an upper
     bound), which under FSDP is where the step peaks: the peak is within 3 % above the trace (5.1 % in fp32 with
     every projection adapted and full recompute), never below it. The same with the embedding and [final norm,
     head] in units of their own (``wrap`` separate, accelerate 1.15's ``fsdp2_prepare_model``): the final norm's and
@@ -519,7 +519,7 @@ def test_hugging_face_lora_under_fsdp2_takes_accelerates_units():
     wrap. At the loss's backward the root wrap holds the gathered embedding and the last layer's prefetched all-gather
     output beside what the separate wrap holds; nothing else differs there."""
     from memcalc.inputs.presets import load_model
-    from memcalc.memory.timeline_states import shard_units
+    from memcalc.memory.engine.timeline_states import shard_units
     from memcalc.model.lora import LoraPlan, targeted
 
     kw = {"model": "llama-3-8b", "lora_rank": 16, "seq_len": 4096, "micro_batch": 2, "gpu": "h100", "gpus": 8,

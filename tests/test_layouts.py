@@ -358,7 +358,7 @@ def test_megatron_accumulates_and_reduces_bf16_gradients_in_fp32():
     # fp16 keeps fp16 gradients (the flag is bf16's), and other frameworks keep bf16 ones
     assert rows(memcalc.estimate(stage=1, **kw | {"precision": "fp16-mixed"}))["gradients"] == 2 * PSI_8B
     assert rows(memcalc.estimate(stage=1, **kw | {"framework": "deepspeed"}))["gradients"] == 2 * PSI_8B
-    # with a sequence length too: Megatron-Core's own step (memory/megatron.py), not DeepSpeed's ZeRO-1 timeline:
+    # with a sequence length too: Megatron-Core's own step (memory/accountings/megatron.py), not DeepSpeed's ZeRO-1 timeline:
     # the same fp32 grad buffer, each bucket padded to a multiple of lcm(dp, 128) (param_and_grad_buffer.py)
     auto = memcalc.estimate(stage=1, seq_len=2048, **kw | {"accounting": "auto"})
     assert auto.accounting == "realistic" and any("Megatron-Core" in n for n in auto.notes)

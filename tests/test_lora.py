@@ -155,7 +155,7 @@ def test_cli_flags_and_json_input():
 def test_layer_saved_matches_peft_census(targets, regime, attention):
     pytest.importorskip("peft")
     pytest.importorskip("transformers")
-    from memcalc.memory.saved import layer_saved, total
+    from memcalc.memory.families.saved import layer_saved, total
     from memcalc.model.hf_config import architecture_from_config
     from memcalc.validation import lora as vl
     from memcalc.validation.saved import tiny_config
@@ -173,7 +173,7 @@ def test_layer_saved_matches_peft_census(targets, regime, attention):
 def test_qwen3_and_smollm3_layers_match_the_peft_census(family, regime):
     """Qwen3's q_norm/k_norm keep their fp32 input and rstd under LoRA, not the normalized tensor (frozen weights)."""
     pytest.importorskip("peft")
-    from memcalc.memory.saved import layer_saved, total
+    from memcalc.memory.families.saved import layer_saved, total
     from memcalc.model.hf_config import architecture_from_config
     from memcalc.validation import lora as vl
     from memcalc.validation.saved import tiny_config
@@ -193,7 +193,7 @@ def test_gemma_layers_match_the_peft_census(family, regime):
     Gemma 2 and 3 norm the attention output and the MLP's input and output too (each layer: Gemma 3's sliding ones
     and Gemma 2's eager soft-capped scores)."""
     pytest.importorskip("peft")
-    from memcalc.memory.saved import layer_saved, total
+    from memcalc.memory.families.saved import layer_saved, total
     from memcalc.model.hf_config import architecture_from_config
     from memcalc.validation import lora as vl
     from memcalc.validation.saved import tiny_config
@@ -222,7 +222,7 @@ def test_gemma_timeline_against_a_traced_peft_step(precision, impl, recompute, t
     """Gemma under peft on one GPU: the states byte for byte, the peak at the trace's or above it by at most 5 % (the
     layers' backward transients are the full model's, an upper bound, as for Llama's LoRA)."""
     pytest.importorskip("peft")
-    from memcalc.memory.timeline import timeline
+    from memcalc.memory.engine.timeline import timeline
     from memcalc.model.hf_config import architecture_from_config
     from memcalc.validation.lora import trace_lora_step
     from memcalc.validation.trace_step import cache_promotes_values
@@ -243,7 +243,7 @@ def test_gemma_under_fsdp2_against_a_traced_peft_step(precision, mp, targets, re
     """Gemma under peft and FSDP2 FULL_SHARD as rank 0 of 4 (accelerate's FSDP2 plugin, the root wrap): the states
     exact, the peak at the trace's or above by at most 5.1 %, the bounds Llama's LoRA has there."""
     pytest.importorskip("peft")
-    from memcalc.memory.timeline import timeline
+    from memcalc.memory.engine.timeline import timeline
     from memcalc.model.hf_config import architecture_from_config
     from memcalc.validation.lora import trace_lora_step
     from memcalc.validation.trace_step import cache_promotes_values
@@ -264,7 +264,7 @@ def test_lora_on_gemma_under_fsdp1_takes_the_paper_accounting():
     """FSDP1 with peft's wrap policy is traced for Llama-style layers (tests/test_fsdp_layouts.py); Gemma's layers
     under it are not (the bf16-MixedPrecision step was 1.3 % below a trace): the paper accounting answers, with
     the reason, while Llama 2 7B under FSDP1 is answered realistically."""
-    from memcalc.memory.scope import why_not
+    from memcalc.memory.accountings.scope import why_not
     from memcalc.model.hf_config import architecture_from_config
 
     why = why_not(architecture_from_config(GEMMA), "bf16-mixed", "adamw", "FULL_SHARD", None, fsdp_version=1,
@@ -311,7 +311,7 @@ QWEN3 = dict(TRACE_LLAMA, model_type="qwen3", head_dim=16)
                                                     ("bf16", "fused", ALL)])
 def test_qwen3_timeline_against_a_traced_peft_step(precision, impl, targets):
     pytest.importorskip("peft")
-    from memcalc.memory.timeline import timeline
+    from memcalc.memory.engine.timeline import timeline
     from memcalc.model.hf_config import architecture_from_config
     from memcalc.validation.lora import trace_lora_step
 
@@ -327,7 +327,7 @@ def test_qwen3_timeline_against_a_traced_peft_step(precision, impl, targets):
 @pytest.mark.parametrize("precision,impl,attention,recompute,targets,bound", TRACED)
 def test_timeline_against_a_traced_peft_step(precision, impl, attention, recompute, targets, bound):
     pytest.importorskip("peft")
-    from memcalc.memory.timeline import timeline
+    from memcalc.memory.engine.timeline import timeline
     from memcalc.model.hf_config import architecture_from_config
     from memcalc.validation.lora import trace_lora_step
 

@@ -1,4 +1,4 @@
-"""The realistic accounting under --framework megatron (memcalc.memory.megatron): Megatron-Core's buffers and
+"""The realistic accounting under --framework megatron (memcalc.memory.accountings.megatron): Megatron-Core's buffers and
 optimizer shards, the TE layer's saved set, the schedule's micro-batches in flight; what it refuses."""
 
 import pytest
@@ -6,8 +6,8 @@ import pytest
 import memcalc
 from memcalc.evaluate import evaluate, notes
 from memcalc.inputs.plan import to_plan
-from memcalc.memory import megatron
-from memcalc.memory.megatron_saved import Shape, layer_bytes, layer_saved
+from memcalc.memory.accountings import megatron
+from memcalc.memory.families.megatron_saved import Shape, layer_bytes, layer_saved
 
 BASE = dict(model="llama-3-70b", gpus=64, tp=4, pp=4, sequence_parallel=True, framework="megatron", stage=1,
             seq_len=8192, micro_batch=1, grad_accum=32, gpu="h100")
@@ -33,7 +33,7 @@ def test_distributed_optimizer_states():
     n = r["parameters"] // 2
     assert r["gradients"] == 4 * n
     assert r["master_weights"] + r["optimizer_moments"] == 12 * (n // p.shard_group_size)
-    from memcalc.memory.paper import param_groups
+    from memcalc.memory.accountings.paper import param_groups
 
     psi = param_groups(p, 0)[0]
     assert psi < n <= psi + 128 * (psi // megatron.BUCKET_MIN + 1)
@@ -42,7 +42,7 @@ def test_distributed_optimizer_states():
 def test_ddp_states_18_bytes():
     p = plan(stage=0)
     r = rows(p)
-    from memcalc.memory.paper import param_groups
+    from memcalc.memory.accountings.paper import param_groups
 
     psi = param_groups(p, 0)[0]
     assert r["parameters"] + r["gradients"] + r["master_weights"] + r["optimizer_moments"] == 18 * psi
@@ -95,7 +95,7 @@ def test_moe_with_expert_parallelism_is_realistic():
     p = plan(model="mixtral-8x7b", tp=1, pp=4, ep=8, sequence_parallel=False, seq_len=4096)
     assert p.accounting == "realistic"
     r = rows(p)
-    from memcalc.memory.paper import param_groups
+    from memcalc.memory.accountings.paper import param_groups
 
     groups = param_groups(p, 0)[1]
     assert [g.n for g in groups] == [16, 2]
@@ -107,7 +107,7 @@ def test_moe_with_expert_parallelism_is_realistic():
 
 
 def test_moe_with_a_shared_expert_router_bias_takes_paper_with_note():
-    from memcalc.memory.scope import why_not
+    from memcalc.memory.accountings.scope import why_not
 
     arch = to_plan(memcalc.build_input(model="mixtral-8x7b", seq_len=4096)).arch
     biased = arch.replace(router_bias=True)

@@ -3,7 +3,7 @@
 import pytest
 
 import memcalc
-from memcalc.memory.states import shard_numel
+from memcalc.memory.accountings.states import shard_numel
 from memcalc.units import GB
 
 # §5, Figure 1: per-GPU model-state bytes with K = 12 (mixed-precision Adam), each shard ⌈Ψ/N⌉.

@@ -1,4 +1,4 @@
-"""Mixtral's and Qwen3-MoE's mixture-of-experts layers under the realistic accounting (memcalc.memory.saved_moe): what
+"""Mixtral's and Qwen3-MoE's mixture-of-experts layers under the realistic accounting (memcalc.memory.families.saved_moe): what
 the block saves against a census of transformers' own modules, and the step's timeline against traced steps on fake
 tensors, on one GPU and as FSDP2's and FSDP1's rank 0 (the fake process group). Every case is exact at the peak; the
 phases listed are exact too.
@@ -15,11 +15,11 @@ pytest.importorskip("transformers")
 
 import memcalc  # noqa: E402
 from memcalc.errors import InputError  # noqa: E402
-from memcalc.memory.saved import layer_saved, outside_saved, total  # noqa: E402
-from memcalc.memory.saved_moe import moe_saved  # noqa: E402
-from memcalc.memory.saved_parts import shape  # noqa: E402
-from memcalc.memory.timeline import timeline  # noqa: E402
-from memcalc.memory.timeline_states import param_tensors  # noqa: E402
+from memcalc.memory.families.saved import layer_saved, outside_saved, total  # noqa: E402
+from memcalc.memory.families.saved_moe import moe_saved  # noqa: E402
+from memcalc.memory.families.saved_parts import shape  # noqa: E402
+from memcalc.memory.engine.timeline import timeline  # noqa: E402
+from memcalc.memory.engine.timeline_states import param_tensors  # noqa: E402
 from memcalc.model.hf_config import architecture_from_config  # noqa: E402
 from memcalc.model.params import model_params  # noqa: E402
 from memcalc.validation.saved import build, census, tiny_config  # noqa: E402
@@ -234,7 +234,7 @@ def test_moe_under_deepspeed_is_realistic_and_counts_the_experts_backward_at_its
     accounting's 16Ψ/N view is lower by the step's transients. The tiny model's every backward phase is held to
     DeepSpeed's own step in tests/validation/test_deepspeed_timeline.py."""
     from memcalc.inputs.presets import load_model
-    from memcalc.memory.timeline_zero3 import _gradients
+    from memcalc.memory.overlays.timeline_zero3 import _gradients
 
     base = dict(model="mixtral-8x7b", gpus=32, seq_len=4096, micro_batch=1, recompute="full", stage=3)
     r = memcalc.estimate(**base)

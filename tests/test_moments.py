@@ -1,4 +1,4 @@
-"""The step's moments by kind (``memcalc.memory.moments``): every part of the shipped timelines has a kind, and the
+"""The step's moments by kind (``memcalc.memory.engine.moments``): every part of the shipped timelines has a kind, and the
 largest moment of the every-layer replay is the estimate's peak_allocated."""
 
 import pytest
@@ -6,7 +6,7 @@ import pytest
 import memcalc
 from memcalc.api import build_input
 from memcalc.inputs.plan import to_plan
-from memcalc.memory.moments import KINDS, OTHER, kind_of, step_moments
+from memcalc.memory.engine.moments import KINDS, OTHER, kind_of, step_moments
 from test_stack import PLANS
 
 TITAN = dict(framework="torchtitan", fsdp="FULL_SHARD", fsdp_version=2, gpu="h100")
@@ -86,7 +86,7 @@ def test_the_largest_micro_batch_that_fits_comes_with_its_moments():
 
 
 def test_a_part_no_rule_names_is_other_and_shows_as_its_own_column():
-    from memcalc.memory.moments import StepMoment
+    from memcalc.memory.engine.moments import StepMoment
     from memcalc.report.timeline import kinds
 
     assert kind_of("a buffer nobody named yet") == OTHER

@@ -3,7 +3,7 @@
 import pytest
 
 import memcalc
-from memcalc.memory.allocator import GAP_FRACTION, GAP_HIGH, GAP_LOW
+from memcalc.memory.allocator.allocator import GAP_FRACTION, GAP_HIGH, GAP_LOW
 from memcalc.units import GiB
 
 DDP_7B = {"model": "llama-2-7b", "ddp": True, "gpus": 2, "precision": "bf16", "seq_len": 2048, "micro_batch": 1,

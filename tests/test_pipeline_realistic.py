@@ -1,4 +1,4 @@
-"""A pipeline rank's realistic step (``memcalc.memory.timeline_pp``) against torch's own pipelining, traced.
+"""A pipeline rank's realistic step (``memcalc.memory.overlays.timeline_pp``) against torch's own pipelining, traced.
 
 ``memcalc.validation.trace_pipeline`` runs torch's ``PipelineStage`` with ``Schedule1F1B`` or
 ``ScheduleInterleaved1F1B`` as one rank of a (pp, dp) fake process group, FSDP2 inside the stage with
@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 
 import memcalc
 from memcalc.errors import InputError
-from memcalc.memory.timeline_pp import one_f_one_b, stage_timeline
+from memcalc.memory.overlays.timeline_pp import one_f_one_b, stage_timeline
 from memcalc.model.hf_config import architecture_from_config
 from memcalc.units import GiB
 from memcalc.validation.trace_pipeline import trace_pipeline_rank
@@ -257,7 +257,7 @@ def test_first_stage_embedding_gradients_take_fresh_segments():
     take segments of their own beside what the stage had reserved. The traced step's storages replayed through the
     caching allocator reserve 3.11 GiB; the estimate counts 3.01 (2.97 without the mechanism): the rest is the
     backward's own fragmentation."""
-    from memcalc.memory.reserved import reserved_peak
+    from memcalc.memory.allocator.reserved import reserved_peak
 
     cfg = dict(CFG, hidden_size=2048, intermediate_size=5632, num_hidden_layers=4, num_attention_heads=16,
                num_key_value_heads=4, vocab_size=128256, max_position_embeddings=4096)
@@ -298,7 +298,7 @@ def test_405b_first_stage_reserved_against_the_replayed_trace():
                         device="cpu", world=8, tp=8, sequence_parallel=True, fsdp_param_dtype="bf16",
                         fsdp_reduce_fp32=True)  # fmt: skip
     assert 0 <= traced.peak - tl.peak.live_bytes < 2**19  # 71.7 GiB
-    from memcalc.memory.reserved import reserved_peak
+    from memcalc.memory.allocator.reserved import reserved_peak
 
     held = reserved_peak(tl.moments, tl.loss_moment, 0, loss_blocks=tl.loss_blocks, fresh_from=tl.fresh_from)[0]
     assert traced.peak + 2.5 * GiB < held <= traced.peak_reserved < 1.05 * held
@@ -309,7 +309,7 @@ def test_the_repeated_actions_left_out_give_every_actions_figures():
     state (the steady phase): the peak moment (phase, label, parts), the phase peaks, the reserved peaks with and
     without side streams and the moments the loss and fresh-block indices name are every action's, over 1F1B and
     interleaved ranks, 2 to 5 stages, up to 24 micro-batches, recompute policies, dtypes, reduce dtypes and TP + SP."""
-    from memcalc.memory.reserved import reserved_peak
+    from memcalc.memory.allocator.reserved import reserved_peak
 
     arch, arch_tp = architecture_from_config(CFG), architecture_from_config(CFG_TP)
     checked = shorter = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import memcalc
-from memcalc.memory.pipeline import interleaved_ops, interleaved_peak, receive_buffers
+from memcalc.memory.overlays.pipeline import interleaved_ops, interleaved_peak, receive_buffers
 from memcalc.units import GiB
 
 
@@ -101,8 +101,8 @@ def test_1f1b_stage_rows_follow_the_schedule() -> None:
     from memcalc.evaluate import _stage, evaluate
     from memcalc.inputs.build import build_input
     from memcalc.inputs.plan import to_plan
-    from memcalc.memory import activations as act
-    from memcalc.memory import paper
+    from memcalc.memory.accountings import activations as act
+    from memcalc.memory.accountings import paper
 
     plan = to_plan(build_input(**kw))
     boundary = 2 * 2048 * 4096 * 2

@@ -181,7 +181,7 @@ def test_a_pipeline_never_needs_less_with_more_micro_batches() -> None:
     for g in _groups("torchtitan", gpus=16, batch=64):
         if g.plan.pp == 1 or g.plan.accounting != "realistic":
             continue
-        from memcalc.memory import realistic
+        from memcalc.memory.accountings import realistic
 
         mb = g.pairs[0][0]
         counts = [n for n in (g.plan.pp, 2 * g.plan.pp, 4 * g.plan.pp, 8 * g.plan.pp)]

@@ -11,7 +11,7 @@ import memcalc
 from memcalc.cli import app
 from memcalc.errors import InputError
 from memcalc.inputs import Workload
-from memcalc.memory.allocator import GAP_LOW
+from memcalc.memory.allocator.allocator import GAP_LOW
 from memcalc.units import GiB
 
 H100 = Path(__file__).resolve().parent / "data" / "h100"
@@ -32,7 +32,7 @@ def test_default_for_a_hugging_face_model_on_one_gpu_is_realistic():
     # Measured on an H100 (docs/timeline.md): max_memory_allocated 43.84 GiB for this step.
     assert g.peak_allocated / GiB == pytest.approx(43.84, abs=0.01)
     # reserved: the least measured gap and the bf16 logits' block the loss's backward cannot reuse (4 x 2048 tokens
-    # x 128,256 x 2 B; memory/reserved.py; measured 44.49 GiB); the total (what the GPU must have) leaves it out
+    # x 128,256 x 2 B; memory/allocator/reserved.py; measured 44.49 GiB); the total (what the GPU must have) leaves it out
     assert g.peak_reserved == g.peak_allocated + GAP_LOW + 2 * 4 * 2048 * 128256
     assert g.total == g.peak_allocated + GAP_LOW + g.cuda_context
     assert g.total == sum(row.bytes for row in g.rows)
@@ -98,7 +98,7 @@ NEW_FAMILIES = {  # published shapes (config.json keys that matter); parameter c
 
 @pytest.mark.parametrize("family", sorted(NEW_FAMILIES))
 def test_llama_style_families_are_realistic_on_one_gpu_and_under_fsdp2(family, tmp_path):
-    from memcalc.memory.timeline import timeline
+    from memcalc.memory.engine.timeline import timeline
     from memcalc.model.hf_config import architecture_from_config
 
     path = tmp_path / "config.json"

@@ -82,7 +82,7 @@ def test_a_fitted_table_is_drawn_plain_and_a_squeezed_one_by_rich() -> None:
 
 
 _WORDS = st.sampled_from(["a", "parameters", "·", "GiB", "x" * 30, "漢字", "e\u0301", "[bold]", ":smile:", "", " ",
-                          "1,234.56", "(memory/timeline.py)", "tab\there", "new\nline", "ends "])  # fmt: skip
+                          "1,234.56", "(memory/engine/timeline.py)", "tab\there", "new\nline", "ends "])  # fmt: skip
 _CELL = st.lists(_WORDS, max_size=6).map(" ".join)
 
 

@@ -1,4 +1,4 @@
-"""Reserved memory beyond the live bytes (memcalc.memory.reserved): the loss's freed logits, FSDP2's stream pools and
+"""Reserved memory beyond the live bytes (memcalc.memory.allocator.reserved): the loss's freed logits, FSDP2's stream pools and
 the forward's blocks beside the loss's."""
 
 import statistics
@@ -8,16 +8,10 @@ from pathlib import Path
 import pytest
 
 import memcalc
-from memcalc.memory.allocator import GAP_LOW
-from memcalc.memory.caching import replay
-from memcalc.memory.reserved import (
-    blocks_at_peak,
-    cached_at_peak,
-    loss_cached,
-    loss_events,
-    reserved_peak,
-)
-from memcalc.memory.timeline import Moment
+from memcalc.memory.allocator.allocator import GAP_LOW
+from memcalc.memory.allocator.caching import replay
+from memcalc.memory.allocator.reserved import blocks_at_peak, cached_at_peak, loss_cached, loss_events, reserved_peak
+from memcalc.memory.engine.timeline import Moment
 from memcalc.units import GiB
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs"))
@@ -193,7 +187,7 @@ def test_reserved_at_llama_3_70b_widths_against_the_replayed_trace():
     pytest.importorskip("transformers")
     import json
 
-    from memcalc.memory.timeline import timeline
+    from memcalc.memory.engine.timeline import timeline
     from memcalc.model.hf_config import architecture_from_config
     from memcalc.validation.trace import trace_step
     from memcalc.validation.trace_step import cache_promotes_values

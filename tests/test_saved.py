@@ -1,6 +1,6 @@
 """Saved-tensor profiles of Hugging Face families against a census of the real modules on this CPU.
 
-memcalc.memory.saved gives, per family and regime, the tensors one decoder layer saves for backward;
+memcalc.memory.families.saved gives, per family and regime, the tensors one decoder layer saves for backward;
 memcalc.validation.saved builds the tiny model with transformers and counts what autograd really saves
 (saved_tensors_hooks, one count per storage). They must agree to the byte, at two (s, b) so that the
 scaling in s, b and s² is checked too.
@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from memcalc.errors import InputError  # noqa: E402
-from memcalc.memory.saved import layer_saved, loss_transient, outside_saved, total  # noqa: E402
+from memcalc.memory.families.saved import layer_saved, loss_transient, outside_saved, total  # noqa: E402
 from memcalc.model.hf_config import architecture_from_config  # noqa: E402
 from memcalc.validation.saved import FAMILIES, build, census, tiny_config  # noqa: E402
 

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 import memcalc
 from memcalc.cli import app
 from memcalc.inputs.plan import to_plan
-from memcalc.memory.moments import StepMoment, step_moments
+from memcalc.memory.engine.moments import StepMoment, step_moments
 from memcalc.report.snapshot import snapshot, trace_peak
 from test_moments import PEAKS
 from test_stack import PLANS

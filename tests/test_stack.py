@@ -1,13 +1,13 @@
-"""The realistic accounting from the layers that bound the rest (``memcalc.memory.stack``) against the moment-by-moment
+"""The realistic accounting from the layers that bound the rest (``memcalc.memory.engine.stack``) against the moment-by-moment
 replay of every layer: the same rows, peaks, reserved peak, peak moment and phase peaks, to the byte."""
 
 import pytest
 
 from memcalc.api import build_input
 from memcalc.inputs.plan import to_plan
-from memcalc.memory import realistic
-from memcalc.memory.stack import distinct
-from memcalc.memory.timeline import timeline
+from memcalc.memory.accountings import realistic
+from memcalc.memory.engine.stack import distinct
+from memcalc.memory.engine.timeline import timeline
 
 TITAN = dict(framework="torchtitan", fsdp="FULL_SHARD", fsdp_version=2, gpu="h100")
 PLANS = {
@@ -109,9 +109,9 @@ def _arch(model):
 def test_each_kind_of_layer_is_sized_once_and_the_stack_replays_alike(model, kw):
     """``layer_stack`` sizes one layer per ``layer_kind`` and gives every layer those sizes: the same as sizing each
     layer; the timeline from the runs' ends has every layer's peak, phase peaks (layers folded) and reserved peak."""
-    from memcalc.memory.reserved import reserved_peak
-    from memcalc.memory.stack import layer_stack
-    from memcalc.memory.timeline_layers import checkpointed, layer_sizes, parse_recompute
+    from memcalc.memory.allocator.reserved import reserved_peak
+    from memcalc.memory.engine.stack import layer_stack
+    from memcalc.memory.engine.timeline_layers import checkpointed, layer_sizes, parse_recompute
 
     arch = _arch(model)
     policy = parse_recompute(kw.get("recompute", "none"))

@@ -1,4 +1,4 @@
-"""The step timeline (memcalc.memory.timeline) against traced steps on fake tensors, and against the H100 runs.
+"""The step timeline (memcalc.memory.engine.timeline) against traced steps on fake tensors, and against the H100 runs.
 
 Exact cases: the peak and its phase equal the tracer's byte for byte. Bounded cases (listed in BOUNDED) are
 those whose peak sits in a transient the timeline does not order op by op (the recomputed layer's backward, the
@@ -11,9 +11,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from memcalc.errors import InputError  # noqa: E402
-from memcalc.memory.allocator import block_from_new_segment, fit, round_request, segment_size  # noqa: E402
-from memcalc.memory.timeline import timeline  # noqa: E402
-from memcalc.memory.timeline_states import param_tensors, states  # noqa: E402
+from memcalc.memory.allocator.allocator import block_from_new_segment, fit, round_request, segment_size  # noqa: E402
+from memcalc.memory.engine.timeline import timeline  # noqa: E402
+from memcalc.memory.engine.timeline_states import param_tensors, states  # noqa: E402
 from memcalc.model.hf_config import architecture_from_config  # noqa: E402
 from memcalc.model.params import model_params  # noqa: E402
 from memcalc.validation.trace import trace_step  # noqa: E402
@@ -144,7 +144,7 @@ def test_gpt2_dropout_masks_as_traced(precision, recompute, bound):
     masks = next(dict(m.parts) for m in tl.moments if m.phase == "forward.layer.0")
     assert masks["embedding dropout mask"] == (2 if precision == "bf16" else 4) * S * B * 64
     if recompute == "none":  # the layers' two masks, in the projections' output dtype
-        from memcalc.memory.saved import layer_saved
+        from memcalc.memory.families.saved import layer_saved
 
         saved = {k.name: k.bytes for k in layer_saved(arch, family="gpt2", regime=precision, attention="sdpa", s=S,
                                                      b=B)}  # fmt: skip
@@ -308,7 +308,7 @@ def test_h100_rows():
 
 def test_band_scales_with_the_step():
     """The fragmentation band is 18.6 % of the allocated peak (the widest measured ratio), at most 7.8 GiB."""
-    from memcalc.memory.allocator import GAP_HIGH
+    from memcalc.memory.allocator.allocator import GAP_HIGH
 
     big = fit(60 << 30, 80 << 30, context=0)
     assert big.reserved_high - big.peak_allocated == GAP_HIGH  # 0.186 x 60 GiB = 11.2 GiB, capped

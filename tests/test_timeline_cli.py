@@ -8,7 +8,7 @@ import json
 from typer.testing import CliRunner
 
 from memcalc.cli import app
-from memcalc.memory.moments import KINDS
+from memcalc.memory.engine.moments import KINDS
 from memcalc.report.results import Estimate
 
 runner = CliRunner()

@@ -12,8 +12,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from memcalc.errors import InputError
-from memcalc.memory.timeline import timeline
-from memcalc.memory.timeline_states import shard_units
+from memcalc.memory.engine.timeline import timeline
+from memcalc.memory.engine.timeline_states import shard_units
 from memcalc.model.hf_config import architecture_from_config
 from memcalc.validation.trace import trace_step
 from memcalc.validation.trace_step import cache_promotes_values
@@ -177,7 +177,7 @@ def test_cpu_offload_policy_leaves_the_gathered_units_on_the_gpu(tmp_path):
     import json
 
     import memcalc
-    from memcalc.memory.timeline_offload import FSDP_OFFLOADED, offload_fsdp
+    from memcalc.memory.overlays.timeline_offload import FSDP_OFFLOADED, offload_fsdp
 
     arch = architecture_from_config(LLAMA3)
     plain = timeline(arch, family="llama", regime="amp-bf16", attention="sdpa", s=S, b=B, world=8,

@@ -1,4 +1,4 @@
-"""The step timeline under DTensor tensor parallelism (``timeline(..., tp=t)``, memcalc.memory.timeline_tp) against
+"""The step timeline under DTensor tensor parallelism (``timeline(..., tp=t)``, memcalc.memory.overlays.timeline_tp) against
 the tracer's rank 0 (memcalc.validation.trace_parallel: ColwiseParallel q, k, v, gate, up; RowwiseParallel o, down;
 no sequence parallelism, no loss_parallel), alone (world = tp) and under FSDP2 over the data-parallel ranks
 (world = dp × tp), on torch's fake process group.
@@ -22,10 +22,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from memcalc.errors import InputError
-from memcalc.memory.scope import why_not
-from memcalc.memory.timeline import EMB_MINE, EMB_WHOLE, timeline
-from memcalc.memory.timeline_states import param_tensors
-from memcalc.memory.timeline_tp import rank_arch, step_temporary
+from memcalc.memory.accountings.scope import why_not
+from memcalc.memory.engine.timeline import EMB_MINE, EMB_WHOLE, timeline
+from memcalc.memory.engine.timeline_states import param_tensors
+from memcalc.memory.overlays.timeline_tp import rank_arch, step_temporary
 from memcalc.model.hf_config import architecture_from_config
 from memcalc.validation.trace import trace_step
 from memcalc.validation.trace_step import cache_promotes_values
@@ -117,7 +117,7 @@ EXACT = [  # (config, precision, tp, world, fsdp_param_dtype, recompute, optimiz
 def test_tp_peak_equals_trace(name, precision, tp, world, mp, recompute, opt, attention, peak):
     tr, tl = both(name, precision, tp, world, mp, recompute, opt, attention)
     # the traced peak as transformers 5.23 ran it; from 5.24 an autocast step with the cache on holds less (its cached
-    # V keeps bf16: memcalc.memory.timeline's cache_promotes_values), and the timeline follows the installed one
+    # V keeps bf16: memcalc.memory.engine.timeline's cache_promotes_values), and the timeline follows the installed one
     if cache_promotes_values() or precision != "amp-bf16" or recompute != "none":
         assert tr.peak == peak
     assert (tl.peak.live_bytes, tl.peak.phase) == (tr.peak, tr.peak_phase)
@@ -338,7 +338,7 @@ SP_LOSS = [  # without recompute the loss_parallel step can peak inside DTensor'
 
 @pytest.mark.parametrize("name,precision,tp,world,opt,forward_exact", SP_LOSS)
 def test_sp_loss_parallel_as_traced(name, precision, tp, world, opt, forward_exact):
-    from memcalc.memory.saved import parallel_loss
+    from memcalc.memory.families.saved import parallel_loss
 
     tr, tl = both_sp(name, precision, tp, world, opt=opt)
     n = S * B * 128 // tp  # tokens × rank 0's vocabulary shard

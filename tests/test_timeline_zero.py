@@ -1,4 +1,4 @@
-"""DeepSpeed ZeRO-0/1/2 under the realistic accounting (``memcalc.memory.timeline_zero``).
+"""DeepSpeed ZeRO-0/1/2 under the realistic accounting (``memcalc.memory.overlays.timeline_zero``).
 
 The traced check (real DeepSpeed ranks on CPU) is tests/validation/test_deepspeed_timeline.py; the peaks pinned here
 are what that trace measured for the same tiny Llama (``memcalc.validation.trace_deepspeed``, re-runnable)."""
@@ -7,8 +7,8 @@ import pytest
 
 import memcalc
 from memcalc.errors import InputError
-from memcalc.memory.timeline import timeline
-from memcalc.memory.timeline_zero import partition, worst_rank, zero_timeline
+from memcalc.memory.engine.timeline import timeline
+from memcalc.memory.overlays.timeline_zero import partition, worst_rank, zero_timeline
 from memcalc.model.hf_config import architecture_from_config
 
 LLAMA = dict(model_type="llama", hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
@@ -227,7 +227,7 @@ def test_lora_peaks_as_traced(stage, dp, recompute, peak):
 
 
 def test_lora_states_are_the_adapters_partitioned_beside_the_frozen_base():
-    from memcalc.memory.timeline_states import adapter_tensors
+    from memcalc.memory.engine.timeline_states import adapter_tensors
     from memcalc.model.lora import LoraPlan
 
     lora = _lora()
@@ -271,15 +271,15 @@ def test_estimate_lora_under_zero(tmp_path):
     z2 = memcalc.estimate(stage=2, **kw)
     assert z2.accounting == "realistic"
     rows = {r.key: r.bytes for r in z2.memory.per_gpu.rows}
-    from memcalc.memory.timeline_states import param_tensors
+    from memcalc.memory.engine.timeline_states import param_tensors
 
     arch = architecture_from_config(json.loads(cfg.read_text()))
     assert rows["parameters_frozen"] == 2 * sum(n for _, n in param_tensors(arch))  # the whole base, bf16
     full = memcalc.estimate(stage=2, **{k: v for k, v in kw.items() if k != "lora_rank"})
     assert z2.memory.per_gpu.peak_allocated < full.memory.per_gpu.peak_allocated
     # offload_optimizer under LoRA: the adapters' states, and only theirs, on the host and over PCIe
-    from memcalc.memory.timeline_states import adapter_tensors
-    from memcalc.memory.timeline_zero import partition as part
+    from memcalc.memory.engine.timeline_states import adapter_tensors
+    from memcalc.memory.overlays.timeline_zero import partition as part
     from memcalc.model.lora import LoraPlan, resolve_targets
 
     lora = LoraPlan(8, resolve_targets(arch, None))

@@ -1,4 +1,4 @@
-"""DeepSpeed ZeRO-3 under the realistic accounting (``memcalc.memory.timeline_zero3``).
+"""DeepSpeed ZeRO-3 under the realistic accounting (``memcalc.memory.overlays.timeline_zero3``).
 
 The traced check (real DeepSpeed ranks on CPU) is tests/validation/test_deepspeed_timeline.py; the peaks pinned here
 are what that tracer measured for the same tiny Llama (``memcalc.validation.trace_deepspeed``, re-runnable), beside
@@ -11,9 +11,9 @@ import pytest
 import memcalc
 from memcalc.errors import InputError
 from memcalc.layout.plan import Zero3Settings
-from memcalc.memory.timeline_states import buffer_bytes, param_tensors
-from memcalc.memory.timeline_zero3 import sub_groups, zero3_timeline
-from memcalc.memory.zero3 import gathered_bytes, released_bytes
+from memcalc.memory.engine.timeline_states import buffer_bytes, param_tensors
+from memcalc.memory.overlays.timeline_zero3 import sub_groups, zero3_timeline
+from memcalc.memory.overlays.zero3 import gathered_bytes, released_bytes
 from memcalc.model.hf_config import architecture_from_config
 
 LLAMA = dict(model_type="llama", hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
@@ -195,7 +195,7 @@ def test_offload_keeps_the_bf16_partitions_the_bucket_and_the_gathered_parameter
     partitions move to the host; each reduced partition passes through the GPU on its way there (a bf16 copy, its
     fp64 norm, its fp32 copy); the step adds nothing on the GPU. offload_param moves the bf16 partitions, with the
     optimizer's states or alone."""
-    from memcalc.memory.timeline_zero3 import _gradients, _to_host
+    from memcalc.memory.overlays.timeline_zero3 import _gradients, _to_host
 
     p3 = sum(-(-n // 2) for _, n in param_tensors(ARCH))
     plain = tl(bucket=2000, optimizer_impl="for-loop")
@@ -278,7 +278,7 @@ def test_lora_peaks_as_traced(arch, dp, kw, traced):
 
 
 def test_lora_partitions_the_base_and_steps_the_adapters():
-    from memcalc.memory.timeline_states import adapter_tensors
+    from memcalc.memory.engine.timeline_states import adapter_tensors
 
     lora = _lora()
     adapters = [n for _, n in adapter_tensors(ARCH, lora)]

@@ -6,9 +6,9 @@ import pytest
 
 import memcalc
 from memcalc.errors import InputError
-from memcalc.memory.saved import layer_saved, total
-from memcalc.memory.timeline_layers import _op_sac
-from memcalc.memory.saved import shape
+from memcalc.memory.families.saved import layer_saved, total
+from memcalc.memory.engine.timeline_layers import _op_sac
+from memcalc.memory.families.saved import shape
 from memcalc.model.architecture import Architecture
 
 # The census model (memcalc.validation.saved_torchtitan): dim 256, 2 layers, 4 heads, 2 kv heads, ffn 704

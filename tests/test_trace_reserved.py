@@ -1,4 +1,4 @@
-"""The traced steps' allocations replayed through the caching allocator (``memcalc.memory.caching``) against what
+"""The traced steps' allocations replayed through the caching allocator (``memcalc.memory.allocator.caching``) against what
 one H100 80GB measured (``docs/timeline.md``; configs in tests/data/h100/): ``torch.cuda.max_memory_reserved`` of
 the third step, and the out-of-memory error of a run that failed with 12 GiB free in total. Fake tensors on the
 CPU: no GPU is needed."""
@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from memcalc.memory.allocator import CONTEXT_HIGH
+from memcalc.memory.allocator.allocator import CONTEXT_HIGH
 from memcalc.validation.trace import trace_step
 
 GiB = 1 << 30

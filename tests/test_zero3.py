@@ -1,4 +1,4 @@
-"""DeepSpeed ZeRO-3's parameter coordinator, replayed (memcalc.memory.zero3): what a step all-gathers and keeps.
+"""DeepSpeed ZeRO-3's parameter coordinator, replayed (memcalc.memory.overlays.zero3): what a step all-gathers and keeps.
 
 The figures marked "measured" come from real DeepSpeed 0.19.8 runs on CPU (gloo, 2 ranks, bf16, the third
 step), as tests/validation measures them; the rest are properties of the coordinator's rules.
@@ -9,7 +9,7 @@ import pytest
 import memcalc
 from memcalc.model.architecture import Architecture
 from memcalc.inputs.presets import load_model
-from memcalc.memory.zero3 import Zero3Settings, persistent, replay
+from memcalc.memory.overlays.zero3 import Zero3Settings, persistent, replay
 
 # memcalc.validation.measure.TinyGPT at its defaults: Ψ = 107,520, a tied 100 x 64 embedding.
 TINY = Architecture(family=None, layers=2, hidden=64, heads=4, vocab=100, max_positions=16, tied_embeddings=True,
@@ -29,7 +29,7 @@ def test_first_step_pads_each_gather_to_the_ranks():
     # 4 ranks, odd sizes: every parameter padded to a multiple of 4 on each use, the tied embedding twice
     odd = Architecture(family=None, layers=3, hidden=30, heads=3, vocab=103, max_positions=15, tied_embeddings=True,
                        fused_qkv=True)  # fmt: skip
-    from memcalc.memory import frameworks as fw
+    from memcalc.memory.accountings import frameworks as fw
 
     padded = [-(-(s[0] * (s[1] if len(s) > 1 else 1)) // 4) * 4 for u in fw.units(odd) for s in u.shapes]
     g = replay(odd, 4, Zero3Settings(prefetch_bucket_size=3_000, param_persistence_threshold=0), first_step=True)
@@ -182,7 +182,7 @@ def test_a_later_step_never_gathers_more_than_the_first(arch, s, dp):
     later, first = replay(arch, dp, s), replay(arch, dp, s, first_step=True)
     assert later.forward + later.backward <= first.forward + first.backward
     whole = persistent(arch, s)
-    from memcalc.memory.zero3 import _called
+    from memcalc.memory.overlays.zero3 import _called
 
     _, mods, numel = _called(arch)
     largest = max(sum(numel[p] for p in set(m.params) if p not in whole) for m in mods.values())
@@ -194,7 +194,7 @@ def test_a_later_step_never_gathers_more_than_the_first(arch, s, dp):
 
 def _persistent_uses(arch, whole, dp, phase):
     """Padded elements the first step gathers for persistent parameters (later steps keep them whole)."""
-    from memcalc.memory.zero3 import _called
+    from memcalc.memory.overlays.zero3 import _called
 
     events, mods, numel = _called(arch)
     cut = events.index(("backward", ""))

@@ -163,7 +163,7 @@ def trace(
         capacity = None
         if gpu is not None:
             from memcalc.inputs.presets import load_gpu
-            from memcalc.memory.allocator import CONTEXT_HIGH
+            from memcalc.memory.allocator.allocator import CONTEXT_HIGH
 
             capacity = load_gpu(gpu).usable_memory_bytes - CONTEXT_HIGH
         from memcalc.api import resolve_architecture

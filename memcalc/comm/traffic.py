@@ -99,7 +99,7 @@ def data_parallel_collectives(
     Ψ x param bytes) what one all-gather of the parameters carries: under LoRA only the adapters are reduced, while
     ZeRO-3/FSDP gather the frozen base (NF4-packed under QLoRA) with them. (FSDP1 with one flat parameter mixing
     frozen and trainable weights reduces the flat gradient, zeros included; peft's FSDP recipes wrap the adapters
-    apart from the base, which this follows.) ``kept_gathered``: FSDP2 inside pipeline stages (``memcalc.memory.paper
+    apart from the base, which this follows.) ``kept_gathered``: FSDP2 inside pipeline stages (``memcalc.memory.accountings.paper
     .fsdp_under_pipeline``) gathers each unit once per step and reduce-scatters once, after the last micro-batch.
     ``grad_dtype``: the dtype gradients are reduced in when it is not ``dtype`` (``grad_bytes`` per element).
     ``whole``: FSDP without an auto-wrap policy (accelerate's NO_WRAP): the root holds the layers and is never

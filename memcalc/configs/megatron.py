@@ -78,7 +78,7 @@ def read_megatron(path: str | os.PathLike[str], *, world_size: int | None = None
     _batch(c, values, world_size, tp * pp * cp)
     if c.any_unmodelled:  # what the realistic accounting would count wrong: the paper's answers, and says why
         c.arguments["accounting"] = "paper"
-        c.note("the paper accounting answers: the realistic accounting (memory/megatron.py) does not model the "
+        c.note("the paper accounting answers: the realistic accounting (memory/accountings/megatron.py) does not model the "
                "options listed as not modelled; give --accounting realistic to count them as it says")
     return c.freeze()
 
@@ -304,7 +304,7 @@ def _fp8(c: Collector, values: dict[str, Any]) -> None:
 def _recompute(c: Collector, values: dict[str, Any]) -> None:
     """megatron/training/arguments.py: ``--recompute-granularity selective`` with ``--recompute-modules`` (default
     core_attn), or ``full`` with ``--recompute-method uniform|block`` and ``--recompute-num-layers`` (default 1)."""
-    from memcalc.memory.megatron_saved import MODULES as MEGATRON_MODULES
+    from memcalc.memory.families.megatron_saved import MODULES as MEGATRON_MODULES
 
     granularity = values.get("--recompute-granularity")
     method, n = values.get("--recompute-method"), values.get("--recompute-num-layers")

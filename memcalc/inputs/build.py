@@ -294,7 +294,7 @@ def build_input(
     elif workload is None and (micro_batch is not None or dropout is not None or compile):
         raise InputError("--micro-batch, --dropout and --compile need --seq-len (activations are counted per sequence)")
     if workload is not None and workload.attention is None:  # the model code's own attention
-        from memcalc.memory.scope import default_attention
+        from memcalc.memory.accountings.scope import default_attention
 
         workload = workload.replace(attention=default_attention(the_model.architecture, accounting))
     if parallelism is None:
@@ -334,7 +334,7 @@ def build_input(
                          "paper)")
     if accounting == "auto":
         # The realistic answer wherever memcalc models the step's timeline; the paper's elsewhere (a note says why).
-        from memcalc.memory.scope import why_not
+        from memcalc.memory.accountings.scope import why_not
 
         realistic = why_not(the_model.architecture, the_precision.name, the_optimizer.name, the_strategy.spec.name, workload,
                             parallelism.tp, parallelism.pp, parallelism.cp, parallelism.ep, fsdp_version,
@@ -350,7 +350,7 @@ def build_input(
         # CUDA context: the paper's round 0.5 GiB; the realistic accounting's measured 0.75 GiB (H100, torch 2.11).
         default_context = Overheads().cuda_context_bytes
         if accounting == "realistic":
-            from memcalc.memory.allocator import CONTEXT_HIGH
+            from memcalc.memory.allocator.allocator import CONTEXT_HIGH
 
             default_context = CONTEXT_HIGH
         overheads = Overheads(

@@ -12,7 +12,7 @@ from memcalc.inputs.finetune import Lora
 from memcalc.inputs.model import Model
 from memcalc.inputs.strategy import EstimatorOptions, FrameworkOptions, Parallelism, Strategy, Timing
 from memcalc.inputs.dtypes import OPTIMIZERS, PRECISIONS, Optimizer, Precision, from_core
-from memcalc.memory.megatron_saved import megatron_recompute
+from memcalc.memory.families.megatron_saved import megatron_recompute
 from memcalc.inputs.workload import MAX_MICRO_BATCHES, Workload
 
 
@@ -70,7 +70,7 @@ class EstimateInput(Validated):
 
     def _check(self) -> None:
         if self.workload is not None and self.workload.attention is None:  # a Workload made without one
-            from memcalc.memory.scope import default_attention
+            from memcalc.memory.accountings.scope import default_attention
 
             chosen = default_attention(self.model.architecture, self.accounting)
             self._set("workload", self.workload.model_copy(update={"attention": chosen}))
@@ -257,7 +257,7 @@ class EstimateInput(Validated):
         """The realistic accounting's inputs go with it; its set-ups are the ones it models."""
         w, par = self.workload, self.parallelism
         if self.accounting == "realistic":
-            from memcalc.memory.scope import why_not
+            from memcalc.memory.accountings.scope import why_not
 
             why = why_not(arch, self.precision.name, self.optimizer.name, self.strategy.spec.name, w, par.tp,
                           par.pp, par.cp, par.ep, self.framework.fsdp_version, lora=self.lora,
@@ -289,7 +289,7 @@ class EstimateInput(Validated):
             if w.compile and not paper_too:
                 extra.append("--compile")
             if extra:
-                from memcalc.memory.scope import why_not
+                from memcalc.memory.accountings.scope import why_not
 
                 why = why_not(arch, self.precision.name, self.optimizer.name, self.strategy.spec.name, w, par.tp,
                               par.pp, par.cp, par.ep, self.framework.fsdp_version, lora=self.lora,

@@ -4,7 +4,7 @@
 from typing import Literal
 
 from memcalc.errors import InputError
-from memcalc.memory.megatron_saved import megatron_recompute
+from memcalc.memory.families.megatron_saved import megatron_recompute
 from memcalc.model.architecture import MAX_POSITIONS
 from memcalc.validated import Validated, bounded
 
@@ -25,7 +25,7 @@ class Workload(Validated):
     (every K-th layer, torchtitan's layer AC) or op-sac (torchtitan's per-op selective AC)."""
     attention: Literal["eager", "flash", "sdpa"] | None = None
     """eager keeps the a·s² score matrices (the paper's case); flash does not; sdpa is PyTorch's dispatcher. None:
-    what the model code runs (``memcalc.memory.scope.default_attention``: sdpa; eager for BLOOM and Gemma 2, and
+    what the model code runs (``memcalc.memory.accountings.scope.default_attention``: sdpa; eager for BLOOM and Gemma 2, and
     under ``accounting="paper"``), resolved by ``build_input``."""
     dropout: float | None = bounded(default=None, ge=0, lt=1)
     """Dropout probability; None takes the architecture's (0 when it has none)."""
@@ -37,7 +37,7 @@ class Workload(Validated):
     the logits never exist). Realistic accounting."""
     compile: bool = False
     """torch.compile on each decoder layer (torchtitan and torchtune compile per block): AOTAutograd's min-cut
-    partitioner recomputes cheap element-wise ops instead of saving them (``memcalc.memory.compiled``, exact against a
+    partitioner recomputes cheap element-wise ops instead of saving them (``memcalc.memory.families.compiled``, exact against a
     census of compiled layers on CPU; the paper accounting counts the eager layer); the norms, activations and rotary
     run fused."""
     compile_loss: bool | None = None

@@ -70,16 +70,16 @@ class Framework:
     """What it does when the layers do not divide the stages (for the one-line refusal), or "" when it splits."""
     model_code: str = "hf"
     """Whose model code runs the layers: hf (Hugging Face's modeling files, which the Trainer, accelerate and
-    DeepSpeed users run), torchtitan (its Llama 3: ``memcalc.memory.saved._torchtitan_layer``) or megatron (fused
+    DeepSpeed users run), torchtitan (its Llama 3: ``memcalc.memory.families.saved._torchtitan_layer``) or megatron (fused
     kernels); it decides the saved tensors and the element-wise bytes of the step time."""
     dtensor_tp: bool = False
     """Tensor parallelism as DTensor runs it: under sequence parallelism the gathered q/k/v and MLP inputs are saved
-    whole (``memcalc.memory.activations.DTENSOR_GATHERED``); False: Megatron's 1/t shard."""
+    whole (``memcalc.memory.accountings.activations.DTENSOR_GATHERED``); False: Megatron's 1/t shard."""
     fsdp_reduce_fp32: bool = False
     """FSDP reduces gradients in fp32 under a master copy (torchtitan's ``mixed_precision_reduce = "float32"``,
     torchtitan config/configs.py)."""
     fsdp_in_pipeline: bool = False
-    """FSDP2 inside torch.distributed.pipelining stages (``memcalc.memory.paper.pipeline_fsdp_rows``)."""
+    """FSDP2 inside torch.distributed.pipelining stages (``memcalc.memory.accountings.paper.pipeline_fsdp_rows``)."""
     compiles_plain_loss: bool = True
     """Under --compile the loss is compiled too (a compiled Hugging Face model has its loss in the graph).
     torchtune's recipes call ``training.compile_loss(loss_fn)`` and drop what it returns

@@ -66,10 +66,10 @@ class Work:
     optimizer_impl: str = "foreach"
     """foreach, fused, for-loop or in-backward."""
     compile: bool = False
-    """Each decoder layer under torch.compile: its partitioner's saved set (``memcalc.memory.compiled``), fused
+    """Each decoder layer under torch.compile: its partitioner's saved set (``memcalc.memory.families.compiled``), fused
     element-wise kernels in the step time."""
     compile_loss: bool | None = None
-    """The loss compiled too (None: as the framework does; ``memcalc.memory.realistic``)."""
+    """The loss compiled too (None: as the framework does; ``memcalc.memory.accountings.realistic``)."""
 
 
 REDUCE_BUCKET_SIZE = 500_000_000

@@ -29,7 +29,7 @@ from memcalc.model.params import kv_heads_per_rank
 RECIPES = ("none", "tensorwise", "rowwise")
 CONVERTED = ("q", "k", "v", "o", "gate", "up", "down", "fc1", "fc2")
 """The decoder layer's projections that become ``Float8Linear`` (those ``linears`` lists), as
-``memcalc.memory.timeline_states.param_tensors`` names their weights after ``layer N ``; biases, norms, the
+``memcalc.memory.engine.timeline_states.param_tensors`` names their weights after ``layer N ``; biases, norms, the
 embedding and the head stay in the compute dtype."""
 CAST_BYTES = {"tensorwise": (6, 8), "rowwise": (8, 10)}
 """Recipe -> (bytes moved per activation element cast, per weight element cast), torchao roofline_utils.py."""

@@ -1,8 +1,8 @@
 """The model as its modules are called: parameter tensors, the module tree and each family's call layout.
 
 Read from transformers' modeling code (the call order of every family here is checked against the real classes
-in tests/test_frameworks.py). FSDP's wrapping (``memcalc.memory.frameworks.units``) and DeepSpeed ZeRO-3's
-coordinator (``memcalc.memory.zero3``) walk this tree.
+in tests/test_frameworks.py). FSDP's wrapping (``memcalc.memory.accountings.frameworks.units``) and DeepSpeed ZeRO-3's
+coordinator (``memcalc.memory.overlays.zero3``) walk this tree.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class Node:
 @frozen
 class Layout:
     """How a Hugging Face model class calls its modules, parameter-less ones included: they run hooks too, and
-    DeepSpeed ZeRO-3 prefetches at every hook (memcalc.memory.zero3). Read from transformers' modeling code; the forward
+    DeepSpeed ZeRO-3 prefetches at every hook (memcalc.memory.overlays.zero3). Read from transformers' modeling code; the forward
     call order of every family here is checked against the real classes in tests/test_frameworks.py."""
 
     inner: str | None = None

@@ -32,7 +32,7 @@ from typing import Any
 from memcalc.errors import InputError
 from memcalc.evaluate import Evaluation, evaluate, evaluate_for_time
 from memcalc.layout.plan import Plan
-from memcalc.memory.paper import fit as paper_fit
+from memcalc.memory.accountings.paper import fit as paper_fit
 from memcalc.time.estimate import time_evaluation
 
 STATE_KEYS = ("parameters", "parameters_frozen", "parameters_adapters", "master_weights", "optimizer_moments",
@@ -176,7 +176,7 @@ def _probe(plan: Plan) -> Any:
     the first rank found out of memory, else None."""
     if plan.pp == 1 or plan.accounting != "realistic":
         return None
-    from memcalc.memory import realistic
+    from memcalc.memory.accountings import realistic
 
     small = replace(plan, grad_accum=min(plan.grad_accum, plan.pp))
     for stage in (0, plan.pp - 1):

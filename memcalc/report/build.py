@@ -5,8 +5,8 @@ from __future__ import annotations
 from memcalc.evaluate import Evaluation, notes
 from memcalc.inputs import EstimateInput
 from memcalc.layout.plan import Plan
-from memcalc.memory import paper
-from memcalc.memory.rows import total
+from memcalc.memory.accountings import paper
+from memcalc.memory.accountings.rows import total
 from memcalc.report.results import (
     ActivationDetail,
     Collective,
@@ -64,7 +64,7 @@ def _activations(plan: Plan) -> ActivationDetail | None:
     st, arch, w = paper.setting(plan), plan.arch, plan.work
     if st is None or arch is None or w is None:
         return None
-    from memcalc.memory import activations as act
+    from memcalc.memory.accountings import activations as act
 
     layer = act.layer_activations(arch, st, plan.tp, plan.sequence_parallel, w.recompute)
     moe = act.layer_activations(arch, st, plan.tp, plan.sequence_parallel, w.recompute, moe=True) if arch.moe else None
@@ -195,10 +195,10 @@ def _time_notes(st: StepTimeInfo | None, plan: Plan) -> list[str]:
 
 
 def _verdict_notes(f: paper.PaperFit | None) -> list[str]:
-    """How the paper accounting's verdict is drawn (``memcalc.memory.paper.fit``)."""
+    """How the paper accounting's verdict is drawn (``memcalc.memory.accountings.paper.fit``)."""
     if f is None:
         return []
-    from memcalc.memory.allocator import GAP_LOW
+    from memcalc.memory.allocator.allocator import GAP_LOW
     from memcalc.units import GiB
 
     left = "".join(f" + {what} {n / GiB:.2f} GiB" for what, n in f.uncounted)
@@ -217,7 +217,7 @@ def _layout_notes(ev: Evaluation) -> list[str]:
         out.append(f"gradients reduced (and model states sharded, where the strategy shards) over {group} = "
                    f"{plan.shard_domain} ranks (--shard-over {plan.shard_over}; memcalc.layout.compose)")
     if plan.pp > 1 and plan.arch is not None and plan.accounting != "realistic":
-        from memcalc.memory.paper import layer_count
+        from memcalc.memory.accountings.paper import layer_count
 
         split = ",".join(str(layer_count(plan, k)) for k in range(plan.pp))
         out.append(f"pipeline: decoder layers per stage {split} (embedding on stage 0, final norm and head on stage "
@@ -234,7 +234,7 @@ def step_timeline(ev: Evaluation, moments: bool = False) -> StepTimeline | None:
         return None
     listed: list[TimelineMoment] = []
     if moments:
-        from memcalc.memory.moments import step_moments
+        from memcalc.memory.engine.moments import step_moments
 
         listed = [TimelineMoment(phase=m.phase, label=m.label, bytes=m.by_kind())
                   for m in step_moments(ev.plan, ev.top)]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import textwrap
 from typing import TYPE_CHECKING, Any
 
-from memcalc.memory.moments import phase_group
+from memcalc.memory.engine.moments import phase_group
 from memcalc.report.plot import _figure, _unit
 from memcalc.report.results import Estimate, TimelineMoment
 from memcalc.report.timeline import kinds, moments
@@ -28,7 +28,7 @@ CACHED_NOTE = ("allocator cached: reserved - allocated in a steady step (the cac
 """The band above the live memory: PyTorch's caching allocator returns no segment to the driver during training
 (only ``torch.cuda.empty_cache()`` or a failed allocation releases them; c10/cuda/CUDACachingAllocator.cpp,
 ``release_cached_blocks``), so from the second step on the reserved memory stays at the step's reserved peak
-(``memcalc.memory.reserved``) and every byte freed in between is cached, not given back. The first step's reserved
+(``memcalc.memory.allocator.reserved``) and every byte freed in between is cached, not given back. The first step's reserved
 memory grows up to it instead."""
 
 

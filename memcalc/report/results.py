@@ -63,7 +63,7 @@ class PerGPU(_Result):
     CUDA context and NCCL's buffers)."""
     peak_reserved: int = 0
     """What the caching allocator holds then (``max_memory_reserved``): peak_allocated + its least gap + the cached
-    blocks the peak cannot use (``memcalc.memory.reserved``), at most what the GPU leaves the allocator."""
+    blocks the peak cannot use (``memcalc.memory.allocator.reserved``), at most what the GPU leaves the allocator."""
 
 
 class PerNode(_Result):
@@ -90,7 +90,7 @@ class Fit(_Result):
     """usable_bytes - total; negative when it does not fit."""
     verdict: str = "fits"
     """fits, at-risk (the margin is within the allocator's measured variability: fragmentation may make the step
-    fail; under the paper's accounting also within the buffers its rows leave out: ``memcalc.memory.paper.fit``)
+    fail; under the paper's accounting also within the buffers its rows leave out: ``memcalc.memory.accountings.paper.fit``)
     or oom. The DeepSpeed estimator's and the implementation accounting's have no band: fits or oom."""
 
 
@@ -146,7 +146,7 @@ class TimelineMoment(_Result):
     label: str
     """What happens at that moment."""
     bytes: dict[str, int]
-    """Live bytes by kind (``memcalc.memory.moments.KINDS``: parameters, gradients, optimizer_states, activations,
+    """Live bytes by kind (``memcalc.memory.engine.moments.KINDS``: parameters, gradients, optimizer_states, activations,
     temporaries, communication_buffers; ``other`` for a part no rule names). Their sum is the moment's total."""
 
 

@@ -5,7 +5,7 @@ read.
 Its format is torch's own (``torch/cuda/memory.py`` ``_snapshot``'s docstring): ``segments`` (each cudaMalloc'd
 segment and its blocks at the end) and ``device_traces`` (per device, the allocator's actions in order: ``alloc``,
 ``free_requested``, ``free_completed``, ``segment_alloc``, each with ``addr``, ``size``, ``stream`` and ``frames``).
-The trace is made from consecutive moments of the every-layer replay (``memcalc.memory.moments.step_moments``):
+The trace is made from consecutive moments of the every-layer replay (``memcalc.memory.engine.moments.step_moments``):
 where a part grows, an allocation of the difference; where it shrinks, its latest allocations are freed (and what
 remains of the last of them allocated again); a moment's frees come before its allocations, so the most bytes
 allocated at once over the trace is the largest moment, the realistic ``peak_allocated``. Parts are matched from
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from memcalc.errors import InputError
-from memcalc.memory.moments import StepMoment, kind_of
+from memcalc.memory.engine.moments import StepMoment, kind_of
 
 BASE = 0x7F0000000000
 """The made-up address of the one segment (a CUDA-like virtual address)."""
@@ -60,8 +60,8 @@ class _Heap:
 
 
 def _frames(part: str, index: int, m: StepMoment) -> list[dict[str, Any]]:
-    return [{"filename": "memcalc/memory/timeline.py", "line": index, "name": part},
-            {"filename": "memcalc/memory/timeline.py", "line": index, "name": f"{m.phase}: {m.label}"}]
+    return [{"filename": "memcalc/memory/engine/timeline.py", "line": index, "name": part},
+            {"filename": "memcalc/memory/engine/timeline.py", "line": index, "name": f"{m.phase}: {m.label}"}]
 
 
 def _keyed(m: StepMoment) -> dict[str, tuple[str, int]]:
@@ -157,7 +157,7 @@ def trace_peak(snap: dict[str, Any], device: int = 0) -> int:
 def write_snapshot(r: Any, path: str | os.PathLike[str]) -> Path:
     """Write the step of estimate ``r`` (realistic accounting; its most loaded GPU) as a pickled snapshot."""
     from memcalc.inputs.plan import to_plan
-    from memcalc.memory.moments import step_moments
+    from memcalc.memory.engine.moments import step_moments
     from memcalc.report.timeline import why_no_timeline
 
     why = why_no_timeline(r)

@@ -7,7 +7,7 @@ import csv
 import io
 
 from memcalc.errors import InputError
-from memcalc.memory.moments import KINDS, OTHER
+from memcalc.memory.engine.moments import KINDS, OTHER
 from memcalc.report.results import Estimate, TimelineMoment
 
 

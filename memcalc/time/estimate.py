@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 from memcalc.errors import InputError, did_you_mean
 from memcalc.layout.compose import composition
 from memcalc.layout.plan import Plan as LayoutPlan
-from memcalc.memory.paper import param_groups
+from memcalc.memory.accountings.paper import param_groups
 from memcalc.time.datasheet import gpu_machine
 from memcalc.time.hardware import Machine, cluster_names, load_cluster, load_machine
 from memcalc.time.flops import policy_name

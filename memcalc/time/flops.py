@@ -169,7 +169,7 @@ def policy_name(recompute: str) -> str:
         return "op"
     head, _, k = recompute.partition(":")
     if head in ("selective", "full") and k:
-        from memcalc.memory.megatron_saved import megatron_recompute
+        from memcalc.memory.families.megatron_saved import megatron_recompute
 
         if not megatron_recompute(recompute):
             raise InputError(f"recompute {recompute!r} is not one of none, selective, full, op (op-sac), every:K, "

@@ -2,7 +2,7 @@
 
 The blocks are written the way Megatron-LM and Hugging Face write theirs (pre-norm, fused or separate
 QKV, eager softmax attention or ``scaled_dot_product_attention``), so that the bytes autograd keeps
-between forward and backward can be measured and compared with ``memcalc.memory.activations``.
+between forward and backward can be measured and compared with ``memcalc.memory.accountings.activations``.
 """
 
 from __future__ import annotations

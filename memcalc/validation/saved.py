@@ -29,7 +29,7 @@ used by ``AutocastCUDA``): both run matmul/linear/addmm/bmm/SDPA in bf16, but on
 that meet bf16 inputs and differ are GPT-2's ``gelu_new`` (``torch.pow(x, 3.0)``: fp32 on CUDA, so the
 rest of the formula promotes to fp32) and a ``softmax`` without ``dtype=`` on bf16 scores (fp32 on
 CUDA); everything else these models run under autocast either meets fp32 inputs already (the residual
-stream, norms, the loss after ``logits.float()``) or casts explicitly. ``memcalc.memory.saved`` models
+stream, norms, the loss after ``logits.float()``) or casts explicitly. ``memcalc.memory.families.saved`` models
 both devices; this census can only run the CPU one.
 """
 

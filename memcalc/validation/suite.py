@@ -50,7 +50,7 @@ ZERO3 = (
            max_reuse_distance=7_000, **DS_ODD),
 )
 # Real Hugging Face models (when transformers is installed), whose modules memcalc follows exactly, parameter-less
-# ones included (memcalc.memory.frameworks.LAYOUTS). FSDP1's size policy wraps their inner transformer/model/decoder
+# ones included (memcalc.memory.accountings.frameworks.LAYOUTS). FSDP1's size policy wraps their inner transformer/model/decoder
 # module and, for tied models (GPT-2, OPT), can flatten the tied embedding into two units; ZeRO-3 prefetches at
 # every module's hooks.
 HF_FSDP = (

@@ -1,6 +1,6 @@
 """Megatron-Core's own GPT model on a CPU rank: what each decoder layer saves for backward, tensor storage by storage.
 
-The ground truth for ``memcalc.memory.megatron_saved``'s local spec: Megatron-Core (0.16.1) builds ``GPTModel`` from
+The ground truth for ``memcalc.memory.families.megatron_saved``'s local spec: Megatron-Core (0.16.1) builds ``GPTModel`` from
 ``get_gpt_layer_local_spec`` (its own norms, column/row-parallel linears and unfused attention; the Transformer
 Engine spec needs CUDA) in bf16, as rank 0 of ``tp`` ranks on torch's fake process group (collectives return at
 once, every shape is rank 0's), and runs one forward under ``torch.autograd.graph.saved_tensors_hooks``: each

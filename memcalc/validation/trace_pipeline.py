@@ -9,9 +9,9 @@ and runs ``Schedule1F1B`` or ``ScheduleInterleaved1F1B``
 schedules' first-step shape inference is replaced by the static shapes the stage is given (what every real rank
 agrees on with static shapes). The second step is traced (the first creates the optimizer's state and the receive
 buffers), with the parameters, the optimizer's state, the buffers and the receive buffers as its baseline, its phases
-labelled as ``memcalc.memory.timeline_pp.stage_timeline``'s (``forward.layer.i``, ``backward.layer.i``, ...).
+labelled as ``memcalc.memory.overlays.timeline_pp.stage_timeline``'s (``forward.layer.i``, ``backward.layer.i``, ...).
 
-What it checks: ``memcalc.memory.timeline_pp.stage_timeline`` (tests/test_pipeline_realistic.py).
+What it checks: ``memcalc.memory.overlays.timeline_pp.stage_timeline`` (tests/test_pipeline_realistic.py).
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def trace_pipeline_rank(hf_config: dict, spec: StepSpec, *, pp: int, dp: int, ra
     1/tp of the sequence), the loss under ``loss_parallel`` over the vocabulary-sharded logits, as torchtitan's
     ``parallelize`` applies TP before FSDP and its train step runs the pipeline under ``loss_parallel``. Returns the
     tracker (``peak``, ``baseline``, ``timeline``). ``record_blocks``: the baseline's storages, then the traced step's
-    allocations, replayed through the caching allocator (``memcalc.memory.caching``, one stream, from an empty cache)
+    allocations, replayed through the caching allocator (``memcalc.memory.allocator.caching``, one stream, from an empty cache)
     into ``peak_reserved``."""
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
@@ -214,7 +214,7 @@ def trace_pipeline_rank(hf_config: dict, spec: StepSpec, *, pp: int, dp: int, ra
     finally:
         dist.destroy_process_group()
     if record_blocks:
-        from memcalc.memory.caching import replay
+        from memcalc.memory.allocator.caching import replay
 
         assert t.blocks is not None
         t.peak_reserved = replay(t.blocks).peak_reserved

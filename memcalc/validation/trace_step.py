@@ -223,14 +223,14 @@ def traced_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ids: 
     """Run ``steps`` steps; the last one under a fresh tracker whose baseline is the states alive before it.
 
     Every step's storages, after the states that exist before the first one, are also logged in order and replayed
-    through the caching allocator (``memcalc.memory.caching``): ``tracker.peak_reserved`` is the reserved peak a
+    through the caching allocator (``memcalc.memory.allocator.caching``): ``tracker.peak_reserved`` is the reserved peak a
     GPU would reach by the end of the last step, the first steps' cached blocks included (the optimizer's states
     are created in the first step's ``optimizer.step()``, into blocks the activations left). With ``capacity`` the
     replay stops at the first request the GPU could not serve, kept in ``tracker.oom``."""
     import time
 
-    from memcalc.memory.caching import replay
-    from memcalc.memory.timeline import CUBLAS_WORKSPACE
+    from memcalc.memory.allocator.caching import replay
+    from memcalc.memory.engine.timeline import CUBLAS_WORKSPACE
 
     box: list[LiveBytes | None] = [None]
     handles = mark_phases(model, lambda: box[0])

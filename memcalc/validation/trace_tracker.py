@@ -64,7 +64,7 @@ class Trace:
     """Wall time of the traced step."""
     peak_reserved: int = 0
     """The caching allocator's reserved peak over every traced step (``torch.cuda.max_memory_reserved`` after the
-    last one): the states' and the steps' storages replayed in order through ``memcalc.memory.caching``, with the
+    last one): the states' and the steps' storages replayed in order through ``memcalc.memory.allocator.caching``, with the
     two cuBLAS workspaces; 0 when not replayed."""
     oom_request: int = 0
     """With a capacity: the segment the replayed allocator could not get (``torch.OutOfMemoryError``), else 0."""
@@ -97,10 +97,10 @@ class LiveBytes(TorchDispatchMode):
         self._orig_resize = None
         self.seconds = 0.0  # wall time of the traced step, set by the caller
         self.peak_reserved = 0  # set by the caller that replays the logged blocks
-        self.oom: object = None  # memcalc.memory.caching.OutOfMemory, set by the same replay
+        self.oom: object = None  # memcalc.memory.allocator.caching.OutOfMemory, set by the same replay
         self.blocks: list[tuple[int, int]] | None = [] if record_blocks else None
         """With ``record_blocks``: ``(uid, nbytes)`` when a storage is allocated, ``(uid, -1)`` when it dies, in order:
-        the requests a caching allocator would see (``memcalc.memory.caching.replay``)."""
+        the requests a caching allocator would see (``memcalc.memory.allocator.caching.replay``)."""
         self._uids: dict[int, int] = {}  # storage cdata -> uid of its current allocation
         self._uid = 0
 

@@ -6,8 +6,8 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from memcalc.memory.megatron import chunks_in_flight, in_flight  # noqa: E402
-from memcalc.memory.megatron_saved import Shape, layer_bytes  # noqa: E402
+from memcalc.memory.accountings.megatron import chunks_in_flight, in_flight  # noqa: E402
+from memcalc.memory.families.megatron_saved import Shape, layer_bytes  # noqa: E402
 from memcalc.validation.trace_megatron import trace  # noqa: E402
 
 SHAPE = dict(hidden=64, heads=8, kv_heads=2, ffn=160)
@@ -54,10 +54,10 @@ def test_in_flight_matches_megatron_schedule(pp, v, m, monkeypatch):
 def test_distributed_optimizer_states(dp, overlap, bucket):
     """Megatron-Core's DDP and distributed optimizer on rank 0 of dp (fake process group): fp32 grad buffers, each
     bucket padded to a multiple of lcm(dp, 128); the fp32 master shard and both Adam moments 4 bytes per element of
-    the rank's 1/dp of the buffers: 12·n/dp, as memory/megatron.py counts them; its padding an upper bound."""
+    the rank's 1/dp of the buffers: 12·n/dp, as memory/accountings/megatron.py counts them; its padding an upper bound."""
     import math
 
-    from memcalc.memory.megatron import buffer_elements
+    from memcalc.memory.accountings.megatron import buffer_elements
     from memcalc.validation.trace_megatron import states
 
     got = states(dp=dp, overlap=overlap, bucket_size=bucket)

@@ -1,4 +1,4 @@
-"""The realistic DeepSpeed ZeRO timelines (``memcalc.memory.timeline_zero``: stages 0-2; ``timeline_zero3``) against
+"""The realistic DeepSpeed ZeRO timelines (``memcalc.memory.overlays.timeline_zero``: stages 0-2; ``timeline_zero3``) against
 a traced DeepSpeed step.
 
 Real DeepSpeed 0.19 ranks on CPU (gloo), a tiny Hugging Face Llama in bf16, torch AdamW as the client optimizer
@@ -15,8 +15,8 @@ import pytest
 pytest.importorskip("deepspeed")
 pytest.importorskip("transformers")
 
-from memcalc.memory.timeline_states import param_tensors
-from memcalc.memory.timeline_zero import partition, zero_timeline
+from memcalc.memory.engine.timeline_states import param_tensors
+from memcalc.memory.overlays.timeline_zero import partition, zero_timeline
 from memcalc.model.hf_config import architecture_from_config
 from memcalc.validation.trace_deepspeed import trace_deepspeed
 
@@ -123,7 +123,7 @@ def assert_zero3_as_traced(tl, tr, cfg: dict, width: int, low: float = 0.025) ->
 @pytest.mark.parametrize("layers,world,recompute,reuse,prefetch,optimizer", Z3_CASES)
 def test_zero3_timeline_equals_trace(layers, world, recompute, reuse, prefetch, optimizer):
     from memcalc.layout.plan import Zero3Settings
-    from memcalc.memory.timeline_zero3 import zero3_timeline
+    from memcalc.memory.overlays.timeline_zero3 import zero3_timeline
 
     cfg = dict(LLAMA, num_hidden_layers=layers)
     r = trace_deepspeed(cfg, stage=3, world=world, seq_len=S, micro_batch=B, recompute=recompute,
@@ -142,7 +142,7 @@ def test_zero3_sub_groups_as_traced(sub_group_size):
     """zero_optimization.sub_group_size: the step flattens and upcasts one sub-group's gradients at a time (0: each
     parameter alone, as axolotl's configs set it); the step's phases within 256 bytes of the trace."""
     from memcalc.layout.plan import Zero3Settings
-    from memcalc.memory.timeline_zero3 import zero3_timeline
+    from memcalc.memory.overlays.timeline_zero3 import zero3_timeline
 
     r = trace_deepspeed(LLAMA, stage=3, world=2, seq_len=S, micro_batch=B, reduce_bucket_size=2000, timeout=240,
                         zero_config={"sub_group_size": sub_group_size})
@@ -158,7 +158,7 @@ def test_fp32_zero3_timeline_equals_trace(layers, recompute, reuse, prefetch):
     """ZeRO-3 with neither fp16 nor bf16 enabled: partitions, gradients, the bucket and the gathered parameters in
     4 bytes, the fp32 master partitions still clones; the same bounds as the bf16 step's."""
     from memcalc.layout.plan import Zero3Settings
-    from memcalc.memory.timeline_zero3 import zero3_timeline
+    from memcalc.memory.overlays.timeline_zero3 import zero3_timeline
 
     cfg = dict(LLAMA, num_hidden_layers=layers)
     r = trace_deepspeed(cfg, stage=3, world=2, seq_len=S, micro_batch=B, recompute=recompute, reduce_bucket_size=2000,
@@ -198,7 +198,7 @@ def assert_lora_as_traced(tl, tr, bound: float) -> None:
 @pytest.mark.parametrize("stage,world,recompute,bucket", LORA_CASES)
 def test_deepspeed_lora_timeline_equals_trace(stage, world, recompute, bucket):
     pytest.importorskip("peft")
-    from memcalc.memory.timeline_states import adapter_tensors
+    from memcalc.memory.engine.timeline_states import adapter_tensors
     from memcalc.model.lora import TARGETS, LoraPlan
 
     lora = LoraPlan(4, tuple(TARGETS))
@@ -233,8 +233,8 @@ Z3_LORA_CASES = [  # (layers, world, recompute, reuse distance, prefetch bucket,
 def test_zero3_lora_timeline_equals_trace(layers, world, recompute, reuse, prefetch, targets):
     pytest.importorskip("peft")
     from memcalc.layout.plan import Zero3Settings
-    from memcalc.memory.timeline_states import adapter_tensors
-    from memcalc.memory.timeline_zero3 import zero3_timeline
+    from memcalc.memory.engine.timeline_states import adapter_tensors
+    from memcalc.memory.overlays.timeline_zero3 import zero3_timeline
     from memcalc.model.lora import TARGETS, LoraPlan
 
     cfg, lora = dict(LLAMA, num_hidden_layers=layers), LoraPlan(4, targets or tuple(TARGETS))
@@ -277,7 +277,7 @@ def test_gemma_lora_under_deepspeed_as_traced(stage, recompute):
     """As Llama's LoRA under ZeRO-0/1/2 (``assert_lora_as_traced``), the layers' backward within 7 % above."""
     pytest.importorskip("peft")
     from memcalc.layout.plan import Zero3Settings
-    from memcalc.memory.timeline_zero3 import zero3_timeline
+    from memcalc.memory.overlays.timeline_zero3 import zero3_timeline
     from memcalc.model.lora import TARGETS, LoraPlan
 
     cfg, lora = dict(LLAMA, model_type="gemma", head_dim=16, tie_word_embeddings=True), LoraPlan(4, tuple(TARGETS))
@@ -315,7 +315,7 @@ def test_layernorm_families_under_deepspeed_as_traced(name, stage, recompute):
     BLOOM's forward peak is below, inside the bound ZeRO-3's layers' forward has (DeepSpeed's hooks, the next weight's
     gather)."""
     from memcalc.layout.plan import Zero3Settings
-    from memcalc.memory.timeline_zero3 import zero3_timeline
+    from memcalc.memory.overlays.timeline_zero3 import zero3_timeline
 
     cfg, attention = LAYERNORM_FAMILIES[name]
     s, b = 256, 4
@@ -376,7 +376,7 @@ def test_moe_under_zero3_as_traced(recompute, bucket, reuse):
     moment by moment with the gradients alive at each (down's made before gate_up's, each at its own hook); the
     forward's phases within 256 bytes but the head's fetch, one moment above (under 1 %)."""
     from memcalc.layout.plan import Zero3Settings
-    from memcalc.memory.timeline_zero3 import zero3_timeline
+    from memcalc.memory.overlays.timeline_zero3 import zero3_timeline
 
     r = trace_deepspeed(MIXTRAL, stage=3, world=2, seq_len=S, micro_batch=B, recompute=recompute,
                         reduce_bucket_size=bucket, optimizer="torch-adamw-foreach", timeout=240,

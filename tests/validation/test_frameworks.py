@@ -51,7 +51,7 @@ def test_memory_equals_the_measurement_exactly(measured):
         if c.framework == "fsdp2" and c.strategy != "NO_SHARD":
             # FSDP2 pads parameter and gradient storage on every rank, but Adam's moments follow the unpadded
             # local shard, so later ranks can hold fewer.
-            from memcalc.memory import frameworks as fw
+            from memcalc.memory.accountings import frameworks as fw
 
             n = r.strategy.shard_group_size
             local = sum(fw.fsdp2_local(u, n, m.rank % n) for u in fw.units(architecture(c)))
@@ -85,7 +85,7 @@ def test_paper_differs_only_by_the_documented_terms(measured):
     states = rows["parameters"] + rows["gradients"] + rows["optimizer_moments"]
     g = paper.memory.per_gpu
     paper_states = g.parameters + g.gradients + g.optimizer_states
-    from memcalc.memory import frameworks as fw
+    from memcalc.memory.accountings import frameworks as fw
 
     us = [u for u in fw.units(a, c.min_num_params or None) if u.shapes]
     n = impl.strategy.shard_group_size
@@ -112,7 +112,7 @@ def test_paper_differs_only_by_the_documented_terms(measured):
 def deepspeed_against_paper(c):
     """DeepSpeed holds the paper's 16Ψ (or its sharded forms) on padded partitions; gradients exist only until the
     step ends, so after the step it holds the paper's figure less the gradients."""
-    from memcalc.memory import frameworks as fw
+    from memcalc.memory.accountings import frameworks as fw
 
     impl = estimate(c)
     rows = {x.key: x.bytes for x in impl.memory.per_gpu.rows}
@@ -127,7 +127,7 @@ def deepspeed_against_paper(c):
         padded = -(-psi // (2 * n)) * 2 * n
         assert after_step == lp * padded + 12 * padded // n  # paper: lp·Ψ + 12Ψ/N, on the padded flat buffer
     else:
-        from memcalc.memory.zero3 import Zero3Settings, persistent
+        from memcalc.memory.overlays.zero3 import Zero3Settings, persistent
 
         part = sum(-(-(s[0] * (s[1] if len(s) > 1 else 1)) // n) for s in shapes)
         # Persistent parameters are also kept whole on every rank, in their padded all-gather buffers.

@@ -1,0 +1,1 @@
+"""The CUDA caching allocator: rounding, reserved memory, the context and NCCL, replayed."""
