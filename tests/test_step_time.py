@@ -276,7 +276,7 @@ def test_plans_that_share_a_stage_profile_differ_only_in_fields_it_does_not_read
 
     arch, cal = load_model("llama-3-8b"), load_calibration("h100-sxm-80gb")
     unread = dict(gpus=64, micro_batches=12, optimizer="cpu", optimizer_state_bytes=2, optimizer_params=123,
-                  flops_attention="causal", gather_units=1)
+                  flops_attention="causal", gather_units=1, tp_overlap=True)
     assert set(unread) == set(_UNREAD_BY_PROFILE)
     for base in (Plan(gpus=32, seq=4096, micro_batch=2, micro_batches=4, pp=4, tp=2, recompute="full"),
                  Plan(gpus=8, seq=8192, micro_batch=1, tp=8, sp=True, recompute="op", attention="eager", dropout=True),
