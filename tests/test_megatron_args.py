@@ -65,6 +65,7 @@ def test_the_cli_estimate_equals_the_flags(tmp_path: Path) -> None:
     ("--bf16 --fp16 --seq-length 8", "both given"),
     ("--micro-batch-size 1", "--seq-length: is missing"),
     ("--seq-length 8 --seq-length 16", "is given twice"),
+    ("--tensor-model-parallel-size 2 --tp-comm-overlap --seq-length 8", "--tp-comm-overlap: needs --sequence-parallel"),
     ("--micro-batch-size 3 --global-batch-size 16 --seq-length 8", "is not micro-batch(3) x dp(8)"),
 ])  # fmt: skip
 def test_bad_lists_are_one_line(tmp_path: Path, text: str, message: str) -> None:
@@ -79,3 +80,14 @@ def test_the_cli_refuses_an_unknown_option_in_one_line_with_exit_2(tmp_path: Pat
     assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "--zero-stage: unknown option" in r.stderr
     r = runner.invoke(app, ["estimate", "--model", "llama-3-8b", "--megatron-args", str(path), "--deepspeed", "x.json"])
     assert r.exit_code == 2 and "cannot be combined" in r.stderr
+
+
+def test_tp_comm_overlap_is_read_as_the_step_time_counts_it(tmp_path: Path) -> None:
+    # Transformer Engine's userbuffers: the step time overlaps the TP collectives (memcalc.time.kernels); the
+    # buffers it allocates outside PyTorch's allocator are said, not counted
+    r = read_megatron(_file(tmp_path, ARGS + "--tp-comm-overlap\n"), world_size=64, layers=80)
+    plain = read_megatron(_file(tmp_path, ARGS), world_size=64, layers=80)
+    assert r.arguments == plain.arguments
+    assert [n for n in r.notes if n.startswith("--tp-comm-overlap:") and "not counted" in n]
+    one = read_megatron(_file(tmp_path, "--tp-comm-overlap --seq-length 8 --micro-batch-size 1\n"), world_size=8)
+    assert any(x.startswith("--tp-comm-overlap: no tensor parallelism") for x in one.ignored)

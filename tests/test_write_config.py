@@ -388,10 +388,13 @@ def test_megatron_args_carry_the_model_shape_megatron_builds():
             "--disable-bias-linear"} <= set(words)
     assert "--add-qkv-bias" not in words and "--num-experts" not in words
     assert "FILL_IN --hidden-size" not in text["launch.sh"]
+    # the step time overlaps the TP collectives as Transformer Engine does: the file turns that overlap on
+    assert "--sequence-parallel\n--tp-comm-overlap\n" in text["megatron_args.txt"]
     moe = memcalc.config_text(memcalc.estimate(model="mixtral-8x7b", seq_len=4096, gpus=64, gpu="h100", tp=2, pp=4,
                                                ep=8, framework="megatron", stage=1, precision="bf16-mixed",
                                                grad_accum=8, recompute="full"), framework="megatron")
     assert "--num-experts 8\n--moe-router-topk 2\n" in moe["megatron_args.txt"]
+    assert "--tp-comm-overlap" not in moe["megatron_args.txt"]  # no sequence parallelism: Megatron refuses it
     gpt2 = memcalc.config_text(memcalc.estimate(model="gpt2", seq_len=1024, gpus=8, gpu="h100", stage=1,
                                                 framework="megatron", precision="bf16-mixed"), framework="megatron")
     assert "--num-layers" not in gpt2["megatron_args.txt"]

@@ -26,7 +26,7 @@ INT = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--num-
        "--micro-batch-size", "--global-batch-size", "--seq-length", "--recompute-num-layers",
        "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")  # fmt: skip
 FLAGS = ("--sequence-parallel", "--use-distributed-optimizer", "--bf16", "--fp16", "--fp8-param-gather",
-         "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
+         "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split", "--tp-comm-overlap")
 CHOICES = {"--recompute-granularity": ("full", "selective"), "--recompute-method": ("uniform", "block"),
            "--fp8-format": ("e4m3", "hybrid"), "--fp8-recipe": ("tensorwise", "delayed", "mxfp8", "blockwise"),
            "--optimizer": ("adam", "sgd")}  # fmt: skip
@@ -50,6 +50,24 @@ IGNORED = {
 KNOWN = (*INT, *FLAGS, *CHOICES, *IGNORED, "--recompute-modules")
 
 
+def _tp_comm_overlap(c: Collector, values: dict[str, Any], tp: int) -> None:
+    """``--tp-comm-overlap``: Transformer Engine's userbuffers overlap the tensor-parallel all-gathers and
+    reduce-scatters with the GEMMs, as memcalc's step time for Megatron-Core counts them (``memcalc.time.kernels``);
+    Megatron-LM refuses it without sequence parallelism (megatron/training/arguments.py: "Tensor parallel
+    communication/GEMM overlap can happen only when sequence parallelism is enabled")."""
+    if not values.get("--tp-comm-overlap"):
+        return
+    if tp == 1:
+        c.ignore("--tp-comm-overlap", "no tensor parallelism (--tensor-model-parallel-size 1)")
+    elif not values.get("--sequence-parallel"):
+        raise c.fail("--tp-comm-overlap", "needs --sequence-parallel (Megatron-LM: the overlap runs on the sequence-"
+                                          "parallel all-gathers and reduce-scatters)")
+    else:
+        c.note("--tp-comm-overlap: the step time overlaps the tensor-parallel collectives with the GEMMs; the "
+               "userbuffers' communication buffers Transformer Engine allocates outside PyTorch's caching allocator "
+               "(one per overlapped GEMM, sequence x micro-batch x hidden each) are not counted in the GPU's memory")
+
+
 def read_megatron(path: str | os.PathLike[str], *, world_size: int | None = None,
                   layers: int | None = None) -> ConfigReading:  # fmt: skip
     """Read a Megatron-LM argument list into ``memcalc.estimate`` arguments. ``world_size``: GPUs in the job (the
@@ -66,6 +84,7 @@ def read_megatron(path: str | os.PathLike[str], *, world_size: int | None = None
             c.arguments[arg] = value
     if get("--sequence-parallel"):
         c.arguments["sequence_parallel"] = True
+    _tp_comm_overlap(c, values, tp)
     _virtual(c, values, pp, layers)
     _split(c, values, pp, c.arguments.get("virtual_stages", 1), layers)
     c.arguments["precision"] = "bf16-mixed" if get("--bf16") else "fp16-mixed" if get("--fp16") else "fp32"

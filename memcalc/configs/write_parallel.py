@@ -228,6 +228,8 @@ def megatron(e: Any) -> Written:
         args.append(("--expert-model-parallel-size", par.ep))
     if par.sequence_parallel:
         args.append(("--sequence-parallel", None))
+        if par.tp > 1:  # the step time counts Transformer Engine's overlap of these collectives (time/kernels.py)
+            args.append(("--tp-comm-overlap", None))
     if s.name == "zero-1":
         args.append(("--use-distributed-optimizer", None))
     args += _megatron_recompute(w.recompute)
