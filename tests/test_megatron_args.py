@@ -91,3 +91,44 @@ def test_tp_comm_overlap_is_read_as_the_step_time_counts_it(tmp_path: Path) -> N
     assert [n for n in r.notes if n.startswith("--tp-comm-overlap:") and "not counted" in n]
     one = read_megatron(_file(tmp_path, "--tp-comm-overlap --seq-length 8 --micro-batch-size 1\n"), world_size=8)
     assert any(x.startswith("--tp-comm-overlap: no tensor parallelism") for x in one.ignored)
+
+
+NVIDIA_LIKE = """--use-mcore-models --num-layers 32 --hidden-size 4096 --seq-length 8192 --micro-batch-size 1
+--global-batch-size 128 --bf16 --tensor-model-parallel-size 1 --use-distributed-optimizer
+--rotary-percent 1.0 --attention-dropout 0.0 --hidden-dropout 0.0 --apply-layernorm-1p --init-method-std 0.0134
+--lr 0.00015 --decoupled-lr 5.0e-4 --lr-decay-style cosine --train-samples 1953125000 --cross-entropy-loss-fusion
+--calculate-per-token-loss --manual-gc --empty-unused-memory-level 1 --exit-duration-in-mins 235
+--log-throughput --profile --profile-step-start 4 --ckpt-format torch_dist --distributed-timeout-minutes 60
+--data-path a b --data-cache-path /tmp/c --tokenizer-type HuggingFaceTokenizer --num-workers 1
+"""
+
+
+def test_megatrons_own_options_are_read_past_with_why_and_others_are_one_line(tmp_path: Path) -> None:
+    # Megatron-LM's vocabulary (core_v0.16.1 arguments.py): options of the logging, checkpointing, data, tokenizer,
+    # learning-rate, profiling groups and the listed others change nothing a GPU holds; nothing is left unmodelled
+    r = read_megatron(_file(tmp_path, NVIDIA_LIKE), world_size=8)
+    assert not r.unmodelled and r.arguments.get("accounting") is None
+    ignored = dict(x.split(": ", 1) for x in r.ignored)
+    assert ignored["--log-throughput"] == "no effect on what a GPU holds (Megatron-LM's logging options)"
+    assert ignored["--data-path"].endswith("(Megatron-LM's data and dataloader options)")
+    assert "fp32 softmax saved" in ignored["--cross-entropy-loss-fusion"]
+    assert ignored["--hidden-dropout"] == "no dropout, no mask saved"
+    # a Megatron option that changes what a GPU holds and is not modelled: the paper accounting answers, and says it
+    r = read_megatron(_file(tmp_path, NVIDIA_LIKE.replace("--bf16", "--bf16 --grad-reduce-in-bf16 --hidden-dropout 0.1")
+                             .replace("--hidden-dropout 0.0", "")), world_size=8)
+    assert r.arguments["accounting"] == "paper"
+    assert sorted(x.split(":")[0] for x in r.unmodelled) == ["--grad-reduce-in-bf16", "--hidden-dropout"]
+    # one that Megatron-LM does not have is a mistake
+    with pytest.raises(InputError) as info:
+        read_megatron(_file(tmp_path, NVIDIA_LIKE + "--log-throughput-please\n"), world_size=8)
+    assert "--log-throughput-please: unknown option" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_vocabulary_is_megatrons_and_the_reader_knows_every_option_it_reads() -> None:
+    from memcalc.configs.megatron import CHOICES, FLAGS, INT
+    from memcalc.configs.megatron_unread import GROUP_OF, READ_PAST, ZERO_ONLY
+
+    assert len(GROUP_OF) > 600
+    read = {*INT, *FLAGS, *CHOICES, "--recompute-modules"}
+    assert read <= set(GROUP_OF)  # memcalc reads no name Megatron-LM does not have
+    assert set(READ_PAST) | set(ZERO_ONLY) <= set(GROUP_OF)

@@ -19,6 +19,7 @@ import os
 import shlex
 from typing import Any
 
+from memcalc.configs import megatron_unread as unread
 from memcalc.configs.reading import Collector, ConfigReading, near, read_text
 
 INT = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
@@ -35,7 +36,7 @@ IGNORED = {
     "--train-iters": 1, "--train-samples": 1, "--lr": 1, "--min-lr": 1, "--lr-decay-style": 1, "--lr-decay-iters": 1,
     "--lr-warmup-iters": 1, "--lr-warmup-fraction": 1, "--weight-decay": 1, "--clip-grad": 1, "--adam-beta1": 1,
     "--adam-beta2": 1, "--adam-eps": 1, "--init-method-std": 1, "--seed": 1, "--log-interval": 1, "--save-interval": 1,
-    "--eval-interval": 1, "--eval-iters": 1, "--save": 1, "--load": 1, "--data-path": 1, "--split": 1,
+    "--eval-interval": 1, "--eval-iters": 1, "--save": 1, "--load": 1, "--split": 1,
     "--tokenizer-type": 1, "--tokenizer-model": 1, "--vocab-file": 1, "--merge-file": 1, "--tensorboard-dir": 1,
     "--wandb-project": 1, "--distributed-backend": 1, "--overlap-grad-reduce": 0, "--overlap-param-gather": 0,
     "--use-mcore-models": 0, "--transformer-impl": 1, "--attention-backend": 1, "--use-flash-attn": 0,
@@ -117,8 +118,8 @@ def _parse(c: Collector, text: str) -> dict[str, Any]:
             raise c.fail(opt, "is not an option; each option starts with --")
         opt, _, inline = opt.partition("=")
         if opt not in KNOWN:
-            raise c.fail(opt, f"unknown option{near(opt, KNOWN) or ' (memcalc reads the parallel layout, batch, '}"
-                              f"{'' if near(opt, KNOWN) else 'precision and recompute options)'}")
+            i = _unread(c, opt, inline, tokens, i)
+            continue
         if opt == "--recompute-modules":  # nargs="*": the words up to the next option
             words = []
             while i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
@@ -143,6 +144,30 @@ def _parse(c: Collector, text: str) -> dict[str, Any]:
         values[opt] = _value(c, opt, value)
         i += 1
     return values
+
+
+def _unread(c: Collector, opt: str, inline: str, tokens: list[str], i: int) -> int:
+    """An option memcalc does not read at ``tokens[i]``: Megatron-LM's (``memcalc.configs.megatron_unread``) is read
+    past, its words taken as argparse takes them, and listed as ignored or as not modelled; any other is one line.
+    Returns the index of the next option."""
+    words = unread.arity(opt)
+    got: list[str] = [inline] if inline else []
+    if words and not inline:
+        while i + 1 < len(tokens) and not tokens[i + 1].startswith("--") and (words < 0 or len(got) < words):
+            got.append(tokens[i + 1])
+            i += 1
+    kind = unread.classify(opt, got[0] if got else None)
+    if kind is None:
+        from memcalc.configs.megatron_vocabulary import GROUPS
+
+        every = (*KNOWN, *(o for names in GROUPS.values() for o in names))
+        raise c.fail(opt, f"unknown option{near(opt, every) or ' (not a Megatron-LM option)'}")
+    if words > 0 and not got:
+        raise c.fail(opt, "needs a value")
+    if opt in c.mentioned():
+        raise c.fail(opt, "is given twice; give each option once")
+    (c.ignore if kind[0] == "ignored" else c.unmodelled)(opt, kind[1])
+    return i + 1
 
 
 BRIDGE = {
