@@ -114,10 +114,10 @@ def test_megatrons_own_options_are_read_past_with_why_and_others_are_one_line(tm
     assert "fp32 softmax saved" in ignored["--cross-entropy-loss-fusion"]
     assert ignored["--hidden-dropout"] == "no dropout, no mask saved"
     # a Megatron option that changes what a GPU holds and is not modelled: the paper accounting answers, and says it
-    r = read_megatron(_file(tmp_path, NVIDIA_LIKE.replace("--bf16", "--bf16 --grad-reduce-in-bf16 --hidden-dropout 0.1")
+    r = read_megatron(_file(tmp_path, NVIDIA_LIKE.replace("--bf16", "--bf16 --hidden-dropout 0.1")
                              .replace("--hidden-dropout 0.0", "")), world_size=8)
     assert r.arguments["accounting"] == "paper"
-    assert sorted(x.split(":")[0] for x in r.unmodelled) == ["--grad-reduce-in-bf16", "--hidden-dropout"]
+    assert [x.split(":")[0] for x in r.unmodelled] == ["--hidden-dropout"]
     # one that Megatron-LM does not have is a mistake
     with pytest.raises(InputError) as info:
         read_megatron(_file(tmp_path, NVIDIA_LIKE + "--log-throughput-please\n"), world_size=8)
@@ -132,3 +132,44 @@ def test_the_vocabulary_is_megatrons_and_the_reader_knows_every_option_it_reads(
     read = {*INT, *FLAGS, *CHOICES, "--recompute-modules"}
     assert read <= set(GROUP_OF)  # memcalc reads no name Megatron-LM does not have
     assert set(READ_PAST) | set(ZERO_ONLY) <= set(GROUP_OF)
+
+
+def test_grad_reduce_in_bf16_is_the_grad_buffers_dtype(tmp_path: Path) -> None:
+    # megatron/training/arguments.py: --bf16 keeps main_grad in fp32 unless --grad-reduce-in-bf16; NVIDIA's example
+    # sets it, and then reads whole with the realistic accounting
+    r = read_megatron(_file(tmp_path, NVIDIA_LIKE.replace("--bf16", "--bf16 --grad-reduce-in-bf16")), world_size=8)
+    assert r.arguments["grad_reduce_dtype"] == "bf16" and not r.unmodelled and "accounting" not in r.arguments
+    e = memcalc.estimate(model="llama-3-8b", gpu="h100", **r.arguments)
+    rows = {x.key: x for x in e.memory.per_gpu.rows}
+    assert e.accounting == "realistic" and rows["gradients"].bytes == rows["parameters"].bytes  # 2 bytes each
+    fp16 = read_megatron(_file(tmp_path, "--fp16 --grad-reduce-in-bf16 --seq-length 8\n"), world_size=8)
+    assert "grad_reduce_dtype" not in fp16.arguments and any("--grad-reduce-in-bf16:" in x for x in fp16.ignored)
+
+
+def test_bridge_overrides_apply_in_order_with_the_recipes_own_settings(tmp_path: Path) -> None:
+    # mixed_precision.py: the FP8 current-scaling recipe sets fp8_param_gather=True; the Llama 3 performance
+    # recipes set ddp.grad_reduce_in_fp32=False and mixed_precision.grad_reduce_in_fp32=False (one flag, given twice)
+    text = ("mixed_precision=bf16_with_fp8_current_scaling_mixed ddp.use_distributed_optimizer=true "
+            "ddp.grad_reduce_in_fp32=false mixed_precision.grad_reduce_in_fp32=False model.seq_length=8192\n")
+    a = read_megatron(_file(tmp_path, text), world_size=8).arguments
+    assert (a["float8"], a["float8_all_gather"], a["grad_reduce_dtype"]) == ("tensorwise", True, "bf16")
+    # a later false turns a recipe's flag off; true leaves fp32 gradients
+    a = read_megatron(_file(tmp_path, text + "mixed_precision.fp8_param_gather=false ddp.grad_reduce_in_fp32=true\n"),
+                      world_size=8).arguments  # fmt: skip
+    assert "float8_all_gather" not in a and "grad_reduce_dtype" not in a
+    with pytest.raises(InputError, match="ddp.grad_reduce_in_fp32: 'maybe' is not accepted"):
+        read_megatron(_file(tmp_path, "ddp.grad_reduce_in_fp32=maybe model.seq_length=8\n"))
+
+
+def test_the_grad_reduce_dtype_is_megatrons_and_bf16_parameters_only() -> None:
+    base = dict(model="llama-3-8b", seq_len=1024, gpu="h100")
+    for kw, words in ((dict(grad_reduce_dtype="bf16"), "needs --framework megatron (got none)"),
+                      (dict(grad_reduce_dtype="bf16", framework="megatron", precision="fp32"), "needs --precision "
+                       "bf16-mixed (got fp32)"),
+                      (dict(grad_reduce_dtype="fp16", framework="megatron"), "'fp16' is not accepted; accepted: "
+                       "fp32, bf16")):  # fmt: skip
+        with pytest.raises(InputError) as info:
+            memcalc.build_input(**base, **kw)
+        assert words in str(info.value), str(info.value)
+    r = runner.invoke(app, ["estimate", "--model", "llama-3-8b", "--seq-len", "1024", "--grad-reduce-dtype", "bf16"])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "--framework megatron" in r.stderr

@@ -168,6 +168,29 @@ def test_virtual_stages_not_dividing_layers_refused():
         evaluate(plan(virtual_stages=3))
 
 
+def test_bf16_grad_buffer_and_the_steps_fp32_copy():
+    """--grad-reduce-in-bf16: the grad buffer in 2 bytes an element; the optimizer step's fp32 copy of the rank's
+    grad shard (distrib_optimizer.py _copy_model_grads_to_main_grads) is the peak only where it outweighs the
+    activations it follows; the reduce-scatter carries half the bytes."""
+    fp32, bf16 = plan(), plan(grad_reduce_dtype="bf16")
+    assert (fp32.grad_bytes, bf16.grad_bytes) == (4, 2)
+    a, b = rows(fp32), rows(bf16)
+    assert b["gradients"] * 2 == a["gradients"] and b["parameters"] == a["parameters"]
+    assert "gradients_fp32" not in b and b["activations"] == a["activations"]  # the first backward is the peak
+    # no activations to speak of (16 tokens): the step's copy of the shard is the peak
+    small = plan(model="llama-3-8b", gpus=8, tp=1, pp=1, sequence_parallel=False, seq_len=16, grad_accum=1,
+                 grad_reduce_dtype="bf16")
+    real = megatron.evaluate(small, 0)
+    step = {r.key: r.bytes for r in real.rows}
+    assert real.peak_phase == "optimizer step" and "activations" not in step
+    assert step["gradients_fp32"] == step["master_weights"] > 0  # 4 bytes an element of the shard, as the master
+    e32 = memcalc.estimate(**{**BASE, "gpus": 128})
+    e16 = memcalc.estimate(**{**BASE, "gpus": 128, "grad_reduce_dtype": "bf16"})
+    rs32 = [c for c in e32.communication.collectives if c.group == "data-parallel" and c.op == "reduce-scatter"]
+    rs16 = [c for c in e16.communication.collectives if c.group == "data-parallel" and c.op == "reduce-scatter"]
+    assert rs32 and rs16[0].payload_bytes * 2 == rs32[0].payload_bytes and rs16[0].dtype == "bf16"
+
+
 def test_fp8_param_gather():
     """--fp8-param-gather (--float8-all-gather): FP8 linear weights in the param buffer, 1 byte and 1 for the
     transpose, no bf16 copy and no workspace: 2 bytes a linear weight less than the cached casts."""
@@ -194,11 +217,13 @@ def test_written_megatron_args_read_back(rc, tmp_path):
     """The recompute and FP8 settings written as Megatron-LM arguments come back as the estimate's."""
     from memcalc.configs.megatron import read_megatron
 
-    e = memcalc.estimate(**{**BASE, "recompute": rc, "float8": "tensorwise", "float8_all_gather": True})
+    e = memcalc.estimate(**{**BASE, "recompute": rc, "float8": "tensorwise", "float8_all_gather": True,
+                            "grad_reduce_dtype": "bf16"})
     f = tmp_path / "megatron_args.txt"
     f.write_text(memcalc.config_text(e)["megatron_args.txt"])
     a = read_megatron(f, world_size=64, layers=80).arguments
-    assert (a["recompute"], a["float8"], a["float8_all_gather"]) == (rc, "tensorwise", True)
+    assert (a["recompute"], a["float8"], a["float8_all_gather"], a["grad_reduce_dtype"]) == (rc, "tensorwise", True,
+                                                                                              "bf16")
 
 
 def test_an_option_not_modelled_takes_the_paper_accounting_with_a_note(tmp_path):

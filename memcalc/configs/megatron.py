@@ -27,7 +27,8 @@ INT = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--num-
        "--micro-batch-size", "--global-batch-size", "--seq-length", "--recompute-num-layers",
        "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")  # fmt: skip
 FLAGS = ("--sequence-parallel", "--use-distributed-optimizer", "--bf16", "--fp16", "--fp8-param-gather",
-         "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split", "--tp-comm-overlap")
+         "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split", "--tp-comm-overlap",
+         "--grad-reduce-in-bf16")
 CHOICES = {"--recompute-granularity": ("full", "selective"), "--recompute-method": ("uniform", "block"),
            "--fp8-format": ("e4m3", "hybrid"), "--fp8-recipe": ("tensorwise", "delayed", "mxfp8", "blockwise"),
            "--optimizer": ("adam", "sgd")}  # fmt: skip
@@ -91,6 +92,12 @@ def read_megatron(path: str | os.PathLike[str], *, world_size: int | None = None
     c.arguments["precision"] = "bf16-mixed" if get("--bf16") else "fp16-mixed" if get("--fp16") else "fp32"
     if get("--bf16") and get("--fp16"):
         raise c.fail("--fp16", "and --bf16 both given; Megatron-LM accepts one")
+    if get("--grad-reduce-in-bf16"):
+        # megatron/training/arguments.py: --bf16 turns accumulate_allreduce_grads_in_fp32 on unless this is given
+        if get("--bf16"):
+            c.arguments["grad_reduce_dtype"] = "bf16"
+        else:
+            c.ignore("--grad-reduce-in-bf16", "without --bf16 the gradient buffer is already the parameters' dtype")
     _fp8(c, values)
     _recompute(c, values)
     if get("--optimizer") == "sgd":
@@ -109,7 +116,7 @@ def _parse(c: Collector, text: str) -> dict[str, Any]:
         tokens = shlex.split(" ".join(lines))
     except ValueError as e:
         raise c.fail("", f"cannot split into options ({e})") from None
-    tokens = [word for tok in tokens for word in (_bridge(c, tok) if _is_override(tok) else [tok])]
+    tokens = _overrides(c, tokens)
     values: dict[str, Any] = {}
     i = 0
     while i < len(tokens):
@@ -190,19 +197,42 @@ BRIDGE = {
     "model.fp8": "--fp8-format", "model.fp8_recipe": "--fp8-recipe", "model.fp8_param_gather": "--fp8-param-gather",
     "ddp.fp8_param_gather": "--fp8-param-gather", "mixed_precision.fp8_param_gather": "--fp8-param-gather",
 }  # fmt: skip
+BRIDGE_NEGATED = {"ddp.grad_reduce_in_fp32": "--grad-reduce-in-bf16",
+                  "mixed_precision.grad_reduce_in_fp32": "--grad-reduce-in-bf16"}
+"""Overrides whose false sets a Megatron-LM flag (``grad_reduce_in_fp32=False``: ``--grad-reduce-in-bf16``)."""
 """Megatron-Bridge's recipe overrides (``section.field=value``, its ``ConfigContainer``: megatron/bridge/training/
 config.py) as the Megatron-LM options they set."""
 BRIDGE_PRECISION = {
     "bf16_mixed": ["--bf16"], "fp16_mixed": ["--fp16"],
-    "bf16_with_fp8_current_scaling_mixed": ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"],
-    "bf16_with_fp8_delayed_scaling_mixed": ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "delayed"],
+    "bf16_with_fp8_current_scaling_mixed": ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise",
+                                            "--fp8-param-gather"],
+    "bf16_with_fp8_delayed_scaling_mixed": ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "delayed",
+                                            "--fp8-param-gather"],
     "bf16_with_fp8_subchannel_scaling_mixed": ["--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "blockwise"],
     "bf16_with_mxfp8_mixed": ["--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"],
 }  # fmt: skip
-"""``mixed_precision=NAME``: Megatron-Bridge's precision recipes (megatron/bridge/training/mixed_precision.py)."""
+"""``mixed_precision=NAME``: Megatron-Bridge's precision recipes (megatron/bridge/training/mixed_precision.py: the FP8
+current and delayed scaling recipes set ``fp8_param_gather=True``; ``grad_reduce_in_fp32`` stays True in every recipe,
+the performance scripts turn it off)."""
 BRIDGE_PASSED = ("train.", "logger.", "checkpoint.", "scheduler.", "optimizer.", "dataset.", "tokenizer.", "rng.",
                  "profiling.", "comm_overlap.", "ft.", "straggler.", "nvrx_straggler.", "inprocess_restart.")
 """Sections whose other fields do not change what a GPU holds (learning rate, logging, data, checkpoints)."""
+
+
+def _overrides(c: Collector, tokens: list[str]) -> list[str]:
+    """The tokens with each Megatron-Bridge override replaced by its Megatron-LM words, applied in order as Bridge
+    applies them: a flag set twice (a recipe's and an override's) is one flag, a flag set false later is off."""
+    out: list[str] = []
+    for tok in tokens:
+        if not _is_override(tok):
+            out.append(tok)
+            continue
+        for word in _bridge(c, tok):
+            if word.startswith("!"):
+                out = [w for w in out if w != word[1:]]
+            elif word not in FLAGS or word not in out:
+                out.append(word)
+    return out
 
 
 def _is_override(token: str) -> bool:
@@ -219,6 +249,10 @@ def _bridge(c: Collector, token: str) -> list[str]:
             raise c.fail(key, f"{value!r} is not a precision recipe memcalc reads{near(value, BRIDGE_PRECISION)}; "
                               f"accepted: {', '.join(BRIDGE_PRECISION)}")
         return BRIDGE_PRECISION[value]
+    if key in BRIDGE_NEGATED:
+        if value.lower() not in ("true", "false"):
+            raise c.fail(key, f"{value!r} is not accepted; accepted: true, false")
+        return [BRIDGE_NEGATED[key] if value.lower() == "false" else "!" + BRIDGE_NEGATED[key]]
     opt = BRIDGE.get(key)
     if opt is None:
         if key.startswith(BRIDGE_PASSED):
@@ -226,12 +260,13 @@ def _bridge(c: Collector, token: str) -> list[str]:
             return []
         raise c.fail(key, f"unknown Megatron-Bridge override{near(key, BRIDGE) or ''} (memcalc reads the parallel "
                           "layout, batch, precision and recompute fields)")
-    if value.lower() in ("none", "null", "false", ""):
-        return []
+    off = value.lower() in ("none", "null", "false", "")
     if opt in FLAGS:
-        if value.lower() != "true":
+        if not off and value.lower() != "true":
             raise c.fail(key, f"{value!r} is not accepted; accepted: true, false")
-        return [opt]
+        return ["!" + opt if off else opt]
+    if off:
+        return []
     if opt == "--recompute-modules":
         return [opt, *[m.strip().strip("'\"") for m in value.strip("[]").split(",") if m.strip()]]
     return [opt, value]

@@ -319,4 +319,6 @@ def _megatron_precision(inp: Any) -> list[tuple[str, Any]]:
             out.append(("--fp8-param-gather", None))
     elif inp.float8 != "none":
         raise _refuse("Megatron-LM", f"float8 {inp.float8} (Transformer Engine's recipes here: tensorwise)")
+    if inp.framework.grad_reduce_dtype == "bf16":
+        out.append(("--grad-reduce-in-bf16", None))
     return out

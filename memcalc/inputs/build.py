@@ -244,6 +244,7 @@ def build_input(
     prefetch_bucket_size: int | float | str | None = None,
     reduce_bucket_size: int | float | str | None = None,
     overlap_comm: bool | None = None,
+    grad_reduce_dtype: str | None = None,
     persistence_threshold: int | float | str | None = None,
     sub_group_size: float | str | None = None,
     zero3_step: str = "steady",
@@ -358,6 +359,9 @@ def build_input(
             allocator_reserve_bytes=0 if reserve_gib is None else _gib_arg("--reserve-gib", reserve_gib),
         )  # fmt: skip
     _choice("--zero3-step", zero3_step, ("steady", "first"))
+    if grad_reduce_dtype is not None:
+        grad_reduce_dtype = grad_reduce_dtype.strip().lower()
+        _choice("--grad-reduce-dtype", grad_reduce_dtype, ("fp32", "bf16"))
     if fsdp_wrap is not None:
         from memcalc.layout.compose import check_wrap
 
@@ -392,6 +396,7 @@ def build_input(
                 persistence_threshold=_elements("--persistence-threshold", persistence_threshold),
                 sub_group_size=_elements("--sub-group-size", sub_group_size),
                 overlap_comm=overlap_comm,
+                grad_reduce_dtype=grad_reduce_dtype,  # type: ignore[arg-type]
                 zero3_step=zero3_step,  # type: ignore[arg-type]
             ),
             model=the_model,

@@ -91,6 +91,8 @@ class EstimateInput(Validated):
             self._lora_applies(arch)
         if self.float8 != "none" or self.float8_all_gather:
             self._float8_applies(arch)
+        if self.framework.grad_reduce_dtype is not None:
+            self._grad_reduce_applies()
         check_precision(self.gpu, self.precision.name, self.precision.compute_dtype)
         self._accounting_applies(arch, dp)
         # A bare count has no layers to place on pipeline stages and no activations for tensor parallelism to
@@ -229,6 +231,17 @@ class EstimateInput(Validated):
             have = ", ".join(n for n in gpu_names() if load_gpu(n).fp8)
             raise InputError(f"--float8 needs fp8 tensor cores, which {self.gpu.key} lacks; give a --gpu with them "
                              f"({have}) or leave --float8 out")
+
+    def _grad_reduce_applies(self) -> None:
+        """The gradient buffer's dtype is Megatron-Core's, beside bf16 parameters (megatron/training/arguments.py:
+        ``--bf16`` turns ``accumulate_allreduce_grads_in_fp32`` on unless ``--grad-reduce-in-bf16``)."""
+        dtype = self.framework.grad_reduce_dtype
+        if self.parallelism.framework != "megatron":
+            raise InputError(f"--grad-reduce-dtype {dtype} is Megatron-Core's gradient buffer dtype: it needs "
+                             f"--framework megatron (got {self.parallelism.framework or 'none'})")
+        if self.precision.name != "bf16-mixed":
+            raise InputError(f"--grad-reduce-dtype {dtype} applies beside bf16 parameters: it needs --precision "
+                             f"bf16-mixed (got {self.precision.name})")
 
     def _lora_applies(self, arch: object) -> None:
         """LoRA needs the shape (its targets are the model's projections) and the layouts its counts cover."""

@@ -157,6 +157,11 @@ class FrameworkOptions(Validated):
     overlap_comm: bool | None = None
     """DeepSpeed ZeRO-1/2: overlap_comm (None: DeepSpeed's default, off for stages 1-2): the reduction runs beside
     backward in a second gradient bucket."""
+    grad_reduce_dtype: Literal["fp32", "bf16"] | None = None
+    """Megatron-Core: the dtype of the contiguous gradient buffer, in which gradients are accumulated and reduced:
+    fp32 (``main_grad``: Megatron-LM's default under ``--bf16``, ``grad_reduce_in_fp32``) or bf16
+    (``--grad-reduce-in-bf16``; Megatron-Bridge's Llama 3 performance recipes set ``grad_reduce_in_fp32=False``);
+    None: the framework's own (fp32)."""
     zero3_step: Literal["steady", "first"] = "steady"
     """DeepSpeed ZeRO-3: which step's gathers to report: any step after the first (``steady``), or the first, in
     which DeepSpeed records its module trace and gathers every parameter on each use."""

@@ -136,12 +136,15 @@ class Plan:
     lora: LoraPlan | None = None
     """LoRA adapters on a frozen base (QLoRA: the base's linear weights in NF4); None: every parameter trains."""
     framework: str | None = None
+    """Whose training code (``--framework``): torchtitan's model code changes what the layers save (the realistic
+    accounting's ``code``); None and the others run Hugging Face's."""
     float8: str = "none"
     """none, tensorwise or rowwise: the decoder layers' linears compute in fp8 (``memcalc.model.float8``)."""
     float8_all_gather: bool = False
     """FSDP2 gathers the converted weights in fp8 (1 byte) instead of the compute dtype."""
-    """Whose training code (``--framework``): torchtitan's model code changes what the layers save (the realistic
-    accounting's ``code``); None and the others run Hugging Face's."""
+    grad_reduce_dtype: str | None = None
+    """Megatron-Core's gradient buffer: fp32 (``main_grad``), bf16 (``--grad-reduce-in-bf16``), None: the
+    framework's (``grad_bytes``)."""
     dp: int = field(init=False, repr=False, compare=False)
     """Data-parallel degree: gpus / (tp x pp x cp). Derived, like ``shard_group_size`` and ``replicas``."""
     shard_group_size: int = field(init=False, repr=False, compare=False)
@@ -178,9 +181,12 @@ class Plan:
     @property
     def grad_bytes(self) -> int:
         """Bytes of a gradient element as the framework keeps and reduces it: the precision's, or 4 where the
-        framework accumulates bf16 parameters' gradients in fp32 (``Framework.main_grads_fp32``: Megatron-LM)."""
+        framework accumulates bf16 parameters' gradients in fp32 (``Framework.main_grads_fp32``: Megatron-LM), 2
+        where the plan keeps Megatron-Core's buffer in bf16 (``grad_reduce_dtype``: ``--grad-reduce-in-bf16``)."""
         from memcalc.layout.compose import composition
 
+        if self.grad_reduce_dtype == "bf16":
+            return 2
         fp32 = composition(self.framework).main_grads_fp32 and self.precision.name == "bf16-mixed"
         return 4 if fp32 else self.precision.grad_bytes
 

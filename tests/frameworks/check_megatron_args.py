@@ -35,8 +35,9 @@ LISTS = {"--recompute-modules"}
 MODEL_ARGS = {"--max-position-embeddings", "--position-embedding-type", "--untie-embeddings-and-output-weights"}
 """GPTModel's own arguments (pretrain_gpt.py ``model_provider``)."""
 TRAINING_ARGS = {"--micro-batch-size", "--global-batch-size", "--seq-length", "--use-distributed-optimizer",
-                 "--num-layers-per-virtual-pipeline-stage"}  # fmt: skip
-"""Taken by the training loop: the micro-batch calculator, the optimizer and DDP configs, validate_args."""
+                 "--num-layers-per-virtual-pipeline-stage", "--grad-reduce-in-bf16"}  # fmt: skip
+"""Taken by the training loop: the micro-batch calculator, the optimizer and DDP configs, validate_args
+(``--grad-reduce-in-bf16``: ``DistributedDataParallelConfig.grad_reduce_in_fp32`` off)."""
 
 
 def parse(path: Path) -> dict[str, object]:
@@ -110,7 +111,9 @@ def check(path: Path) -> str:
     distributed = bool(args.get("--use-distributed-optimizer"))
     OptimizerConfig(optimizer="adam", bf16=bool(kw.get("bf16")), fp16=bool(kw.get("fp16")),
                     use_distributed_optimizer=distributed)
-    DistributedDataParallelConfig(use_distributed_optimizer=distributed)
+    bf16_grads = bool(args.get("--grad-reduce-in-bf16"))
+    assert not bf16_grads or kw.get("bf16"), "--grad-reduce-in-bf16 without --bf16"
+    DistributedDataParallelConfig(use_distributed_optimizer=distributed, grad_reduce_in_fp32=not bf16_grads)
 
     world = world_size(path.parent / "launch.sh")
     seq = args["--seq-length"]

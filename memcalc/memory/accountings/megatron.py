@@ -154,8 +154,8 @@ def state_rows(plan: Plan, stage: int) -> list[Row]:
                      f"2 x 4 x {over} (exp_avg, exp_avg_sq of the shard)")]
         if grad == 2:
             rows.append(Row("gradients_fp32", "fp32 copy of the grad shard (step)", 4 * part, "gpu", "model_state",
-                            "bf16 grads: the master's .grad is a float copy of the shard "
-                            "(distrib_optimizer.py _copy_model_grads_to_main_grads)"))
+                            "bf16 grads: the master's .grad is a float copy of the shard at the optimizer step, "
+                            "once the activations are freed (distrib_optimizer.py _copy_model_grads_to_main_grads)"))
     else:
         rows += [Row("master_weights", "fp32 master weights", 4 * psi, "gpu", "model_state",
                      "4 bytes per parameter (optimizer/optimizer.py Float16OptimizerWithFloat16Params)"),
@@ -281,7 +281,11 @@ def evaluate(plan: Plan, stage: int = 0) -> Any:
                          f"pp({plan.pp}) x {plan.virtual_stages}; Megatron-Core needs an explicit split")
     rows = state_rows(plan, stage)
     acts, _ = activation_rows(plan, stage)
-    rows += acts
+    # bf16 grads: the optimizer step's fp32 copy of the grad shard exists only once the backward has freed the
+    # activations, so the peak is the larger of the first backward and the step
+    step = [r for r in rows if r.key == "gradients_fp32"]
+    at_step = bool(step) and step[0].bytes > sum(r.bytes for r in acts)
+    rows = [r for r in rows if r.key != "gradients_fp32" or at_step] + ([] if at_step else acts)
     allocated = sum(r.bytes for r in rows)
     x = _shape(plan)
     largest = ms.loss_transient(arch, x) * 4 // 6 if stage == plan.pp - 1 else 0
@@ -298,9 +302,11 @@ def evaluate(plan: Plan, stage: int = 0) -> Any:
                         "NCCL_BUFFSIZE 4 MiB x 16 channels x 2 ring peers per communicator (data, tensor, pipeline, "
                         "context, expert and expert-data groups), outside the allocator"))
     phase = "backward" if plan.pp > 1 or plan.work.recompute == "full" else "forward"
+    when = "the first backward, all warm-up micro-batches in flight"
+    if at_step:
+        phase, when = "optimizer step", "the optimizer step: the fp32 copy of the bf16 grad shard"
     return Realistic(rows, allocated, f.peak_reserved + plan.reserve, f.total + plan.reserve, f.verdict,
-                     f.margin - plan.reserve, phase, "the first backward, all warm-up micro-batches in flight",
-                     {phase: allocated})
+                     f.margin - plan.reserve, phase, when, {phase: allocated})
 
 
 NOTE = ("accounting: realistic (Megatron-Core): the model states as Megatron-Core's DDP and distributed optimizer hold "
