@@ -203,6 +203,8 @@ def main() -> None:
     single_gpu()
     print()
     torchtitan_parallel()
+    print()
+    nemo()
 
 
 # torchtitan's benchmark, Tables 2 and 4-6 (TPS/GPU): the same runs whose memory docs/generate_published.py answers,
@@ -275,6 +277,45 @@ def torchtitan_parallel() -> None:
         replayed("torchtitan (Dec 2024), H100 96GB 500 W", name, "tokens/s per GPU", pub, tps)
         print(f"| {name} | {pub:,} | {tps:,.0f} | {100 * (tps / pub - 1):+.1f} % | "
               f"{b.compute_s + b.recompute_s:.1f} | {b.bubble_s:.1f} | {b.host_s:.3f} | {t.step_s:.2f} |")
+
+
+# NVIDIA NeMo 24.12 performance summary, pre-training at FP8 on DGX-H100 (docs.nvidia.com/nemo-framework/user-guide/
+# 24.12/performance/performance_summary.html): Megatron-Core with Transformer Engine, NeMo's FP8 recipe
+# (bf16_with_fp8_mixed: per-tensor scaling, fp8_param_gather=True), the distributed optimizer, sequence parallelism
+# and TE's TP overlap with tensor parallelism. Name, memcalc model (with shape overrides for GPT3 5B and 20B, NeMo's
+# gpt3 configs), GPUs, global batch, micro-batch, seq, tp, pp, cp, vp, published tokens/s per GPU. Left out: the
+# Nemotron rows (squared-ReLU MLP, no memcalc family) and the fine-tuning rows (LoRA under Megatron is not modelled).
+NEMO = [
+    ("GPT3-5B, 64 GPUs", dict(model="gpt3-175b", layers=24, hidden=4096, heads=32, ffn=16384), 64, 2048, 4, 2048,
+     1, 1, 1, 1, 23406),
+    ("GPT3-20B, 64 GPUs", dict(model="gpt3-175b", layers=44, hidden=6144, heads=48, ffn=24576), 64, 256, 2, 2048,
+     2, 1, 1, 1, 5851),
+    ("GPT3-175B, 128 GPUs", dict(model="gpt3-175b"), 128, 256, 1, 2048, 4, 8, 1, 6, 716),
+    ("GPT3-175B, 512 GPUs", dict(model="gpt3-175b"), 512, 2048, 2, 2048, 4, 8, 1, 6, 825),
+    ("Llama 2 7B, 8 GPUs", dict(model="llama-2-7b"), 8, 128, 1, 4096, 1, 1, 1, 1, 16934),
+    ("Llama 2 13B, 16 GPUs", dict(model="llama-2-13b"), 16, 128, 1, 4096, 1, 4, 1, 10, 8715),
+    ("Llama 2 70B, 64 GPUs", dict(model="llama-2-70b"), 64, 128, 1, 4096, 4, 4, 1, 20, 1728),
+    ("Llama 3 8B, 8 GPUs", dict(model="llama-3-8b"), 8, 128, 1, 8192, 1, 1, 2, 1, 12273),
+    ("Llama 3 70B, 64 GPUs", dict(model="llama-3-70b"), 64, 128, 1, 8192, 4, 4, 2, 5, 1524),
+]  # fmt: skip
+
+
+def nemo() -> None:
+    """NVIDIA's published Megatron-Core throughput (NeMo 24.12, H100, FP8) through ``memcalc.estimate``."""
+    print("| NeMo 24.12, DGX-H100, FP8 | t x p x c x v | global batch x micro-batch x seq | published tokens/s/GPU "
+          "| predicted | error | step s |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for name, shape, gpus, gbs, mbs, seq, tp, pp, cp, vp, pub in NEMO:
+        dp = gpus // (tp * pp * cp)
+        e = memcalc.estimate(**shape, gpus=gpus, tp=tp, pp=pp, cp=cp, virtual_stages=vp, sequence_parallel=tp > 1,
+                             framework="megatron", stage=1, seq_len=seq, micro_batch=mbs,
+                             grad_accum=gbs // (mbs * dp), gpu="h100", float8="tensorwise", float8_all_gather=True)
+        t = e.time
+        assert t is not None
+        err = replayed("NeMo 24.12 (Megatron-Core), H100, FP8", name, "tokens/s per GPU", pub,
+                       t.tokens_per_s_per_gpu)
+        print(f"| {name} | {tp} x {pp} x {cp} x {vp} | {gbs} x {mbs} x {seq} | {pub:,} | "
+              f"{t.tokens_per_s_per_gpu:,.0f} | {err} | {t.step_s:.2f} |")
 
 
 def single_gpu() -> None:
