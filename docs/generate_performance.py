@@ -205,6 +205,8 @@ def main() -> None:
     torchtitan_parallel()
     print()
     nemo()
+    print()
+    nemo("b200")
 
 
 # torchtitan's benchmark, Tables 2 and 4-6 (TPS/GPU): the same runs whose memory docs/generate_published.py answers,
@@ -300,21 +302,42 @@ NEMO = [
 ]  # fmt: skip
 
 
-def nemo() -> None:
-    """NVIDIA's published Megatron-Core throughput (NeMo 24.12, H100, FP8) through ``memcalc.estimate``."""
-    print("| NeMo 24.12, DGX-H100, FP8 | t x p x c x v | global batch x micro-batch x seq | published tokens/s/GPU "
+# NeMo 25.02's performance summary, pre-training at FP8 on DGX-B200 (docs.nvidia.com/nemo-framework/user-guide/latest/
+# performance/performance_summary.html, "Container: NeMo 25.02, System: DGX-B200"), the same columns plus ep (last
+# before the figure). Mixtral 8x22B is Mistral's shape (56 layers, hidden 6144, 48 heads, 8 KV heads, ffn 16384, 8
+# experts, vocabulary 32768); its row's global batch and micro-batch read 1 and 64, taken as 64 and 1 (its GA 16
+# over dp 4 says so). Left out: the Nemotron rows.
+L405 = "1," + ",".join(["2"] * 62) + ",1"  # 126 layers over 8 x 8 chunks, the embedding and loss as a layer each
+NEMO_B200 = [
+    ("GPT3-175B, 512 GPUs", dict(model="gpt3-175b"), 512, 2048, 2, 2048, 4, 4, 1, 6, 1, 1600),
+    ("Llama 3 8B, 8 GPUs", dict(model="llama-3-8b"), 8, 128, 2, 8192, 1, 1, 1, 1, 1, 26006),
+    ("Llama 3 70B, 64 GPUs", dict(model="llama-3-70b"), 64, 128, 1, 8192, 2, 4, 2, 5, 1, 3062),
+    ("Llama 3 405B, 128 GPUs", dict(model="llama-3-405b", stage_layers=L405), 128, 64, 1, 8192, 4, 8, 2, 8, 1, 625),
+    ("Mixtral 8x7B, 64 GPUs", dict(model="mixtral-8x7b"), 64, 256, 2, 4096, 1, 1, 1, 1, 8, 15457),
+    ("Mixtral 8x22B, 256 GPUs", dict(model="mixtral-8x7b", layers=56, hidden=6144, heads=48, kv_heads=8, ffn=16384,
+                                     vocab=32768), 256, 64, 1, 65536, 2, 4, 8, 14, 8, 2232),
+]  # fmt: skip
+NEMO_SETS = {"h100": ("NeMo 24.12, DGX-H100, FP8", "NeMo 24.12 (Megatron-Core), H100, FP8"),
+             "b200": ("NeMo 25.02, DGX-B200, FP8", "NeMo 25.02 (Megatron-Core), B200, FP8")}
+
+
+def nemo(gpu: str = "h100") -> None:
+    """NVIDIA's published Megatron-Core throughput (NeMo 24.12 on H100, 25.02 on B200; FP8) through
+    ``memcalc.estimate``."""
+    title, group = NEMO_SETS[gpu]
+    runs = [(*r[:10], 1, r[10]) for r in NEMO] if gpu == "h100" else NEMO_B200
+    print(f"| {title} | t x p x c x v, ep | global batch x micro-batch x seq | published tokens/s/GPU "
           "| predicted | error | step s |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
-    for name, shape, gpus, gbs, mbs, seq, tp, pp, cp, vp, pub in NEMO:
+    for name, shape, gpus, gbs, mbs, seq, tp, pp, cp, vp, ep, pub in runs:
         dp = gpus // (tp * pp * cp)
-        e = memcalc.estimate(**shape, gpus=gpus, tp=tp, pp=pp, cp=cp, virtual_stages=vp, sequence_parallel=tp > 1,
-                             framework="megatron", stage=1, seq_len=seq, micro_batch=mbs,
-                             grad_accum=gbs // (mbs * dp), gpu="h100", float8="tensorwise", float8_all_gather=True)
+        e = memcalc.estimate(**shape, gpus=gpus, tp=tp, pp=pp, cp=cp, ep=ep, virtual_stages=vp,
+                             sequence_parallel=tp > 1, framework="megatron", stage=1, seq_len=seq, micro_batch=mbs,
+                             grad_accum=gbs // (mbs * dp), gpu=gpu, float8="tensorwise", float8_all_gather=True)
         t = e.time
         assert t is not None
-        err = replayed("NeMo 24.12 (Megatron-Core), H100, FP8", name, "tokens/s per GPU", pub,
-                       t.tokens_per_s_per_gpu)
-        print(f"| {name} | {tp} x {pp} x {cp} x {vp} | {gbs} x {mbs} x {seq} | {pub:,} | "
+        err = replayed(group, name, "tokens/s per GPU", pub, t.tokens_per_s_per_gpu)
+        print(f"| {name} | {tp} x {pp} x {cp} x {vp}, {ep} | {gbs} x {mbs} x {seq} | {pub:,} | "
               f"{t.tokens_per_s_per_gpu:,.0f} | {err} | {t.step_s:.2f} |")
 
 

@@ -324,3 +324,20 @@ def test_reads_megatron_uneven_pipeline_splits(text, split, tmp_path):
     f.write_text("--pipeline-model-parallel-size 8 --decoder-first-pipeline-num-layers 15 --seq-length 8\n")
     with pytest.raises(memcalc.InputError, match="middle stages"):
         read_megatron(f, layers=126)
+
+
+def test_expert_groups_span_the_data_and_context_ranks():
+    """Megatron-Core forms expert groups from the data x context ranks (NeMo's Mixtral 8x22B layout: ep 8 over dp 4 x
+    cp 8): accepted under --framework megatron, the routed experts' optimizer shards over dp·cp/ep ranks; elsewhere ep
+    still divides dp; an ep dividing neither is one line."""
+    kw = dict(model="mixtral-8x7b", gpus=64, tp=2, pp=1, cp=8, ep=8, sequence_parallel=True, framework="megatron",
+              stage=1, seq_len=16384, micro_batch=1, grad_accum=4, gpu="h100")
+    p = to_plan(memcalc.build_input(**kw))
+    from memcalc.memory.accountings.paper import param_groups
+
+    _, groups = param_groups(p, 0)
+    assert (p.dp, p.shard_group_size) == (4, 32) and [g.n for g in groups] == [32, 4]
+    with pytest.raises(memcalc.InputError, match=r"ep\(8\) does not divide dp\(4\) = gpus\(64\)"):
+        memcalc.build_input(**{**kw, "framework": "torchtitan", "stage": None, "fsdp": "FULL_SHARD"})
+    with pytest.raises(memcalc.InputError, match=r"ep\(16\) does not divide dp\(2\) x cp\(4\), the ranks Megatron-Core"):
+        memcalc.build_input(**{**kw, "gpus": 16, "cp": 4, "ep": 16})
