@@ -173,3 +173,22 @@ def test_the_grad_reduce_dtype_is_megatrons_and_bf16_parameters_only() -> None:
         assert words in str(info.value), str(info.value)
     r = runner.invoke(app, ["estimate", "--model", "llama-3-8b", "--seq-len", "1024", "--grad-reduce-dtype", "bf16"])
     assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "--framework megatron" in r.stderr
+
+
+def test_the_planner_searches_megatron_with_a_bf16_gradient_buffer() -> None:
+    # held for every candidate and written into the plan's files; refused when other frameworks are searched
+    r = memcalc.plan(model="llama-3-8b", seq_len=8192, global_batch=64, gpus=8, gpu="h100", framework="megatron",
+                     top=1, grad_reduce_dtype="bf16")
+    args = r.plans[0].estimate_args
+    assert args[args.index("--grad-reduce-dtype") + 1] == "bf16"
+    assert "--grad-reduce-in-bf16" in memcalc.config_text(r)["megatron_args.txt"]
+    best = r.plans[0]
+    same = dict(model="llama-3-8b", seq_len=8192, gpus=8, gpu="h100", framework="megatron", stage=1,
+                tp=best.layout.tp, cp=best.layout.cp, sequence_parallel=best.layout.tp > 1,
+                micro_batch=best.micro_batch, grad_accum=best.grad_accum, recompute=best.recompute)
+    bf16 = memcalc.estimate(**same, grad_reduce_dtype="bf16").memory.per_gpu
+    assert bf16.peak_reserved == best.memory.peak_reserved
+    assert memcalc.estimate(**same).memory.per_gpu.peak_reserved > bf16.peak_reserved
+    res = runner.invoke(app, ["plan", "--model", "llama-3-8b", "--seq-len", "8192", "--global-batch", "64", "--gpus",
+                              "8", "--gpu", "h100", "--grad-reduce-dtype", "bf16"])
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1 and "give --framework megatron" in res.stderr

@@ -14,6 +14,7 @@ from memcalc.cli.options import (
     Compile,
     Float8,
     Float8AllGather,
+    GradReduceDtype,
     Ffn,
     GpusPerNode,
     Heads,
@@ -77,6 +78,7 @@ def plan(
     compile: Compile = False,  # noqa: A002 (the flag's name)
     float8: Float8 = "none",
     float8_all_gather: Float8AllGather = False,
+    grad_reduce_dtype: GradReduceDtype = None,
     lora_rank: LoraRank = None,
     lora_targets: LoraTargets = None,
     quantize: Quantize = "none",
@@ -103,7 +105,8 @@ def plan(
             ddp=ddp or None, strategy=strategy, micro_batch=micro_batch, grad_accum=grad_accum, precision=precision,
             optimizer=None if optimizer == "adamw" else optimizer, attention=attention and attention.strip().lower(),
             compile=compile or None, float8=None if float8 == "none" else float8,
-            float8_all_gather=float8_all_gather or None, lora_rank=lora_rank, lora_targets=lora_targets,
+            float8_all_gather=float8_all_gather or None, grad_reduce_dtype=grad_reduce_dtype,
+            lora_rank=lora_rank, lora_targets=lora_targets,
             quantize=None if quantize.strip().lower() == "none" else quantize.strip().lower(),
         )  # fmt: skip
         result = run(model=model, hf_config=hf_config, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,

@@ -162,6 +162,9 @@ def read_job(params: Any, seq_len: Any, global_batch: Any, global_batch_tokens: 
     for k in records.values():
         _timed_gpu(k)
     frameworks = _frameworks(framework)
+    if fixed.get("grad_reduce_dtype") is not None and frameworks != ["megatron"]:
+        raise InputError(f"--grad-reduce-dtype {shown(fixed['grad_reduce_dtype'])} is Megatron-Core's gradient buffer "
+                         f"dtype: give --framework megatron (searching {', '.join(frameworks)})")
     prices = parse_prices(price, keys)
     if objective == "cost" and set(prices) != set(keys):
         raise InputError("--objective cost needs a price per GPU-hour for every GPU searched: --price 2.5, or "
