@@ -341,3 +341,15 @@ def test_expert_groups_span_the_data_and_context_ranks():
         memcalc.build_input(**{**kw, "framework": "torchtitan", "stage": None, "fsdp": "FULL_SHARD"})
     with pytest.raises(memcalc.InputError, match=r"ep\(16\) does not divide dp\(2\) x cp\(4\), the ranks Megatron-Core"):
         memcalc.build_input(**{**kw, "gpus": 16, "cp": 4, "ep": 16})
+
+
+def test_fp8_core_attn_keeps_only_projs_copy_of_the_attention_output():
+    """Under the core_attn checkpoint the fused attention keeps nothing; in bf16 proj keeps its input (the attention
+    output), under FP8 only its one-byte copy (TE linear.py saves the quantized input)."""
+    x = Shape(8192, 8192, 1024, 28672, True, 64, "rmsnorm", 8192, 1, 4, True)
+    names = {spec: dict(layer_saved(x, "te", fp8, ("core_attn",))) for spec, fp8 in (("bf16", False), ("fp8", True))}
+    assert names["bf16"]["attention output (proj input)"] == 2 * 8192 * 8192 // 4
+    assert "attention output (proj input)" not in names["fp8"]
+    assert names["fp8"]["proj input (fp8 copy)"] == 8192 * 8192 // 4
+    plain = dict(layer_saved(x, "te", True, ()))
+    assert plain["attention output (proj input)"] == 2 * 8192 * 8192 // 4  # no checkpoint: the attention keeps it

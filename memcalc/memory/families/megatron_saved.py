@@ -29,7 +29,8 @@ save nothing (``torch.nn.functional.dropout`` returns its input at p = 0).
 
 Selective recompute (``--recompute-granularity selective``, ``--recompute-modules``, default ``core_attn``):
 ``core_attn`` checkpoints the attention core (``attention.py`` ``_checkpointed_attention_forward``: q, k, v kept,
-the a·s² tensors and the output's statistics dropped; the output is still saved by proj); ``mlp`` checkpoints the MLP
+the a·s² tensors and the output's statistics dropped; the output is still saved by proj in bf16, under FP8 only
+proj's one-byte copy of it); ``mlp`` checkpoints the MLP
 (its input kept); ``layernorm`` drops the separate norms' outputs (``CheckpointWithoutOutput``; no effect under the
 TE spec, whose norms are fused into the linears). Full recompute is ``memcalc.memory.accountings.megatron``'s.
 """
@@ -107,7 +108,10 @@ def layer_saved(x: Shape, spec: str = "te", fp8: bool = False,
             add(("q, k norm inputs and rsigma", 2 * (tq + tkv) + 4 * t * (x.heads + x.kv_heads) // x.tp))
         add(("q, k (after rotary)", 2 * (tq + tkv)))
         add(("v", 2 * tkv))
-        add(("attention output (proj input)", 2 * tq))
+        if not (core and fp8):  # the fused attention keeps its output for its backward; under the core_attn
+            # checkpoint it keeps nothing and proj, under FP8, only its one-byte copy (linear.py saves the quantized
+            # input alone)
+            add(("attention output (proj input)", 2 * tq))
         if not core:
             add(("softmax statistics (fp32)", 4 * x.b * x.heads // x.tp * x.s))
         if fp8:
