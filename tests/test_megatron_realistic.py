@@ -353,3 +353,47 @@ def test_fp8_core_attn_keeps_only_projs_copy_of_the_attention_output():
     assert names["fp8"]["proj input (fp8 copy)"] == 8192 * 8192 // 4
     plain = dict(layer_saved(x, "te", True, ()))
     assert plain["attention output (proj input)"] == 2 * 8192 * 8192 // 4  # no checkpoint: the attention keeps it
+
+
+def test_deferred_embedding_wgrad_keeps_the_output_layers_tensors_on_the_last_stage():
+    """--defer-embedding-wgrad-compute (--wgrad-deferral-limit N, 0: all): the last stage keeps, per deferred
+    micro-batch, the output layer's input (the SP shard) and its output gradient over the vocabulary shard
+    (tensor_parallel/layers.py); other stages unchanged; refused without pp or outside Megatron."""
+    base = dict(grad_accum=16, seq_len=4096)
+    off, limited, every = (plan(**base, defer_embedding_wgrad=d) for d in (None, 8, 0))
+    each = 2 * 8192 * 4096 // 4 + 2 * 4096 * -(-128256 // 4)  # input shard (SP) + output gradient (vocab / tp)
+    assert each == 2 * 8192 * 1024 + 2 * 4096 * 32064
+    last = megatron.evaluate(limited, 3)
+    assert {r.key: r.bytes for r in last.rows}["deferred_wgrad"] == 8 * each
+    assert {r.key: r.bytes for r in megatron.evaluate(every, 3).rows}["deferred_wgrad"] == 16 * each
+    assert megatron.evaluate(limited, 3).peak_allocated - megatron.evaluate(off, 3).peak_allocated == 8 * each
+    assert megatron.evaluate(limited, 0).peak_allocated == megatron.evaluate(off, 0).peak_allocated
+    with pytest.raises(memcalc.InputError, match="needs pipeline parallelism"):
+        memcalc.build_input(**{**BASE, "pp": 1, "defer_embedding_wgrad": 0})
+    with pytest.raises(memcalc.InputError, match="needs --framework megatron"):
+        memcalc.build_input(model="llama-3-8b", gpus=2, pp=2, seq_len=1024, defer_embedding_wgrad=0)
+
+
+def test_reads_and_writes_the_deferred_embedding_wgrad(tmp_path):
+    from memcalc.configs.megatron import read_megatron
+
+    f = tmp_path / "args.txt"
+    f.write_text("--pipeline-model-parallel-size 4 --defer-embedding-wgrad-compute --wgrad-deferral-limit 0 --bf16 "
+                 "--seq-length 8\n")
+    assert read_megatron(f, world_size=4).arguments["defer_embedding_wgrad"] == 0
+    f.write_text("model.pipeline_model_parallel_size=4 comm_overlap.defer_embedding_wgrad_compute=true "
+                 "comm_overlap.wgrad_deferral_limit=22 model.seq_length=8\n")
+    assert read_megatron(f, world_size=4).arguments["defer_embedding_wgrad"] == 22
+    e = memcalc.estimate(**{**BASE, "defer_embedding_wgrad": 22})
+    f.write_text(memcalc.config_text(e)["megatron_args.txt"])
+    assert read_megatron(f, world_size=64, layers=80).arguments["defer_embedding_wgrad"] == 22
+    for text, words in (("--defer-embedding-wgrad-compute --seq-length 8", "needs pipeline parallelism"),
+                        ("--pipeline-model-parallel-size 2 --defer-embedding-wgrad-compute "
+                         "--no-gradient-accumulation-fusion --seq-length 8", "without gradient-accumulation fusion"),
+                        ("--pipeline-model-parallel-size 2 --defer-embedding-wgrad-compute --wgrad-deferral-limit -1 "
+                         "--seq-length 8", "--wgrad-deferral-limit: '-1'")):  # fmt: skip
+        f.write_text(text + "\n")
+        with pytest.raises(memcalc.InputError, match=words):
+            read_megatron(f, world_size=4)
+    f.write_text("--wgrad-deferral-limit 4 --seq-length 8\n")
+    assert any(x.startswith("--wgrad-deferral-limit: read with") for x in read_megatron(f).ignored)

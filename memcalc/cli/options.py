@@ -49,6 +49,7 @@ Persistence = Annotated[str | None, typer.Option("--persistence-threshold", help
 SubGroup = Annotated[str | None, typer.Option("--sub-group-size", help="realistic accounting, ZeRO-3: DeepSpeed's sub_group_size in elements, the optimizer steps the partitions this many at a time (default 1e9; 0: one parameter each).")]
 Zero3Step = Annotated[str, typer.Option("--zero3-step", help="implementation accounting, ZeRO-3: steady (every step after the first; default) or first (DeepSpeed records its trace and gathers every parameter on each use).")]
 GradReduceDtype = Annotated[str | None, typer.Option("--grad-reduce-dtype", help="--framework megatron: the gradient buffer's dtype, in which gradients accumulate and are reduced: fp32 (main_grad, Megatron-LM's default under --bf16) or bf16 (--grad-reduce-in-bf16; Megatron-Bridge's Llama 3 performance recipes).")]
+DeferWgrad = Annotated[int | None, typer.Option("--defer-embedding-wgrad", help="--framework megatron with --pp > 1: Megatron-Core's deferred output-layer wgrad (--defer-embedding-wgrad-compute --wgrad-deferral-limit N; 0: every micro-batch): the last stage keeps each deferred micro-batch's input and output gradient to the pipeline flush.", show_default=False)]
 BucketView = Annotated[bool, typer.Option("--bucket-view", help="implementation accounting, DDP: gradient_as_bucket_view=True.")]
 ZeroInit = Annotated[bool, typer.Option("--zero-init/--no-zero-init", help="deepspeed-estimator, ZeRO-3: built under deepspeed.zero.Init.")]
 BufferFactor = Annotated[float, typer.Option("--buffer-factor", help="deepspeed-estimator: additional_buffer_factor on host RAM.")]
@@ -106,7 +107,7 @@ PANELS: dict[str, tuple[str, ...]] = {
     "Hardware": ("gpu", "cluster", "cuda_context_gib", "reserve_gib"),
     "Accounting": ("accounting", "fsdp_version", "fsdp_wrap", "fsdp_auto_wrap", "backward_prefetch", "bucket_view", "min_num_params",
                    "max_reuse_distance",
-                   "max_live_parameters", "prefetch_bucket_size", "reduce_bucket_size", "overlap_comm", "grad_reduce_dtype", "persistence_threshold", "sub_group_size", "zero3_step", "zero_init",
+                   "max_live_parameters", "prefetch_bucket_size", "reduce_bucket_size", "overlap_comm", "grad_reduce_dtype", "defer_embedding_wgrad", "persistence_threshold", "sub_group_size", "zero3_step", "zero_init",
                    "buffer_factor", "largest_layer_params"),
     "Step time": ("tokens", "price_per_gpu_hour", "intra_node_gbps", "network_gbits_per_gpu",
                   "intra_node_efficiency", "network_efficiency", "pcie_gbps", "host_memory_gbps"),

@@ -20,6 +20,7 @@ import shlex
 from typing import Any
 
 from memcalc.configs import megatron_unread as unread
+from memcalc.configs.megatron_bridge import overrides
 from memcalc.configs.reading import Collector, ConfigReading, near, read_text
 
 INT = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
@@ -28,7 +29,7 @@ INT = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--num-
        "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")  # fmt: skip
 FLAGS = ("--sequence-parallel", "--use-distributed-optimizer", "--bf16", "--fp16", "--fp8-param-gather",
          "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split", "--tp-comm-overlap",
-         "--grad-reduce-in-bf16")
+         "--grad-reduce-in-bf16", "--defer-embedding-wgrad-compute")
 CHOICES = {"--recompute-granularity": ("full", "selective"), "--recompute-method": ("uniform", "block"),
            "--fp8-format": ("e4m3", "hybrid"), "--fp8-recipe": ("tensorwise", "delayed", "mxfp8", "blockwise"),
            "--optimizer": ("adam", "sgd")}  # fmt: skip
@@ -49,7 +50,9 @@ IGNORED = {
     "--add-qkv-bias": 0, "--qk-layernorm": 0, "--num-experts": 1, "--moe-router-topk": 1, "--moe-ffn-hidden-size": 1,
 }  # fmt: skip
 """Options read past (1: takes a value, 0: a bare flag)."""
-KNOWN = (*INT, *FLAGS, *CHOICES, *IGNORED, "--recompute-modules")
+COUNTS = ("--wgrad-deferral-limit",)
+"""Options taking a whole number of 0 or more (``--wgrad-deferral-limit`` 0: every micro-batch)."""
+KNOWN = (*INT, *COUNTS, *FLAGS, *CHOICES, *IGNORED, "--recompute-modules")
 
 
 def _tp_comm_overlap(c: Collector, values: dict[str, Any], tp: int) -> None:
@@ -70,6 +73,25 @@ def _tp_comm_overlap(c: Collector, values: dict[str, Any], tp: int) -> None:
                "(one per overlapped GEMM, sequence x micro-batch x hidden each) are not counted in the GPU's memory")
 
 
+def _defer_wgrad(c: Collector, values: dict[str, Any], pp: int) -> None:
+    """``--defer-embedding-wgrad-compute`` with ``--wgrad-deferral-limit`` (0, the default: every micro-batch): the last
+    stage keeps the output layer's inputs and output gradients to the pipeline flush. Megatron-Core refuses it
+    without pipeline parallelism or without gradient-accumulation fusion (model_parallel_config.py)."""
+    limit = values.get("--wgrad-deferral-limit")
+    if not values.get("--defer-embedding-wgrad-compute"):
+        if limit is not None:
+            c.ignore("--wgrad-deferral-limit", "read with --defer-embedding-wgrad-compute only")
+        return
+    if pp == 1:
+        raise c.fail("--defer-embedding-wgrad-compute", "needs pipeline parallelism (Megatron-Core: \"Cannot defer "
+                                                        "embedding wgrad compute when pipeline model parallel is not "
+                                                        "used\")")
+    if "--no-gradient-accumulation-fusion" in c.mentioned():
+        raise c.fail("--defer-embedding-wgrad-compute", "with --no-gradient-accumulation-fusion: Megatron-Core refuses "
+                                                        "it without gradient-accumulation fusion")
+    c.arguments["defer_embedding_wgrad"] = limit or 0
+
+
 def read_megatron(path: str | os.PathLike[str], *, world_size: int | None = None,
                   layers: int | None = None) -> ConfigReading:  # fmt: skip
     """Read a Megatron-LM argument list into ``memcalc.estimate`` arguments. ``world_size``: GPUs in the job (the
@@ -87,6 +109,7 @@ def read_megatron(path: str | os.PathLike[str], *, world_size: int | None = None
     if get("--sequence-parallel"):
         c.arguments["sequence_parallel"] = True
     _tp_comm_overlap(c, values, tp)
+    _defer_wgrad(c, values, pp)
     _virtual(c, values, pp, layers)
     _split(c, values, pp, c.arguments.get("virtual_stages", 1), layers)
     c.arguments["precision"] = "bf16-mixed" if get("--bf16") else "fp16-mixed" if get("--fp16") else "fp32"
@@ -116,7 +139,7 @@ def _parse(c: Collector, text: str) -> dict[str, Any]:
         tokens = shlex.split(" ".join(lines))
     except ValueError as e:
         raise c.fail("", f"cannot split into options ({e})") from None
-    tokens = _overrides(c, tokens)
+    tokens = overrides(c, tokens, FLAGS)
     values: dict[str, Any] = {}
     i = 0
     while i < len(tokens):
@@ -139,7 +162,7 @@ def _parse(c: Collector, text: str) -> dict[str, Any]:
             values[opt] = tuple(words)
             i += 1
             continue
-        takes = opt in INT or opt in CHOICES or IGNORED.get(opt) == 1
+        takes = opt in INT or opt in COUNTS or opt in CHOICES or IGNORED.get(opt) == 1
         value: Any = True
         if takes:
             value = inline or (tokens[i + 1] if i + 1 < len(tokens) else None)
@@ -177,105 +200,11 @@ def _unread(c: Collector, opt: str, inline: str, tokens: list[str], i: int) -> i
     return i + 1
 
 
-BRIDGE = {
-    "model.tensor_model_parallel_size": "--tensor-model-parallel-size",
-    "model.pipeline_model_parallel_size": "--pipeline-model-parallel-size",
-    "model.virtual_pipeline_model_parallel_size": "--num-virtual-stages-per-pipeline-rank",
-    "model.context_parallel_size": "--context-parallel-size",
-    "model.expert_model_parallel_size": "--expert-model-parallel-size",
-    "model.sequence_parallel": "--sequence-parallel",
-    "model.recompute_granularity": "--recompute-granularity", "model.recompute_method": "--recompute-method",
-    "model.recompute_num_layers": "--recompute-num-layers", "model.recompute_modules": "--recompute-modules",
-    "model.seq_length": "--seq-length", "dataset.sequence_length": "--seq-length",
-    "model.num_layers_in_first_pipeline_stage": "--decoder-first-pipeline-num-layers",
-    "model.num_layers_in_last_pipeline_stage": "--decoder-last-pipeline-num-layers",
-    "model.account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split",
-    "model.account_for_loss_in_pipeline_split": "--account-for-loss-in-pipeline-split",
-    "train.micro_batch_size": "--micro-batch-size", "train.global_batch_size": "--global-batch-size",
-    "ddp.use_distributed_optimizer": "--use-distributed-optimizer",
-    "optimizer.use_distributed_optimizer": "--use-distributed-optimizer",
-    "model.fp8": "--fp8-format", "model.fp8_recipe": "--fp8-recipe", "model.fp8_param_gather": "--fp8-param-gather",
-    "ddp.fp8_param_gather": "--fp8-param-gather", "mixed_precision.fp8_param_gather": "--fp8-param-gather",
-}  # fmt: skip
-BRIDGE_NEGATED = {"ddp.grad_reduce_in_fp32": "--grad-reduce-in-bf16",
-                  "mixed_precision.grad_reduce_in_fp32": "--grad-reduce-in-bf16"}
-"""Overrides whose false sets a Megatron-LM flag (``grad_reduce_in_fp32=False``: ``--grad-reduce-in-bf16``)."""
-"""Megatron-Bridge's recipe overrides (``section.field=value``, its ``ConfigContainer``: megatron/bridge/training/
-config.py) as the Megatron-LM options they set."""
-BRIDGE_PRECISION = {
-    "bf16_mixed": ["--bf16"], "fp16_mixed": ["--fp16"],
-    "bf16_with_fp8_current_scaling_mixed": ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise",
-                                            "--fp8-param-gather"],
-    "bf16_with_fp8_delayed_scaling_mixed": ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "delayed",
-                                            "--fp8-param-gather"],
-    "bf16_with_fp8_subchannel_scaling_mixed": ["--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "blockwise"],
-    "bf16_with_mxfp8_mixed": ["--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"],
-}  # fmt: skip
-"""``mixed_precision=NAME``: Megatron-Bridge's precision recipes (megatron/bridge/training/mixed_precision.py: the FP8
-current and delayed scaling recipes set ``fp8_param_gather=True``; ``grad_reduce_in_fp32`` stays True in every recipe,
-the performance scripts turn it off)."""
-BRIDGE_PASSED = ("train.", "logger.", "checkpoint.", "scheduler.", "optimizer.", "dataset.", "tokenizer.", "rng.",
-                 "profiling.", "comm_overlap.", "ft.", "straggler.", "nvrx_straggler.", "inprocess_restart.")
-"""Sections whose other fields do not change what a GPU holds (learning rate, logging, data, checkpoints)."""
-
-
-def _overrides(c: Collector, tokens: list[str]) -> list[str]:
-    """The tokens with each Megatron-Bridge override replaced by its Megatron-LM words, applied in order as Bridge
-    applies them: a flag set twice (a recipe's and an override's) is one flag, a flag set false later is off."""
-    out: list[str] = []
-    for tok in tokens:
-        if not _is_override(tok):
-            out.append(tok)
-            continue
-        for word in _bridge(c, tok):
-            if word.startswith("!"):
-                out = [w for w in out if w != word[1:]]
-            elif word not in FLAGS or word not in out:
-                out.append(word)
-    return out
-
-
-def _is_override(token: str) -> bool:
-    key = token.partition("=")[0]
-    return not token.startswith("--") and "=" in token and ("." in key or key == "mixed_precision")
-
-
-def _bridge(c: Collector, token: str) -> list[str]:
-    """One Megatron-Bridge override as the Megatron-LM words it stands for."""
-    key, _, raw = token.partition("=")
-    value = raw.strip().strip("'\"")
-    if key == "mixed_precision":
-        if value not in BRIDGE_PRECISION:
-            raise c.fail(key, f"{value!r} is not a precision recipe memcalc reads{near(value, BRIDGE_PRECISION)}; "
-                              f"accepted: {', '.join(BRIDGE_PRECISION)}")
-        return BRIDGE_PRECISION[value]
-    if key in BRIDGE_NEGATED:
-        if value.lower() not in ("true", "false"):
-            raise c.fail(key, f"{value!r} is not accepted; accepted: true, false")
-        return [BRIDGE_NEGATED[key] if value.lower() == "false" else "!" + BRIDGE_NEGATED[key]]
-    opt = BRIDGE.get(key)
-    if opt is None:
-        if key.startswith(BRIDGE_PASSED):
-            c.ignore(key, "no effect on the memory held")
-            return []
-        raise c.fail(key, f"unknown Megatron-Bridge override{near(key, BRIDGE) or ''} (memcalc reads the parallel "
-                          "layout, batch, precision and recompute fields)")
-    off = value.lower() in ("none", "null", "false", "")
-    if opt in FLAGS:
-        if not off and value.lower() != "true":
-            raise c.fail(key, f"{value!r} is not accepted; accepted: true, false")
-        return ["!" + opt if off else opt]
-    if off:
-        return []
-    if opt == "--recompute-modules":
-        return [opt, *[m.strip().strip("'\"") for m in value.strip("[]").split(",") if m.strip()]]
-    return [opt, value]
-
-
 def _value(c: Collector, opt: str, value: Any) -> Any:
-    if opt in INT:
-        if not str(value).isdigit() or int(value) < 1:
-            raise c.fail(opt, f"{value!r} is not accepted; accepted: a whole number of 1 or more")
+    if opt in INT or opt in COUNTS:
+        least = 0 if opt in COUNTS else 1
+        if not str(value).isdigit() or int(value) < least:
+            raise c.fail(opt, f"{value!r} is not accepted; accepted: a whole number of {least} or more")
         c.used(opt)
         return int(value)
     if opt in CHOICES:

@@ -230,6 +230,8 @@ def megatron(e: Any) -> Written:
         args.append(("--sequence-parallel", None))
         if par.tp > 1:  # the step time counts Transformer Engine's overlap of these collectives (time/kernels.py)
             args.append(("--tp-comm-overlap", None))
+    if inp.framework.defer_embedding_wgrad is not None:  # the output layer's wgrad at the pipeline flush
+        args += [("--defer-embedding-wgrad-compute", None), ("--wgrad-deferral-limit", inp.framework.defer_embedding_wgrad)]
     if s.name == "zero-1":
         args.append(("--use-distributed-optimizer", None))
     args += _megatron_recompute(w.recompute)

@@ -68,6 +68,7 @@ CHECKS: dict[str, tuple[Check, str]] = {
              "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, _HYBRID_SHARD_ZERO2, 1-5, or None"),
     "overlap_comm": ((lambda v: v is None or type(v) is bool), "True, False or None"),
     "grad_reduce_dtype": ((lambda v: v is None or type(v) is str), "fp32, bf16, or None (the framework's)"),
+    "defer_embedding_wgrad": _maybe(_whole(0, MAX_MICRO_BATCHES, "micro-batches; 0: every one")),
     "ddp": _SWITCH, "sequence_parallel": _SWITCH, "zero_init": _SWITCH, "bucket_view": _SWITCH,
     "strategy": _kind(str, Strategy, text="a strategy name such as 'zero-3+opt-cpu', a Strategy, or None", none=True),
     "offload_optimizer": _one_of("none", "cpu", "nvme"),

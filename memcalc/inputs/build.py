@@ -245,6 +245,7 @@ def build_input(
     reduce_bucket_size: int | float | str | None = None,
     overlap_comm: bool | None = None,
     grad_reduce_dtype: str | None = None,
+    defer_embedding_wgrad: int | None = None,
     persistence_threshold: int | float | str | None = None,
     sub_group_size: float | str | None = None,
     zero3_step: str = "steady",
@@ -397,6 +398,7 @@ def build_input(
                 sub_group_size=_elements("--sub-group-size", sub_group_size),
                 overlap_comm=overlap_comm,
                 grad_reduce_dtype=grad_reduce_dtype,  # type: ignore[arg-type]
+                defer_embedding_wgrad=defer_embedding_wgrad,
                 zero3_step=zero3_step,  # type: ignore[arg-type]
             ),
             model=the_model,

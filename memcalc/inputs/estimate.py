@@ -98,6 +98,15 @@ class EstimateInput(Validated):
             self._float8_applies(arch)
         if self.framework.grad_reduce_dtype is not None:
             self._grad_reduce_applies()
+        if self.framework.defer_embedding_wgrad is not None:
+            n = self.framework.defer_embedding_wgrad
+            if par.framework != "megatron":
+                raise InputError(f"--defer-embedding-wgrad {n} is Megatron-Core's deferred output-layer wgrad: it "
+                                 f"needs --framework megatron (got {par.framework or 'none'})")
+            if par.pp == 1:  # model_parallel_config.py: "Cannot defer embedding wgrad compute when pipeline model
+                # parallel is not used"
+                raise InputError(f"--defer-embedding-wgrad {n} needs pipeline parallelism (--pp > 1): Megatron-Core "
+                                 "defers the output layer's wgrad to the pipeline flush")
         check_precision(self.gpu, self.precision.name, self.precision.compute_dtype)
         self._accounting_applies(arch, dp)
         # A bare count has no layers to place on pipeline stages and no activations for tensor parallelism to

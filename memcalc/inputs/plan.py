@@ -31,4 +31,5 @@ def to_plan(inp: EstimateInput) -> Plan:
         shard_over=inp.shard_over, stage_layers=inp.stage_layers, framework=par.framework, fsdp_wrap=inp.fsdp_wrap,
         fsdp_prefetch=inp.fsdp_prefetch, fsdp_auto_wrap=f.fsdp_auto_wrap or "transformer",
         float8=inp.float8, float8_all_gather=inp.float8_all_gather, grad_reduce_dtype=f.grad_reduce_dtype,
+        defer_embedding_wgrad=f.defer_embedding_wgrad,
     )

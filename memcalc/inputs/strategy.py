@@ -162,6 +162,10 @@ class FrameworkOptions(Validated):
     fp32 (``main_grad``: Megatron-LM's default under ``--bf16``, ``grad_reduce_in_fp32``) or bf16
     (``--grad-reduce-in-bf16``; Megatron-Bridge's Llama 3 performance recipes set ``grad_reduce_in_fp32=False``);
     None: the framework's own (fp32)."""
+    defer_embedding_wgrad: int | None = bounded(default=None, ge=0, le=MAX_COUNT)
+    """Megatron-Core: the output layer's weight-gradient GEMMs deferred to the pipeline flush
+    (``--defer-embedding-wgrad-compute`` with ``--wgrad-deferral-limit`` N, 0: every micro-batch), the last stage
+    keeping each deferred micro-batch's input and output gradient; None: off (Megatron-LM's default)."""
     zero3_step: Literal["steady", "first"] = "steady"
     """DeepSpeed ZeRO-3: which step's gathers to report: any step after the first (``steady``), or the first, in
     which DeepSpeed records its module trace and gathers every parameter on each use."""

@@ -145,6 +145,8 @@ class Plan:
     grad_reduce_dtype: str | None = None
     """Megatron-Core's gradient buffer: fp32 (``main_grad``), bf16 (``--grad-reduce-in-bf16``), None: the
     framework's (``grad_bytes``)."""
+    defer_embedding_wgrad: int | None = None
+    """Megatron-Core's deferred output-layer wgrad: the micro-batches deferred (0: all), None: off."""
     dp: int = field(init=False, repr=False, compare=False)
     """Data-parallel degree: gpus / (tp x pp x cp). Derived, like ``shard_group_size`` and ``replicas``."""
     shard_group_size: int = field(init=False, repr=False, compare=False)

@@ -96,6 +96,8 @@ def check(path: Path) -> str:
         kw["add_bias_linear"] = False
     if not args.get("--group-query-attention"):
         kw.pop("num_query_groups", None)
+    if kw.get("defer_embedding_wgrad_compute"):  # Megatron-LM's default, which the deferral needs (it refuses it
+        kw.setdefault("gradient_accumulation_fusion", True)  # without: model_parallel_config.py)
     _check_types(TransformerConfig, kw)
     for needed in ("num_layers", "hidden_size", "num_attention_heads"):
         assert needed in kw, f"--{needed.replace('_', '-')} is not written"
@@ -136,7 +138,9 @@ def check(path: Path) -> str:
         # The local spec's torch norms refuse sequence parallelism and its attention context parallelism (Transformer
         # Engine's layers, Megatron-LM's default --transformer-impl, take both): the config above was checked with
         # them; rank 0's parameters are the same without them.
-        built = dataclasses.replace(config, sequence_parallel=False, context_parallel_size=1)
+        # (and the fused weight-gradient kernel, which the deferral needs, is CUDA's: built without both)
+        built = dataclasses.replace(config, sequence_parallel=False, context_parallel_size=1,
+                                    gradient_accumulation_fusion=False, defer_embedding_wgrad_compute=False)
         with torch.device("meta"):
             model = GPTModel(built, spec, vocab_size=128256, max_sequence_length=args["--max-position-embeddings"],
                              pre_process=True, post_process=pp == 1,

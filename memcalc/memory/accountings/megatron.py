@@ -260,7 +260,27 @@ def activation_rows(plan: Plan, stage: int) -> tuple[list[Row], int]:
         rows.append(Row("loss", "logits and loss (fp32 softmax)", ms.loss_transient(arch, x), "gpu", "activation",
                         "tensor_parallel/cross_entropy.py: bf16 logits and their fp32 copy, 6 bytes per logit of the "
                         "vocabulary shard"))
+        if plan.defer_embedding_wgrad is not None:
+            rows.append(_deferred_wgrad(plan, x, seq))
     return rows, n
+
+
+def _deferred_wgrad(plan: Plan, x: ms.Shape, seq: int) -> Row:
+    """``--defer-embedding-wgrad-compute``: the last stage's output layer keeps, for each deferred micro-batch (the
+    first ``--wgrad-deferral-limit`` of the step, 0: all), its input (the sequence shard under SP) and its output
+    gradient over the vocabulary shard, and runs their wgrad GEMMs at the pipeline flush (tensor_parallel/layers.py
+    ``embedding_activation_buffer``, ``grad_output_buffer``; models/gpt/gpt_model.py). Counted whole beside the first
+    backward's micro-batches in flight: the buffers fill over the step while the steady phase keeps that many in
+    flight (1F1B's last stage one), so at most this."""
+    arch = plan.arch
+    assert arch is not None
+    limit = plan.defer_embedding_wgrad
+    n = plan.grad_accum if not limit else min(limit, plan.grad_accum)
+    each = 2 * arch.hidden * seq + 2 * x.s * x.b * -(-arch.padded_vocab // plan.tp)
+    return Row("deferred_wgrad", f"deferred output-layer wgrad: {n} micro-batches", n * each, "gpu", "activation",
+               f"{n} x ({each / 2**20:.1f} MiB: the output layer's bf16 input and output gradient over the vocabulary "
+               "shard), kept to the pipeline flush (tensor_parallel/layers.py embedding_activation_buffer, "
+               "grad_output_buffer)")
 
 
 def communicators(plan: Plan) -> int:
