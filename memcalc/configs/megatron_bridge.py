@@ -29,11 +29,11 @@ BRIDGE = {
     "model.defer_embedding_wgrad_compute": "--defer-embedding-wgrad-compute",
     "comm_overlap.wgrad_deferral_limit": "--wgrad-deferral-limit", "model.wgrad_deferral_limit": "--wgrad-deferral-limit",
 }  # fmt: skip
+"""Megatron-Bridge's recipe overrides (``section.field=value``, its ``ConfigContainer``: megatron/bridge/training/
+config.py) as the Megatron-LM options they set."""
 BRIDGE_NEGATED = {"ddp.grad_reduce_in_fp32": "--grad-reduce-in-bf16",
                   "mixed_precision.grad_reduce_in_fp32": "--grad-reduce-in-bf16"}
 """Overrides whose false sets a Megatron-LM flag (``grad_reduce_in_fp32=False``: ``--grad-reduce-in-bf16``)."""
-"""Megatron-Bridge's recipe overrides (``section.field=value``, its ``ConfigContainer``: megatron/bridge/training/
-config.py) as the Megatron-LM options they set."""
 BRIDGE_PRECISION = {
     "bf16_mixed": ["--bf16"], "fp16_mixed": ["--fp16"],
     "bf16_with_fp8_current_scaling_mixed": ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise",
@@ -48,7 +48,8 @@ current and delayed scaling recipes set ``fp8_param_gather=True``; ``grad_reduce
 the performance scripts turn it off)."""
 BRIDGE_PASSED = ("train.", "logger.", "checkpoint.", "scheduler.", "optimizer.", "dataset.", "tokenizer.", "rng.",
                  "profiling.", "comm_overlap.", "ft.", "straggler.", "nvrx_straggler.", "inprocess_restart.")
-"""Sections whose other fields do not change what a GPU holds (learning rate, logging, data, checkpoints)."""
+"""Sections whose other fields do not change what a GPU holds (learning rate, logging, data, checkpoints, the other
+communication-overlap switches)."""
 
 
 def overrides(c: Collector, tokens: list[str], flags: tuple[str, ...]) -> list[str]:
