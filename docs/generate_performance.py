@@ -285,25 +285,25 @@ def torchtitan_parallel() -> None:
 # 24.12/performance/performance_summary.html): Megatron-Core with Transformer Engine, NeMo's FP8 recipe
 # (bf16_with_fp8_mixed: per-tensor scaling, fp8_param_gather=True), the distributed optimizer, sequence parallelism
 # and TE's TP overlap with tensor parallelism. Name, memcalc model (with shape overrides for GPT3 5B and 20B, NeMo's
-# gpt3 configs), GPUs, global batch, micro-batch, seq, tp, pp, cp, vp, published tokens/s per GPU. Left out: the
+# gpt3 configs), GPUs, global batch, micro-batch, seq, tp, pp, cp, vp, ep, published tokens/s per GPU. Left out: the
 # Nemotron rows (squared-ReLU MLP, no memcalc family) and the fine-tuning rows (LoRA under Megatron is not modelled).
 NEMO = [
     ("GPT3-5B, 64 GPUs", dict(model="gpt3-175b", layers=24, hidden=4096, heads=32, ffn=16384), 64, 2048, 4, 2048,
-     1, 1, 1, 1, 23406),
+     1, 1, 1, 1, 1, 23406),
     ("GPT3-20B, 64 GPUs", dict(model="gpt3-175b", layers=44, hidden=6144, heads=48, ffn=24576), 64, 256, 2, 2048,
-     2, 1, 1, 1, 5851),
-    ("GPT3-175B, 128 GPUs", dict(model="gpt3-175b"), 128, 256, 1, 2048, 4, 8, 1, 6, 716),
-    ("GPT3-175B, 512 GPUs", dict(model="gpt3-175b"), 512, 2048, 2, 2048, 4, 8, 1, 6, 825),
-    ("Llama 2 7B, 8 GPUs", dict(model="llama-2-7b"), 8, 128, 1, 4096, 1, 1, 1, 1, 16934),
-    ("Llama 2 13B, 16 GPUs", dict(model="llama-2-13b"), 16, 128, 1, 4096, 1, 4, 1, 10, 8715),
-    ("Llama 2 70B, 64 GPUs", dict(model="llama-2-70b"), 64, 128, 1, 4096, 4, 4, 1, 20, 1728),
-    ("Llama 3 8B, 8 GPUs", dict(model="llama-3-8b"), 8, 128, 1, 8192, 1, 1, 2, 1, 12273),
-    ("Llama 3 70B, 64 GPUs", dict(model="llama-3-70b"), 64, 128, 1, 8192, 4, 4, 2, 5, 1524),
+     2, 1, 1, 1, 1, 5851),
+    ("GPT3-175B, 128 GPUs", dict(model="gpt3-175b"), 128, 256, 1, 2048, 4, 8, 1, 6, 1, 716),
+    ("GPT3-175B, 512 GPUs", dict(model="gpt3-175b"), 512, 2048, 2, 2048, 4, 8, 1, 6, 1, 825),
+    ("Llama 2 7B, 8 GPUs", dict(model="llama-2-7b"), 8, 128, 1, 4096, 1, 1, 1, 1, 1, 16934),
+    ("Llama 2 13B, 16 GPUs", dict(model="llama-2-13b"), 16, 128, 1, 4096, 1, 4, 1, 10, 1, 8715),
+    ("Llama 2 70B, 64 GPUs", dict(model="llama-2-70b"), 64, 128, 1, 4096, 4, 4, 1, 20, 1, 1728),
+    ("Llama 3 8B, 8 GPUs", dict(model="llama-3-8b"), 8, 128, 1, 8192, 1, 1, 2, 1, 1, 12273),
+    ("Llama 3 70B, 64 GPUs", dict(model="llama-3-70b"), 64, 128, 1, 8192, 4, 4, 2, 5, 1, 1524),
 ]  # fmt: skip
 
 
 # NeMo 25.02's performance summary, pre-training at FP8 on DGX-B200 (docs.nvidia.com/nemo-framework/user-guide/latest/
-# performance/performance_summary.html, "Container: NeMo 25.02, System: DGX-B200"), the same columns plus ep (last
+# performance/performance_summary.html, "Container: NeMo 25.02, System: DGX-B200"), the same columns (ep the last
 # before the figure). Mixtral 8x22B is Mistral's shape (56 layers, hidden 6144, 48 heads, 8 KV heads, ffn 16384, 8
 # experts, vocabulary 32768); its row's global batch and micro-batch read 1 and 64, taken as 64 and 1 (its GA 16
 # over dp 4 says so). Left out: the Nemotron rows.
@@ -325,7 +325,7 @@ def nemo(gpu: str = "h100") -> None:
     """NVIDIA's published Megatron-Core throughput (NeMo 24.12 on H100, 25.02 on B200; FP8) through
     ``memcalc.estimate``."""
     title, group = NEMO_SETS[gpu]
-    runs = [(*r[:10], 1, r[10]) for r in NEMO] if gpu == "h100" else NEMO_B200
+    runs = NEMO if gpu == "h100" else NEMO_B200
     print(f"| {title} | t x p x c x v, ep | global batch x micro-batch x seq | published tokens/s/GPU "
           "| predicted | error | step s |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")

@@ -82,13 +82,13 @@ class EstimateInput(Validated):
                 f"dp = gpus / (tp * pp * cp) must be a whole number"
             )
         dp = w // mp
-        if par.ep > 1 and par.framework == "megatron" and (dp * par.cp) % par.ep:
-            # Megatron-Core carves the expert groups out of the data x context ranks (parallel_state.py: expert data
-            # parallel = world / (ep x etp x pp), etp = tp here)
-            raise InputError(f"ep({par.ep}) does not divide dp({dp}) x cp({par.cp}), the ranks Megatron-Core forms "
-                             "expert groups from")
-        if par.ep > 1 and par.framework != "megatron" and dp % par.ep:
-            raise InputError(f"ep({par.ep}) does not divide dp({dp}) = gpus({w}) / (tp({par.tp}) * pp({par.pp}) * cp({par.cp}))")
+        # Megatron-Core carves the expert groups out of the data x context ranks (parallel_state.py: expert data
+        # parallel = world / (ep x etp x pp), etp = tp here); the other frameworks out of the data-parallel ones
+        ranks, which = ((dp * par.cp, f"dp({dp}) x cp({par.cp}), the ranks Megatron-Core forms expert groups from")
+                        if par.framework == "megatron" else
+                        (dp, f"dp({dp}) = gpus({w}) / (tp({par.tp}) * pp({par.pp}) * cp({par.cp}))"))
+        if par.ep > 1 and ranks % par.ep:
+            raise InputError(f"ep({par.ep}) does not divide {which}")
         if par.virtual_stages > 1 and par.pp == 1:
             raise InputError(f"--virtual-stages {par.virtual_stages} needs pipeline parallelism (--pp > 1)")
         arch = self.model.architecture
